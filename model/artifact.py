@@ -1,0 +1,248 @@
+"""The model artifact (SPEC §5): one `.npz` file of named arrays plus UTF-8 JSON meta.
+
+Loading validates everything and never unpickles: every array is read with
+`allow_pickle=False`, and any problem raises `ArtifactError` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from model.features import KNOWN_FEATURES
+
+FORMAT = "intentstream.model/1"
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class ArtifactError(ValueError):
+    """A model file or blob that cannot be used, with the reason."""
+
+
+class ModelMeta(BaseModel):
+    """Required meta of an artifact; extra keys (version, metrics, ...) are kept as given."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    format: Literal["intentstream.model/1"]
+    cell: Literal["rnn"]
+    layers: int = Field(ge=1, le=16)
+    hidden: int = Field(ge=1, le=4096)
+    event_types: list[str] = Field(min_length=1)
+    features: list[str] = Field(default_factory=list)
+    head: Literal["sigmoid", "identity"]
+    session_gap_seconds: float = Field(ge=0)
+
+    @field_validator("event_types")
+    @classmethod
+    def _distinct_names(cls, names: list[str]) -> list[str]:
+        if any(not n for n in names):
+            raise ValueError("event type names must be non-empty")
+        if len(set(names)) != len(names):
+            raise ValueError("event type names must be distinct")
+        return names
+
+    @field_validator("features")
+    @classmethod
+    def _known_features(cls, names: list[str]) -> list[str]:
+        unknown = [n for n in names if n not in KNOWN_FEATURES]
+        if unknown:
+            raise ValueError(f"unknown features {unknown}; known: {list(KNOWN_FEATURES)}")
+        if len(set(names)) != len(names):
+            raise ValueError("feature names must be distinct")
+        return names
+
+
+@dataclass(frozen=True)
+class Model:
+    """A validated model: meta plus its arrays by artifact name."""
+
+    meta: ModelMeta
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.arrays["embedding"].shape[1])
+
+    @property
+    def version(self) -> str:
+        """The version recorded in meta, or "file" for an unregistered artifact."""
+        return str((self.meta.model_extra or {}).get("version", "file"))
+
+    def parameter_count(self) -> int:
+        return int(sum(a.size for a in self.arrays.values()))
+
+
+def array_names(layers: int) -> list[str]:
+    """Names of the parameter arrays of an artifact with `layers` layers (meta excluded)."""
+    names = ["embedding"]
+    for layer in range(layers):
+        names += [f"layer{layer}.W_xh", f"layer{layer}.W_hh", f"layer{layer}.b_h"]
+    return [*names, "head.W_hq", "head.b_q"]
+
+
+def expected_shapes(meta: ModelMeta, embedding_dim: int) -> dict[str, tuple[int, ...]]:
+    """Shape each array must have for this meta and embedding width."""
+    H, F = meta.hidden, len(meta.features)
+    shapes: dict[str, tuple[int, ...]] = {"embedding": (len(meta.event_types) + 1, embedding_dim)}
+    for layer in range(meta.layers):
+        shapes[f"layer{layer}.W_xh"] = (embedding_dim + F, H) if layer == 0 else (H, H)
+        shapes[f"layer{layer}.W_hh"] = (H, H)
+        shapes[f"layer{layer}.b_h"] = (H,)
+    shapes["head.W_hq"] = (H, 1)
+    shapes["head.b_q"] = (1,)
+    return shapes
+
+
+def validate_model(meta: ModelMeta, arrays: dict[str, np.ndarray]) -> Model:
+    """Check names, shapes, dtypes and finiteness of the arrays against meta; return the Model."""
+    expected = array_names(meta.layers)
+    missing = [n for n in expected if n not in arrays]
+    if missing:
+        raise ArtifactError(f"missing array(s): {', '.join(missing)}")
+    extra = sorted(set(arrays) - set(expected))
+    if extra:
+        raise ArtifactError(f"unexpected array(s) for a {meta.layers}-layer model: {extra}")
+    embedding = arrays["embedding"]
+    if embedding.ndim != 2 or embedding.shape[1] < 1:
+        raise ArtifactError(f"array 'embedding' must be 2-D (V, D), got shape {embedding.shape}")
+    for name, shape in expected_shapes(meta, embedding.shape[1]).items():
+        a = arrays[name]
+        if a.dtype not in _FLOAT_DTYPES:
+            raise ArtifactError(f"array '{name}' has dtype {a.dtype}; expected float32 or float64")
+        if a.shape != shape:
+            raise ArtifactError(f"array '{name}' has shape {a.shape}; expected {shape}")
+        if not np.all(np.isfinite(a)):
+            raise ArtifactError(f"array '{name}' contains NaN or infinite values")
+    return Model(meta=meta, arrays={n: np.array(arrays[n]) for n in expected})
+
+
+def _meta_from_array(raw: np.ndarray) -> ModelMeta:
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise ArtifactError(f"array 'meta' must be 1-D uint8 (UTF-8 JSON), got {raw.dtype}")
+    try:
+        doc = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"array 'meta' is not UTF-8 JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ArtifactError("array 'meta' must hold a JSON object")
+    if doc.get("format") != FORMAT:
+        raise ArtifactError(f"unknown format {doc.get('format')!r}; expected {FORMAT!r}")
+    try:
+        return ModelMeta.model_validate(doc)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'meta'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ArtifactError(f"invalid meta: {problems}") from None
+
+
+def model_from_bytes(data: bytes) -> Model:
+    """Parse and validate an artifact held in memory (a file's or a registry entry's bytes)."""
+    try:
+        archive = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ArtifactError(
+            f"not a valid .npz archive (truncated or another format): {exc}"
+        ) from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ArtifactError("not a .npz archive (a bare .npy array)")
+    arrays: dict[str, np.ndarray] = {}
+    with archive:
+        for name in archive.files:
+            try:
+                arrays[name] = archive[name]
+            except ValueError as exc:
+                if "allow_pickle" in str(exc):
+                    raise ArtifactError(
+                        f"array '{name}' holds Python objects (pickle); refusing to load it"
+                    ) from None
+                raise ArtifactError(f"array '{name}' cannot be read: {exc}") from None
+            except (OSError, EOFError, zipfile.BadZipFile) as exc:
+                raise ArtifactError(f"array '{name}' is damaged or truncated: {exc}") from None
+    if "meta" not in arrays:
+        raise ArtifactError("missing array: meta")
+    meta = _meta_from_array(arrays.pop("meta"))
+    return validate_model(meta, arrays)
+
+
+def load_model(path: str | Path) -> Model:
+    """Load and validate an artifact file."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ArtifactError(f"cannot read model file {path}: {exc.strerror}") from None
+    try:
+        return model_from_bytes(data)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{path}: {exc}") from None
+
+
+def model_to_bytes(model: Model) -> bytes:
+    """Serialise a model to artifact bytes (an uncompressed .npz)."""
+    meta_json = json.dumps(model.meta.model_dump(), sort_keys=True).encode("utf-8")
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.frombuffer(meta_json, np.uint8), **model.arrays)
+    return buf.getvalue()
+
+
+def save_model(model: Model, path: str | Path) -> str:
+    """Write the artifact atomically (temp file + rename); return its sha256."""
+    data = model_to_bytes(model)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return sha256_hex(data)
+
+
+def sha256_hex(data: bytes) -> str:
+    """Hex sha256 of artifact bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of an artifact file."""
+    return sha256_hex(Path(path).read_bytes())
+
+
+def random_model(
+    event_types: list[str],
+    hidden: int,
+    layers: int = 1,
+    features: list[str] | None = None,
+    embedding_dim: int | None = None,
+    head: str = "sigmoid",
+    session_gap_seconds: float = 1800.0,
+    seed: int = 0,
+    dtype: type = np.float32,
+) -> Model:
+    """A seeded random model: N(0, 1) embedding, PyTorch-style U(-1/sqrt(H), 1/sqrt(H)) cell."""
+    rng = np.random.default_rng(seed)
+    meta = ModelMeta(
+        format=FORMAT,
+        cell="rnn",
+        layers=layers,
+        hidden=hidden,
+        event_types=list(event_types),
+        features=list(features or []),
+        head=head,
+        session_gap_seconds=session_gap_seconds,
+    )
+    D = embedding_dim or min(16, hidden)
+    bound = 1.0 / np.sqrt(hidden)
+    arrays = {}
+    for name, shape in expected_shapes(meta, D).items():
+        if name == "embedding":
+            arrays[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            arrays[name] = rng.uniform(-bound, bound, shape).astype(dtype)
+    return validate_model(meta, arrays)

@@ -1,0 +1,113 @@
+"""Applying a model to batches of events: the one path both `intentstream score` and the
+worker use, so offline and online scores are the same math.
+
+Data flows one way: events (slot, type, ts) -> features and session resets -> the batched
+cell kernel -> new states and one score per event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from model.artifact import Model
+from model.cell import CellWeights, cell_weights, step_batch, work_size
+from model.features import event_gaps, feature_matrix, session_resets
+
+
+class ScoringModel:
+    """A validated model prepared for the kernels, with its type vocabulary."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        meta = model.meta
+        a = model.arrays
+        self.layers = meta.layers
+        self.hidden = meta.hidden
+        self.version = model.version
+        self.unknown_index = len(meta.event_types)
+        self._type_index = {name: i for i, name in enumerate(meta.event_types)}
+        self.weights: CellWeights = cell_weights(
+            embedding=a["embedding"],
+            W_xh=[a[f"layer{i}.W_xh"] for i in range(meta.layers)],
+            W_hh=[a[f"layer{i}.W_hh"] for i in range(meta.layers)],
+            b_h=[a[f"layer{i}.b_h"] for i in range(meta.layers)],
+            W_hq=a["head.W_hq"],
+            b_q=a["head.b_q"],
+            head=meta.head,
+        )
+        self._work = np.empty(0, np.float32)
+
+    @property
+    def state_shape(self) -> tuple[int, int]:
+        """(layers, hidden): the shape of one user's state."""
+        return (self.layers, self.hidden)
+
+    def type_indices(self, types: Sequence[str]) -> np.ndarray:
+        """Embedding row of each event type; unknown types get the reserved last row."""
+        get, unknown = self._type_index.get, self.unknown_index
+        return np.fromiter((get(t, unknown) for t in types), np.int64, len(types))
+
+    def advance(
+        self,
+        state: np.ndarray,
+        last_ts: np.ndarray,
+        slot: np.ndarray,
+        type_idx: np.ndarray,
+        ts_ms: np.ndarray,
+    ) -> np.ndarray:
+        """Apply events in order to the users' states in place; return one score per event.
+
+        state (U, L, H) float32 and last_ts (U,) int64 epoch ms (-1 = no previous event) hold
+        one row per distinct user; event e belongs to row slot[e].
+        """
+        gap, has_prev = event_gaps(slot, ts_ms, last_ts)
+        x_feat = feature_matrix(self.model.meta.features, gap)
+        reset = session_resets(gap, has_prev, self.model.meta.session_gap_seconds)
+        scores = np.empty(slot.shape[0], np.float32)
+        step_batch(
+            self.weights, state, slot, type_idx, x_feat, reset, scores, self.scratch(slot.shape[0])
+        )
+        return scores
+
+    def scratch(self, n_events: int) -> np.ndarray:
+        """Kernel scratch for a batch of n_events, grown on demand and reused across batches."""
+        need = work_size(n_events, self.hidden)
+        if self._work.shape[0] < need:
+            self._work = np.empty(need, np.float32)
+        return self._work
+
+    def warm_up(self) -> None:
+        """Compile (or load from cache) the kernels now, not on the first real batch."""
+        state = np.zeros((1, *self.state_shape), np.float32)
+        one = np.zeros(1, np.int64)
+        self.advance(state, np.full(1, -1, np.int64), one, one, one)
+
+
+class InMemoryScorer:
+    """Per-user states kept in a dict: the state store of `intentstream score`."""
+
+    def __init__(self, model: ScoringModel) -> None:
+        self.model = model
+        self._state: dict[str, np.ndarray] = {}
+        self._last_ts: dict[str, int] = {}
+
+    def score(self, user_ids: Sequence[str], types: Sequence[str], ts_ms: np.ndarray) -> np.ndarray:
+        """Score a batch of events in order, carrying each user's state across calls."""
+        users = list(dict.fromkeys(user_ids))
+        row = {u: i for i, u in enumerate(users)}
+        state = np.zeros((len(users), *self.model.state_shape), np.float32)
+        last_ts = np.full(len(users), -1, np.int64)
+        for i, u in enumerate(users):
+            if u in self._state:
+                state[i] = self._state[u]
+                last_ts[i] = self._last_ts[u]
+        slot = np.fromiter((row[u] for u in user_ids), np.int64, len(user_ids))
+        scores = self.model.advance(
+            state, last_ts, slot, self.model.type_indices(types), np.asarray(ts_ms, np.int64)
+        )
+        for i, u in enumerate(users):
+            self._state[u] = state[i]
+            self._last_ts[u] = int(last_ts[i])
+        return scores

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One command for the tests on a fresh machine: makes .venv, installs the project with its
+# test extra, lints, and runs the suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,42 @@
+"""Shared fixtures: the golden model and a runner for the installed console script."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model.artifact import save_model
+from tests.golden import golden_model
+
+
+def console_script() -> str:
+    """Path of the installed `intentstream` script (the venv's, beside this interpreter)."""
+    beside = Path(sys.executable).parent / "intentstream"
+    found = str(beside) if beside.exists() else shutil.which("intentstream")
+    if not found:
+        raise RuntimeError("the intentstream console script is not installed (pip install -e .)")
+    return found
+
+
+def run_cli(
+    *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """Run `intentstream ARGS...` and capture its output."""
+    return subprocess.run(
+        [console_script(), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def golden_path(tmp_path: Path) -> Path:
+    path = tmp_path / "golden.npz"
+    save_model(golden_model(), path)
+    return path

@@ -1,0 +1,212 @@
+"""The .npz artifact: round trip, and one test per way a file is refused."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.artifact import (
+    ArtifactError,
+    file_sha256,
+    load_model,
+    model_from_bytes,
+    model_to_bytes,
+    random_model,
+    save_model,
+    sha256_hex,
+)
+from tests.golden import golden_model
+
+TYPES = ["view", "add_to_cart", "purchase"]
+
+
+def npz_bytes(arrays: dict[str, np.ndarray], meta: dict | None) -> bytes:
+    """An artifact assembled by hand with numpy alone, as a user might write one."""
+    buf = io.BytesIO()
+    if meta is not None:
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def good_parts(layers: int = 2) -> tuple[dict[str, np.ndarray], dict]:
+    model = random_model(TYPES, hidden=4, layers=layers, features=["gap"], seed=0)
+    return dict(model.arrays), model.meta.model_dump()
+
+
+def test_round_trip_keeps_arrays_meta_and_digest(tmp_path: Path):
+    model = random_model(TYPES, hidden=8, layers=2, features=["gap"], seed=1)
+    path = tmp_path / "m.npz"
+    digest = save_model(model, path)
+    assert digest == file_sha256(path) == sha256_hex(path.read_bytes())
+    loaded = load_model(path)
+    assert loaded.meta == model.meta
+    for name, a in model.arrays.items():
+        np.testing.assert_array_equal(loaded.arrays[name], a)
+    with np.load(path, allow_pickle=False) as raw:  # readable by plain numpy
+        assert json.loads(raw["meta"].tobytes())["format"] == "intentstream.model/1"
+
+
+def test_hand_written_artifact_with_only_required_meta_loads():
+    arrays, meta = good_parts(layers=1)
+    required = {
+        k: meta[k]
+        for k in (
+            "format",
+            "cell",
+            "layers",
+            "hidden",
+            "event_types",
+            "features",
+            "head",
+            "session_gap_seconds",
+        )
+    }
+    model = model_from_bytes(npz_bytes(arrays, required))
+    assert model.version == "file"
+
+
+def test_optional_meta_is_kept():
+    arrays, meta = good_parts()
+    meta.update(version="7", metrics={"auc": 0.9})
+    model = model_from_bytes(npz_bytes(arrays, meta))
+    assert model.version == "7"
+    assert model_from_bytes(model_to_bytes(model)).meta.model_extra["metrics"] == {"auc": 0.9}
+
+
+def test_float64_golden_artifact_loads():
+    assert model_from_bytes(model_to_bytes(golden_model())).meta.hidden == 2
+
+
+def test_refuses_truncated_file(tmp_path: Path):
+    data = model_to_bytes(random_model(TYPES, hidden=4, seed=0))
+    path = tmp_path / "cut.npz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match=r"cut\.npz.*(truncated|damaged|not a valid)"):
+        load_model(path)
+
+
+def test_refuses_non_npz_file(tmp_path: Path):
+    path = tmp_path / "model.npz"
+    path.write_text("this is not a model\n")
+    with pytest.raises(ArtifactError, match=r"not a valid \.npz archive"):
+        load_model(path)
+
+
+def test_refuses_bare_npy():
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(3))
+    with pytest.raises(ArtifactError, match=r"bare \.npy"):
+        model_from_bytes(buf.getvalue())
+
+
+def test_refuses_missing_file(tmp_path: Path):
+    with pytest.raises(ArtifactError, match="cannot read model file"):
+        load_model(tmp_path / "nope.npz")
+
+
+def test_refuses_missing_meta():
+    arrays, _ = good_parts()
+    with pytest.raises(ArtifactError, match="missing array: meta"):
+        model_from_bytes(npz_bytes(arrays, None))
+
+
+def test_refuses_missing_array():
+    arrays, meta = good_parts()
+    del arrays["layer1.W_hh"]
+    with pytest.raises(ArtifactError, match=r"missing array\(s\): layer1\.W_hh"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_unexpected_array():
+    arrays, meta = good_parts(layers=1)
+    arrays["layer1.W_hh"] = np.zeros((4, 4), np.float32)
+    with pytest.raises(ArtifactError, match="unexpected array"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_wrong_shape():
+    arrays, meta = good_parts()
+    arrays["layer0.W_xh"] = arrays["layer0.W_xh"][:-1]  # drops the feature row
+    with pytest.raises(ArtifactError, match=r"'layer0\.W_xh' has shape"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_embedding_without_unknown_row():
+    arrays, meta = good_parts()
+    arrays["embedding"] = arrays["embedding"][:-1]
+    with pytest.raises(ArtifactError, match="'embedding' has shape"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_integer_dtype():
+    arrays, meta = good_parts()
+    arrays["head.b_q"] = np.zeros(1, np.int32)
+    with pytest.raises(ArtifactError, match=r"'head\.b_q' has dtype int32"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_refuses_non_finite_values(bad):
+    arrays, meta = good_parts()
+    arrays["layer1.b_h"] = arrays["layer1.b_h"].copy()
+    arrays["layer1.b_h"][2] = bad
+    with pytest.raises(ArtifactError, match=r"'layer1\.b_h' contains NaN or infinite"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+class Boom:
+    """Unpickling this would run code; loading must refuse before that."""
+
+    def __reduce__(self):
+        return (pytest.fail, ("the artifact loader unpickled an object array",))
+
+
+def test_refuses_object_array_without_unpickling():
+    arrays, meta = good_parts()
+    arrays["embedding"] = np.array([Boom(), Boom()], dtype=object)
+    with pytest.raises(ArtifactError, match=r"'embedding' holds Python objects \(pickle\)"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_unknown_format():
+    arrays, meta = good_parts()
+    meta["format"] = "intentstream.model/9"
+    with pytest.raises(ArtifactError, match=r"unknown format 'intentstream\.model/9'"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_meta_that_is_not_json():
+    arrays, _ = good_parts()
+    arrays["meta"] = np.frombuffer(b"\xff{not json", np.uint8)
+    with pytest.raises(ArtifactError, match="not UTF-8 JSON"):
+        model_from_bytes(npz_bytes(arrays, None))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("cell", "lstm", "cell"),
+        ("layers", 0, "layers"),
+        ("head", "softmax", "head"),
+        ("event_types", ["view", "view"], "distinct"),
+        ("features", ["price"], "unknown features"),
+        ("session_gap_seconds", -1, "session_gap_seconds"),
+    ],
+)
+def test_refuses_invalid_meta_values(key, value, message):
+    arrays, meta = good_parts()
+    meta[key] = value
+    with pytest.raises(ArtifactError, match=f"invalid meta:.*{message}"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_meta_missing_a_required_key():
+    arrays, meta = good_parts()
+    del meta["hidden"]
+    with pytest.raises(ArtifactError, match="invalid meta: hidden: Field required"):
+        model_from_bytes(npz_bytes(arrays, meta))

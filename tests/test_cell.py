@@ -1,0 +1,218 @@
+"""The Numba kernels against the seed's golden example and the float64 numpy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from model.artifact import Model, random_model
+from model.cell import step_batch, step_one
+from model.reference import reference_step
+from model.scoring import InMemoryScorer, ScoringModel
+from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
+
+TYPES = ["view", "search", "add_to_cart", "coupon", "checkout"]
+
+
+def single_step_scores(sm: ScoringModel, types: list[int], feats: np.ndarray, reset=None):
+    """Scores of one user's events through step_one, one call per event."""
+    h = np.zeros(sm.state_shape, np.float32)
+    out = []
+    for e, t in enumerate(types):
+        r = bool(reset[e]) if reset is not None else False
+        out.append(step_one(sm.weights, h, t, feats[e], r))
+    return np.array(out), h
+
+
+def batch_scores(sm: ScoringModel, slot, types, feats, reset=None, n_users=None):
+    """Scores and final states of a batch through step_batch, states starting at zero."""
+    n_users = n_users or int(max(slot)) + 1
+    state = np.zeros((n_users, *sm.state_shape), np.float32)
+    n = len(slot)
+    reset = np.zeros(n, np.bool_) if reset is None else np.asarray(reset, np.bool_)
+    scores = np.empty(n, np.float32)
+    step_batch(
+        sm.weights,
+        state,
+        np.asarray(slot, np.int64),
+        np.asarray(types, np.int64),
+        np.ascontiguousarray(feats, np.float32),
+        reset,
+        scores,
+        sm.scratch(n),
+    )
+    return scores, state
+
+
+def reference_scores(model: Model, slot, types, feats, reset=None):
+    """Scores and final states by the numpy reference, one event at a time."""
+    n_users = int(max(slot)) + 1
+    h = np.zeros((n_users, model.meta.layers, model.meta.hidden))
+    out = []
+    for e in range(len(slot)):
+        if reset is not None and reset[e]:
+            h[slot[e]] = 0.0
+        h[slot[e]], s = reference_step(
+            model.arrays, h[slot[e]], types[e], feats[e], model.meta.head
+        )
+        out.append(s)
+    return np.array(out), h
+
+
+def test_golden_example_through_single_step_kernel():
+    sm = ScoringModel(golden_model())
+    scores, _ = single_step_scores(sm, [0, 1, 2], np.zeros((3, 0), np.float32))
+    np.testing.assert_allclose(scores, GOLDEN_SCORES, atol=1e-4)
+
+
+def test_golden_example_through_batched_kernel():
+    sm = ScoringModel(golden_model())
+    scores, state = batch_scores(sm, [0, 0, 0], [0, 1, 2], np.zeros((3, 0)))
+    np.testing.assert_allclose(scores, GOLDEN_SCORES, atol=1e-4)
+    # the seed's h3 = [0.65, 0.70]
+    np.testing.assert_allclose(state[0, 0], [0.65, 0.70], atol=6e-3)
+
+
+def test_order_of_events_changes_the_score():
+    scorer = InMemoryScorer(ScoringModel(golden_model()))
+    in_order = scorer.score(["a"] * 3, GOLDEN_EVENTS, np.full(3, -1))
+    shuffled = scorer.score(["b"] * 3, ["coupon", "view", "add_to_cart"], np.full(3, -1))
+    assert abs(in_order[-1] - shuffled[-1]) > 1e-3
+
+
+def test_interleaved_users_score_as_if_alone():
+    model = random_model(TYPES, hidden=16, layers=2, features=["gap"], seed=3)
+    sm = ScoringModel(model)
+    rng = np.random.default_rng(0)
+    users = rng.choice(["ann", "bob", "cy"], 60)
+    types = list(rng.choice(TYPES, 60))
+    ts = 1_700_000_000_000 + np.cumsum(rng.integers(1_000, 100_000, 60))
+    together = InMemoryScorer(sm).score(list(users), types, ts)
+    for u in ("ann", "bob", "cy"):
+        mask = users == u
+        alone = InMemoryScorer(sm).score(
+            [u] * int(mask.sum()), [t for t, m in zip(types, mask, strict=True) if m], ts[mask]
+        )
+        np.testing.assert_allclose(together[mask], alone, atol=1e-6)
+
+
+def test_state_carries_across_calls_like_one_batch():
+    sm = ScoringModel(random_model(TYPES, hidden=8, seed=1))
+    types = ["view", "search", "coupon", "checkout"]
+    once = InMemoryScorer(sm).score(["u"] * 4, types, np.full(4, -1))
+    split = InMemoryScorer(sm)
+    parts = [
+        split.score(["u"] * 2, types[:2], np.full(2, -1)),
+        split.score(["u"] * 2, types[2:], np.full(2, -1)),
+    ]
+    np.testing.assert_allclose(np.concatenate(parts), once, atol=1e-6)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_batched_kernel_equals_sequential_single_steps(layers):
+    model = random_model(TYPES, hidden=12, layers=layers, features=["gap"], seed=layers)
+    sm = ScoringModel(model)
+    rng = np.random.default_rng(layers)
+    n = 200
+    # user 0 appears in a third of the batch: many waves of one user beside distinct users
+    slot = np.where(rng.random(n) < 0.33, 0, rng.integers(1, 40, n))
+    types = rng.integers(0, len(TYPES) + 1, n)
+    feats = rng.uniform(0, 5, (n, 1)).astype(np.float32)
+    reset = rng.random(n) < 0.05
+    scores, state = batch_scores(sm, slot, types, feats, reset)
+    for u in np.unique(slot):
+        idx = np.flatnonzero(slot == u)
+        single, h = single_step_scores(sm, list(types[idx]), feats[idx], reset[idx])
+        np.testing.assert_allclose(scores[idx], single, atol=1e-5)
+        np.testing.assert_allclose(state[u], h, atol=1e-5)
+
+
+def test_kernel_matches_reference_with_two_layers_and_features():
+    model = random_model(TYPES, hidden=32, layers=2, features=["gap"], seed=7)
+    rng = np.random.default_rng(7)
+    n = 300
+    slot = rng.integers(0, 25, n)
+    types = rng.integers(0, len(TYPES) + 1, n)
+    feats = rng.uniform(0, 8, (n, 1))
+    scores, state = batch_scores(ScoringModel(model), slot, types, feats, n_users=25)
+    ref, ref_state = reference_scores(model, slot, types, feats)
+    np.testing.assert_allclose(scores, ref, atol=1e-5)
+    np.testing.assert_allclose(state, ref_state, atol=1e-5)
+
+
+def test_session_resets_after_the_gap():
+    model = random_model(TYPES, hidden=8, seed=2, session_gap_seconds=60)
+    scorer = InMemoryScorer(ScoringModel(model))
+    t0 = 1_700_000_000_000
+    first = scorer.score(["u"], ["view"], np.array([t0]))
+    # 30 s later: same session, state carried, so the score differs from a fresh view
+    same_session = scorer.score(["u"], ["view"], np.array([t0 + 30_000]))
+    # 61 s after that: a new session starts from zero, exactly like the first view
+    new_session = scorer.score(["u"], ["view"], np.array([t0 + 91_000]))
+    assert abs(same_session[0] - first[0]) > 1e-4
+    np.testing.assert_allclose(new_session, first, atol=1e-7)
+
+
+def test_no_reset_when_session_gap_is_zero():
+    model = random_model(TYPES, hidden=8, seed=2, session_gap_seconds=0)
+    scorer = InMemoryScorer(ScoringModel(model))
+    first = scorer.score(["u"], ["view"], np.array([0]))
+    much_later = scorer.score(["u"], ["view"], np.array([10**12]))
+    assert abs(much_later[0] - first[0]) > 1e-4
+
+
+def test_unknown_types_use_the_reserved_row():
+    model = random_model(TYPES, hidden=8, seed=4)
+    sm = ScoringModel(model)
+    assert list(sm.type_indices(["view", "teleport", "checkout", ""])) == [0, 5, 4, 5]
+    scores, _ = batch_scores(sm, [0, 1], [5, 5], np.zeros((2, 0)))
+    ref, _ = reference_scores(model, [0], [len(TYPES)], np.zeros((1, 0)))
+    np.testing.assert_allclose(scores, [ref[0], ref[0]], atol=1e-6)
+    other = InMemoryScorer(sm).score(["a", "b"], ["teleport", "warp"], np.full(2, -1))
+    assert other[0] == other[1]
+
+
+def test_gap_feature_is_log1p_seconds_since_previous_event():
+    model = random_model(TYPES, hidden=8, features=["gap"], seed=5, session_gap_seconds=0)
+    scorer = InMemoryScorer(ScoringModel(model))
+    t0 = 1_700_000_000_000
+    got = scorer.score(["u", "u"], ["view", "coupon"], np.array([t0, t0 + 90_000]))
+    h = np.zeros((1, 8))
+    h, s0 = reference_step(model.arrays, h, 0, np.array([0.0]), "sigmoid")
+    _, s1 = reference_step(model.arrays, h, 3, np.array([np.log1p(90.0)]), "sigmoid")
+    np.testing.assert_allclose(got, [s0, s1], atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    hidden=st.integers(1, 40),
+    layers=st.integers(1, 3),
+    n_types=st.integers(1, 6),
+    use_gap=st.booleans(),
+    head=st.sampled_from(["sigmoid", "identity"]),
+    seed=st.integers(0, 2**16),
+    events=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 6)), min_size=1, max_size=80),
+)
+def test_property_batched_kernel_matches_reference(
+    hidden, layers, n_types, use_gap, head, seed, events
+):
+    types_names = [f"t{i}" for i in range(n_types)]
+    model = random_model(
+        types_names,
+        hidden=hidden,
+        layers=layers,
+        features=["gap"] if use_gap else [],
+        embedding_dim=min(8, hidden),
+        head=head,
+        seed=seed,
+    )
+    rng = np.random.default_rng(seed)
+    slot = np.array([u for u, _ in events])
+    types = np.array([t % (n_types + 1) for _, t in events])
+    feats = rng.uniform(0, 6, (len(events), 1 if use_gap else 0))
+    scores, state = batch_scores(ScoringModel(model), slot, types, feats, n_users=8)
+    ref, ref_state = reference_scores(model, slot, types, feats)
+    np.testing.assert_allclose(scores, ref, atol=1e-5)
+    np.testing.assert_allclose(state[: ref_state.shape[0]], ref_state, atol=1e-5)

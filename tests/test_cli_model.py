@@ -1,0 +1,142 @@
+"""The installed `intentstream` script: model init/show and offline scoring."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from model.artifact import load_model
+from model.scoring import InMemoryScorer, ScoringModel
+from tests.conftest import run_cli
+from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
+
+
+def jsonl(events: list[dict]) -> str:
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+def test_score_reproduces_the_golden_example(golden_path: Path, tmp_path: Path):
+    events = tmp_path / "events.jsonl"
+    events.write_text(jsonl([{"user_id": "alice", "type": t} for t in GOLDEN_EVENTS]))
+    result = run_cli("score", "--model", str(golden_path), str(events))
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["type"] for r in rows] == GOLDEN_EVENTS
+    assert all(r["user_id"] == "alice" for r in rows)
+    np.testing.assert_allclose([r["score"] for r in rows], GOLDEN_SCORES, atol=1e-4)
+
+
+def test_score_reads_stdin_and_keeps_users_apart(golden_path: Path):
+    events = [
+        {"user_id": "a", "type": "view"},
+        {"user_id": "b", "type": "coupon"},
+        {"user_id": "a", "type": "add_to_cart"},
+        {"user_id": "b", "type": "view"},
+        {"user_id": "a", "type": "coupon"},
+        {"user_id": "b", "type": "add_to_cart"},
+    ]
+    result = run_cli("score", "--model", str(golden_path), stdin=jsonl(events))
+    assert result.returncode == 0, result.stderr
+    scores = [json.loads(line)["score"] for line in result.stdout.splitlines()]
+    np.testing.assert_allclose(scores[0::2], GOLDEN_SCORES, atol=1e-4)
+    assert abs(scores[-1] - GOLDEN_SCORES[-1]) > 1e-3  # b's order differs, so does its score
+
+
+def test_score_reports_bad_lines_and_goes_on(golden_path: Path):
+    lines = [
+        json.dumps({"user_id": "alice", "type": "view"}),
+        "{not json",
+        json.dumps({"user_id": "", "type": "view"}),
+        json.dumps({"user_id": "alice", "type": "add_to_cart", "ts": "soon"}),
+        json.dumps(["a", "list"]),
+        json.dumps({"type": "view"}),
+        json.dumps({"user_id": "alice", "type": "add_to_cart"}),
+        json.dumps({"user_id": "alice", "type": "coupon"}),
+    ]
+    result = run_cli("score", "--model", str(golden_path), stdin="\n".join(lines) + "\n")
+    assert result.returncode == 1
+    errors = result.stderr.splitlines()
+    assert errors[0].startswith("line 2: not valid JSON")
+    assert errors[1].startswith("line 3: user_id:")
+    assert errors[2].startswith("line 4: ts:")
+    assert errors[3].startswith("line 5: expected a JSON object")
+    assert errors[4].startswith("line 6: user_id: Field required")
+    assert "5 bad line(s)" in errors[-1]
+    scores = [json.loads(line)["score"] for line in result.stdout.splitlines()]
+    np.testing.assert_allclose(scores, GOLDEN_SCORES, atol=1e-4)
+
+
+def test_score_refuses_a_broken_model(tmp_path: Path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    result = run_cli("score", "--model", str(bad), stdin="")
+    assert result.returncode == 2
+    assert "bad.npz" in result.stderr and "not a valid .npz" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_model_init_writes_a_seeded_artifact_that_show_describes(tmp_path: Path):
+    out = tmp_path / "m.npz"
+    args = ["model", "init", "--event-types", "view,add_to_cart,purchase", "--hidden", "32"]
+    args += ["--layers", "2", "--features", "gap", "--seed", "5", "--out", str(out)]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    model = load_model(out)
+    assert model.meta.layers == 2 and model.meta.hidden == 32
+    assert model.meta.event_types == ["view", "add_to_cart", "purchase"]
+    assert model.arrays["embedding"].shape == (4, 16)
+    assert model.arrays["layer0.W_xh"].shape == (17, 32)
+
+    again = tmp_path / "again.npz"
+    run_cli(*args[:-1], str(again))
+    assert out.read_bytes() == again.read_bytes()  # same seed, same bytes
+
+    shown = run_cli("model", "show", str(out))
+    assert shown.returncode == 0, shown.stderr
+    assert "2 layer(s), hidden 32" in shown.stdout
+    assert "layer1.W_hh" in shown.stdout and "32x32" in shown.stdout
+    assert f"parameters:    {model.parameter_count()}" in shown.stdout
+    assert "sha256:" in shown.stdout
+
+
+def test_model_show_names_the_problem(tmp_path: Path):
+    path = tmp_path / "nan.npz"
+    result = run_cli("model", "show", str(path))
+    assert result.returncode == 2 and "cannot read model file" in result.stderr
+
+
+def test_cli_score_equals_in_process_scorer(tmp_path: Path):
+    model_path = tmp_path / "m.npz"
+    run_cli(
+        "model",
+        "init",
+        "--event-types",
+        "view,cart,buy",
+        "--features",
+        "gap",
+        "--hidden",
+        "16",
+        "--out",
+        str(model_path),
+    )
+    rng = np.random.default_rng(0)
+    events = [
+        {
+            "user_id": f"u{rng.integers(20)}",
+            "type": str(rng.choice(["view", "cart", "buy", "x"])),
+            "ts": 1_700_000_000_000 + 1000 * i,
+        }
+        for i in range(500)
+    ]
+    result = run_cli("score", "--model", str(model_path), "--batch-size", "37", stdin=jsonl(events))
+    assert result.returncode == 0, result.stderr
+    got = [json.loads(line)["score"] for line in result.stdout.splitlines()]
+    scorer = InMemoryScorer(ScoringModel(load_model(model_path)))
+    want = scorer.score(
+        [e["user_id"] for e in events],
+        [e["type"] for e in events],
+        np.array([e["ts"] for e in events]),
+    )
+    np.testing.assert_allclose(got, want, atol=1e-6)

@@ -1,0 +1,1 @@
+"""intentstream's worker side: events in, CLI, and (later) the Redis stream consumer."""

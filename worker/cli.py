@@ -1,0 +1,178 @@
+"""The `intentstream` console script: one entry point, one sub-command per job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TextIO
+
+import numpy as np
+
+from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
+from model.features import KNOWN_FEATURES
+from worker.events import Event, EventError, event_from_json
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _cmd_model_init(args: argparse.Namespace) -> int:
+    try:
+        model = random_model(
+            event_types=args.event_types,
+            hidden=args.hidden,
+            layers=args.layers,
+            features=args.features,
+            embedding_dim=args.embedding_dim,
+            head=args.head,
+            session_gap_seconds=args.session_gap,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    digest = save_model(model, args.out)
+    print(f"wrote {args.out} ({model.parameter_count()} parameters, sha256 {digest})")
+    return 0
+
+
+def describe_model(model: Model) -> str:
+    """Human-readable summary: config, array shapes, parameter count."""
+    meta = model.meta
+    lines = [
+        f"format:        {meta.format}",
+        f"cell:          {meta.cell}, {meta.layers} layer(s), hidden {meta.hidden}",
+        f"head:          {meta.head}",
+        f"event types:   {', '.join(meta.event_types)} (+ reserved row for unknown types)",
+        f"features:      {', '.join(meta.features) or '(none)'}",
+        f"embedding dim: {model.embedding_dim}",
+        f"session gap:   {meta.session_gap_seconds:g} s"
+        + (" (never)" if not meta.session_gap_seconds else ""),
+        f"version:       {model.version}",
+        "arrays:",
+    ]
+    for name, a in model.arrays.items():
+        lines.append(f"  {name:<16} {a.dtype!s:<8} {'x'.join(map(str, a.shape))}")
+    lines.append(f"parameters:    {model.parameter_count()}")
+    extra = {k: v for k, v in (meta.model_extra or {}).items() if k != "version"}
+    if extra:
+        lines.append(f"meta:          {json.dumps(extra, sort_keys=True)}")
+    return "\n".join(lines)
+
+
+def _cmd_model_show(args: argparse.Namespace) -> int:
+    try:
+        model = load_model(args.file)
+    except ArtifactError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(describe_model(model))
+    print(f"sha256:        {file_sha256(args.file)}")
+    return 0
+
+
+def _numbered_events(lines: Iterable[str], errors: TextIO) -> Iterator[Event | None]:
+    """Parse JSON lines; a bad line is reported on `errors` with its number and yields None."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield event_from_json(line)
+        except EventError as exc:
+            print(f"line {number}: {exc}", file=errors)
+            yield None
+
+
+def _chunks(events: Iterator[Event | None], size: int) -> Iterator[list[Event | None]]:
+    chunk: list[Event | None] = []
+    for event in events:
+        chunk.append(event)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from model.scoring import InMemoryScorer, ScoringModel
+
+    try:
+        scoring = ScoringModel(load_model(args.model))
+    except ArtifactError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    scoring.warm_up()
+    scorer = InMemoryScorer(scoring)
+    source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
+    # Interactive stdin: score each line as it comes instead of waiting for a full batch.
+    batch = 1 if source.isatty() else args.batch_size
+    bad = 0
+    with source:
+        for chunk in _chunks(_numbered_events(source, sys.stderr), batch):
+            good = [e for e in chunk if e is not None]
+            bad += len(chunk) - len(good)
+            if not good:
+                continue
+            ts = np.fromiter((-1 if e.ts is None else e.ts for e in good), np.int64, len(good))
+            scores = scorer.score([e.user_id for e in good], [e.type for e in good], ts)
+            out = [
+                json.dumps({"user_id": e.user_id, "type": e.type, "score": float(s)})
+                for e, s in zip(good, scores, strict=True)
+            ]
+            sys.stdout.write("\n".join(out) + "\n")
+            sys.stdout.flush()
+    if bad:
+        print(f"{bad} bad line(s) skipped", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    p = argparse.ArgumentParser(
+        prog="intentstream", description="Real-time purchase-intent scoring on Redis Streams."
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    model = sub.add_parser("model", help="create and inspect model artifacts")
+    msub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    init = msub.add_parser("init", help="write a seeded random model artifact")
+    init.add_argument("--event-types", type=_csv, required=True, help="comma-separated names")
+    init.add_argument("--hidden", type=int, default=64)
+    init.add_argument("--layers", type=int, default=1)
+    init.add_argument(
+        "--features",
+        type=_csv,
+        default=[],
+        help=f"comma-separated; known: {', '.join(KNOWN_FEATURES)}",
+    )
+    init.add_argument("--embedding-dim", type=int, default=None, help="default min(16, hidden)")
+    init.add_argument("--head", choices=["sigmoid", "identity"], default="sigmoid")
+    init.add_argument("--session-gap", type=float, default=1800.0, help="seconds; 0 = never")
+    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--out", required=True, help="artifact file to write (.npz)")
+    init.set_defaults(func=_cmd_model_init)
+    show = msub.add_parser("show", help="print a model's config, array shapes and size")
+    show.add_argument("file")
+    show.set_defaults(func=_cmd_model_show)
+
+    score = sub.add_parser("score", help="score JSON-lines events offline, state in memory")
+    score.add_argument("--model", required=True, help="model artifact file")
+    score.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
+    score.add_argument("--batch-size", type=int, default=1024)
+    score.set_defaults(func=_cmd_score)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the console script; return its exit code."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

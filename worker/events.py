@@ -1,0 +1,91 @@
+"""The event schema producers publish (SPEC §3), and its parsers.
+
+One `Event` model serves JSON lines (`intentstream score`, `publish`) and Redis stream
+entries (the worker); anything that does not fit raises `EventError` with a readable reason,
+which the worker writes to the dead-letter stream.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+MAX_USER_ID_BYTES = 256
+MAX_TYPE_BYTES = 128
+# Epoch milliseconds up to year 9999: rejects seconds-vs-ms mix-ups far in the future only
+# loosely, but keeps every value inside int64 and datetime range.
+MAX_TS_MS = 253_402_300_799_999
+
+
+class EventError(ValueError):
+    """An entry or line that is not a valid event; the message says why."""
+
+
+class Event(BaseModel):
+    """A user-behaviour event: who, what, and when (epoch ms; None = the entry's own time)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    user_id: str
+    type: str
+    ts: int | None = None
+
+    @field_validator("user_id")
+    @classmethod
+    def _user_id_size(cls, v: str) -> str:
+        n = len(v.encode("utf-8"))
+        if not 1 <= n <= MAX_USER_ID_BYTES:
+            raise ValueError(f"must be 1-{MAX_USER_ID_BYTES} bytes of UTF-8, got {n}")
+        return v
+
+    @field_validator("type")
+    @classmethod
+    def _type_size(cls, v: str) -> str:
+        n = len(v.encode("utf-8"))
+        if not 1 <= n <= MAX_TYPE_BYTES:
+            raise ValueError(f"must be 1-{MAX_TYPE_BYTES} bytes of UTF-8, got {n}")
+        return v
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _ts_integer_ms(cls, v: object) -> object:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise ValueError("must be an integer number of epoch milliseconds")
+        if isinstance(v, str):
+            if not v.isascii() or not v.isdigit():
+                raise ValueError(f"must be an integer number of epoch milliseconds, got {v!r}")
+            v = int(v)
+        if not 0 <= v <= MAX_TS_MS:
+            raise ValueError(f"must be between 0 and {MAX_TS_MS} epoch milliseconds")
+        return v
+
+
+def _reason(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "event"
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def event_from_mapping(doc: object) -> Event:
+    """Validate a decoded JSON object (or field mapping) as an Event."""
+    if not isinstance(doc, dict):
+        raise EventError(f"expected a JSON object, got {type(doc).__name__}")
+    try:
+        return Event.model_validate(doc)
+    except ValidationError as exc:
+        raise EventError(_reason(exc)) from None
+
+
+def event_from_json(line: str | bytes) -> Event:
+    """Parse one JSON line (an object with user_id, type and optional ts)."""
+    try:
+        doc = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EventError(f"not valid JSON: {exc}") from None
+    return event_from_mapping(doc)
