@@ -19,13 +19,13 @@ from model.features import event_gaps, feature_matrix, session_resets
 class ScoringModel:
     """A validated model prepared for the kernels, with its type vocabulary."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, version: str | None = None) -> None:
         self.model = model
         meta = model.meta
         a = model.arrays
         self.layers = meta.layers
         self.hidden = meta.hidden
-        self.version = model.version
+        self.version = version or model.version
         self.unknown_index = len(meta.event_types)
         self._type_index = {name: i for i, name in enumerate(meta.event_types)}
         self.weights: CellWeights = cell_weights(

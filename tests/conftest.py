@@ -40,3 +40,27 @@ def golden_path(tmp_path: Path) -> Path:
     path = tmp_path / "golden.npz"
     save_model(golden_model(), path)
     return path
+
+
+@pytest.fixture
+def redis_server():
+    """A private redis-server on a free loopback port, stopped after the test."""
+    from worker.local_redis import LocalRedis
+
+    server = LocalRedis().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def aof_redis_server():
+    """A private redis-server with AOF on (fsync always), so a restart keeps the data."""
+    from worker.local_redis import LocalRedis
+
+    server = LocalRedis(appendonly=True).start()
+    try:
+        yield server
+    finally:
+        server.close()

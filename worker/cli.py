@@ -13,6 +13,7 @@ import numpy as np
 from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
 from model.features import KNOWN_FEATURES
 from worker.events import Event, EventError, event_from_json
+from worker.settings import SettingsError, add_setting_flags, load_settings
 
 
 def _csv(value: str) -> list[str]:
@@ -131,6 +132,88 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from worker.connection import connect_settings
+    from worker.consumer import Consumer
+    from worker.logs import setup_logging
+    from worker.metrics import Health, WorkerMetrics, serve_metrics
+    from worker.model_source import FileModelSource
+
+    try:
+        settings = load_settings(args)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_format, settings.log_level)
+    if settings.model is None:
+        print(
+            "error: --model FILE is required (the model registry is not there yet)", file=sys.stderr
+        )
+        return 2
+    try:
+        source = FileModelSource(settings.model)
+    except ArtifactError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    metrics, health = WorkerMetrics(), Health()
+    if settings.metrics_port:
+        try:
+            serve_metrics(metrics, health, settings.metrics_host, settings.metrics_port)
+        except OSError as exc:
+            print(
+                f"error: cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
+                f"{exc.strerror} (--metrics-host / --metrics-port)",
+                file=sys.stderr,
+            )
+            return 2
+    consumer = Consumer(settings, connect_settings(settings), source, metrics, health)
+    consumer.install_signal_handlers()
+    consumer.run(max_seconds=args.max_seconds)
+    return 0
+
+
+def _cmd_publish(args: argparse.Namespace) -> int:
+    import time
+
+    from model.synthetic import synthetic_events
+    from worker.connection import connect
+    from worker.publisher import publish
+
+    try:
+        settings = load_settings(args, model=None)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    client = connect(settings.redis_url, settings.socket_timeout)
+    bad = 0
+    if args.synthetic is not None:
+        start = int(time.time() * 1000) if args.rate else 1_700_000_000_000
+        events: Iterable[Event | dict] = synthetic_events(
+            args.synthetic, args.users, seed=args.seed, start_ms=start
+        )
+    else:
+        source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
+        parsed = list(_numbered_events(source, sys.stderr))
+        bad = sum(e is None for e in parsed)
+        events = [e for e in parsed if e is not None]
+    chunk = max(1, int(args.rate / 10)) if args.rate else 1000
+    sent = 0
+    t0 = time.monotonic()
+    for part in _chunks(iter(events), chunk):
+        publish(client, part, settings.prefix, settings.partitions, pipeline_size=chunk)
+        sent += len(part)
+        if args.rate:
+            ahead = sent / args.rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+    elapsed = time.monotonic() - t0
+    print(f"published {sent} events in {elapsed:.2f} s", file=sys.stderr)
+    if bad:
+        print(f"{bad} bad line(s) skipped", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     p = argparse.ArgumentParser(
@@ -165,6 +248,21 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
     score.add_argument("--batch-size", type=int, default=1024)
     score.set_defaults(func=_cmd_score)
+
+    worker = sub.add_parser("worker", help="consume event streams and write scores (the main job)")
+    add_setting_flags(worker)
+    worker.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
+    worker.set_defaults(func=_cmd_worker)
+
+    pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams")
+    pub.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
+    add_setting_flags(pub, ["redis_url", "prefix", "partitions", "socket_timeout"])
+    pub.add_argument("--synthetic", type=int, default=None, metavar="N",
+                     help="publish N synthetic shop events instead of reading lines")  # fmt: skip
+    pub.add_argument("--users", type=int, default=1000, help="synthetic users")
+    pub.add_argument("--seed", type=int, default=0, help="synthetic data seed")
+    pub.add_argument("--rate", type=float, default=None, help="events per second (default: max)")
+    pub.set_defaults(func=_cmd_publish)
     return p
 
 

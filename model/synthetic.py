@@ -1,0 +1,120 @@
+"""Synthetic shop sessions whose purchase odds depend on the order of events.
+
+For demos, tests, benchmarks and training. Each session is a walk through a small funnel;
+its purchase intent moves with every event, and how much depends on what came before:
+a cart add after a coupon counts more than one before it, a checkout counts only after a cart
+add, a removal undoes the cart, and long runs of views cool intent down. So two sessions with
+the same bag of events in another order have different odds, which a bag-of-events model
+cannot see and a recurrent one can.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+
+import numpy as np
+
+EVENT_TYPES = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout"]
+LABEL_TYPE = "purchase"
+
+# next-event probabilities by funnel stage: browsing, carted, checking out
+_NEXT = {
+    0: [0.55, 0.2, 0.15, 0.0, 0.1, 0.0],
+    1: [0.35, 0.1, 0.15, 0.15, 0.1, 0.15],
+    2: [0.3, 0.05, 0.1, 0.2, 0.1, 0.25],
+}
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def purchase_probability(types: list[str]) -> float:
+    """The chance that a session of these events, in this order, ends in a purchase."""
+    stage, intent, coupon, views_in_a_row = 0, -2.5, False, 0
+    for t in types:
+        views_in_a_row = views_in_a_row + 1 if t == "view" else 0
+        if t == "view":
+            intent -= 0.3 * max(0, views_in_a_row - 1)
+        elif t == "search":
+            intent += 0.2 if stage == 0 else -0.3
+        elif t == "coupon":
+            coupon = True
+            intent += 0.2
+        elif t == "add_to_cart":
+            intent += 1.8 if coupon else 0.5
+            stage = max(stage, 1)
+        elif t == "remove_from_cart":
+            intent -= 1.5
+            stage = 0
+        elif t == "checkout":
+            intent += 2.0 if stage >= 1 else -0.5
+            stage = 2 if stage >= 1 else stage
+    return float(_sigmoid(intent))
+
+
+def _stage_after(stage: int, t: str) -> int:
+    if t == "add_to_cart":
+        return max(stage, 1)
+    if t == "remove_from_cart":
+        return 0
+    if t == "checkout" and stage >= 1:
+        return 2
+    return stage
+
+
+def session(rng: np.random.Generator, max_len: int = 20) -> tuple[list[str], bool]:
+    """One session's event types (a walk through the funnel) and whether it ends in a purchase."""
+    n = int(min(max_len, 2 + rng.geometric(0.15)))
+    stage = 0
+    types: list[str] = []
+    for _ in range(n):
+        t = EVENT_TYPES[int(rng.choice(6, p=_NEXT[stage]))]
+        types.append(t)
+        stage = _stage_after(stage, t)
+    return types, bool(rng.random() < purchase_probability(types))
+
+
+def synthetic_events(
+    n_events: int,
+    n_users: int,
+    seed: int = 0,
+    start_ms: int = 1_700_000_000_000,
+    session_gap_seconds: float = 1800.0,
+) -> Iterator[dict]:
+    """About n_events events of n_users users, interleaved in time order.
+
+    Within a session events are seconds to minutes apart; a user's next session starts more
+    than `session_gap_seconds` later. A purchasing session ends with a `purchase` event.
+    """
+    rng = np.random.default_rng(seed)
+    per_user = max(1, n_events // max(1, n_users))
+    heap: list[tuple[int, int, int]] = []  # (ts, user, seq) of each user's next session start
+    for u in range(n_users):
+        heapq.heappush(heap, (start_ms + int(rng.uniform(0, 3_600_000)), u, 0))
+    budget = {u: per_user for u in range(n_users)}
+    sent = 0
+    pending: list[tuple[int, int, str]] = []  # (ts, user, type), merged in time order
+    while heap and sent < n_events:
+        t0, u, _ = heapq.heappop(heap)
+        types, bought = session(rng)
+        if bought:
+            types.append(LABEL_TYPE)
+        t = t0
+        for typ in types:
+            heapq.heappush(pending, (t, u, typ))
+            t += int(rng.exponential(20_000)) + 500
+        budget[u] -= len(types)
+        if budget[u] > 0:
+            heapq.heappush(heap, (t + int(session_gap_seconds * 1000 * (1.5 + rng.random())), u, 0))
+        # release events that no future session can precede
+        horizon = heap[0][0] if heap else None
+        while pending and (horizon is None or pending[0][0] <= horizon) and sent < n_events:
+            ts, uu, typ = heapq.heappop(pending)
+            yield {"user_id": f"user-{uu}", "type": typ, "ts": ts}
+            sent += 1
+    while pending and sent < n_events:
+        ts, uu, typ = heapq.heappop(pending)
+        yield {"user_id": f"user-{uu}", "type": typ, "ts": ts}
+        sent += 1

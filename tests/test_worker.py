@@ -1,0 +1,374 @@
+"""The worker against real redis-server processes the tests start (SPEC §8)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from model.artifact import random_model, save_model
+from model.synthetic import synthetic_events
+from worker.connection import connect
+from worker.consumer import Consumer
+from worker.keys import Keys, partition_of
+from worker.local_redis import free_port
+from worker.metrics import WorkerMetrics
+from worker.model_source import FileModelSource
+from worker.publisher import publish
+from worker.settings import Settings
+from tests.conftest import run_cli
+from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
+from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+
+STREAM0 = "intentstream:events:{0}"
+
+
+@pytest.fixture
+def model_path(tmp_path: Path) -> Path:
+    path = tmp_path / "model.npz"
+    model = random_model(
+        ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"],
+        hidden=32,
+        layers=2,
+        features=["gap"],
+        seed=11,
+    )
+    save_model(model, path)
+    return path
+
+
+def offline_scores(model: Path, events: list[dict]) -> list[float]:
+    """`intentstream score` on the same events: the worker must agree with it."""
+    result = run_cli(
+        "score", "--model", str(model), stdin="".join(json.dumps(e) + "\n" for e in events)
+    )
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line)["score"] for line in result.stdout.splitlines()]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """GET /metrics and parse it with prometheus_client's parser: {sample name{labels}: value}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def http_status(url: str) -> int:
+    try:
+        return urllib.request.urlopen(url, timeout=5).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def in_process_consumer(url: str, model: Path, **settings) -> Consumer:
+    s = Settings(
+        redis_url=url, model=model, metrics_port=0, block_ms=100, consumer="c1", **settings
+    )
+    consumer = Consumer(s, connect(url), FileModelSource(model), WorkerMetrics())
+    consumer.model.warm_up()
+    return consumer
+
+
+def test_golden_example_through_redis(redis_server, golden_path, tmp_path):
+    r = connect(redis_server.url)
+    for t in GOLDEN_EVENTS:  # plain XADD with field/value pairs, as redis-cli would send
+        r.execute_command("XADD", STREAM0, "*", "user_id", "alice", "type", t)
+    worker = WorkerProcess(redis_server.url, golden_path, tmp_path / "w.log").start()
+    try:
+        wait_for(lambda: count_scores(r) == 3, what="3 scores")
+    finally:
+        assert worker.terminate() == 0
+    rows = score_entries(r)
+    assert [row["type"] for row in rows] == GOLDEN_EVENTS
+    np.testing.assert_allclose([float(row["score"]) for row in rows], GOLDEN_SCORES, atol=1e-4)
+    state = r.hgetall("intentstream:state:{0}:alice")
+    assert state[b"n"] == b"3" and state[b"last_id"] == rows[-1]["event_id"].encode()
+    h = np.frombuffer(state[b"h"], "<f4")
+    np.testing.assert_allclose(h, [0.65, 0.70], atol=6e-3)
+
+
+def test_end_to_end_scores_equal_offline_scoring_exactly_once(redis_server, model_path, tmp_path):
+    events = list(synthetic_events(3000, 300, seed=5))
+    r = connect(redis_server.url)
+    ids = publish(r, events, partitions=3)
+    port = free_port()
+    worker = WorkerProcess(
+        redis_server.url, model_path, tmp_path / "w.log",
+        "--partitions", "3", "--batch-size", "200", "--metrics-port", str(port),
+    ).start()  # fmt: skip
+    try:
+        wait_for(lambda: count_scores(r, partitions=3) >= len(events), what="all scores")
+        wait_for(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, what="ready")
+        metrics = scrape(port)
+        assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
+    finally:
+        assert worker.terminate() == 0
+    rows = score_entries(r, partitions=3)
+    # entry ids are unique per stream: an event is (partition, entry id)
+    by_id = {(row["partition"], row["event_id"]): row for row in rows}
+    sent = [(partition_of(e["user_id"], 3), i.decode()) for e, i in zip(events, ids, strict=True)]
+    assert len(rows) == len(by_id) == len(events)  # every event scored exactly once
+    assert set(by_id) == set(sent)
+    assert len({p for p, _ in sent}) == 3
+    for e, key in zip(events, sent, strict=True):
+        row = by_id[key]
+        assert row["user_id"] == e["user_id"] and row["type"] == e["type"]
+        assert int(row["ts"]) == e["ts"]
+    want = offline_scores(model_path, events)
+    got = [float(by_id[key]["score"]) for key in sent]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+    assert metrics['intentstream_events_total{outcome="scored"}'] == len(events)
+    assert metrics["intentstream_event_latency_seconds_count"] == len(events)
+    assert metrics['intentstream_event_latency_seconds_bucket{le="+Inf"}'] == len(events)
+    assert 'intentstream_event_latency_seconds_bucket{le="0.00025"}' in metrics
+    assert 'intentstream_event_latency_seconds_bucket{le="10.0"}' in metrics
+    assert metrics['intentstream_batch_seconds_count{stage="commit"}'] >= 1
+    assert metrics["intentstream_batch_size_sum"] == len(events)
+    assert metrics['intentstream_pending_entries{partition="0"}'] >= 0
+    assert metrics["intentstream_partitions_owned"] == 3
+    assert "intentstream_last_processed_timestamp_seconds" in metrics
+    assert "intentstream_model_version" in metrics
+    assert metrics["intentstream_redis_errors_total"] == 0
+
+
+def test_each_bad_input_is_dead_lettered_and_good_events_around_it_are_scored(
+    redis_server, golden_path, tmp_path
+):
+    r = connect(redis_server.url)
+    bad = {
+        "missing user_id": {"type": "view"},
+        "empty user_id": {"user_id": "", "type": "view"},
+        "missing type": {"user_id": "bob"},
+        "empty type": {"user_id": "bob", "type": ""},
+        "non-integer ts": {"user_id": "bob", "type": "view", "ts": "12.5"},
+        "negative ts": {"user_id": "bob", "type": "view", "ts": "-5"},
+        "non-UTF-8 user_id": {"user_id": b"\xff\xfe", "type": "view"},
+        "non-UTF-8 type": {"user_id": "bob", "type": b"vi\xc3"},
+        "over-long user_id": {"user_id": "u" * 257, "type": "view"},
+        "over-long type": {"user_id": "bob", "type": "t" * 129},
+        "malformed json": {"json": '{"user_id": "bob", '},
+        "json not an object": {"json": "[1, 2]"},
+        "json missing type": {"json": '{"user_id": "bob"}'},
+    }
+    expected_error = {
+        "missing user_id": "user_id: Field required",
+        "empty user_id": "user_id: must be 1-256 bytes",
+        "missing type": "type: Field required",
+        "empty type": "type: must be 1-128 bytes",
+        "non-integer ts": "ts: must be an integer",
+        "negative ts": "ts: must be an integer",
+        "non-UTF-8 user_id": "user_id: not valid UTF-8",
+        "non-UTF-8 type": "type: not valid UTF-8",
+        "over-long user_id": "user_id: must be 1-256 bytes of UTF-8, got 257",
+        "over-long type": "type: must be 1-128 bytes of UTF-8, got 129",
+        "malformed json": "not valid JSON",
+        "json not an object": "expected a JSON object",
+        "json missing type": "type: Field required",
+    }
+    good_ids, bad_ids = [], {}
+    for i, (kind, fields) in enumerate(bad.items()):
+        t = GOLDEN_EVENTS[i % 3]
+        good_ids.append(r.xadd(STREAM0, {"user_id": f"good{i}", "type": t}))
+        bad_ids[r.xadd(STREAM0, fields)] = kind
+    good_ids.append(r.xadd(STREAM0, {"json": json.dumps({"user_id": "j", "type": "view"})}))
+    good_ids.append(r.xadd(STREAM0, {"user_id": "x", "type": "teleport", "extra": "ignored"}))
+
+    consumer = in_process_consumer(redis_server.url, golden_path)
+    consumer.tick()
+    consumer.tick()
+    dead = r.xrange("intentstream:deadletter:{0}")
+    assert len(dead) == len(bad)
+    for _, fields in dead:
+        kind = bad_ids[fields[b"source_id"]]
+        assert expected_error[kind] in fields[b"error"].decode(), (kind, fields[b"error"])
+        original = bad[kind]
+        for k, v in original.items():  # original fields kept, byte for byte
+            assert fields[k.encode()] == (v if isinstance(v, bytes) else v.encode())
+    rows = score_entries(r)
+    assert sorted(row["event_id"] for row in rows) == sorted(i.decode() for i in good_ids)
+    assert {row["user_id"] for row in rows} >= {"j", "x"}
+    assert r.xpending(STREAM0, "intentstream-workers")["pending"] == 0  # all acknowledged
+    m = consumer.metrics
+    assert m.events.labels("deadletter")._value.get() == len(bad)
+    assert m.events.labels("scored")._value.get() == len(good_ids)
+    assert m.unknown_types._value.get() == 1
+
+
+def test_entry_deleted_while_pending_is_counted_lost_not_dropped_silently(
+    redis_server, golden_path
+):
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, golden_path)
+    consumer.tick()  # creates the group
+    a = r.xadd(STREAM0, {"user_id": "a", "type": "view"})
+    r.xreadgroup("intentstream-workers", "c1", {STREAM0: ">"})  # delivered, not processed
+    r.xdel(STREAM0, a)
+    consumer._rewind()
+    consumer.tick()
+    assert consumer.metrics.events.labels("lost")._value.get() == 1
+    assert r.xpending(STREAM0, "intentstream-workers")["pending"] == 0
+
+
+def test_a_commit_sent_twice_applies_once(redis_server, golden_path):
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, golden_path)
+    commit = consumer._commit
+    replies = []
+
+    def sent_twice(**kw):
+        # As after a lost reply: redis-py resends the same call; the second must be a no-op.
+        replies.append(commit(**kw))
+        state_after_first = {k: r.hgetall(k) for k in kw["keys"][4:]}
+        replies.append(commit(**kw))
+        assert {k: r.hgetall(k) for k in kw["keys"][4:]} == state_after_first
+        return replies[-1]
+
+    consumer._commit = sent_twice
+    for t in GOLDEN_EVENTS:
+        r.xadd(STREAM0, {"user_id": "alice", "type": t})
+    r.xadd(STREAM0, {"user_id": "", "type": "view"})
+    consumer.tick()
+    consumer.tick()
+    assert replies[0][0] == b"ok" and replies[1][0] == b"not_pending"
+    assert count_scores(r) == 3
+    assert r.xlen("intentstream:deadletter:{0}") == 1
+    assert r.hget("intentstream:state:{0}:alice", "n") == b"3"
+    assert consumer.metrics.commit_retries.labels("not_pending")._value.get() >= 1
+
+
+def test_events_at_or_below_last_id_are_acknowledged_without_effect(redis_server, golden_path):
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, golden_path)
+    ids = [r.xadd(STREAM0, {"user_id": "alice", "type": t}) for t in GOLDEN_EVENTS]
+    consumer.tick()
+    consumer.tick()
+    assert count_scores(r) == 3
+    # Replay the same entries to the group, as after a group reset: nothing is applied twice.
+    r.xgroup_setid(STREAM0, "intentstream-workers", "0")
+    consumer.tick()
+    consumer.tick()
+    assert count_scores(r) == 3
+    assert r.hget("intentstream:state:{0}:alice", "last_id") == ids[-1]
+    assert consumer.metrics.events.labels("duplicate")._value.get() == 3
+
+
+def test_state_from_redis_is_validated(redis_server, golden_path):
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, golden_path)
+    consumer.tick()
+    r.hset(
+        "intentstream:state:{0}:nan",
+        mapping={"h": np.array([np.nan, 0], "<f4").tobytes(), "last_id": "1-0"},
+    )
+    r.hset("intentstream:state:{0}:short", mapping={"h": b"\x00\x00", "last_id": "1-0"})
+    r.hset("intentstream:state:{0}:garbage", mapping={"h": b"", "last_id": "not-an-id"})
+    for u in ("nan", "short", "garbage"):
+        r.xadd(STREAM0, {"user_id": u, "type": "view"})
+    consumer.tick()
+    consumer.tick()
+    rows = score_entries(r)
+    assert len(rows) == 3
+    np.testing.assert_allclose([float(x["score"]) for x in rows], [GOLDEN_SCORES[0]] * 3, atol=1e-4)
+    resets = consumer.metrics.state_resets
+    assert resets.labels("invalid")._value.get() == 2 and resets.labels("shape")._value.get() == 1
+
+
+def test_group_deleted_or_redis_flushed_under_a_running_worker(redis_server, golden_path, tmp_path):
+    r = connect(redis_server.url)
+    worker = WorkerProcess(
+        redis_server.url, golden_path, tmp_path / "w.log", "--lease-ms", "1000"
+    ).start()
+    try:
+        r.xadd(STREAM0, {"user_id": "a", "type": "view"})
+        wait_for(lambda: count_scores(r) == 1, what="first score")
+        r.xgroup_destroy(STREAM0, "intentstream-workers")
+        r.xadd(STREAM0, {"user_id": "b", "type": "view"})
+        wait_for(lambda: count_scores(r) == 2, what="score after the group was deleted")
+        r.flushall()
+        r.xadd(STREAM0, {"user_id": "c", "type": "view"})
+        wait_for(lambda: count_scores(r) == 1, what="score after FLUSHALL")
+    finally:
+        assert worker.terminate() == 0
+    assert "consumer group or stream is gone; recreating it" in worker.log()
+    assert score_entries(r)[0]["user_id"] == "c"
+
+
+def test_sigterm_commits_the_batch_in_hand_and_exits_zero(redis_server, model_path, tmp_path):
+    r = connect(redis_server.url)
+    publish(r, synthetic_events(20000, 2000, seed=2))
+    worker = WorkerProcess(
+        redis_server.url, model_path, tmp_path / "w.log", "--batch-size", "500"
+    ).start()
+    wait_for(lambda: count_scores(r) > 0, what="the first scores")
+    t0 = time.monotonic()
+    assert worker.terminate() == 0
+    assert time.monotonic() - t0 < 5
+    group = r.xinfo_groups(STREAM0)[0]
+    assert group["pending"] == 0  # every entry read was committed and acknowledged
+    assert count_scores(r) == group["entries-read"]
+    assert '"worker stopped"' in worker.log()
+    assert r.get("intentstream:lease:{0}") is None  # released for the next worker
+
+
+def test_acl_user_with_password(redis_server, golden_path, tmp_path):
+    admin = connect(redis_server.url)
+    admin.execute_command("ACL", "SETUSER", "scorer", "on", ">s3cret", "~intentstream:*", "+@all")
+    url = f"redis://scorer:s3cret@127.0.0.1:{redis_server.port}/0"
+    admin.xadd(STREAM0, {"user_id": "alice", "type": "view"})
+    consumer = in_process_consumer(url, golden_path)
+    consumer.tick()
+    consumer.tick()
+    assert count_scores(admin) == 1
+    with pytest.raises(redis.AuthenticationError):
+        connect(f"redis://scorer:wrong@127.0.0.1:{redis_server.port}/0").ping()
+
+
+def test_state_ttl_and_scores_maxlen(redis_server, golden_path):
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(
+        redis_server.url, golden_path, state_ttl_seconds=100, scores_maxlen=10
+    )
+    publish(r, [{"user_id": f"u{i}", "type": "view"} for i in range(500)])
+    for _ in range(4):
+        consumer.tick()
+    assert 0 < r.ttl("intentstream:state:{0}:u1") <= 100
+    assert r.xlen("intentstream:scores:{0}") < 500  # trimmed approximately
+
+
+def test_retention_trims_acknowledged_history_only(redis_server, golden_path):
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(
+        redis_server.url, golden_path, retention_seconds=60, batch_size=10
+    )
+    old = int(time.time() * 1000) - 3_600_000
+    for i in range(300):  # an hour old: past retention
+        r.xadd(STREAM0, {"user_id": f"u{i}", "type": "view"}, id=f"{old + i}-0")
+    consumer.tick()  # creates the group and scores the first 10 only
+    consumer._maintain([p for p in consumer.partitions if p.owned])
+    remaining = r.xrange(STREAM0)
+    # acknowledged entries were trimmed (approximately); unread ones never are
+    assert len(remaining) >= 290
+    assert remaining[-1][0] == f"{old + 299}-0".encode()
+    for _ in range(40):
+        consumer.tick()
+    consumer._maintain([p for p in consumer.partitions if p.owned])
+    assert r.xlen(STREAM0) < 300
+    assert count_scores(r) == 300
+
+
+def test_settings_keys_match_spec():
+    keys = Keys("shop")
+    assert keys.events(3) == "shop:events:{3}"
+    assert keys.state(0, "alice") == "shop:state:{0}:alice"
+    assert keys.scores(1) == "shop:scores:{1}" and keys.deadletter(1) == "shop:deadletter:{1}"

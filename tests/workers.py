@@ -1,0 +1,80 @@
+"""Helpers to run `intentstream worker` as a real process and wait on what it writes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from tests.conftest import console_script
+
+
+class WorkerProcess:
+    """An `intentstream worker` subprocess with its log in a file."""
+
+    def __init__(self, redis_url: str, model: Path, log: Path, *extra: str) -> None:
+        self.log_path = log
+        self.args = [
+            console_script(), "worker",
+            "--redis-url", redis_url,
+            "--model", str(model),
+            "--metrics-port", "0",
+            "--log-format", "json",
+            "--block-ms", "200",
+            *extra,
+        ]  # fmt: skip
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> WorkerProcess:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
+        return self
+
+    def terminate(self, timeout: float = 15) -> int:
+        """SIGTERM, then wait; returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
+    """Poll until condition() is true; fail with `what` after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except redis.RedisError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def score_entries(
+    client: redis.Redis, prefix: str = "intentstream", partitions: int = 1
+) -> list[dict]:
+    """Every score entry of every partition, decoded."""
+    out = []
+    for p in range(partitions):
+        for sid, fields in client.xrange(f"{prefix}:scores:{{{p}}}"):
+            row = {k.decode(): v.decode() for k, v in fields.items()}
+            out.append(row | {"id": sid.decode(), "partition": p})
+    return out
+
+
+def count_scores(client: redis.Redis, prefix: str = "intentstream", partitions: int = 1) -> int:
+    return sum(client.xlen(f"{prefix}:scores:{{{p}}}") for p in range(partitions))

@@ -1,0 +1,522 @@
+"""The worker loop (SPEC §3-§4): read a batch, parse, read states, one kernel call, commit.
+
+Per partition batch, three Redis round trips: XREADGROUP (shared by all partitions), one
+READ_STATES script call, one COMMIT script call that writes states, scores, dead letters and
+the XACK atomically, and only if this worker still holds the partition's lease, the entries
+are still pending for it and no state moved since it was read. Anything else applies nothing,
+so a crash or a resent commit never applies an event twice, and an unacknowledged entry is
+read again (own pending entries first, in id order) before new ones.
+
+Partition leases (`{prefix}:lease:{p}`) give each partition one worker at a time, which keeps
+each user's events in order; a worker takes every free partition, and a newly taken
+partition's pending entries are claimed from whoever held them before.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import redis
+
+from model.scoring import ScoringModel
+from worker.events import EventError, parse_entry
+from worker.keys import Keys
+from worker.metrics import Health, WorkerMetrics
+from worker.model_source import FileModelSource
+from worker.scripts import ACQUIRE_LEASES, COMMIT, READ_STATES, RELEASE_LEASES
+from worker.settings import Settings
+
+log = logging.getLogger("intentstream.worker")
+
+_SCORE_ROW = np.dtype([("u", "<i4"), ("t", "<i4"), ("s", "<f4"), ("ts", "<f8")])
+_USER_ROW = np.dtype([("s", "<f4"), ("ts", "<f8"), ("n", "<f8")])
+_MAX_DEAD_FIELDS = 1000  # field pairs kept of one dead letter
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def entry_id(raw: bytes) -> tuple[int, int]:
+    """(ms, seq) of a stream entry id, for ordering and for its arrival time."""
+    ms, _, seq = raw.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
+def _lp(*items: bytes) -> bytes:
+    """Length-prefixed strings, as the Lua side reads them with '<I4c0'."""
+    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+
+
+class CommitRefusedError(Exception):
+    """The commit applied nothing; `reason` says why (conflict, not_pending, not_owned)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass
+class Partition:
+    """What the loop knows of one partition: lease, read cursor, last claim."""
+
+    index: int
+    owned: bool = False
+    # "0"-style cursor while re-reading own pending entries; ">" for new ones
+    cursor: bytes = b"0"
+    last_claim: float = 0.0
+    lag_checked: float = field(default=0.0)
+
+
+class Consumer:
+    """One worker process's consumer of the event streams."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        client: redis.Redis,
+        model_source: FileModelSource,
+        metrics: WorkerMetrics | None = None,
+        health: Health | None = None,
+    ) -> None:
+        self.s = settings
+        self.r = client
+        self.keys = Keys(settings.prefix)
+        self.source = model_source
+        self.model: ScoringModel = model_source.current
+        self.metrics = metrics or WorkerMetrics()
+        self.health = health or Health()
+        self.lease_ms = settings.lease_ms
+        self.partitions = [Partition(p) for p in range(settings.partitions)]
+        self._read_states = client.register_script(READ_STATES)
+        self._commit = client.register_script(COMMIT)
+        self._acquire = client.register_script(ACQUIRE_LEASES)
+        self._release = client.register_script(RELEASE_LEASES)
+        # redis-py's XAUTOCLAIM JUSTID parser drops the cursor and the deleted ids; we need both.
+        client.set_response_callback("XAUTOCLAIM", lambda reply, **_: reply)
+        self._stopping = False
+        self._last_lease = 0.0
+        self._last_trim = 0.0
+        self._backoff = 0.0
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def stop(self, *_: object) -> None:
+        """Ask the loop to finish the batch in hand and return."""
+        self._stopping = True
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the loop after the current batch's commit."""
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+    def run(self, max_seconds: float | None = None) -> None:
+        """Consume until stopped (or for max_seconds), surviving Redis outages."""
+        self.model.warm_up()
+        self.health.model_ok = True
+        self._set_model_metrics()
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        log.info(
+            "worker started",
+            extra={"consumer": self.s.consumer, "partitions": self.s.partitions,
+                   "model": self.model.version},
+        )  # fmt: skip
+        while not self._stopping and (deadline is None or time.monotonic() < deadline):
+            self.health.beat()
+            try:
+                self.tick()
+                self._backoff = 0.0
+                self.health.redis_ok = True
+            except _REDIS_DOWN as exc:
+                self._redis_trouble(f"redis unavailable: {exc}")
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    log.warning(
+                        "consumer group or stream is gone; recreating it", extra={"error": str(exc)}
+                    )
+                    self.health.group_ok = False
+                    self._recreate_groups()
+                else:
+                    self._redis_trouble(f"unexpected redis reply: {exc}")
+            except CommitRefusedError as exc:
+                log.warning(
+                    "batch not committed; it will be read again", extra={"reason": str(exc)}
+                )
+                self._rewind()
+        self._shutdown()
+
+    def _redis_trouble(self, message: str) -> None:
+        self.metrics.redis_errors.inc()
+        self.health.redis_ok = False
+        self._backoff = min(5.0, max(0.05, self._backoff * 2))
+        log.warning(message + f"; retrying in {self._backoff:.2f} s")
+        self._rewind()
+        end = time.monotonic() + self._backoff
+        while not self._stopping and time.monotonic() < end:
+            time.sleep(0.05)
+
+    def _rewind(self) -> None:
+        """Re-read own pending entries first: they may hold a batch that did not commit."""
+        for part in self.partitions:
+            part.cursor = b"0"
+
+    def _shutdown(self) -> None:
+        try:
+            owned = [self._lease_key(p.index) for p in self.partitions if p.owned]
+            if owned:
+                self._release(keys=owned, args=[self.s.consumer])
+        except redis.RedisError as exc:
+            log.warning("could not release leases", extra={"error": str(exc)})
+        log.info("worker stopped", extra={"consumer": self.s.consumer})
+
+    # ---- one round of the loop ---------------------------------------------------------
+
+    def tick(self) -> None:
+        """Leases, maintenance, one read, and the processing of what it returned."""
+        now = time.monotonic()
+        if now - self._last_lease > self.lease_ms / 3000:
+            self._renew_leases()
+            self._last_lease = now
+        newer = self.source.poll()
+        if newer is not None:
+            self._swap_model(newer)
+        owned = [p for p in self.partitions if p.owned]
+        if not owned:
+            time.sleep(min(1.0, self.lease_ms / 3000))
+            return
+        self._claim_idle(owned, now)
+        batches = self._read(owned)
+        for part, entries in batches:
+            if entries:
+                self.process(part, entries)
+        if now - self._last_trim > 10:
+            self._maintain(owned)
+            self._last_trim = now
+
+    def _lease_key(self, p: int) -> str:
+        return f"{self.s.prefix}:lease:{{{p}}}"
+
+    def _renew_leases(self) -> None:
+        got = self._acquire(
+            keys=[self._lease_key(p.index) for p in self.partitions],
+            args=[self.s.consumer, self.lease_ms],
+        )
+        for part, held in zip(self.partitions, got, strict=True):
+            if held and not part.owned:
+                self._take_over(part)
+            elif not held and part.owned:
+                log.warning("lost the lease of a partition", extra={"partition": part.index})
+                part.owned = False
+        self.metrics.partitions_owned.set(sum(p.owned for p in self.partitions))
+
+    def _take_over(self, part: Partition) -> None:
+        """A newly held partition: make sure the group exists, claim all its pending entries."""
+        self._ensure_group(part.index)
+        self._claim(part, min_idle_ms=0)
+        part.owned = True
+        part.cursor = b"0"
+        log.info("took partition", extra={"partition": part.index})
+
+    def _ensure_group(self, p: int) -> None:
+        try:
+            # "0": entries published before the first worker started are scored too.
+            self.r.xgroup_create(self.keys.events(p), self.s.group, id="0", mkstream=True)
+            log.info("created consumer group", extra={"partition": p, "group": self.s.group})
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self.health.group_ok = True
+
+    def _recreate_groups(self) -> None:
+        for part in self.partitions:
+            if part.owned:
+                self._ensure_group(part.index)
+        self._rewind()
+
+    def _claim(self, part: Partition, min_idle_ms: int) -> None:
+        """Move other consumers' pending entries of this partition to us (ids only)."""
+        stream, cursor = self.keys.events(part.index), "0-0"
+        while True:
+            reply = self.r.execute_command(
+                "XAUTOCLAIM", stream, self.s.group, self.s.consumer, min_idle_ms, cursor,
+                "COUNT", 1000, "JUSTID",
+            )  # fmt: skip
+            cursor = reply[0].decode()
+            deleted = reply[2] if len(reply) > 2 else []
+            if deleted:
+                # Trimmed or deleted while pending: never readable again. Counted, logged.
+                self.metrics.events.labels("lost").inc(len(deleted))
+                log.warning(
+                    "pending entries were deleted before they were processed",
+                    extra={"partition": part.index, "count": len(deleted)},
+                )
+            if reply[1]:
+                part.cursor = b"0"
+            if cursor == "0-0":
+                break
+        part.last_claim = time.monotonic()
+
+    def _claim_idle(self, owned: list[Partition], now: float) -> None:
+        for part in owned:
+            if now - part.last_claim > self.s.claim_idle_ms / 2000:
+                self._claim(part, self.s.claim_idle_ms)
+
+    def _read(self, owned: list[Partition]) -> list[tuple[Partition, list]]:
+        """One XREADGROUP over the owned partitions: own pending entries first, then new."""
+        streams = {self.keys.events(p.index): p.cursor for p in owned}
+        draining = any(p.cursor != b">" for p in owned)
+        t0 = time.perf_counter()
+        reply = self.r.xreadgroup(
+            self.s.group,
+            self.s.consumer,
+            streams,
+            count=self.s.batch_size,
+            block=None if draining else self.s.block_ms,
+        )
+        self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
+        by_stream = {}
+        for name, entries in reply or []:
+            by_stream[name.decode() if isinstance(name, bytes) else name] = entries
+        out = []
+        for part in owned:
+            entries = by_stream.get(self.keys.events(part.index), [])
+            if part.cursor != b">":
+                if entries:
+                    part.cursor = entries[-1][0]
+                else:
+                    part.cursor = b">"
+            out.append((part, entries))
+        return out
+
+    # ---- one partition batch -----------------------------------------------------------
+
+    def process(self, part: Partition, entries: list) -> None:
+        """Score one partition's batch and commit it; retry on a state conflict."""
+        for attempt in range(5):
+            try:
+                self._process_once(part.index, entries)
+                return
+            except CommitRefusedError as exc:
+                self.metrics.commit_retries.labels(exc.reason).inc()
+                if exc.reason == "not_owned":
+                    part.owned = False
+                    log.warning(
+                        "partition lease lost before commit", extra={"partition": part.index}
+                    )
+                    return
+                if exc.reason == "not_pending":
+                    # Already committed by an earlier send of this call, or claimed by
+                    # another worker: either way, not ours to apply.
+                    log.info(
+                        "batch no longer pending for this consumer", extra={"partition": part.index}
+                    )
+                    return
+                if attempt == 4:
+                    raise
+                log.info("state conflict; recomputing the batch", extra={"partition": part.index})
+
+    def _process_once(self, p: int, entries: list) -> None:
+        t0 = time.perf_counter()
+        model = self.model
+        entries = sorted(entries, key=lambda e: entry_id(e[0]))
+        all_ids: list[bytes] = []
+        users: list[str] = []
+        types: list[str] = []
+        ts: list[int] = []
+        ev_ids: list[bytes] = []
+        ev_keys: list[tuple[int, int]] = []
+        dead: list[bytes] = []
+        n_lost = 0
+        for raw_id, fields in entries:
+            all_ids.append(raw_id)
+            key = entry_id(raw_id)
+            if not fields:  # deleted while pending: redis-py gives {} for its nil fields
+                n_lost += 1
+                continue
+            try:
+                u, t, when = parse_entry(fields, key[0])
+            except EventError as exc:
+                dead.append(self._dead_letter(raw_id, fields, str(exc)))
+                continue
+            users.append(u)
+            types.append(t)
+            ts.append(when)
+            ev_ids.append(raw_id)
+            ev_keys.append(key)
+        t1 = time.perf_counter()
+
+        distinct = list(dict.fromkeys(users))
+        row = {u: i for i, u in enumerate(distinct)}
+        slot = np.fromiter((row[u] for u in users), np.int64, len(users))
+        state, last_ts, last_id, expected, counts_before = self._read_user_states(
+            p, distinct, model
+        )
+        t2 = time.perf_counter()
+
+        # Events at or below their user's last applied id were applied before: ack only.
+        keep = np.fromiter(
+            (k > last_id[s] for k, s in zip(ev_keys, slot, strict=True)), np.bool_, len(ev_keys)
+        )
+        n_dup = int(len(keep) - keep.sum())
+        idx = np.flatnonzero(keep)
+        k_slot = slot[idx]
+        type_idx = model.type_indices([types[i] for i in idx])
+        k_ts = np.fromiter((ts[i] for i in idx), np.int64, len(idx))
+        scores = model.advance(state, last_ts, k_slot, type_idx, k_ts)
+        t3 = time.perf_counter()
+
+        touched = np.unique(k_slot)
+        last_event = np.full(len(distinct), -1, np.int64)
+        np.maximum.at(last_event, k_slot, np.arange(len(idx)))
+        per_user = np.zeros(len(touched), _USER_ROW)
+        per_user["s"] = scores[last_event[touched]]
+        per_user["ts"] = last_ts[touched]
+        per_user["n"] = (
+            counts_before[touched] + np.bincount(k_slot, minlength=len(distinct))[touched]
+        )
+        commit_index = np.zeros(len(distinct), np.int32)
+        commit_index[touched] = np.arange(1, len(touched) + 1)
+
+        type_names = list(dict.fromkeys(types[i] for i in idx))
+        type_pos = {t: i + 1 for i, t in enumerate(type_names)}
+        rows = np.zeros(len(idx), _SCORE_ROW)
+        rows["u"] = commit_index[k_slot]
+        rows["t"] = np.fromiter((type_pos[types[i]] for i in idx), np.int32, len(idx))
+        rows["s"] = scores
+        rows["ts"] = k_ts
+
+        state_keys = [self.keys.state(p, distinct[i]) for i in touched]
+        reply = self._commit(
+            keys=[self.keys.events(p), self.keys.scores(p), self.keys.deadletter(p),
+                  self._lease_key(p), *state_keys],
+            args=[
+                self.s.group,
+                self.s.consumer,
+                self.s.scores_maxlen,
+                self.s.state_ttl_seconds * 1000,
+                model.version,
+                len(self.keys.state_prefix(p).encode()),
+                b" ".join(all_ids),
+                b" ".join(expected[i] for i in touched),
+                b" ".join(ev_ids[idx[last_event[i]]] for i in touched),
+                np.ascontiguousarray(state[touched], "<f4").tobytes(),
+                per_user.tobytes(),
+                rows.tobytes(),
+                b" ".join(ev_ids[i] for i in idx),
+                _lp(*(t.encode() for t in type_names)),
+                b"".join(dead),
+            ],
+        )  # fmt: skip
+        status = reply[0].decode()
+        if status != "ok":
+            raise CommitRefusedError(status, reply[1].decode(errors="replace"))
+        t4 = time.perf_counter()
+
+        now = time.time()
+        m = self.metrics
+        m.events.labels("scored").inc(len(idx))
+        m.events.labels("duplicate").inc(n_dup)
+        m.events.labels("deadletter").inc(len(dead))
+        if n_lost:
+            m.events.labels("lost").inc(n_lost)
+        n_unknown = int((type_idx == model.unknown_index).sum())
+        if n_unknown:
+            m.unknown_types.inc(n_unknown)
+        arrival = np.fromiter((ev_keys[i][0] for i in idx), np.float64, len(idx))
+        m.latency.observe_many(np.maximum(0.0, now - arrival / 1000.0))
+        m.batch_size.observe(len(entries))
+        for stage, seconds in (("parse", t1 - t0), ("state", t2 - t1), ("model", t3 - t2),
+                               ("commit", t4 - t3)):  # fmt: skip
+            m.batch_seconds.labels(stage).observe(seconds)
+        m.last_processed.set(now)
+        if dead:
+            log.info("dead-lettered entries", extra={"partition": p, "count": len(dead)})
+
+    def _dead_letter(self, raw_id: bytes, fields: dict[bytes, bytes], error: str) -> bytes:
+        pairs = list(fields.items())[:_MAX_DEAD_FIELDS]
+        if len(fields) > _MAX_DEAD_FIELDS:
+            error += f" (only the first {_MAX_DEAD_FIELDS} of {len(fields)} fields kept)"
+        flat = [x for kv in pairs for x in kv]
+        return _lp(raw_id, error.encode()) + struct.pack("<I", len(pairs)) + _lp(*flat)
+
+    def _read_user_states(self, p: int, users: list[str], model: ScoringModel):
+        """States of the batch's users from Redis, validated; bad or foreign ones restart."""
+        L, H = model.state_shape
+        n = len(users)
+        state = np.zeros((n, L, H), np.float32)
+        last_ts = np.full(n, -1, np.int64)
+        last_id = [(-1, -1)] * n
+        expected = [b"-"] * n
+        counts = np.zeros(n, np.int64)
+        if not n:
+            return state, last_ts, last_id, expected, counts
+        flat = self._read_states(keys=[self.keys.state(p, u) for u in users])
+        size = L * H * 4
+        for i in range(n):
+            h, lid, lts, _model, cnt = flat[5 * i : 5 * i + 5]
+            if lid is None:
+                continue
+            expected[i] = lid
+            try:
+                last_id[i] = entry_id(lid)
+                counts[i] = int(cnt or 0)
+                ts_prev = int(lts) if lts is not None else -1
+            except ValueError:
+                self.metrics.state_resets.labels("invalid").inc()
+                continue
+            if h is None or len(h) != size:
+                self.metrics.state_resets.labels("shape").inc()
+                last_ts[i] = ts_prev
+                continue
+            v = np.frombuffer(h, "<f4")
+            if not np.all(np.isfinite(v)):
+                self.metrics.state_resets.labels("invalid").inc()
+                last_ts[i] = ts_prev
+                continue
+            state[i] = v.reshape(L, H)
+            last_ts[i] = ts_prev
+        return state, last_ts, last_id, expected, counts
+
+    # ---- model and housekeeping ----------------------------------------------------------
+
+    def _swap_model(self, newer: ScoringModel) -> None:
+        newer.warm_up()
+        old = self.model
+        self.model = newer
+        self.metrics.model_reloads.labels("loaded").inc()
+        self._set_model_metrics()
+        log.info("model swapped", extra={"old": old.version, "new": newer.version})
+
+    def _set_model_metrics(self) -> None:
+        version = self.model.version
+        self.metrics.model_version.set(int(version) if version.isdigit() else 0)
+
+    def _maintain(self, owned: list[Partition]) -> None:
+        """Lag and pending gauges; trim input history past retention, never past unacked."""
+        now_ms = int(time.time() * 1000)
+        for part in owned:
+            stream = self.keys.events(part.index)
+            groups = self.r.xinfo_groups(stream)
+            bound: tuple[int, int] | None = None
+            for g in groups:
+                name = g[b"name"] if b"name" in g else g.get("name")
+                name = name.decode() if isinstance(name, bytes) else name
+                pending = int(g.get(b"pending", g.get("pending", 0)))
+                last = g.get(b"last-delivered-id", g.get("last-delivered-id", b"0-0"))
+                if name == self.s.group:
+                    lag = g.get(b"lag", g.get("lag"))
+                    if lag is not None:
+                        self.metrics.lag.labels(str(part.index)).set(int(lag))
+                    self.metrics.pending.labels(str(part.index)).set(pending)
+                ms, seq = entry_id(last if isinstance(last, bytes) else last.encode())
+                keep_from = (ms, seq + 1)  # delivered and acked up to last-delivered
+                if pending:
+                    first = self.r.xpending(stream, name)["min"]
+                    keep_from = min(keep_from, entry_id(first))
+                bound = keep_from if bound is None else min(bound, keep_from)
+            if self.s.retention_seconds and bound is not None:
+                cut = min((now_ms - self.s.retention_seconds * 1000, 0), bound)
+                if cut[0] > 0:
+                    self.r.xtrim(stream, minid=f"{cut[0]}-{cut[1]}", approximate=True)

@@ -1,0 +1,54 @@
+"""Redis key and channel names (SPEC §3-§5), in one place.
+
+Every key of partition p carries the hash tag `{p}`, so a partition's stream, states, scores
+and dead letters live in one Redis Cluster slot and one Lua script may touch them all.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+
+def partition_of(user_id: str, partitions: int) -> int:
+    """The partition of a user: crc32 of the UTF-8 user id, mod the number of partitions."""
+    return zlib.crc32(user_id.encode("utf-8")) % partitions
+
+
+class Keys:
+    """Key names under one prefix."""
+
+    def __init__(self, prefix: str = "intentstream") -> None:
+        self.prefix = prefix
+
+    def events(self, p: int) -> str:
+        return f"{self.prefix}:events:{{{p}}}"
+
+    def scores(self, p: int) -> str:
+        return f"{self.prefix}:scores:{{{p}}}"
+
+    def deadletter(self, p: int) -> str:
+        return f"{self.prefix}:deadletter:{{{p}}}"
+
+    def state(self, p: int, user_id: str) -> str:
+        return f"{self.prefix}:state:{{{p}}}:{user_id}"
+
+    def state_prefix(self, p: int) -> str:
+        return f"{self.prefix}:state:{{{p}}}:"
+
+    @property
+    def model_seq(self) -> str:
+        return f"{self.prefix}:model:seq"
+
+    def model(self, version: str) -> str:
+        return f"{self.prefix}:model:{version}"
+
+    def model_meta(self, version: str) -> str:
+        return f"{self.prefix}:model:meta:{version}"
+
+    @property
+    def model_current(self) -> str:
+        return f"{self.prefix}:model:current"
+
+    @property
+    def model_updates(self) -> str:
+        return f"{self.prefix}:model:updates"
