@@ -14,6 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
+from tests.conftest import run_cli
+from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
+from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
 from worker.connection import connect
 from worker.consumer import Consumer
 from worker.keys import Keys, partition_of
@@ -22,9 +25,6 @@ from worker.metrics import WorkerMetrics
 from worker.model_source import FileModelSource
 from worker.publisher import publish
 from worker.settings import Settings
-from tests.conftest import run_cli
-from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
-from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
 
 STREAM0 = "intentstream:events:{0}"
 
