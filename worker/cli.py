@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from typing import TextIO
 
@@ -132,7 +134,16 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, installed before slow start-up work."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
     from worker.connection import connect_settings
     from worker.consumer import Consumer
     from worker.logs import setup_logging
@@ -166,8 +177,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    consumer = Consumer(settings, connect_settings(settings), source, metrics, health)
-    consumer.install_signal_handlers()
+    consumer = Consumer(settings, connect_settings(settings), source, metrics, health, stop)
     consumer.run(max_seconds=args.max_seconds)
     return 0
 

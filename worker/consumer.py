@@ -15,8 +15,8 @@ partition's pending entries are claimed from whoever held them before.
 from __future__ import annotations
 
 import logging
-import signal
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -80,6 +80,7 @@ class Consumer:
         model_source: FileModelSource,
         metrics: WorkerMetrics | None = None,
         health: Health | None = None,
+        stop_event: threading.Event | None = None,
     ) -> None:
         self.s = settings
         self.r = client
@@ -96,7 +97,7 @@ class Consumer:
         self._release = client.register_script(RELEASE_LEASES)
         # redis-py's XAUTOCLAIM JUSTID parser drops the cursor and the deleted ids; we need both.
         client.set_response_callback("XAUTOCLAIM", lambda reply, **_: reply)
-        self._stopping = False
+        self._stop = stop_event or threading.Event()
         self._last_lease = 0.0
         self._last_trim = 0.0
         self._backoff = 0.0
@@ -105,12 +106,11 @@ class Consumer:
 
     def stop(self, *_: object) -> None:
         """Ask the loop to finish the batch in hand and return."""
-        self._stopping = True
+        self._stop.set()
 
-    def install_signal_handlers(self) -> None:
-        """SIGTERM and SIGINT stop the loop after the current batch's commit."""
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
+    @property
+    def _stopping(self) -> bool:
+        return self._stop.is_set()
 
     def run(self, max_seconds: float | None = None) -> None:
         """Consume until stopped (or for max_seconds), surviving Redis outages."""

@@ -1,0 +1,138 @@
+"""Crashes and outages: kill -9 of the worker, a Redis restart. Nothing lost, nothing twice."""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.artifact import load_model, random_model, save_model
+from model.scoring import InMemoryScorer, ScoringModel
+from model.synthetic import synthetic_events
+from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+from worker.connection import connect
+from worker.keys import partition_of
+from worker.local_redis import free_port
+from worker.publisher import publish
+
+PARTITIONS = 2
+
+
+@pytest.fixture
+def model_path(tmp_path: Path) -> Path:
+    path = tmp_path / "model.npz"
+    types = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]
+    save_model(random_model(types, hidden=16, features=["gap"], seed=3), path)
+    return path
+
+
+def uninterrupted(model_path: Path, events: list[dict]):
+    """Scores and final states of one uninterrupted in-memory run over the same events."""
+    scorer = InMemoryScorer(ScoringModel(load_model(model_path)))
+    scores = scorer.score(
+        [e["user_id"] for e in events],
+        [e["type"] for e in events],
+        np.array([e["ts"] for e in events]),
+    )
+    return scores, scorer._state
+
+
+def assert_exactly_once_and_equal(r, events, ids, model_path):
+    rows = score_entries(r, partitions=PARTITIONS)
+    keys = [
+        (partition_of(e["user_id"], PARTITIONS), i.decode())
+        for e, i in zip(events, ids, strict=True)
+    ]
+    by_key = {(row["partition"], row["event_id"]): row for row in rows}
+    assert len(rows) == len(events), "an event was scored twice or not at all"
+    assert set(by_key) == set(keys)
+    want_scores, want_states = uninterrupted(model_path, events)
+    got = np.array([float(by_key[k]["score"]) for k in keys])
+    np.testing.assert_allclose(got, want_scores, atol=1e-5)
+    for user, h in want_states.items():
+        p = partition_of(user, PARTITIONS)
+        stored = r.hget(f"intentstream:state:{{{p}}}:{user}", "h")
+        np.testing.assert_allclose(np.frombuffer(stored, "<f4").reshape(h.shape), h, atol=1e-5)
+    for p in range(PARTITIONS):
+        assert r.xpending(f"intentstream:events:{{{p}}}", "intentstream-workers")["pending"] == 0
+
+
+def test_kill_9_at_random_points_loses_nothing_and_applies_nothing_twice(
+    redis_server, model_path, tmp_path
+):
+    events = list(synthetic_events(30000, 1000, seed=9))
+    r = connect(redis_server.url)
+    ids = publish(r, events, partitions=PARTITIONS)
+    rng = random.Random(4)
+    log = tmp_path / "w.log"
+    common = ["--partitions", str(PARTITIONS), "--batch-size", "50", "--lease-ms", "1000"]
+    kills = 0
+    # Restarts alternate between the same consumer name (its own pending entries come back
+    # first) and a new one (which takes the partitions when the dead one's lease runs out).
+    for round_ in range(5):
+        name = "w-a" if round_ % 2 == 0 else f"w-{round_}"
+        worker = WorkerProcess(
+            redis_server.url, model_path, log, *common, "--consumer", name
+        ).start()
+        before = count_scores(r, partitions=PARTITIONS)
+        wait_for(lambda b=before: count_scores(r, partitions=PARTITIONS) > b, what="progress")
+        time.sleep(rng.uniform(0.0, 0.4))
+        worker.kill()
+        kills += 1
+        if count_scores(r, partitions=PARTITIONS) >= len(events):
+            break
+    final = WorkerProcess(
+        redis_server.url, model_path, log, *common, "--consumer", "w-final"
+    ).start()
+    try:
+        wait_for(
+            lambda: count_scores(r, partitions=PARTITIONS) >= len(events),
+            timeout=120,
+            what="all scores",
+        )
+        time.sleep(0.5)  # a duplicate would show up now
+    finally:
+        assert final.terminate() == 0
+    assert kills >= 3
+    assert_exactly_once_and_equal(r, events, ids, model_path)
+
+
+def ready_status(port: int) -> int:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_redis_restart_mid_run_is_survived(aof_redis_server, model_path, tmp_path):
+    events = list(synthetic_events(5000, 300, seed=12))
+    r = connect(aof_redis_server.url)
+    ids = publish(r, events, partitions=PARTITIONS)
+    port = free_port()
+    worker = WorkerProcess(
+        aof_redis_server.url, model_path, tmp_path / "w.log",
+        "--partitions", str(PARTITIONS), "--batch-size", "50", "--metrics-port", str(port),
+    ).start()  # fmt: skip
+    try:
+        wait_for(lambda: count_scores(r, partitions=PARTITIONS) > 500, what="first scores")
+        aof_redis_server.stop()
+        wait_for(lambda: ready_status(port) == 503, timeout=30, what="/readyz to turn 503")
+        time.sleep(1.0)
+        aof_redis_server.start()
+        r = connect(aof_redis_server.url)
+        wait_for(
+            lambda: count_scores(r, partitions=PARTITIONS) >= len(events),
+            timeout=90,
+            what="all scores",
+        )
+        wait_for(lambda: ready_status(port) == 200, timeout=30, what="/readyz back to 200")
+        time.sleep(0.5)
+    finally:
+        assert worker.terminate() == 0
+    assert "redis unavailable" in worker.log()
+    assert_exactly_once_and_equal(r, events, ids, model_path)
