@@ -1,0 +1,133 @@
+"""Settings from flags and environment, and the worker/publish commands' edges."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+
+import pytest
+
+from model.synthetic import purchase_probability
+from tests.conftest import console_script, run_cli
+from worker.connection import connect
+from worker.keys import partition_of
+from worker.settings import Settings, SettingsError, add_setting_flags, load_settings
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_setting_flags(p)
+    return p.parse_args(argv)
+
+
+def test_defaults_follow_the_spec(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("INTENTSTREAM_"):
+            monkeypatch.delenv(k)
+    s = load_settings(parse())
+    assert s.redis_url == "redis://localhost:6379/0"
+    assert (s.prefix, s.partitions, s.group) == ("intentstream", 1, "intentstream-workers")
+    assert (s.metrics_host, s.metrics_port) == ("127.0.0.1", 9108)
+    assert str(os.getpid()) in s.consumer
+
+
+def test_flag_wins_over_environment(monkeypatch):
+    monkeypatch.setenv("INTENTSTREAM_PARTITIONS", "4")
+    monkeypatch.setenv("INTENTSTREAM_PREFIX", "fromenv")
+    s = load_settings(parse("--partitions", "8"))
+    assert s.partitions == 8 and s.prefix == "fromenv"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["--block-ms", "6000"], {}, "block_ms"),
+        (["--partitions", "0"], {}, "partitions (--partitions / INTENTSTREAM_PARTITIONS)"),
+        ([], {"INTENTSTREAM_BATCH_SIZE": "lots"}, "batch_size"),
+        (["--redis-url", "http://localhost"], {}, "redis_url"),
+        (["--prefix", "a{b}"], {}, "prefix"),
+        (["--log-format", "xml"], {}, "log_format"),
+    ],
+)
+def test_invalid_configuration_names_the_setting(monkeypatch, argv, env, named):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SettingsError, match="invalid configuration") as info:
+        load_settings(parse(*argv))
+    assert named in str(info.value)
+
+
+def test_tls_url_is_accepted():
+    s = Settings(redis_url="rediss://user:pw@cache.example:6380/0")
+    assert s.redis_url.startswith("rediss://")
+    client = connect(s.redis_url)
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["username"] == "user" and kwargs["password"] == "pw"
+    assert client.connection_pool.connection_class.__name__ == "SSLConnection"
+
+
+def test_worker_refuses_bad_configuration_at_start():
+    result = run_cli("worker", "--block-ms", "9000", "--model", "x.npz")
+    assert result.returncode == 2
+    assert "block_ms" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_worker_refuses_a_broken_model_file(tmp_path):
+    bad = tmp_path / "m.npz"
+    bad.write_bytes(b"garbage")
+    result = run_cli("worker", "--model", str(bad), "--metrics-port", "0")
+    assert result.returncode == 2 and "not a valid .npz archive" in result.stderr
+
+
+def test_worker_reports_a_taken_metrics_port(golden_path, redis_server):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = run_cli("worker", "--model", str(golden_path), "--redis-url", redis_server.url,
+                         "--metrics-port", str(port), "--max-seconds", "1")  # fmt: skip
+    assert result.returncode == 2 and "--metrics-port" in result.stderr
+
+
+def test_publish_puts_events_on_their_partition_streams(redis_server, tmp_path):
+    events = [{"user_id": f"user{i}", "type": "view", "ts": 1000 + i} for i in range(50)]
+    lines = [json.dumps(e) for e in events]
+    lines.insert(10, "{broken")
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = run_cli("publish", str(path), "--redis-url", redis_server.url, "--partitions", "4")
+    assert result.returncode == 1  # the bad line is reported, the rest published
+    assert "line 11: not valid JSON" in result.stderr
+    r = connect(redis_server.url)
+    got = []
+    for p in range(4):
+        for _, fields in r.xrange(f"intentstream:events:{{{p}}}"):
+            user = fields[b"user_id"].decode()
+            assert partition_of(user, 4) == p
+            got.append(user)
+    assert sorted(got) == sorted(e["user_id"] for e in events)
+
+
+def test_publish_synthetic(redis_server):
+    result = run_cli(
+        "publish", "--synthetic", "500", "--users", "50", "--redis-url", redis_server.url
+    )
+    assert result.returncode == 0, result.stderr
+    r = connect(redis_server.url)
+    assert r.xlen("intentstream:events:{0}") == 500
+    assert "published 500 events" in result.stderr
+
+
+def test_synthetic_purchase_odds_depend_on_order():
+    same_bag = ["coupon", "add_to_cart", "checkout"]
+    assert purchase_probability(same_bag) > 2 * purchase_probability(same_bag[::-1])
+
+
+def test_console_script_lists_its_commands():
+    out = subprocess.run([console_script(), "--help"], capture_output=True, text=True).stdout
+    for command in ("model", "score", "worker", "publish"):
+        assert command in out
