@@ -224,6 +224,12 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from worker.bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     p = argparse.ArgumentParser(
@@ -273,12 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--seed", type=int, default=0, help="synthetic data seed")
     pub.add_argument("--rate", type=float, default=None, help="events per second (default: max)")
     pub.set_defaults(func=_cmd_publish)
+
+    bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
+    bench.set_defaults(func=_cmd_bench)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the console script; return its exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.bench_args = rest  # the benchmark parses its own flags (and --help)
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 

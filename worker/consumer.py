@@ -164,7 +164,7 @@ class Consumer:
 
     def _shutdown(self) -> None:
         try:
-            owned = [self._lease_key(p.index) for p in self.partitions if p.owned]
+            owned = [self.keys.lease(p.index) for p in self.partitions if p.owned]
             if owned:
                 self._release(keys=owned, args=[self.s.consumer])
         except redis.RedisError as exc:
@@ -195,12 +195,9 @@ class Consumer:
             self._maintain(owned)
             self._last_trim = now
 
-    def _lease_key(self, p: int) -> str:
-        return f"{self.s.prefix}:lease:{{{p}}}"
-
     def _renew_leases(self) -> None:
         got = self._acquire(
-            keys=[self._lease_key(p.index) for p in self.partitions],
+            keys=[self.keys.lease(p.index) for p in self.partitions],
             args=[self.s.consumer, self.lease_ms],
         )
         for part, held in zip(self.partitions, got, strict=True):
@@ -320,7 +317,6 @@ class Consumer:
     def _process_once(self, p: int, entries: list) -> None:
         t0 = time.perf_counter()
         model = self.model
-        entries = sorted(entries, key=lambda e: entry_id(e[0]))
         all_ids: list[bytes] = []
         users: list[str] = []
         types: list[str] = []
@@ -350,9 +346,7 @@ class Consumer:
         distinct = list(dict.fromkeys(users))
         row = {u: i for i, u in enumerate(distinct)}
         slot = np.fromiter((row[u] for u in users), np.int64, len(users))
-        state, last_ts, last_id, expected, counts_before = self._read_user_states(
-            p, distinct, model
-        )
+        seq, state, last_ts, last_id, counts_before = self._read_user_states(p, distinct, model)
         t2 = time.perf_counter()
 
         # Events at or below their user's last applied id were applied before: ack only.
@@ -390,7 +384,7 @@ class Consumer:
         state_keys = [self.keys.state(p, distinct[i]) for i in touched]
         reply = self._commit(
             keys=[self.keys.events(p), self.keys.scores(p), self.keys.deadletter(p),
-                  self._lease_key(p), *state_keys],
+                  self.keys.lease(p), self.keys.commit_seq(p), *state_keys],
             args=[
                 self.s.group,
                 self.s.consumer,
@@ -399,7 +393,7 @@ class Consumer:
                 model.version,
                 len(self.keys.state_prefix(p).encode()),
                 b" ".join(all_ids),
-                b" ".join(expected[i] for i in touched),
+                seq,
                 b" ".join(ev_ids[idx[last_event[i]]] for i in touched),
                 np.ascontiguousarray(state[touched], "<f4").tobytes(),
                 per_user.tobytes(),
@@ -442,42 +436,47 @@ class Consumer:
         return _lp(raw_id, error.encode()) + struct.pack("<I", len(pairs)) + _lp(*flat)
 
     def _read_user_states(self, p: int, users: list[str], model: ScoringModel):
-        """States of the batch's users from Redis, validated; bad or foreign ones restart."""
+        """The partition's commit sequence and the batch users' states, validated.
+
+        A state of the wrong size (another model's) or with non-finite values restarts from
+        zero, counted in intentstream_state_resets_total.
+        """
         L, H = model.state_shape
         n = len(users)
         state = np.zeros((n, L, H), np.float32)
         last_ts = np.full(n, -1, np.int64)
         last_id = [(-1, -1)] * n
-        expected = [b"-"] * n
         counts = np.zeros(n, np.int64)
-        if not n:
-            return state, last_ts, last_id, expected, counts
-        flat = self._read_states(keys=[self.keys.state(p, u) for u in users])
+        flat = self._read_states(
+            keys=[self.keys.commit_seq(p), *(self.keys.state(p, u) for u in users)]
+        )
+        seq = flat[0] or b""
         size = L * H * 4
+        rows, blobs = [], []
         for i in range(n):
-            h, lid, lts, _model, cnt = flat[5 * i : 5 * i + 5]
+            h, lid, lts, _model, cnt = flat[5 * i + 1 : 5 * i + 6]
             if lid is None:
                 continue
-            expected[i] = lid
             try:
                 last_id[i] = entry_id(lid)
                 counts[i] = int(cnt or 0)
-                ts_prev = int(lts) if lts is not None else -1
+                last_ts[i] = int(lts) if lts is not None else -1
             except ValueError:
+                last_id[i] = (-1, -1)
                 self.metrics.state_resets.labels("invalid").inc()
                 continue
             if h is None or len(h) != size:
                 self.metrics.state_resets.labels("shape").inc()
-                last_ts[i] = ts_prev
                 continue
-            v = np.frombuffer(h, "<f4")
-            if not np.all(np.isfinite(v)):
-                self.metrics.state_resets.labels("invalid").inc()
-                last_ts[i] = ts_prev
-                continue
-            state[i] = v.reshape(L, H)
-            last_ts[i] = ts_prev
-        return state, last_ts, last_id, expected, counts
+            rows.append(i)
+            blobs.append(h)
+        if rows:
+            loaded = np.frombuffer(b"".join(blobs), "<f4").reshape(len(rows), L, H)
+            finite = np.isfinite(loaded).all(axis=(1, 2))
+            state[np.asarray(rows)[finite]] = loaded[finite]
+            if not finite.all():
+                self.metrics.state_resets.labels("invalid").inc(int((~finite).sum()))
+        return seq, state, last_ts, last_id, counts
 
     # ---- model and housekeeping ----------------------------------------------------------
 

@@ -32,6 +32,12 @@ class Keys:
     def state(self, p: int, user_id: str) -> str:
         return f"{self.prefix}:state:{{{p}}}:{user_id}"
 
+    def lease(self, p: int) -> str:
+        return f"{self.prefix}:lease:{{{p}}}"
+
+    def commit_seq(self, p: int) -> str:
+        return f"{self.prefix}:seq:{{{p}}}"
+
     def state_prefix(self, p: int) -> str:
         return f"{self.prefix}:state:{{{p}}}:"
 

@@ -7,10 +7,12 @@ Redis, and makes the commit of a batch atomic and conditional (SPEC §4).
 
 from __future__ import annotations
 
-# KEYS: state keys. Returns h, last_id, last_ts, model, n for each key (nil when absent).
+# KEYS: 1 the partition's commit sequence, 2.. state keys.
+# Returns the sequence (nil before the first commit), then h, last_id, last_ts, model, n for
+# each state key (nil when absent).
 READ_STATES = """
-local out = {}
-for i = 1, #KEYS do
+local out = {redis.call('GET', KEYS[1])}
+for i = 2, #KEYS do
   local v = redis.call('HMGET', KEYS[i], 'h', 'last_id', 'last_ts', 'model', 'n')
   for j = 1, 5 do out[#out + 1] = v[j] end
 end
@@ -47,12 +49,13 @@ return n
 
 # The commit of one partition's batch. Applies everything or nothing.
 #
-# KEYS: 1 events stream, 2 scores stream, 3 dead-letter stream, 4 lease, 5.. state keys (U).
+# KEYS: 1 events stream, 2 scores stream, 3 dead-letter stream, 4 lease, 5 commit sequence,
+#       6.. state keys (U).
 # ARGV:
 #  1 group         2 consumer       3 scores maxlen   4 state ttl ms (0 = none)
 #  5 model version 6 length of the state key prefix (the user id follows it)
 #  7 entry ids of the batch, sorted, space-separated (all are acknowledged)
-#  8 expected last_id per state key, space-separated ("-" = no state yet)
+#  8 the commit sequence the states were read at ("" = none yet)
 #  9 new last_id per state key, space-separated
 # 10 h per state key: U blocks of equal size (little-endian float32)
 # 11 per state key: '<fdd' (score, last_ts ms, n)
@@ -65,7 +68,10 @@ return n
 #   {'not_owned', ''}        the lease is another consumer's (or gone),
 #   {'not_pending', id}      an entry is no longer pending for this consumer (already
 #                            committed by an earlier send of this very call, or claimed),
-#   {'conflict', key}        a state moved since it was read.
+#   {'conflict', seq}        a commit of this partition landed since the states were read.
+#
+# Every write to a partition's states goes through this script and bumps the partition's
+# commit sequence, so one GET checks that none of the batch's states moved.
 COMMIT = """
 local group, consumer = ARGV[1], ARGV[2]
 if redis.call('GET', KEYS[4]) ~= consumer then
@@ -84,20 +90,19 @@ if #ids > 0 then
   end
 end
 
-local U = #KEYS - 4
-local expected, last_ids = {}, {}
-for v in string.gmatch(ARGV[8], '%S+') do expected[#expected + 1] = v end
+local seq = redis.call('GET', KEYS[5]) or ''
+if seq ~= ARGV[8] then return {'conflict', seq} end
+redis.call('INCR', KEYS[5])
+
+local U = #KEYS - 5
+local last_ids = {}
 for v in string.gmatch(ARGV[9], '%S+') do last_ids[#last_ids + 1] = v end
-for i = 1, U do
-  local cur = redis.call('HGET', KEYS[4 + i], 'last_id')
-  if (cur or '-') ~= expected[i] then return {'conflict', KEYS[4 + i]} end
-end
 
 local model, ttl = ARGV[5], tonumber(ARGV[4])
 local hsize = U > 0 and (#ARGV[10] / U) or 0
 for i = 1, U do
   local score, last_ts, n = struct.unpack('<fdd', ARGV[11], (i - 1) * 20 + 1)
-  local key = KEYS[4 + i]
+  local key = KEYS[5 + i]
   redis.call('HSET', key, 'h', string.sub(ARGV[10], (i - 1) * hsize + 1, i * hsize),
              'score', string.format('%.9g', score), 'last_id', last_ids[i],
              'last_ts', string.format('%d', last_ts), 'model', model,
@@ -118,7 +123,7 @@ for event_id in string.gmatch(ARGV[13], '%S+') do
   local u, t, score, ts = struct.unpack('<iifd', ARGV[12], n_scores * 20 + 1)
   n_scores = n_scores + 1
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*',
-             'user_id', string.sub(KEYS[4 + u], plen + 1),
+             'user_id', string.sub(KEYS[5 + u], plen + 1),
              'score', string.format('%.9g', score), 'event_id', event_id,
              'type', types[t], 'ts', string.format('%d', ts), 'model', model)
 end

@@ -1,0 +1,270 @@
+"""End-to-end benchmark: the worker beside the consumers a user might write, in one run.
+
+    intentstream bench [--redis-url URL] [--events 200000] [--users 50000] [--hidden 64]
+
+Each variant gets the same preloaded backlog on a flushed database and consumes it to the
+end. Variants:
+  a  worker         this project's worker (packed Lua read and commit, batched kernel)
+  b  worker, no model   the same with the model step replaced by zeros (its I/O path)
+  c  redis-py       XREADGROUP, then pipelines of HGET, HSET, XADD, XACK per event; no model
+  d  naive          one round trip per command per event, numpy reference step per event
+  e  torch          pipelines as in c, PyTorch nn.RNNCell stepped per event (if installed)
+The slow variants (d, e) run on the first --subset events. Latency is per event, from the
+start of its batch's read to the end of its batch's commit (the backlog's queueing time is
+not counted: every variant starts with the whole backlog waiting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import numpy as np
+import redis
+
+from model.artifact import Model, random_model, save_model
+from model.bench import machine_line
+from model.reference import reference_step
+from model.scoring import ScoringModel
+from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from worker.connection import connect
+from worker.consumer import Consumer
+from worker.local_redis import LocalRedis
+from worker.metrics import WorkerMetrics
+from worker.model_source import FileModelSource
+from worker.settings import Settings
+
+STREAM = "intentstream:events:{0}"
+GROUP = "intentstream-workers"
+
+
+class Result:
+    """Throughput and latency of one variant."""
+
+    def __init__(self, name: str, events: int, seconds: float, latencies: list[tuple[int, float]]):
+        self.name = name
+        self.events = events
+        self.seconds = seconds
+        counts = np.array([n for n, _ in latencies])
+        values = np.array([v for _, v in latencies])
+        per_event = np.repeat(values, counts) if len(values) else np.zeros(1)
+        self.p50 = float(np.percentile(per_event, 50))
+        self.p99 = float(np.percentile(per_event, 99))
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+
+def preload(r: redis.Redis, events: list[dict]) -> None:
+    """Flush the database and XADD the events to partition 0, pipelined."""
+    r.flushdb()
+    pipe = r.pipeline(transaction=False)
+    for e in events:
+        pipe.execute_command(
+            "XADD", STREAM, "*", "user_id", e["user_id"], "type", e["type"], "ts", e["ts"]
+        )
+        if len(pipe) >= 5000:
+            pipe.execute()
+    pipe.execute()
+    r.xgroup_create(STREAM, GROUP, id="0")
+
+
+class _NoModel(ScoringModel):
+    """The worker's I/O path alone: states pass through, every score is 0."""
+
+    def advance(self, state, last_ts, slot, type_idx, ts_ms):
+        return np.zeros(slot.shape[0], np.float32)
+
+
+def run_worker(
+    url: str, model_path: Path, n: int, batch: int, no_model: bool
+) -> tuple[float, list]:
+    settings = Settings(redis_url=url, model=model_path, batch_size=batch, consumer="bench",
+                        metrics_port=0, block_ms=100, retention_seconds=0)  # fmt: skip
+    source = FileModelSource(model_path)
+    if no_model:
+        source.current = _NoModel(source.current.model, source.current.version)
+    metrics = WorkerMetrics()
+    consumer = Consumer(settings, connect(url), source, metrics)
+    consumer.model.warm_up()
+    scored = metrics.events.labels("scored")
+    latencies = []
+    t0 = time.perf_counter()
+    while scored._value.get() < n:
+        before = scored._value.get()
+        t = time.perf_counter()
+        consumer.tick()
+        latencies.append((int(scored._value.get() - before), time.perf_counter() - t))
+    return time.perf_counter() - t0, latencies
+
+
+def _read_batch(r: redis.Redis, batch: int):
+    reply = r.xreadgroup(GROUP, "bench", {STREAM: ">"}, count=batch)
+    return reply[0][1] if reply else []
+
+
+def run_pipelined(r: redis.Redis, n: int, batch: int, step: Callable | None) -> tuple[float, list]:
+    """Variant c (step None) and e: what a user would write with redis-py's pipelines."""
+    done, latencies = 0, []
+    t0 = time.perf_counter()
+    while done < n:
+        t = time.perf_counter()
+        entries = _read_batch(r, batch)
+        pipe = r.pipeline(transaction=False)
+        for _, f in entries:
+            pipe.hget(f"intentstream:state:{{0}}:{f[b'user_id'].decode()}", "h")
+        states = pipe.execute()
+        for (eid, f), h in zip(entries, states, strict=True):
+            user = f[b"user_id"].decode()
+            h_new, score = step(h, f[b"type"].decode()) if step else (h or b"", 0.0)
+            pipe.hset(f"intentstream:state:{{0}}:{user}", mapping={"h": h_new, "last_id": eid})
+            pipe.xadd("intentstream:scores:{0}", {"user_id": user, "score": score, "event_id": eid})
+            pipe.xack(STREAM, GROUP, eid)
+        pipe.execute()
+        done += len(entries)
+        latencies.append((len(entries), time.perf_counter() - t))
+    return time.perf_counter() - t0, latencies
+
+
+def run_naive(r: redis.Redis, model: Model, n: int, batch: int) -> tuple[float, list]:
+    """Variant d: one round trip per command per event, numpy reference step per event."""
+    index = {t: i for i, t in enumerate(model.meta.event_types)}
+    unknown, shape = len(index), (model.meta.layers, model.meta.hidden)
+    feats = np.zeros(len(model.meta.features))
+    done, latencies = 0, []
+    t0 = time.perf_counter()
+    while done < n:
+        t = time.perf_counter()
+        entries = _read_batch(r, batch)
+        for eid, f in entries:
+            key = f"intentstream:state:{{0}}:{f[b'user_id'].decode()}"
+            raw = r.hget(key, "h")
+            h = np.frombuffer(raw, "<f8").reshape(shape) if raw else np.zeros(shape)
+            h, score = reference_step(
+                model.arrays, h, index.get(f[b"type"].decode(), unknown), feats, model.meta.head
+            )
+            r.hset(key, mapping={"h": h.tobytes(), "last_id": eid})
+            r.xadd(
+                "intentstream:scores:{0}",
+                {"user_id": f[b"user_id"], "score": score, "event_id": eid},
+            )
+            r.xack(STREAM, GROUP, eid)
+        done += len(entries)
+        latencies.append((len(entries), time.perf_counter() - t))
+    return time.perf_counter() - t0, latencies
+
+
+def torch_step(model: Model) -> Callable | None:
+    """A per-event step with PyTorch's nn.RNNCell, or None when torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    a, H = model.arrays, model.meta.hidden
+    cell = torch.nn.RNNCell(a["layer0.W_xh"].shape[0], H)
+    with torch.no_grad():
+        cell.weight_ih.copy_(torch.tensor(a["layer0.W_xh"]).T)
+        cell.weight_hh.copy_(torch.tensor(a["layer0.W_hh"]).T)
+        cell.bias_ih.copy_(torch.tensor(a["layer0.b_h"]))
+        cell.bias_hh.zero_()
+    emb = torch.tensor(a["embedding"], dtype=torch.float32)
+    w_q = torch.tensor(a["head.W_hq"], dtype=torch.float32)
+    index = {t: i for i, t in enumerate(model.meta.event_types)}
+    F = len(model.meta.features)
+
+    def step(raw: bytes | None, type_: str) -> tuple[bytes, float]:
+        with torch.inference_mode():
+            h = (
+                torch.frombuffer(bytearray(raw), dtype=torch.float32).view(1, H)
+                if raw
+                else torch.zeros(1, H)
+            )
+            x = torch.cat([emb[index.get(type_, len(index))], torch.zeros(F)]).view(1, -1)
+            h = cell(x, h)
+            score = float(torch.sigmoid(h @ w_q + float(a["head.b_q"][0])))
+        return h.numpy().tobytes(), score
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every variant and print the table."""
+    p = argparse.ArgumentParser(prog="intentstream bench", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--redis-url", default=None, help="use this Redis (it is FLUSHED); default: a private one"
+    )
+    p.add_argument("--events", type=int, default=200_000)
+    p.add_argument("--users", type=int, default=50_000)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--subset", type=int, default=20_000, help="events for the slow variants d, e")
+    p.add_argument("--variants", default="abcde")
+    args = p.parse_args(argv)
+
+    server = None if args.redis_url else LocalRedis().start()
+    url = args.redis_url or server.url
+    r = connect(url, socket_timeout=30)
+    try:
+        with TemporaryDirectory() as tmp:
+            model = random_model([*EVENT_TYPES, LABEL_TYPE], hidden=args.hidden, seed=0)
+            model_path = Path(tmp) / "bench.npz"
+            save_model(model, model_path)
+            events = list(synthetic_events(args.events, args.users, seed=1))
+            subset = events[: args.subset]
+            print(f"machine: {machine_line()}")
+            print(f"redis: {r.info('server')['redis_version']} at {url}")
+            print(f"{len(events)} events, {args.users} users, H = {args.hidden}, ", end="")
+            print(f"batch {args.batch_size}\n")
+            results: dict[str, Result] = {}
+            b = args.batch_size
+            runs = {
+                "a": ("a worker", events, lambda n: run_worker(url, model_path, n, b, False)),
+                "b": (
+                    "b worker, no model",
+                    events,
+                    lambda n: run_worker(url, model_path, n, b, True),
+                ),
+                "c": ("c redis-py pipelines", events, lambda n: run_pipelined(r, n, b, None)),
+                "d": ("d naive + numpy", subset, lambda n: run_naive(r, model, n, b)),
+            }
+            step = torch_step(model)
+            if step is not None:
+                runs["e"] = (
+                    "e torch RNNCell",
+                    subset,
+                    lambda n: run_pipelined(r, n, args.batch_size, step),
+                )
+            for key in args.variants:
+                if key not in runs:
+                    continue
+                name, data, run = runs[key]
+                preload(r, data)
+                seconds, latencies = run(len(data))
+                results[key] = Result(name, len(data), seconds, latencies)
+                res = results[key]
+                print(f"  {name:<24} {res.rate:>10,.0f} ev/s")
+            print()
+            print(
+                f"{'variant':<24} {'events':>8} {'events/s':>10} {'p50 ms':>8} {'p99 ms':>8}",
+                end="",
+            )
+            print(f" {'a / x':>7}")
+            a = results.get("a")
+            for res in results.values():
+                ratio = f"{a.rate / res.rate:7.2f}" if a else "      -"
+                print(f"{res.name:<24} {res.events:>8} {res.rate:>10,.0f}", end="")
+                print(f" {res.p50 * 1e3:>8.2f} {res.p99 * 1e3:>8.2f} {ratio}")
+    finally:
+        r.close()
+        if server:
+            server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
