@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.events import MAX_TS_MS, EventError, event_from_fields, parse_entry
+from worker.events import MAX_TS_MS, EventError, event_from_fields, parse_entry, parse_flat_entry
 
 NAMES = st.sampled_from([b"user_id", b"type", b"ts", b"json", b"other"]) | st.binary(max_size=8)
 VALUES = (
@@ -89,3 +89,15 @@ def test_valid_entries(fields, expected):
 def test_invalid_entries_name_the_problem(fields, reason):
     with pytest.raises(EventError, match=reason):
         parse_entry(fields, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(NAMES, VALUES), max_size=5),
+    entry_ms=st.integers(0, MAX_TS_MS),
+)
+def test_flat_field_lists_parse_like_their_dict(pairs, entry_ms):
+    flat = [x for kv in pairs for x in kv]
+    as_dict = dict(pairs)  # the last of repeated fields wins, as in the flat parser
+    want = outcome(lambda f: parse_entry(f, entry_ms), as_dict)
+    assert outcome(lambda f: parse_flat_entry(f, entry_ms), flat) == want

@@ -24,12 +24,13 @@ import numpy as np
 import redis
 
 from model.scoring import ScoringModel
-from worker.events import EventError, parse_entry
+from worker.events import EventError, parse_flat_entry
 from worker.keys import Keys
 from worker.metrics import Health, WorkerMetrics
 from worker.model_source import FileModelSource
 from worker.scripts import ACQUIRE_LEASES, COMMIT, READ_STATES, RELEASE_LEASES
 from worker.settings import Settings
+from worker.state_cache import StateCache
 
 log = logging.getLogger("intentstream.worker")
 
@@ -95,9 +96,13 @@ class Consumer:
         self._commit = client.register_script(COMMIT)
         self._acquire = client.register_script(ACQUIRE_LEASES)
         self._release = client.register_script(RELEASE_LEASES)
-        # redis-py's XAUTOCLAIM JUSTID parser drops the cursor and the deleted ids; we need both.
+        # Raw replies: redis-py's XAUTOCLAIM JUSTID parser drops the cursor and the deleted
+        # ids, which we need; its XREADGROUP parser builds a dict per entry (~2 µs), which
+        # parse_flat_entry does without.
         client.set_response_callback("XAUTOCLAIM", lambda reply, **_: reply)
+        client.set_response_callback("XREADGROUP", lambda reply, **_: reply)
         self._stop = stop_event or threading.Event()
+        self.cache = StateCache(settings.state_cache_users, settings.state_ttl_seconds)
         self._last_lease = 0.0
         self._last_trim = 0.0
         self._backoff = 0.0
@@ -159,6 +164,7 @@ class Consumer:
 
     def _rewind(self) -> None:
         """Re-read own pending entries first: they may hold a batch that did not commit."""
+        self.cache.drop()
         for part in self.partitions:
             part.cursor = b"0"
 
@@ -273,9 +279,9 @@ class Consumer:
             block=None if draining else self.s.block_ms,
         )
         self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
-        by_stream = {}
-        for name, entries in reply or []:
-            by_stream[name.decode() if isinstance(name, bytes) else name] = entries
+        # RESP3 (redis-py 8's default) answers a map, RESP2 a list of [stream, entries]
+        pairs = reply.items() if isinstance(reply, dict) else reply or []
+        by_stream = {name.decode(): entries for name, entries in pairs}
         out = []
         for part in owned:
             entries = by_stream.get(self.keys.events(part.index), [])
@@ -296,6 +302,7 @@ class Consumer:
                 self._process_once(part.index, entries)
                 return
             except CommitRefusedError as exc:
+                self.cache.drop(part.index)
                 self.metrics.commit_retries.labels(exc.reason).inc()
                 if exc.reason == "not_owned":
                     part.owned = False
@@ -328,11 +335,11 @@ class Consumer:
         for raw_id, fields in entries:
             all_ids.append(raw_id)
             key = entry_id(raw_id)
-            if not fields:  # deleted while pending: redis-py gives {} for its nil fields
+            if not fields:  # deleted while pending: nil fields
                 n_lost += 1
                 continue
             try:
-                u, t, when = parse_entry(fields, key[0])
+                u, t, when = parse_flat_entry(fields, key[0])
             except EventError as exc:
                 dead.append(self._dead_letter(raw_id, fields, str(exc)))
                 continue
@@ -405,8 +412,20 @@ class Consumer:
         )  # fmt: skip
         status = reply[0].decode()
         if status != "ok":
-            raise CommitRefusedError(status, reply[1].decode(errors="replace"))
+            raise CommitRefusedError(status, str(reply[1]))
         t4 = time.perf_counter()
+        stamp = time.monotonic()
+        self.cache.store(
+            p,
+            str(reply[2]).encode(),
+            {
+                distinct[i]: (state[i], lts, ev_keys[idx[last_event[i]]], n, stamp)
+                for i, lts, n in zip(
+                    touched.tolist(), last_ts[touched].tolist(),
+                    per_user["n"].astype(np.int64).tolist(), strict=True,
+                )
+            },
+        )  # fmt: skip
 
         now = time.time()
         m = self.metrics
@@ -428,18 +447,20 @@ class Consumer:
         if dead:
             log.info("dead-lettered entries", extra={"partition": p, "count": len(dead)})
 
-    def _dead_letter(self, raw_id: bytes, fields: dict[bytes, bytes], error: str) -> bytes:
-        pairs = list(fields.items())[:_MAX_DEAD_FIELDS]
-        if len(fields) > _MAX_DEAD_FIELDS:
-            error += f" (only the first {_MAX_DEAD_FIELDS} of {len(fields)} fields kept)"
-        flat = [x for kv in pairs for x in kv]
-        return _lp(raw_id, error.encode()) + struct.pack("<I", len(pairs)) + _lp(*flat)
+    def _dead_letter(self, raw_id: bytes, fields: list[bytes], error: str) -> bytes:
+        """A dead letter for COMMIT: the original field/value pairs, source_id and error."""
+        pairs = len(fields) // 2
+        if pairs > _MAX_DEAD_FIELDS:
+            error += f" (only the first {_MAX_DEAD_FIELDS} of {pairs} fields kept)"
+            pairs = _MAX_DEAD_FIELDS
+        return _lp(raw_id, error.encode()) + struct.pack("<I", pairs) + _lp(*fields[: 2 * pairs])
 
     def _read_user_states(self, p: int, users: list[str], model: ScoringModel):
-        """The partition's commit sequence and the batch users' states, validated.
+        """The partition's commit sequence and the batch users' states.
 
-        A state of the wrong size (another model's) or with non-finite values restarts from
-        zero, counted in intentstream_state_resets_total.
+        States come from the cache where it holds them, else from Redis, validated: a state
+        of the wrong size (another model's) or with non-finite values restarts from zero,
+        counted in intentstream_state_resets_total.
         """
         L, H = model.state_shape
         n = len(users)
@@ -447,14 +468,31 @@ class Consumer:
         last_ts = np.full(n, -1, np.int64)
         last_id = [(-1, -1)] * n
         counts = np.zeros(n, np.int64)
-        flat = self._read_states(
-            keys=[self.keys.commit_seq(p), *(self.keys.state(p, u) for u in users)]
-        )
-        seq = flat[0] or b""
+        seq = self.cache.seq(p)
+        cached = self.cache.lookup(p, users) if seq is not None else [None] * n
+        misses = [i for i, c in enumerate(cached) if c is None]
+        if misses or seq is None:
+            flat = self._read_states(
+                keys=[self.keys.commit_seq(p), *(self.keys.state(p, users[i]) for i in misses)]
+            )
+            if seq is not None and (flat[0] or b"") != seq:
+                # another commit landed since ours: nothing cached for this partition holds
+                self.cache.drop(p)
+                return self._read_user_states(p, users, model)
+            seq = flat[0] or b""
+            self._fill_from_redis(flat, misses, (L, H), state, last_ts, last_id, counts)
+        for i, c in enumerate(cached):
+            if c is not None:
+                state[i], last_ts[i], last_id[i], counts[i], _ = c
+        return seq, state, last_ts, last_id, counts
+
+    def _fill_from_redis(self, flat, rows_of, shape, state, last_ts, last_id, counts) -> None:
+        """Validate READ_STATES' reply (after the sequence) into the batch's arrays."""
+        L, H = shape
         size = L * H * 4
         rows, blobs = [], []
-        for i in range(n):
-            h, lid, lts, _model, cnt = flat[5 * i + 1 : 5 * i + 6]
+        for k, i in enumerate(rows_of):
+            h, lid, lts, _model, cnt = flat[5 * k + 1 : 5 * k + 6]
             if lid is None:
                 continue
             try:
@@ -476,7 +514,6 @@ class Consumer:
             state[np.asarray(rows)[finite]] = loaded[finite]
             if not finite.all():
                 self.metrics.state_resets.labels("invalid").inc(int((~finite).sum()))
-        return seq, state, last_ts, last_id, counts
 
     # ---- model and housekeeping ----------------------------------------------------------
 

@@ -146,3 +146,18 @@ def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> tuple[str, str, in
                 return user_id, type_, int(ts)
     event = event_from_fields(fields, entry_ms)
     return event.user_id, event.type, event.ts
+
+
+def parse_flat_entry(flat: list[bytes], entry_ms: int) -> tuple[str, str, int]:
+    """`parse_entry` for a raw reply's field list [field, value, field, value, ...].
+
+    The layouts producers send (user_id, type[, ts], in that order) are checked in place;
+    anything else becomes a dict first (the last of repeated fields wins, as in HGETALL).
+    """
+    n = len(flat)
+    if (n == 6 or n == 4) and flat[0] == b"user_id" and flat[2] == b"type":
+        if n == 4:
+            return parse_entry({b"user_id": flat[1], b"type": flat[3]}, entry_ms)
+        if flat[4] == b"ts":
+            return parse_entry({b"user_id": flat[1], b"type": flat[3], b"ts": flat[5]}, entry_ms)
+    return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms)

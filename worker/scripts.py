@@ -64,7 +64,7 @@ return n
 # 14 type names: length-prefixed strings ('<I4' then bytes)
 # 15 dead letters: length-prefixed strings: source_id, error, pair count, field, value, ...
 #
-# Returns {'ok', n_scores} or, having applied nothing,
+# Returns {'ok', n_scores, new sequence} or, having applied nothing,
 #   {'not_owned', ''}        the lease is another consumer's (or gone),
 #   {'not_pending', id}      an entry is no longer pending for this consumer (already
 #                            committed by an earlier send of this very call, or claimed),
@@ -92,7 +92,7 @@ end
 
 local seq = redis.call('GET', KEYS[5]) or ''
 if seq ~= ARGV[8] then return {'conflict', seq} end
-redis.call('INCR', KEYS[5])
+local new_seq = redis.call('INCR', KEYS[5])
 
 local U = #KEYS - 5
 local last_ids = {}
@@ -146,5 +146,5 @@ end
 for i = 1, #ids, 1000 do
   redis.call('XACK', KEYS[1], group, unpack(ids, i, math.min(i + 999, #ids)))
 end
-return {'ok', n_scores}
+return {'ok', n_scores, new_seq}
 """

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     scores_maxlen: int = Field(
         1_000_000, ge=1, description="approximate length the score streams are trimmed to"
     )
+    state_cache_users: int = Field(
+        200_000, ge=0, description="user states kept in memory between batches; 0 = off"
+    )
     state_ttl_seconds: int = Field(0, ge=0, description="expire idle user states; 0 = never")
     retention_seconds: int = Field(
         7 * 24 * 3600, ge=0, description="keep this much event history (MINID); 0 = no trim"
