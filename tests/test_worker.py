@@ -223,18 +223,18 @@ def test_entry_deleted_while_pending_is_counted_lost_not_dropped_silently(
 def test_a_commit_sent_twice_applies_once(redis_server, golden_path):
     r = connect(redis_server.url)
     consumer = in_process_consumer(redis_server.url, golden_path)
-    commit = consumer._commit
+    send = consumer._send_commit
     replies = []
 
-    def sent_twice(**kw):
-        # As after a lost reply: redis-py resends the same call; the second must be a no-op.
-        replies.append(commit(**kw))
-        state_after_first = {k: r.hgetall(k) for k in kw["keys"][5:]}
-        replies.append(commit(**kw))
-        assert {k: r.hgetall(k) for k in kw["keys"][5:]} == state_after_first
+    def sent_twice(keys, args, prefetch_for):
+        # As after a lost reply: redis-py resends the same EVALSHA; the second must be a no-op.
+        replies.append(send(keys, args, prefetch_for))
+        state_after_first = {k: r.hgetall(k) for k in keys[5:]}
+        replies.append(consumer._commit(keys=keys, args=args))
+        assert {k: r.hgetall(k) for k in keys[5:]} == state_after_first
         return replies[-1]
 
-    consumer._commit = sent_twice
+    consumer._send_commit = sent_twice
     for t in GOLDEN_EVENTS:
         r.xadd(STREAM0, {"user_id": "alice", "type": t})
     r.xadd(STREAM0, {"user_id": "", "type": "view"})

@@ -15,7 +15,6 @@ partition's pending entries are claimed from whoever held them before.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import numpy as np
 import redis
 
 from model.scoring import ScoringModel
-from worker.events import EventError, parse_flat_entry
+from worker.batch import Batch, entry_id, length_prefixed, parse_batch
 from worker.keys import Keys
 from worker.metrics import Health, WorkerMetrics
 from worker.model_source import FileModelSource
@@ -36,19 +35,7 @@ log = logging.getLogger("intentstream.worker")
 
 _SCORE_ROW = np.dtype([("u", "<i4"), ("t", "<i4"), ("s", "<f4"), ("ts", "<f8")])
 _USER_ROW = np.dtype([("s", "<f4"), ("ts", "<f8"), ("n", "<f8")])
-_MAX_DEAD_FIELDS = 1000  # field pairs kept of one dead letter
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
-
-
-def entry_id(raw: bytes) -> tuple[int, int]:
-    """(ms, seq) of a stream entry id, for ordering and for its arrival time."""
-    ms, _, seq = raw.partition(b"-")
-    return int(ms), int(seq or 0)
-
-
-def _lp(*items: bytes) -> bytes:
-    """Length-prefixed strings, as the Lua side reads them with '<I4c0'."""
-    return b"".join(struct.pack("<I", len(b)) + b for b in items)
 
 
 class CommitRefusedError(Exception):
@@ -106,6 +93,8 @@ class Consumer:
         self._last_lease = 0.0
         self._last_trim = 0.0
         self._backoff = 0.0
+        self._prefetched: list[tuple[Partition, Batch]] = []
+        self._scripts_loaded = False
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -154,6 +143,7 @@ class Consumer:
 
     def _redis_trouble(self, message: str) -> None:
         self.metrics.redis_errors.inc()
+        self._scripts_loaded = False  # a restarted server has none
         self.health.redis_ok = False
         self._backoff = min(5.0, max(0.05, self._backoff * 2))
         log.warning(message + f"; retrying in {self._backoff:.2f} s")
@@ -164,11 +154,18 @@ class Consumer:
 
     def _rewind(self) -> None:
         """Re-read own pending entries first: they may hold a batch that did not commit."""
+        self._prefetched = []
         self.cache.drop()
         for part in self.partitions:
             part.cursor = b"0"
 
     def _shutdown(self) -> None:
+        """Commit the batches already read (no new reads), then release the leases."""
+        try:
+            for part, batch in self._take_prefetched([p for p in self.partitions if p.owned]):
+                self.process(part, batch)
+        except (redis.RedisError, CommitRefusedError) as exc:
+            log.warning("read entries left pending at stop", extra={"error": str(exc)})
         try:
             owned = [self.keys.lease(p.index) for p in self.partitions if p.owned]
             if owned:
@@ -182,6 +179,11 @@ class Consumer:
     def tick(self) -> None:
         """Leases, maintenance, one read, and the processing of what it returned."""
         now = time.monotonic()
+        if not self._scripts_loaded:
+            # EVALSHA without a fallback (the prefetching commit) needs them in place
+            for script in (READ_STATES, COMMIT, ACQUIRE_LEASES, RELEASE_LEASES):
+                self.r.script_load(script)
+            self._scripts_loaded = True
         if now - self._last_lease > self.lease_ms / 3000:
             self._renew_leases()
             self._last_lease = now
@@ -193,10 +195,13 @@ class Consumer:
             time.sleep(min(1.0, self.lease_ms / 3000))
             return
         self._claim_idle(owned, now)
-        batches = self._read(owned)
-        for part, entries in batches:
-            if entries:
-                self.process(part, entries)
+        batches = self._take_prefetched(owned) or self._read(owned)
+        for k, (part, batch) in enumerate(batches):
+            # The last batch's commit travels with a read of the next round, which is parsed
+            # while Redis runs the commit (new entries only: pending ones are read in order).
+            last = k == len(batches) - 1
+            prefetch = last and all(p.cursor == b">" for p in owned)
+            self.process(part, batch, owned if prefetch else None)
         if now - self._last_trim > 10:
             self._maintain(owned)
             self._last_trim = now
@@ -266,7 +271,7 @@ class Consumer:
             if now - part.last_claim > self.s.claim_idle_ms / 2000:
                 self._claim(part, self.s.claim_idle_ms)
 
-    def _read(self, owned: list[Partition]) -> list[tuple[Partition, list]]:
+    def _read(self, owned: list[Partition]) -> list[tuple[Partition, Batch]]:
         """One XREADGROUP over the owned partitions: own pending entries first, then new."""
         streams = {self.keys.events(p.index): p.cursor for p in owned}
         draining = any(p.cursor != b">" for p in owned)
@@ -279,6 +284,10 @@ class Consumer:
             block=None if draining else self.s.block_ms,
         )
         self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
+        return self._batches(reply, owned)
+
+    def _batches(self, reply, owned: list[Partition]) -> list[tuple[Partition, Batch]]:
+        """Parse an XREADGROUP reply into one Batch per partition that has entries."""
         # RESP3 (redis-py 8's default) answers a map, RESP2 a list of [stream, entries]
         pairs = reply.items() if isinstance(reply, dict) else reply or []
         by_stream = {name.decode(): entries for name, entries in pairs}
@@ -286,20 +295,59 @@ class Consumer:
         for part in owned:
             entries = by_stream.get(self.keys.events(part.index), [])
             if part.cursor != b">":
-                if entries:
-                    part.cursor = entries[-1][0]
-                else:
-                    part.cursor = b">"
-            out.append((part, entries))
+                part.cursor = entries[-1][0] if entries else b">"
+            if entries:
+                out.append((part, parse_batch(part.index, entries)))
         return out
+
+    def _take_prefetched(self, owned: list[Partition]) -> list[tuple[Partition, Batch]]:
+        """The batches read with the last commit, for partitions still held."""
+        batches, self._prefetched = self._prefetched, []
+        return [(part, b) for part, b in batches if part.owned and part in owned]
+
+    def _send_commit(self, keys: list, args: list, prefetch_for: list[Partition] | None) -> list:
+        """Run COMMIT, with a read of the next round behind it when prefetch_for is given."""
+        if prefetch_for:
+            return self._commit_and_prefetch(keys, args, prefetch_for)
+        return self._commit(keys=keys, args=args)
+
+    def _commit_and_prefetch(self, keys: list, args: list, owned: list[Partition]) -> list:
+        """Send COMMIT behind a non-blocking read of new entries on one connection; parse the
+        read's reply while Redis runs the commit. Any failure drops the read (its entries
+        stay pending for us) and rewinds, so they are read again in order."""
+        names = [self.keys.events(p.index) for p in owned]
+        read = ("XREADGROUP", "GROUP", self.s.group, self.s.consumer, "COUNT",
+                self.s.batch_size, "STREAMS", *names, *([">"] * len(names)))  # fmt: skip
+        commit = ("EVALSHA", self._commit.sha, len(keys), *keys, *args)
+        pool = self.r.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_commands([read, commit]))
+            self._prefetched = self._batches(conn.read_response(), owned)
+            reply = conn.read_response()
+        except redis.exceptions.NoScriptError:
+            self._prefetched = []
+            self.r.script_load(COMMIT)  # the server lost its scripts (restart, SCRIPT FLUSH)
+            self._rewind()
+            raise CommitRefusedError("noscript", "COMMIT was not loaded; loaded it") from None
+        except BaseException:
+            conn.disconnect()  # a reply may still be in flight on it
+            self._prefetched = []
+            self._rewind()
+            raise
+        finally:
+            pool.release(conn)
+        return reply
 
     # ---- one partition batch -----------------------------------------------------------
 
-    def process(self, part: Partition, entries: list) -> None:
+    def process(
+        self, part: Partition, batch: Batch, prefetch_for: list[Partition] | None = None
+    ) -> None:
         """Score one partition's batch and commit it; retry on a state conflict."""
         for attempt in range(5):
             try:
-                self._process_once(part.index, entries)
+                self._process_once(batch, prefetch_for if attempt == 0 else None)
                 return
             except CommitRefusedError as exc:
                 self.cache.drop(part.index)
@@ -321,35 +369,11 @@ class Consumer:
                     raise
                 log.info("state conflict; recomputing the batch", extra={"partition": part.index})
 
-    def _process_once(self, p: int, entries: list) -> None:
-        t0 = time.perf_counter()
-        model = self.model
-        all_ids: list[bytes] = []
-        users: list[str] = []
-        types: list[str] = []
-        ts: list[int] = []
-        ev_ids: list[bytes] = []
-        ev_keys: list[tuple[int, int]] = []
-        dead: list[bytes] = []
-        n_lost = 0
-        for raw_id, fields in entries:
-            all_ids.append(raw_id)
-            key = entry_id(raw_id)
-            if not fields:  # deleted while pending: nil fields
-                n_lost += 1
-                continue
-            try:
-                u, t, when = parse_flat_entry(fields, key[0])
-            except EventError as exc:
-                dead.append(self._dead_letter(raw_id, fields, str(exc)))
-                continue
-            users.append(u)
-            types.append(t)
-            ts.append(when)
-            ev_ids.append(raw_id)
-            ev_keys.append(key)
+    def _process_once(self, batch: Batch, prefetch_for: list[Partition] | None) -> None:
         t1 = time.perf_counter()
-
+        p, model = batch.partition, self.model
+        users, types, ts = batch.users, batch.types, batch.ts
+        ev_ids, ev_keys, dead = batch.event_ids, batch.event_keys, batch.dead
         distinct = list(dict.fromkeys(users))
         row = {u: i for i, u in enumerate(distinct)}
         slot = np.fromiter((row[u] for u in users), np.int64, len(users))
@@ -389,27 +413,26 @@ class Consumer:
         rows["ts"] = k_ts
 
         state_keys = [self.keys.state(p, distinct[i]) for i in touched]
-        reply = self._commit(
-            keys=[self.keys.events(p), self.keys.scores(p), self.keys.deadletter(p),
-                  self.keys.lease(p), self.keys.commit_seq(p), *state_keys],
-            args=[
+        keys = [self.keys.events(p), self.keys.scores(p), self.keys.deadletter(p),
+                self.keys.lease(p), self.keys.commit_seq(p), *state_keys]  # fmt: skip
+        args = [
                 self.s.group,
                 self.s.consumer,
                 self.s.scores_maxlen,
                 self.s.state_ttl_seconds * 1000,
                 model.version,
                 len(self.keys.state_prefix(p).encode()),
-                b" ".join(all_ids),
+                b" ".join(batch.ids),
                 seq,
                 b" ".join(ev_ids[idx[last_event[i]]] for i in touched),
                 np.ascontiguousarray(state[touched], "<f4").tobytes(),
                 per_user.tobytes(),
                 rows.tobytes(),
                 b" ".join(ev_ids[i] for i in idx),
-                _lp(*(t.encode() for t in type_names)),
+                length_prefixed(*(t.encode() for t in type_names)),
                 b"".join(dead),
-            ],
-        )  # fmt: skip
+        ]  # fmt: skip
+        reply = self._send_commit(keys, args, prefetch_for)
         status = reply[0].decode()
         if status != "ok":
             raise CommitRefusedError(status, str(reply[1]))
@@ -432,28 +455,25 @@ class Consumer:
         m.events.labels("scored").inc(len(idx))
         m.events.labels("duplicate").inc(n_dup)
         m.events.labels("deadletter").inc(len(dead))
-        if n_lost:
-            m.events.labels("lost").inc(n_lost)
+        if batch.lost:
+            m.events.labels("lost").inc(batch.lost)
         n_unknown = int((type_idx == model.unknown_index).sum())
         if n_unknown:
             m.unknown_types.inc(n_unknown)
         arrival = np.fromiter((ev_keys[i][0] for i in idx), np.float64, len(idx))
         m.latency.observe_many(np.maximum(0.0, now - arrival / 1000.0))
-        m.batch_size.observe(len(entries))
-        for stage, seconds in (("parse", t1 - t0), ("state", t2 - t1), ("model", t3 - t2),
-                               ("commit", t4 - t3)):  # fmt: skip
+        m.batch_size.observe(len(batch))
+        stages = {
+            "parse": batch.parse_seconds,
+            "state": t2 - t1,
+            "model": t3 - t2,
+            "commit": t4 - t3,
+        }
+        for stage, seconds in stages.items():
             m.batch_seconds.labels(stage).observe(seconds)
         m.last_processed.set(now)
         if dead:
             log.info("dead-lettered entries", extra={"partition": p, "count": len(dead)})
-
-    def _dead_letter(self, raw_id: bytes, fields: list[bytes], error: str) -> bytes:
-        """A dead letter for COMMIT: the original field/value pairs, source_id and error."""
-        pairs = len(fields) // 2
-        if pairs > _MAX_DEAD_FIELDS:
-            error += f" (only the first {_MAX_DEAD_FIELDS} of {pairs} fields kept)"
-            pairs = _MAX_DEAD_FIELDS
-        return _lp(raw_id, error.encode()) + struct.pack("<I", pairs) + _lp(*fields[: 2 * pairs])
 
     def _read_user_states(self, p: int, users: list[str], model: ScoringModel):
         """The partition's commit sequence and the batch users' states.
