@@ -11,9 +11,11 @@ from collections.abc import Iterable, Iterator
 from typing import TextIO
 
 import numpy as np
+import redis
 
 from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
 from model.features import KNOWN_FEATURES
+from model.registry import Registry, RegistryError
 from worker.events import Event, EventError, event_from_json
 from worker.settings import SettingsError, add_setting_flags, load_settings
 
@@ -67,14 +69,105 @@ def describe_model(model: Model) -> str:
 
 
 def _cmd_model_show(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if Path(args.file).exists() or not args.file.isdigit():
+        try:
+            model = load_model(args.file)
+        except ArtifactError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(describe_model(model))
+        print(f"sha256:        {file_sha256(args.file)}")
+        return 0
+    return _with_registry(args, lambda reg: _show_version(reg, args.file))
+
+
+def _show_version(registry: Registry, version: str) -> int:
+    meta = registry.meta(version)
+    model = registry.load(version)
+    current = registry.current()
+    print(describe_model(model).replace("version:       file", f"version:       {version}"))
+    print(f"sha256:        {meta.get('sha256')}")
+    print(f"current:       {'yes' if current == version else 'no'}")
+    return 0
+
+
+def _registry(args: argparse.Namespace) -> Registry:
+    from worker.connection import connect
+
+    settings = load_settings(args, model=None)
+    return Registry(connect(settings.redis_url, settings.socket_timeout), settings.prefix)
+
+
+def _with_registry(args: argparse.Namespace, action) -> int:
+    """Run action(registry); registry and Redis problems become one line on stderr, exit 2."""
     try:
-        model = load_model(args.file)
-    except ArtifactError as exc:
+        return action(_registry(args))
+    except (RegistryError, ArtifactError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(describe_model(model))
-    print(f"sha256:        {file_sha256(args.file)}")
-    return 0
+    except redis.RedisError as exc:
+        print(f"error: Redis: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_model_publish(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    def publish(reg: Registry) -> int:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as exc:
+            raise RegistryError(f"cannot read {args.file}: {exc.strerror}") from None
+        version = reg.publish(data, promote=args.promote)
+        print(f"published version {version}" + (" (current)" if args.promote else ""))
+        return 0
+
+    return _with_registry(args, publish)
+
+
+def _cmd_model_list(args: argparse.Namespace) -> int:
+    import datetime
+
+    def listing(reg: Registry) -> int:
+        current = reg.current()
+        print(f"{'':2}{'version':>8}  {'published (UTC)':<20} {'layers':>6} {'hidden':>6}  sha256")
+        for v in reg.versions():
+            m = reg.meta(v)
+            when = datetime.datetime.fromtimestamp(m.get("published_at", 0), datetime.timezone.utc)
+            mark = "* " if v == current else "  "
+            print(f"{mark}{v:>8}  {when:%Y-%m-%d %H:%M:%S}  {m.get('layers', '?'):>6} "
+                  f"{m.get('hidden', '?'):>6}  {str(m.get('sha256', ''))[:16]}")  # fmt: skip
+        return 0
+
+    return _with_registry(args, listing)
+
+
+def _cmd_model_promote(args: argparse.Namespace) -> int:
+    def promote(reg: Registry) -> int:
+        reg.promote(args.version)
+        print(f"version {args.version} is current")
+        return 0
+
+    return _with_registry(args, promote)
+
+
+def _cmd_model_rollback(args: argparse.Namespace) -> int:
+    def rollback(reg: Registry) -> int:
+        print(f"version {reg.rollback()} is current again")
+        return 0
+
+    return _with_registry(args, rollback)
+
+
+def _cmd_model_export(args: argparse.Namespace) -> int:
+    def export(reg: Registry) -> int:
+        reg.export(args.version, args.out)
+        print(f"wrote version {args.version} to {args.out}")
+        return 0
+
+    return _with_registry(args, export)
 
 
 def _numbered_events(lines: Iterable[str], errors: TextIO) -> Iterator[Event | None]:
@@ -148,7 +241,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from worker.consumer import Consumer
     from worker.logs import setup_logging
     from worker.metrics import Health, WorkerMetrics, serve_metrics
-    from worker.model_source import FileModelSource
+    from worker.model_source import FileModelSource, RegistryModelSource
 
     try:
         settings = load_settings(args)
@@ -156,15 +249,17 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.log_format, settings.log_level)
-    if settings.model is None:
-        print(
-            "error: --model FILE is required (the model registry is not there yet)", file=sys.stderr
-        )
-        return 2
+    client = connect_settings(settings)
     try:
-        source = FileModelSource(settings.model)
-    except ArtifactError as exc:
+        if settings.model is not None:
+            source = FileModelSource(settings.model)
+        else:
+            source = RegistryModelSource(client, settings.prefix, settings.model_poll_seconds)
+    except (ArtifactError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except redis.RedisError as exc:
+        print(f"error: cannot read the model registry: {exc}", file=sys.stderr)
         return 2
     metrics, health = WorkerMetrics(), Health()
     if settings.metrics_port:
@@ -177,8 +272,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    consumer = Consumer(settings, connect_settings(settings), source, metrics, health, stop)
+    consumer = Consumer(settings, client, source, metrics, health, stop)
     consumer.run(max_seconds=args.max_seconds)
+    source.close()
     return 0
 
 
@@ -224,10 +320,22 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
+    from worker.demo import run_demo
+
+    return run_demo(
+        args.redis_url, args.rate, args.users, args.seconds, args.metrics_port, stop, sys.stdout
+    )
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from worker.bench import main as bench_main
 
     return bench_main(args.bench_args)
+
+
+_REGISTRY_FLAGS = ["redis_url", "prefix", "socket_timeout"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -256,8 +364,29 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--out", required=True, help="artifact file to write (.npz)")
     init.set_defaults(func=_cmd_model_init)
     show = msub.add_parser("show", help="print a model's config, array shapes and size")
-    show.add_argument("file")
+    show.add_argument("file", metavar="FILE|VERSION", help="an artifact file or a registry version")
+    add_setting_flags(show, _REGISTRY_FLAGS)
     show.set_defaults(func=_cmd_model_show)
+    pub = msub.add_parser("publish", help="store an artifact in the registry as a new version")
+    pub.add_argument("file")
+    pub.add_argument("--promote", action="store_true", help="also make it current")
+    add_setting_flags(pub, _REGISTRY_FLAGS)
+    pub.set_defaults(func=_cmd_model_publish)
+    lst = msub.add_parser("list", help="list the registry's versions (* = current)")
+    add_setting_flags(lst, _REGISTRY_FLAGS)
+    lst.set_defaults(func=_cmd_model_list)
+    pro = msub.add_parser("promote", help="make a version current; running workers swap to it")
+    pro.add_argument("version")
+    add_setting_flags(pro, _REGISTRY_FLAGS)
+    pro.set_defaults(func=_cmd_model_promote)
+    rb = msub.add_parser("rollback", help="make the previous current version current again")
+    add_setting_flags(rb, _REGISTRY_FLAGS)
+    rb.set_defaults(func=_cmd_model_rollback)
+    exp = msub.add_parser("export", help="write a version's artifact to a file")
+    exp.add_argument("version")
+    exp.add_argument("--out", required=True)
+    add_setting_flags(exp, _REGISTRY_FLAGS)
+    exp.set_defaults(func=_cmd_model_export)
 
     score = sub.add_parser("score", help="score JSON-lines events offline, state in memory")
     score.add_argument("--model", required=True, help="model artifact file")
@@ -279,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--seed", type=int, default=0, help="synthetic data seed")
     pub.add_argument("--rate", type=float, default=None, help="events per second (default: max)")
     pub.set_defaults(func=_cmd_publish)
+
+    demo = sub.add_parser("demo", help="the whole loop live, on a private Redis by default")
+    demo.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
+    demo.add_argument("--rate", type=float, default=500.0, help="synthetic events per second")
+    demo.add_argument("--users", type=int, default=200, help="synthetic users")
+    demo.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    demo.add_argument("--metrics-port", type=int, default=9108, help="0 = any free port")
+    demo.set_defaults(func=_cmd_demo)
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
     bench.set_defaults(func=_cmd_bench)

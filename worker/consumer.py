@@ -26,7 +26,7 @@ from model.scoring import ScoringModel
 from worker.batch import Batch, entry_id, length_prefixed, parse_batch
 from worker.keys import Keys
 from worker.metrics import Health, WorkerMetrics
-from worker.model_source import FileModelSource
+from worker.model_source import FileModelSource, ModelRejectedError, RegistryModelSource
 from worker.scripts import ACQUIRE_LEASES, COMMIT, READ_STATES, RELEASE_LEASES
 from worker.settings import Settings
 from worker.state_cache import StateCache
@@ -65,7 +65,7 @@ class Consumer:
         self,
         settings: Settings,
         client: redis.Redis,
-        model_source: FileModelSource,
+        model_source: FileModelSource | RegistryModelSource,
         metrics: WorkerMetrics | None = None,
         health: Health | None = None,
         stop_event: threading.Event | None = None,
@@ -95,6 +95,7 @@ class Consumer:
         self._backoff = 0.0
         self._prefetched: list[tuple[Partition, Batch]] = []
         self._scripts_loaded = False
+        self._shapes: dict[str, tuple[int, int]] = {}  # state shape of models used before
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -187,9 +188,14 @@ class Consumer:
         if now - self._last_lease > self.lease_ms / 3000:
             self._renew_leases()
             self._last_lease = now
-        newer = self.source.poll()
-        if newer is not None:
-            self._swap_model(newer)
+        try:
+            newer = self.source.poll()
+        except ModelRejectedError as exc:
+            self.metrics.model_reloads.labels("rejected").inc()
+            log.error("new model refused; the running model stays", extra={"error": str(exc)})
+        else:
+            if newer is not None:
+                self._swap_model(newer)
         owned = [p for p in self.partitions if p.owned]
         if not owned:
             time.sleep(min(1.0, self.lease_ms / 3000))
@@ -512,7 +518,7 @@ class Consumer:
         size = L * H * 4
         rows, blobs = [], []
         for k, i in enumerate(rows_of):
-            h, lid, lts, _model, cnt = flat[5 * k + 1 : 5 * k + 6]
+            h, lid, lts, written_by, cnt = flat[5 * k + 1 : 5 * k + 6]
             if lid is None:
                 continue
             try:
@@ -523,7 +529,8 @@ class Consumer:
                 last_id[i] = (-1, -1)
                 self.metrics.state_resets.labels("invalid").inc()
                 continue
-            if h is None or len(h) != size:
+            other = self._shapes.get(written_by.decode(errors="replace")) if written_by else None
+            if h is None or len(h) != size or (other is not None and other != shape):
                 self.metrics.state_resets.labels("shape").inc()
                 continue
             rows.append(i)
@@ -538,8 +545,13 @@ class Consumer:
     # ---- model and housekeeping ----------------------------------------------------------
 
     def _swap_model(self, newer: ScoringModel) -> None:
+        """Swap models between batches. States carry over when the state shape is the same;
+        else each user's state restarts from zero at their next event (counted)."""
         newer.warm_up()
         old = self.model
+        self._shapes[old.version] = old.state_shape
+        if newer.state_shape != old.state_shape:
+            self.cache.drop()
         self.model = newer
         self.metrics.model_reloads.labels("loaded").inc()
         self._set_model_metrics()

@@ -53,6 +53,11 @@ class BatchHistogram(Collector):
             self._counts += counts
             self._sum += float(values.sum())
 
+    def bucket_counts(self) -> np.ndarray:
+        """A copy of the per-bucket (not cumulative) counts, the last one above the top."""
+        with self._lock:
+            return self._counts.copy()
+
     def collect(self) -> Iterator[HistogramMetricFamily]:
         with self._lock:
             cumulative = np.cumsum(self._counts)

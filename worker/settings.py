@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     model: Path | None = Field(
         None, description="model artifact file (pins it); default: the registry's current"
     )
+    model_poll_seconds: float = Field(
+        2.0, gt=0, description="how often to check the registry's current model"
+    )
     batch_size: int = Field(512, ge=1, le=100_000, description="max entries per read")
     block_ms: int = Field(1000, ge=1, description="blocking read time in ms")
     socket_timeout: float = Field(5.0, gt=0, description="Redis socket timeout in seconds")

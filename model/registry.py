@@ -1,0 +1,135 @@
+"""The model registry in Redis (SPEC §5): versioned artifacts, a current pointer, rollback.
+
+Keys under the prefix: `model:seq` (INCR gives versions), `model:<v>` (artifact bytes),
+`model:meta:<v>` (JSON: the artifact's meta plus sha256, size, publication time),
+`model:current` (version string), `model:history` (a list of earlier currents, for rollback),
+and announcements on the pub/sub channel `model:updates`. Every artifact read back is checked
+against its recorded sha256 and validated before use.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import redis
+
+from model.artifact import ArtifactError, Model, model_from_bytes, model_to_bytes, sha256_hex
+
+
+class RegistryError(Exception):
+    """A registry operation that cannot be done; the message says why."""
+
+
+class Registry:
+    """Versioned models stored in Redis under one prefix."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "intentstream") -> None:
+        self.r = client
+        self.prefix = prefix
+
+    def _key(self, *parts: str) -> str:
+        return ":".join([self.prefix, "model", *parts])
+
+    @property
+    def channel(self) -> str:
+        """The pub/sub channel announcing promotions."""
+        return self._key("updates")
+
+    def publish(self, data: bytes, promote: bool = False) -> str:
+        """Store validated artifact bytes as a new version; return the version."""
+        model = model_from_bytes(data)  # refuse anything that would not load
+        version = str(self.r.incr(self._key("seq")))
+        meta = model.meta.model_dump() | {
+            "version": version,
+            "sha256": sha256_hex(data),
+            "size": len(data),
+            "published_at": time.time(),
+        }
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self._key(version), data)
+        pipe.set(self._key("meta", version), json.dumps(meta))
+        pipe.execute()
+        if promote:
+            self.promote(version)
+        return version
+
+    def publish_model(self, model: Model, promote: bool = False) -> str:
+        """Store a Model as a new version."""
+        return self.publish(model_to_bytes(model), promote)
+
+    def versions(self) -> list[str]:
+        """Every stored version, oldest first."""
+        top = int(self.r.get(self._key("seq")) or 0)
+        if not top:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for v in range(1, top + 1):
+            pipe.exists(self._key("meta", str(v)))
+        return [str(v) for v, there in zip(range(1, top + 1), pipe.execute(), strict=True) if there]
+
+    def meta(self, version: str) -> dict:
+        """The stored meta of a version."""
+        raw = self.r.get(self._key("meta", version))
+        if raw is None:
+            raise RegistryError(f"no model version {version!r} in the registry")
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RegistryError(f"meta of version {version} is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise RegistryError(f"meta of version {version} is not a JSON object")
+        return doc
+
+    def artifact_bytes(self, version: str) -> bytes:
+        """The artifact bytes of a version, checked against the recorded sha256."""
+        data = self.r.get(self._key(version))
+        if data is None:
+            raise RegistryError(f"no model version {version!r} in the registry")
+        expected = self.meta(version).get("sha256")
+        if expected != sha256_hex(data):
+            raise RegistryError(f"version {version} is corrupt: its sha256 does not match its meta")
+        return data
+
+    def load(self, version: str) -> Model:
+        """A validated Model of a version; RegistryError names what is wrong."""
+        try:
+            return model_from_bytes(self.artifact_bytes(version))
+        except ArtifactError as exc:
+            raise RegistryError(f"version {version} does not load: {exc}") from None
+
+    def current(self) -> str | None:
+        """The current version, or None when nothing was promoted."""
+        raw = self.r.get(self._key("current"))
+        return raw.decode() if raw is not None else None
+
+    def promote(self, version: str) -> None:
+        """Make a version current (after checking it loads) and announce it."""
+        self.load(version)
+        previous = self.current()
+        pipe = self.r.pipeline(transaction=True)
+        if previous is not None and previous != version:
+            pipe.rpush(self._key("history"), previous)
+        pipe.set(self._key("current"), version)
+        pipe.publish(self.channel, version)
+        pipe.execute()
+
+    def rollback(self) -> str:
+        """Make the previous current version current again; return it."""
+        while True:
+            previous = self.r.rpop(self._key("history"))
+            if previous is None:
+                raise RegistryError("nothing to roll back to: no earlier current version")
+            version = previous.decode()
+            if self.r.exists(self._key("meta", version)):
+                break
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self._key("current"), version)
+        pipe.publish(self.channel, version)
+        pipe.execute()
+        return version
+
+    def export(self, version: str, path: str | Path) -> None:
+        """Write a version's artifact to a file."""
+        Path(path).write_bytes(self.artifact_bytes(version))
