@@ -1,11 +1,11 @@
 """Synthetic shop sessions whose purchase odds depend on the order of events.
 
 For demos, tests, benchmarks and training. Each session is a walk through a small funnel;
-its purchase intent moves with every event, and how much depends on what came before:
-a cart add after a coupon counts more than one before it, a checkout counts only after a cart
-add, a removal undoes the cart, and long runs of views cool intent down. So two sessions with
-the same bag of events in another order have different odds, which a bag-of-events model
-cannot see and a recurrent one can.
+its purchase intent moves with every event, and how much depends on what came before: a cart
+add after a coupon counts more than one without, a checkout counts only with something in the
+cart, a removal undoes the cart, and ending on two views in a row cools intent down. So two
+sessions with the same bag of events in another order have different odds, which a
+bag-of-events model cannot see and a recurrent one can.
 """
 
 from __future__ import annotations
@@ -32,26 +32,24 @@ def _sigmoid(x: float) -> float:
 
 def purchase_probability(types: list[str]) -> float:
     """The chance that a session of these events, in this order, ends in a purchase."""
-    stage, intent, coupon, views_in_a_row = 0, -2.5, False, 0
+    intent, coupon, carted = -1.5, False, False
     for t in types:
-        views_in_a_row = views_in_a_row + 1 if t == "view" else 0
-        if t == "view":
-            intent -= 0.3 * max(0, views_in_a_row - 1)
-        elif t == "search":
-            intent += 0.2 if stage == 0 else -0.3
-        elif t == "coupon":
+        if t == "coupon":
             coupon = True
-            intent += 0.2
+            intent -= 1.0 if carted else 0.0  # a coupon hunt after carting: cold feet
         elif t == "add_to_cart":
-            intent += 1.8 if coupon else 0.5
-            stage = max(stage, 1)
-        elif t == "remove_from_cart":
-            intent -= 1.5
-            stage = 0
+            intent += 2.0 if coupon else 0.3  # a coupon first makes the cart count
+            carted = True
+        elif t == "remove_from_cart" and carted:
+            intent -= 2.0  # undoes the cart
+            carted = False
         elif t == "checkout":
-            intent += 2.0 if stage >= 1 else -0.5
-            stage = 2 if stage >= 1 else stage
-    return float(_sigmoid(intent))
+            intent += 1.5 if carted else -1.0
+        elif t == "search":
+            intent += 0.1
+    if len(types) >= 2 and types[-1] == types[-2] == "view":
+        intent -= 2.0  # drifting off at the end
+    return float(_sigmoid(2.0 * intent))
 
 
 def _stage_after(stage: int, t: str) -> int:

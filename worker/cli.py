@@ -320,6 +320,12 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from worker.training import run_train
+
+    return run_train(args)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     from worker.demo import run_demo
@@ -408,6 +414,37 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--seed", type=int, default=0, help="synthetic data seed")
     pub.add_argument("--rate", type=float, default=None, help="events per second (default: max)")
     pub.set_defaults(func=_cmd_publish)
+
+    tr = sub.add_parser("train", help="train a model with truncated BPTT; report; publish")
+    src = tr.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
+    src.add_argument("--from-redis", action="store_true", help="the retained event streams")
+    add_setting_flags(tr, ["redis_url", "prefix", "partitions", "socket_timeout"])
+    tr.add_argument("--hidden", type=int, default=64)
+    tr.add_argument("--layers", type=int, default=1)
+    tr.add_argument("--embedding-dim", type=int, default=16)
+    tr.add_argument("--features", type=_csv, default=["gap"], help="comma-separated; '' for none")
+    tr.add_argument("--session-gap", type=float, default=1800.0, help="seconds; 0 = never split")
+    tr.add_argument("--label-type", default="purchase", help="the event type that is the label")
+    tr.add_argument("--event-types", type=_csv, default=None, help="default: those in the data")
+    tr.add_argument("--bptt", type=int, default=35, help="truncation: steps gradients flow back")
+    tr.add_argument("--clip", type=float, default=1.0, help="global gradient norm bound")
+    tr.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    tr.add_argument("--lr", type=float, default=0.005, help="learning rate")
+    tr.add_argument("--batch-size", type=int, default=64, help="sessions per mini-batch")
+    tr.add_argument("--epochs", type=int, default=10)
+    tr.add_argument("--validation-fraction", type=float, default=0.2, help="of users")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--out", help="write the trained artifact here")
+    tr.add_argument("--report", metavar="DIR", help="write report.json and report.png here")
+    tr.add_argument("--publish", action="store_true", help="register it in the Redis registry")
+    tr.add_argument(
+        "--promote", action="store_true", help="publish; make current unless its AUC is lower"
+    )
+    tr.add_argument("--force", action="store_true", help="promote even if worse")
+    tr.add_argument("--pushgateway", metavar="URL", help="push the run's metrics there")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(func=_cmd_train)
 
     demo = sub.add_parser("demo", help="the whole loop live, on a private Redis by default")
     demo.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")

@@ -1,0 +1,106 @@
+"""Evaluation (SPEC §6): ROC AUC and log loss, at the last step of each session and over all
+steps, for the RNN and for a bag-of-event-types logistic regression on the same split."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import rankdata
+
+from model.artifact import Model
+from model.bptt import predict
+from model.sessions import Session, pad
+
+
+def roc_auc(y: np.ndarray, p: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney, ties averaged); nan with one class."""
+    y = np.asarray(y, bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    ranks = rankdata(p)
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def roc_curve(y: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(false positive rate, true positive rate) at every threshold, for plotting."""
+    order = np.argsort(-np.asarray(p), kind="stable")
+    y = np.asarray(y, bool)[order]
+    tpr = np.concatenate([[0.0], np.cumsum(y) / max(1, y.sum())])
+    fpr = np.concatenate([[0.0], np.cumsum(~y) / max(1, (~y).sum())])
+    return fpr, tpr
+
+
+def log_loss(y: np.ndarray, p: np.ndarray) -> float:
+    """Mean binary cross-entropy."""
+    p = np.clip(np.asarray(p, np.float64), 1e-12, 1 - 1e-12)
+    y = np.asarray(y, np.float64)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def step_scores(params: dict[str, np.ndarray], sessions: list[Session], n_features: int):
+    """Per-step (labels, scores) over all steps, and per-session at the last step."""
+    all_y, all_p, last_y, last_p = [], [], [], []
+    for start in range(0, len(sessions), 512):
+        chunk = sessions[start : start + 512]
+        batch = pad(chunk, n_features)
+        P = predict(params, batch)
+        for i, s in enumerate(chunk):
+            n = len(s.types)
+            all_y.append(np.full(n, s.label))
+            all_p.append(P[i, :n])
+            last_y.append(s.label)
+            last_p.append(P[i, n - 1])
+    return (np.concatenate(all_y), np.concatenate(all_p), np.array(last_y), np.array(last_p))
+
+
+def metrics_of(all_y, all_p, last_y, last_p) -> dict[str, float]:
+    """AUC and log loss at the last step and over all steps."""
+    return {
+        "auc_last": roc_auc(last_y, last_p),
+        "auc_all": roc_auc(all_y, all_p),
+        "logloss_last": log_loss(last_y, last_p),
+        "logloss_all": log_loss(all_y, all_p),
+    }
+
+
+def evaluate_model(model: Model, sessions: list[Session]) -> dict[str, float]:
+    """Metrics of a model on sessions built with its own vocabulary and features."""
+    params = {k: v.astype(np.float64) for k, v in model.arrays.items()}
+    return metrics_of(*step_scores(params, sessions, len(model.meta.features)))
+
+
+class BagOfTypes:
+    """Logistic regression on log1p(counts of each event type so far): the order-blind
+    baseline. Fitted by Newton's method (IRLS) with a small L2 penalty."""
+
+    def __init__(self, n_types: int, l2: float = 1e-3) -> None:
+        self.n_types = n_types
+        self.l2 = l2
+        self.w = np.zeros(n_types + 1)
+
+    def _design(self, sessions: list[Session]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows: every step's prefix counts (+ bias); labels; index of each session's last row."""
+        rows, labels, last = [], [], []
+        for s in sessions:
+            onehot = np.zeros((len(s.types), self.n_types))
+            onehot[np.arange(len(s.types)), s.types] = 1.0
+            rows.append(np.log1p(np.cumsum(onehot, axis=0)))
+            labels.append(np.full(len(s.types), s.label))
+            last.append(len(s.types))
+        X = np.concatenate(rows)
+        X = np.hstack([X, np.ones((len(X), 1))])
+        return X, np.concatenate(labels), np.cumsum(last) - 1
+
+    def fit(self, sessions: list[Session], iterations: int = 25) -> BagOfTypes:
+        X, y, _ = self._design(sessions)
+        for _ in range(iterations):
+            p = 1 / (1 + np.exp(-(X @ self.w)))
+            g = X.T @ (p - y) / len(y) + self.l2 * self.w
+            Hm = (X * (p * (1 - p))[:, None]).T @ X / len(y) + self.l2 * np.eye(len(self.w))
+            self.w -= np.linalg.solve(Hm, g)
+        return self
+
+    def step_scores(self, sessions: list[Session]):
+        X, y, last = self._design(sessions)
+        p = 1 / (1 + np.exp(-(X @ self.w)))
+        return y, p, y[last], p[last]

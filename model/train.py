@@ -1,0 +1,232 @@
+"""Offline training (SPEC §6): sessions → truncated BPTT with clipping → evaluated artifact.
+
+    result = train(events, TrainConfig(hidden=64, epochs=10))
+    save_model(result.model, "model.npz")
+
+Data are split by user (validation_fraction), the RNN and a bag-of-event-types baseline are
+fitted on the training users and compared on the validation users. Same seed and data give
+bit-identical weights.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from model.artifact import Model, ModelMeta, random_model, validate_model
+from model.bptt import clip_global_norm, loss_and_gradients
+from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
+from model.optim import make_optimizer
+from model.sessions import DataError, Session, minibatches, pad, sessionize, split_by_user
+
+
+class TrainConfig(BaseModel):
+    """Hyper-parameters of a training run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hidden: int = Field(64, ge=1)
+    layers: int = Field(1, ge=1)
+    embedding_dim: int = Field(16, ge=1)
+    features: list[str] = Field(default_factory=lambda: ["gap"])
+    session_gap_seconds: float = Field(1800.0, ge=0)
+    label_type: str = "purchase"
+    event_types: list[str] | None = None  # default: every type in the data, by frequency
+    bptt: int = Field(35, ge=1)
+    clip: float = Field(1.0, gt=0)
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = Field(0.005, gt=0)
+    batch_size: int = Field(64, ge=1)
+    epochs: int = Field(10, ge=1)
+    validation_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+
+
+@dataclass
+class TrainResult:
+    """The trained model and everything the report holds."""
+
+    model: Model
+    report: dict
+    validation_sessions: list[Session] = field(default_factory=list)
+    curves: dict = field(default_factory=dict)
+
+
+def vocabulary(events: list[dict], config: TrainConfig) -> list[str]:
+    """The event types of the model: given, or those in the data, most frequent first."""
+    if config.event_types:
+        return list(config.event_types)
+    counts = Counter(e["type"] for e in events)
+    return sorted(counts, key=lambda t: (-counts[t], t))
+
+
+def _summary(events: list[dict], train: list[Session], valid: list[Session], known: set[str]):
+    types = Counter(e["type"] for e in events)
+    return {
+        "events": len(events),
+        "users": len({e["user_id"] for e in events}),
+        "train_sessions": len(train),
+        "validation_sessions": len(valid),
+        "train_positive_rate": float(np.mean([s.label for s in train])) if train else 0.0,
+        "validation_positive_rate": float(np.mean([s.label for s in valid])) if valid else 0.0,
+        "train_steps": int(sum(len(s.types) for s in train)),
+        "unknown_type_events": int(sum(n for t, n in types.items() if t not in known)),
+        "event_types": dict(types.most_common()),
+    }
+
+
+def prepare(events: list[dict], config: TrainConfig):
+    """Vocabulary and train/validation sessions; DataError when they cannot train a model."""
+    if not events:
+        raise DataError("no events to train on")
+    types = vocabulary(events, config)
+    sessions = sessionize(events, types, config.features, config.session_gap_seconds,
+                          config.label_type)  # fmt: skip
+    if not sessions:
+        raise DataError("no sessions with inputs (every session starts with the label event)")
+    labels = {s.label for s in sessions}
+    if labels != {0.0, 1.0}:
+        which = "positive" if labels == {1.0} else "negative"
+        raise DataError(
+            f"all {len(sessions)} sessions are {which} (label type {config.label_type!r}): "
+            "a classifier needs both classes"
+        )
+    train, valid = split_by_user(sessions, config.validation_fraction, config.seed)
+    if not train or not valid:
+        raise DataError(
+            f"too few users to split ({len(sessions)} sessions): "
+            "need users on both sides of --validation-fraction"
+        )
+    if len({s.label for s in valid}) < 2:
+        raise DataError("the validation users hold a single class; use more data")
+    return types, train, valid
+
+
+def train(
+    events: Iterable[dict],
+    config: TrainConfig,
+    progress: Callable[[int, int], object] | None = None,
+) -> TrainResult:
+    """Train an RNN on events (dicts: user_id, type, ts); evaluate it beside the baseline.
+
+    progress, when given, is a tqdm-like factory: progress(total=..., desc=...) returning an
+    object with update(n) and set_postfix(**kw), used once per epoch.
+    """
+    events = list(events)
+    started = time.time()
+    types, train_s, valid_s = prepare(events, config)
+    F = len(config.features)
+    model = random_model(
+        types, config.hidden, config.layers, config.features, config.embedding_dim,
+        "sigmoid", config.session_gap_seconds, config.seed,
+    )  # fmt: skip
+    params = {k: v.astype(np.float32) for k, v in model.arrays.items()}
+    optimizer = make_optimizer(config.optimizer, config.lr)
+    rng = np.random.default_rng(config.seed)
+    valid_batch = [pad(valid_s[i : i + 512], F) for i in range(0, len(valid_s), 512)]
+    history = []
+    for epoch in range(1, config.epochs + 1):
+        t0 = time.time()
+        batches = minibatches(train_s, config.batch_size, F, rng)
+        desc = f"epoch {epoch}/{config.epochs}"
+        bar = progress(total=len(batches), desc=desc, unit="batch") if progress else None
+        total, steps, norms, seen = 0.0, 0, [], 0
+        for batch in batches:
+            loss, grads = loss_and_gradients(params, batch, config.bptt)
+            norms.append(clip_global_norm(grads, config.clip))
+            optimizer.step(params, grads)
+            total += loss * batch.steps
+            steps += batch.steps
+            seen += len(batch.labels)
+            if bar is not None:
+                bar.update(1)
+                rate = seen / max(1e-9, time.time() - t0)
+                bar.set_postfix(loss=f"{total / steps:.4f}", sessions_per_s=f"{rate:.0f}")
+        if bar is not None:
+            bar.close()
+        valid_loss = sum(
+            loss_and_gradients(params, b, config.bptt)[0] * b.steps for b in valid_batch
+        ) / sum(b.steps for b in valid_batch)
+        history.append({
+            "epoch": epoch,
+            "train_loss": total / steps,
+            "validation_loss": float(valid_loss),
+            "seconds": time.time() - t0,
+            "sequences_per_second": len(train_s) / max(1e-9, time.time() - t0),
+            "grad_norm_median": float(np.median(norms)),
+        })  # fmt: skip
+
+    rnn_scores = step_scores({k: v.astype(np.float64) for k, v in params.items()}, valid_s, F)
+    baseline = BagOfTypes(len(types) + 1).fit(train_s)
+    base_scores = baseline.step_scores(valid_s)
+    metrics = metrics_of(*rnn_scores)
+    base_metrics = metrics_of(*base_scores)
+    data = _summary(events, train_s, valid_s, set(types))
+    report = {
+        "config": config.model_dump(),
+        "data": data,
+        "epochs": history,
+        "metrics": metrics,
+        "baseline": base_metrics,
+        "seconds": time.time() - started,
+    }
+    meta = model.meta.model_dump() | {
+        "created_at": time.time(),
+        "metrics": metrics,
+        "baseline_metrics": base_metrics,
+        "data": {k: v for k, v in data.items() if k != "event_types"},
+        "train_config": config.model_dump(),
+    }
+    trained = validate_model(ModelMeta.model_validate(meta), params)
+    curves = {
+        "rnn": roc_curve(rnn_scores[2], rnn_scores[3]),
+        "baseline": roc_curve(base_scores[2], base_scores[3]),
+    }
+    return TrainResult(trained, report, valid_s, curves)
+
+
+def evaluate_on(model: Model, events: list[dict], config: TrainConfig) -> dict[str, float]:
+    """Another model's metrics on the same validation users (built with its vocabulary)."""
+    sessions = sessionize(events, model.meta.event_types, model.meta.features,
+                          model.meta.session_gap_seconds, config.label_type)  # fmt: skip
+    _, valid = split_by_user(sessions, config.validation_fraction, config.seed)
+    return evaluate_model(model, valid)
+
+
+def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path]:
+    """report.json and report.png (loss curves; ROC of model and baseline) in directory."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out / "report.json", out / "report.png"
+    json_path.write_text(json.dumps(result.report, indent=2, sort_keys=True))
+    epochs = result.report["epochs"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = [e["epoch"] for e in epochs]
+    ax1.plot(x, [e["train_loss"] for e in epochs], "o-", label="training")
+    ax1.plot(x, [e["validation_loss"] for e in epochs], "o-", label="validation")
+    ax1.set(xlabel="epoch", ylabel="per-step log loss", title="Loss")
+    ax1.legend()
+    for name, (fpr, tpr) in result.curves.items():
+        auc = result.report["metrics" if name == "rnn" else "baseline"]["auc_last"]
+        ax2.plot(fpr, tpr, label=f"{name} (AUC {auc:.3f})")
+    ax2.plot([0, 1], [0, 1], "k:", linewidth=0.8)
+    ax2.set(xlabel="false positive rate", ylabel="true positive rate",
+            title="ROC at each session's last step (validation users)")  # fmt: skip
+    ax2.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return json_path, png_path

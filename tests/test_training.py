@@ -1,0 +1,278 @@
+"""Training: BPTT gradients, truncation, clipping, sessions, determinism, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from model.artifact import load_model, random_model
+from model.bptt import clip_global_norm, loss_and_gradients, predict
+from model.registry import Registry
+from model.sessions import DataError, Session, pad, sessionize
+from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.train import TrainConfig, train
+from tests.conftest import run_cli
+from tests.workers import WorkerProcess
+from worker.connection import connect
+from worker.publisher import publish
+
+
+def float64_params(layers: int, n_features: int, n_types: int = 3, hidden: int = 4, seed: int = 1):
+    model = random_model(
+        [f"t{i}" for i in range(n_types)], hidden=hidden, layers=layers,
+        features=["gap"] if n_features else [], embedding_dim=3, seed=seed, dtype=np.float64,
+    )  # fmt: skip
+    return {k: v.astype(np.float64).copy() for k, v in model.arrays.items()}
+
+
+def random_batch(n_types: int, n_features: int, lengths=(4, 7, 2), seed: int = 0):
+    rng = np.random.default_rng(seed)
+    sessions = [
+        Session(
+            "u", rng.integers(0, n_types + 1, n), rng.uniform(0, 3, (n, n_features)), float(i % 2)
+        )
+        for i, n in enumerate(lengths)
+    ]
+    return pad(sessions, n_features)
+
+
+@pytest.mark.parametrize(("layers", "n_features"), [(1, 0), (1, 1), (2, 0), (2, 1)])
+def test_bptt_gradients_equal_central_differences(layers, n_features):
+    params = float64_params(layers, n_features)
+    batch = random_batch(3, n_features)
+    _, grads = loss_and_gradients(params, batch, bptt=50)  # no truncation: the exact gradient
+    eps = 1e-6
+    for name, p in params.items():
+        numeric = np.zeros_like(p)
+        for idx in np.ndindex(p.shape):
+            old = p[idx]
+            p[idx] = old + eps
+            up, _ = loss_and_gradients(params, batch, bptt=50)
+            p[idx] = old - eps
+            down, _ = loss_and_gradients(params, batch, bptt=50)
+            p[idx] = old
+            numeric[idx] = (up - down) / (2 * eps)
+        scale = max(np.abs(numeric).max(), np.abs(grads[name]).max(), 1e-12)
+        assert np.abs(numeric - grads[name]).max() / scale < 1e-6, name
+
+
+def test_truncation_stops_gradients_bptt_steps_back():
+    # ten steps, each a type of its own: a type's embedding gradient is its step's input gradient
+    params = float64_params(layers=2, n_features=0, n_types=10, hidden=5)
+    types = np.arange(10)[None, :]
+    mask = np.zeros((1, 10))
+    mask[0, 8] = 1.0  # the loss at step 8 only
+    from model.sessions import SessionBatch
+
+    batch = SessionBatch(types, np.zeros((1, 10, 0)), mask, np.ones(1))
+    _, grads = loss_and_gradients(params, batch, bptt=3)  # windows [0,3) [3,6) [6,9) [9,10)
+    row_norm = np.abs(grads["embedding"]).sum(axis=1)
+    assert np.all(row_norm[6:9] > 0)  # within bptt steps: reached
+    assert np.all(row_norm[:6] == 0)  # more than bptt steps back: cut
+    assert row_norm[9] == 0  # the future never feeds the past
+    _, full = loss_and_gradients(params, batch, bptt=100)
+    assert np.all(np.abs(full["embedding"]).sum(axis=1)[:9] > 0)
+
+
+def test_hidden_state_is_carried_across_windows_and_reset_between_sessions():
+    params = float64_params(layers=2, n_features=1)
+    long = random_batch(3, 1, lengths=(23,), seed=3)
+    # the loss does not depend on the window length: the state is carried, only gradients stop
+    losses = [loss_and_gradients(params, long, bptt=k)[0] for k in (1, 2, 5, 23, 100)]
+    np.testing.assert_allclose(losses, losses[0], rtol=1e-12)
+    # sessions in one batch never share state: a batch scores each as if alone
+    both = random_batch(3, 1, lengths=(9, 5), seed=4)
+    P = predict(params, both)
+    for i in range(2):
+        one = pad([Session("u", both.types[i][both.mask[i] > 0], both.features[i][both.mask[i] > 0],
+                           both.labels[i])], 1)  # fmt: skip
+        np.testing.assert_allclose(predict(params, one)[0], P[i, : one.types.shape[1]], rtol=1e-12)
+
+
+def test_sessions_split_at_the_gap_and_stop_before_the_purchase():
+    events = [
+        {"user_id": "a", "type": "view", "ts": 0},
+        {"user_id": "a", "type": "add_to_cart", "ts": 10_000},
+        {"user_id": "a", "type": "purchase", "ts": 20_000},
+        {"user_id": "a", "type": "coupon", "ts": 30_000},  # after the purchase: never an input
+        {"user_id": "a", "type": "view", "ts": 10_000_000},  # 2.7 h later: a new session
+        {"user_id": "a", "type": "search", "ts": 10_005_000},
+    ]
+    types = ["view", "add_to_cart", "coupon", "search", "purchase"]
+    sessions = sessionize(events, types, ["gap"], 1800, "purchase")
+    assert [list(s.types) for s in sessions] == [[0, 1], [0, 3]]
+    assert [s.label for s in sessions] == [1.0, 0.0]
+    np.testing.assert_allclose(sessions[0].features[:, 0], [0.0, np.log1p(10.0)], rtol=1e-6)
+    assert 2 not in sessions[0].types and 4 not in sessions[0].types
+
+
+def test_clipping_to_the_global_norm():
+    grads = {"a": np.array([3.0, 4.0]), "b": np.array([[12.0]])}  # norm 13
+    assert clip_global_norm(grads, 6.5) == pytest.approx(13.0)
+    total = np.sqrt(sum((g**2).sum() for g in grads.values()))
+    assert total == pytest.approx(6.5)
+    np.testing.assert_allclose(grads["a"], [1.5, 2.0])
+    small = {"a": np.array([0.3, 0.4])}
+    clip_global_norm(small, 1.0)
+    np.testing.assert_array_equal(small["a"], [0.3, 0.4])  # below theta: untouched
+
+
+def synthetic(n_events: int, n_users: int, seed: int) -> list[dict]:
+    return list(synthetic_events(n_events, n_users, seed=seed))
+
+
+def test_same_seed_same_data_gives_bit_identical_weights():
+    events = synthetic(4000, 200, seed=1)
+    config = TrainConfig(hidden=8, epochs=2, seed=3)
+    a, b = train(events, config).model, train(events, config).model
+    for name in a.arrays:
+        assert a.arrays[name].tobytes() == b.arrays[name].tobytes(), name
+    other = train(events, config.model_copy(update={"seed": 4})).model
+    assert other.arrays["layer0.W_hh"].tobytes() != a.arrays["layer0.W_hh"].tobytes()
+
+
+def test_training_learns_order_and_beats_the_bag_of_types_baseline():
+    result = train(synthetic(40_000, 2000, seed=3), TrainConfig(hidden=32, epochs=12, seed=0))
+    m, base = result.report["metrics"], result.report["baseline"]
+    assert m["auc_last"] > 0.8
+    assert m["auc_last"] > base["auc_last"] + 0.01
+    assert m["logloss_last"] < base["logloss_last"]
+    assert result.model.meta.model_extra["metrics"]["auc_last"] == m["auc_last"]
+    epochs = result.report["epochs"]
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+
+
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        ([], "no events to train on"),
+        (
+            [{"user_id": f"u{i}", "type": "view", "ts": i} for i in range(50)],
+            "all 50 sessions are negative",
+        ),
+        ([{"user_id": "u", "type": "purchase", "ts": 0}], "no sessions with inputs"),
+    ],
+)
+def test_unusable_data_is_a_clear_error(events, message):
+    with pytest.raises(DataError, match=message):
+        train(events, TrainConfig(hidden=4, epochs=1))
+
+
+def write_jsonl(path: Path, events: list[dict], extra_lines: dict[int, str] | None = None) -> None:
+    lines = [json.dumps(e) for e in events]
+    for at, line in sorted((extra_lines or {}).items()):  # positions in the final file
+        lines.insert(at, line)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_train_cli_reports_bad_lines_and_writes_artifact_and_report(tmp_path):
+    data = tmp_path / "events.jsonl"
+    write_jsonl(
+        data, synthetic(6000, 300, seed=2), {3: "{oops", 10: '{"user_id": "", "type": "x"}'}
+    )
+    args = ["train", "--data", str(data), "--hidden", "8", "--epochs", "2", "--quiet",
+            "--event-types", "view,search,add_to_cart,coupon,checkout,purchase",
+            "--out", str(tmp_path / "m.npz"), "--report", str(tmp_path / "report")]  # fmt: skip
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    assert f"{data}:4: not valid JSON" in result.stderr
+    assert f"{data}:11: user_id" in result.stderr
+    assert "skipped 2 bad line(s)" in result.stderr
+    assert "bag-of-types baseline" in result.stdout
+    model = load_model(tmp_path / "m.npz")
+    assert model.meta.event_types[-1] == "purchase"
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["data"]["unknown_type_events"] > 0  # remove_from_cart is not in the list
+    assert len(report["epochs"]) == 2 and "auc_last" in report["baseline"]
+    png = (tmp_path / "report" / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([], "no events to train on"),
+        ([{"user_id": "a", "type": "view", "ts": 1}] * 3, "sessions are negative"),
+    ],
+)
+def test_train_cli_refuses_unusable_data_without_a_traceback(tmp_path, lines, message):
+    data = tmp_path / "e.jsonl"
+    write_jsonl(data, lines)
+    result = run_cli("train", "--data", str(data), "--quiet")
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+class Pushgateway(BaseHTTPRequestHandler):
+    received: ClassVar[list[tuple[str, str]]] = []
+
+    def do_PUT(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+        Pushgateway.received.append((self.path, body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_train_from_redis_publishes_promotes_and_a_running_worker_switches(redis_server, tmp_path):
+    r = connect(redis_server.url)
+    registry = Registry(r)
+    registry.publish_model(random_model([*EVENT_TYPES, LABEL_TYPE], hidden=8, seed=1), promote=True)
+    publish(r, synthetic(20_000, 1000, seed=5))
+    worker = WorkerProcess(redis_server.url, tmp_path / "x", tmp_path / "w.log",
+                           "--model-poll-seconds", "0.5", "--retention-seconds", "0")  # fmt: skip
+    worker.args[worker.args.index("--model") : worker.args.index("--model") + 2] = []
+    gateway = ThreadingHTTPServer(("127.0.0.1", 0), Pushgateway)
+    threading.Thread(target=gateway.serve_forever, daemon=True).start()
+    worker.start()
+    try:
+        result = run_cli(
+            "train", "--from-redis", "--redis-url", redis_server.url, "--hidden", "16",
+            "--epochs", "6", "--promote", "--quiet", "--report", str(tmp_path / "rep"),
+            "--pushgateway", f"127.0.0.1:{gateway.server_port}",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "published version 2" in result.stdout and "promoted version 2" in result.stdout
+        assert registry.current() == "2"
+        # the running worker picks the new version up
+        publish(r, [{"user_id": "new-user", "type": "view"}])
+
+        def scored_by_2() -> bool:
+            last = r.xrevrange("intentstream:scores:{0}", count=1)
+            return bool(last) and last[0][1][b"model"] == b"2"
+
+        for _ in range(40):
+            if scored_by_2():
+                break
+            publish(r, [{"user_id": "new-user", "type": "view"}])
+            time.sleep(0.25)
+        assert scored_by_2()
+
+        # a worse model is published but not promoted, unless forced
+        worse = run_cli(
+            "train", "--from-redis", "--redis-url", redis_server.url, "--hidden", "2",
+            "--epochs", "1", "--lr", "0.00001", "--promote", "--quiet",
+        )  # fmt: skip
+        assert worse.returncode == 1, worse.stdout + worse.stderr
+        assert "published version 3" in worse.stdout and "not promoted" in worse.stdout
+        assert registry.current() == "2"
+        forced = run_cli(
+            "train", "--from-redis", "--redis-url", redis_server.url, "--hidden", "2",
+            "--epochs", "1", "--lr", "0.00001", "--promote", "--force", "--quiet",
+        )  # fmt: skip
+        assert forced.returncode == 0 and registry.current() == "4"
+    finally:
+        worker.terminate()
+        gateway.shutdown()
+    path, body = Pushgateway.received[0]
+    assert path == "/metrics/job/intentstream_train"
+    assert "intentstream_train_validation_auc" in body and "intentstream_train_events" in body

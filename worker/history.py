@@ -1,0 +1,38 @@
+"""The retained event history in Redis, read back for training (SPEC §6)."""
+
+from __future__ import annotations
+
+import redis
+
+from worker.batch import entry_id
+from worker.events import EventError, parse_flat_entry
+from worker.keys import Keys
+
+
+def read_history(
+    client: redis.Redis, prefix: str, partitions: int, page: int = 10_000
+) -> tuple[list[dict], int]:
+    """Every parseable event of the partition streams, in stream order, with XRANGE pages;
+    and the number of entries skipped as unparseable (the worker dead-letters those)."""
+    keys = Keys(prefix)
+    events: list[dict] = []
+    skipped = 0
+    for p in range(partitions):
+        stream, start = keys.events(p), "-"
+        while True:
+            entries = client.execute_command("XRANGE", stream, start, "+", "COUNT", page)
+            for raw_id, fields in entries:
+                ms = entry_id(raw_id)[0]
+                flat = (
+                    fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
+                )
+                try:
+                    user, type_, ts = parse_flat_entry(flat, ms)
+                except EventError:
+                    skipped += 1
+                    continue
+                events.append({"user_id": user, "type": type_, "ts": ts})
+            if len(entries) < page:
+                break
+            start = "(" + entries[-1][0].decode()
+    return events, skipped
