@@ -24,6 +24,7 @@ BOUNDED = {
     "intentstream worker": " --max-seconds 3 --metrics-port 0",
     "intentstream bench": " --events 3000 --users 300 --subset 300",
     "python -m model.bench": " --hidden 8 --batch 1 64 --repeats 3",
+    "python -m model.train_bench": " --events 5000 --users 300 --epochs 1 --hidden 8",
 }
 
 

@@ -1,0 +1,130 @@
+"""Training benchmark: this trainer beside PyTorch nn.RNN on the same data, in one run.
+
+    python -m model.train_bench [--events 100000] [--users 5000] [--hidden 64] [--epochs 3]
+
+Both train the same architecture (embedding, one Elman layer, sigmoid head, features
+[gap]) on the same mini-batches with the same truncation (bptt windows, state carried
+without gradient), Adam at the same learning rate, and clipping at the same global norm
+(PyTorch's clip_grad_norm_ divides by norm + 1e-6 and always rescales; ours rescales only
+above theta). Prints sessions/s and seconds per epoch, and the validation AUC each reaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from model.artifact import random_model
+from model.bench import machine_line
+from model.bptt import clip_global_norm, loss_and_gradients
+from model.evaluate import metrics_of, step_scores
+from model.optim import Adam
+from model.sessions import minibatches
+from model.synthetic import synthetic_events
+from model.train import TrainConfig, prepare
+
+
+def ours(config: TrainConfig, train_s, valid_s, types, epochs: int):
+    F = len(config.features)
+    model = random_model(types, config.hidden, 1, config.features, config.embedding_dim,
+                         seed=config.seed)  # fmt: skip
+    params = {k: v.astype(np.float32) for k, v in model.arrays.items()}
+    opt = Adam(config.lr)
+    rng = np.random.default_rng(config.seed)
+    times = []
+    for _ in range(epochs):
+        batches = minibatches(train_s, config.batch_size, F, rng)
+        t0 = time.perf_counter()
+        for b in batches:
+            _, g = loss_and_gradients(params, b, config.bptt)
+            clip_global_norm(g, config.clip)
+            opt.step(params, g)
+        times.append(time.perf_counter() - t0)
+    p64 = {k: v.astype(np.float64) for k, v in params.items()}
+    return times, metrics_of(*step_scores(p64, valid_s, F))["auc_last"]
+
+
+def pytorch(config: TrainConfig, train_s, valid_s, types, epochs: int):
+    import torch
+
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(os.cpu_count() or 1)
+    F, H, D = len(config.features), config.hidden, config.embedding_dim
+    emb = torch.nn.Embedding(len(types) + 1, D)
+    rnn = torch.nn.RNN(D + F, H, batch_first=True, nonlinearity="tanh")
+    head = torch.nn.Linear(H, 1)
+    parameters = [*emb.parameters(), *rnn.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(parameters, lr=config.lr)
+    rng = np.random.default_rng(config.seed)
+    times = []
+    for _ in range(epochs):
+        batches = minibatches(train_s, config.batch_size, F, rng)
+        t0 = time.perf_counter()
+        for b in batches:
+            types_t = torch.from_numpy(b.types)
+            feats = torch.from_numpy(b.features.astype(np.float32))
+            mask = torch.from_numpy(b.mask.astype(np.float32))
+            y = torch.from_numpy(b.labels.astype(np.float32))[:, None].expand_as(mask)
+            h = torch.zeros(1, len(b.labels), H)
+            opt.zero_grad()
+            norm = mask.sum()
+            for s in range(0, b.types.shape[1], config.bptt):
+                sl = slice(s, s + config.bptt)
+                x = torch.cat([emb(types_t[:, sl]), feats[:, sl]], dim=2)
+                out, h = rnn(x, h.detach())
+                z = head(out)[..., 0]
+                loss = (
+                    torch.nn.functional.binary_cross_entropy_with_logits(
+                        z, y[:, sl], weight=mask[:, sl], reduction="sum"
+                    )
+                    / norm
+                )
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, config.clip)
+            opt.step()
+        times.append(time.perf_counter() - t0)
+    params = {
+        "embedding": emb.weight.detach().double().numpy(),
+        "layer0.W_xh": rnn.weight_ih_l0.detach().double().numpy().T.copy(),
+        "layer0.W_hh": rnn.weight_hh_l0.detach().double().numpy().T.copy(),
+        "layer0.b_h": (rnn.bias_ih_l0 + rnn.bias_hh_l0).detach().double().numpy(),
+        "head.W_hq": head.weight.detach().double().numpy().T.copy(),
+        "head.b_q": head.bias.detach().double().numpy(),
+    }
+    return times, metrics_of(*step_scores(params, valid_s, F))["auc_last"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m model.train_bench", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--events", type=int, default=100_000)
+    p.add_argument("--users", type=int, default=5_000)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64)
+    args = p.parse_args(argv)
+    config = TrainConfig(hidden=args.hidden, batch_size=args.batch_size, epochs=args.epochs)
+    events = list(synthetic_events(args.events, args.users, seed=7))
+    types, train_s, valid_s = prepare(events, config)
+    print(f"machine: {machine_line()}")
+    print(f"{len(train_s)} training sessions ({sum(len(s.types) for s in train_s)} steps), "
+          f"{len(valid_s)} validation; H = {args.hidden}, bptt {config.bptt}, batch "
+          f"{config.batch_size}, Adam lr {config.lr}, clip {config.clip}\n")  # fmt: skip
+    ours(config, train_s[:64], valid_s[:8], types, 1)  # compile / load the kernels first
+    rows = [("intentstream (Numba)", *ours(config, train_s, valid_s, types, args.epochs))]
+    try:
+        rows.append(("PyTorch nn.RNN", *pytorch(config, train_s, valid_s, types, args.epochs)))
+    except ImportError:
+        print("(torch not installed: pip install torch==2.13.0 for the PyTorch row)")
+    print(f"{'trainer':<22} {'s/epoch':>8} {'sessions/s':>11} {'val AUC':>8}")
+    for name, times, auc in rows:
+        med = float(np.median(times))
+        print(f"{name:<22} {med:>8.2f} {len(train_s) / med:>11,.0f} {auc:>8.4f}")
+
+
+if __name__ == "__main__":
+    main()
