@@ -122,6 +122,8 @@ def validate_model(meta: ModelMeta, arrays: dict[str, np.ndarray]) -> Model:
             raise ArtifactError(f"array '{name}' has shape {a.shape}; expected {shape}")
         if not np.all(np.isfinite(a)):
             raise ArtifactError(f"array '{name}' contains NaN or infinite values")
+        if a.dtype == np.float64 and np.any(np.abs(a) > np.finfo(np.float32).max):
+            raise ArtifactError(f"array '{name}' has values beyond float32's range")
     return Model(meta=meta, arrays={n: np.array(arrays[n]) for n in expected})
 
 

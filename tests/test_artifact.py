@@ -210,3 +210,10 @@ def test_refuses_meta_missing_a_required_key():
     del meta["hidden"]
     with pytest.raises(ArtifactError, match="invalid meta: hidden: Field required"):
         model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_float64_values_beyond_float32_range():
+    arrays, meta = good_parts()
+    arrays["head.b_q"] = np.array([1e39])
+    with pytest.raises(ArtifactError, match=r"'head\.b_q' has values beyond float32's range"):
+        model_from_bytes(npz_bytes(arrays, meta))

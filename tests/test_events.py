@@ -101,3 +101,30 @@ def test_flat_field_lists_parse_like_their_dict(pairs, entry_ms):
     as_dict = dict(pairs)  # the last of repeated fields wins, as in the flat parser
     want = outcome(lambda f: parse_entry(f, entry_ms), as_dict)
     assert outcome(lambda f: parse_flat_entry(f, entry_ms), flat) == want
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({b"json": b"[" * 20_000}, "nested too deeply"),
+        (
+            {b"json": b'{"user_id": "a", "type": "v", "ts": 1' + b"0" * 5000 + b"}"},
+            "not valid JSON",
+        ),
+    ],
+)
+def test_hostile_json_is_an_event_error_not_a_crash(fields, reason):
+    with pytest.raises(EventError, match=reason):
+        parse_entry(fields, 0)
+
+
+def test_a_parser_gap_becomes_a_dead_letter(monkeypatch):
+    from worker import batch
+
+    def broken(fields, ms):
+        raise RuntimeError("surprise")
+
+    monkeypatch.setattr(batch, "parse_flat_entry", broken)
+    parsed = batch.parse_batch(0, [[b"1-0", [b"user_id", b"a", b"type", b"v"]]])
+    assert parsed.users == [] and len(parsed.dead) == 1
+    assert b"unparseable entry (RuntimeError: surprise)" in parsed.dead[0]

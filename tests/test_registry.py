@@ -261,3 +261,21 @@ def test_model_loads_from_registry_bytes_like_from_a_file(redis_server, tmp_path
     Registry(connect(redis_server.url)).export(version, out)
     assert load_model(out).meta == model.meta
     assert Path(out).stat().st_size > 0
+
+
+def test_a_state_written_by_an_unknown_version_of_another_shape_restarts(redis_server):
+    # the worker never ran version 1 (2 x 8), but the registry knows its shape: the state is
+    # the same size as version 2's (1 x 16), and must not be read as one
+    r = connect(redis_server.url)
+    reg = Registry(r)
+    reg.publish_model(a_model(5, hidden=8, layers=2))
+    reg.publish_model(a_model(1, hidden=16), promote=True)
+    r.hset("intentstream:state:{0}:u", mapping={
+        "h": np.ones(16, "<f4").tobytes(), "last_id": "1-0", "last_ts": "0", "model": "1",
+        "n": "1",
+    })  # fmt: skip
+    consumer = in_process(redis_server.url)
+    publish(r, [{"user_id": "u", "type": "view", "ts": 1000}])
+    consumer.tick()
+    consumer.tick()
+    assert consumer.metrics.state_resets.labels("shape")._value.get() == 1

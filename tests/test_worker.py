@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -229,9 +230,9 @@ def test_a_commit_sent_twice_applies_once(redis_server, golden_path):
     def sent_twice(keys, args, prefetch_for):
         # As after a lost reply: redis-py resends the same EVALSHA; the second must be a no-op.
         replies.append(send(keys, args, prefetch_for))
-        state_after_first = {k: r.hgetall(k) for k in keys[5:]}
+        state_after_first = {k: r.hgetall(k) for k in keys[6:]}
         replies.append(consumer._commit(keys=keys, args=args))
-        assert {k: r.hgetall(k) for k in keys[5:]} == state_after_first
+        assert {k: r.hgetall(k) for k in keys[6:]} == state_after_first
         return replies[-1]
 
     consumer._send_commit = sent_twice
@@ -372,3 +373,95 @@ def test_settings_keys_match_spec():
     assert keys.events(3) == "shop:events:{3}"
     assert keys.state(0, "alice") == "shop:state:{0}:alice"
     assert keys.scores(1) == "shop:scores:{1}" and keys.deadletter(1) == "shop:deadletter:{1}"
+
+
+def make_tls_files(directory: Path) -> tuple[str, str, str]:
+    """A CA and a server certificate for 127.0.0.1, made with the openssl command."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+            "-keyout", "server.key", "-out", "server.csr")  # fmt: skip
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", "san.ext",
+            "-out", "server.crt")  # fmt: skip
+    return tuple(str(directory / n) for n in ("server.crt", "server.key", "ca.crt"))
+
+
+def test_tls_redis_url(tmp_path, golden_path):
+    from worker.local_redis import LocalRedis
+
+    with LocalRedis(tls=make_tls_files(tmp_path)) as server:
+        assert server.url.startswith("rediss://")
+        r = connect(server.url)
+        for t in GOLDEN_EVENTS:
+            r.xadd(STREAM0, {"user_id": "alice", "type": t})
+        consumer = in_process_consumer(server.url, golden_path)
+        consumer.tick()
+        consumer.tick()
+        rows = score_entries(r)
+        np.testing.assert_allclose([float(x["score"]) for x in rows], GOLDEN_SCORES, atol=1e-4)
+        plain = f"redis://127.0.0.1:{server.port}/0"
+        with pytest.raises(redis.ConnectionError):
+            connect(plain, socket_timeout=1).ping()
+
+
+def test_an_older_pending_entry_is_applied_before_a_newer_one_of_the_same_user(
+    redis_server, golden_path
+):
+    # A read whose reply was lost (or whose commit failed) leaves an entry pending; a newer
+    # event of the same user must not commit first, or the older one would look applied.
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, golden_path)
+    consumer.tick()  # takes the partition, nothing to read
+    r.xadd(STREAM0, {"user_id": "alice", "type": "view"})
+    r.xreadgroup("intentstream-workers", "c1", {STREAM0: ">"})  # delivered; reply "lost"
+    r.xadd(STREAM0, {"user_id": "alice", "type": "add_to_cart"})
+    ghost_id = r.xadd(STREAM0, {"user_id": "bob", "type": "view"})
+    r.xreadgroup("intentstream-workers", "ghost", {STREAM0: ">"})  # an old holder's late read
+    r.xadd(STREAM0, {"user_id": "bob", "type": "add_to_cart"})
+    for _ in range(4):
+        consumer.tick()
+    rows = score_entries(r)
+    by_user = {u: [x["type"] for x in rows if x["user_id"] == u] for u in ("alice", "bob")}
+    assert by_user == {"alice": ["view", "add_to_cart"], "bob": ["view", "add_to_cart"]}
+    alice = [float(x["score"]) for x in rows if x["user_id"] == "alice"]
+    np.testing.assert_allclose(alice, GOLDEN_SCORES[:2], atol=1e-4)
+    assert consumer.metrics.events.labels("duplicate")._value.get() == 0
+    assert consumer.metrics.commit_retries.labels("behind")._value.get() >= 1
+    assert ghost_id.decode() in {x["event_id"] for x in rows}
+    assert r.xpending(STREAM0, "intentstream-workers")["pending"] == 0
+
+
+def test_two_processes_with_one_consumer_name_never_both_hold_a_partition(
+    redis_server, golden_path
+):
+    a = in_process_consumer(redis_server.url, golden_path)
+    b = in_process_consumer(redis_server.url, golden_path)  # same name "c1"
+    a.tick()
+    b.tick()
+    assert [a.partitions[0].owned, b.partitions[0].owned] == [True, False]
+
+
+def test_group_recreated_after_the_last_acknowledged_entry(redis_server, golden_path):
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, golden_path)
+    r.xadd(STREAM0, {"user_id": "", "type": "view"})  # a dead letter
+    r.xadd(STREAM0, {"user_id": "a", "type": "view"})
+    consumer.tick()
+    consumer.tick()
+    assert int(r.get("intentstream:seq:{0}")) > 10**15  # from the clock: never reused
+    r.xgroup_destroy(STREAM0, "intentstream-workers")
+    r.xadd(STREAM0, {"user_id": "b", "type": "view"})
+    for _ in range(3):
+        try:
+            consumer.tick()
+        except redis.ResponseError as exc:  # the loop in run() handles NOGROUP like this
+            assert "NOGROUP" in str(exc)
+            consumer._recreate_groups()
+    assert r.xlen("intentstream:deadletter:{0}") == 1  # not replayed
+    assert [x["user_id"] for x in score_entries(r)] == ["a", "b"]

@@ -73,6 +73,10 @@ def parse_batch(partition: int, entries: list) -> Batch:
         except EventError as exc:
             b.dead.append(dead_letter(raw_id, fields, str(exc)))
             continue
+        except Exception as exc:  # a parser gap must cost one dead letter, not the worker
+            error = f"unparseable entry ({type(exc).__name__}: {exc})"[:1000]
+            b.dead.append(dead_letter(raw_id, fields, error))
+            continue
         b.users.append(user)
         b.types.append(type_)
         b.ts.append(ts)

@@ -15,6 +15,7 @@ partition's pending entries are claimed from whoever held them before.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from model.registry import Registry, RegistryError
 from model.scoring import ScoringModel
 from worker.batch import Batch, entry_id, length_prefixed, parse_batch
 from worker.keys import Keys
@@ -89,13 +91,16 @@ class Consumer:
         client.set_response_callback("XAUTOCLAIM", lambda reply, **_: reply)
         client.set_response_callback("XREADGROUP", lambda reply, **_: reply)
         self._stop = stop_event or threading.Event()
+        # The lease value: the consumer name plus a token of this process, so two processes
+        # started with the same --consumer never both hold a partition.
+        self.holder = f"{settings.consumer}:{secrets.token_hex(6)}"
         self.cache = StateCache(settings.state_cache_users, settings.state_ttl_seconds)
         self._last_lease = 0.0
         self._last_trim = 0.0
         self._backoff = 0.0
         self._prefetched: list[tuple[Partition, Batch]] = []
         self._scripts_loaded = False
-        self._shapes: dict[str, tuple[int, int]] = {}  # state shape of models used before
+        self._shapes: dict[str, tuple[int, int] | None] = {}  # state shape by model version
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -170,7 +175,7 @@ class Consumer:
         try:
             owned = [self.keys.lease(p.index) for p in self.partitions if p.owned]
             if owned:
-                self._release(keys=owned, args=[self.s.consumer])
+                self._release(keys=owned, args=[self.holder])
         except redis.RedisError as exc:
             log.warning("could not release leases", extra={"error": str(exc)})
         log.info("worker stopped", extra={"consumer": self.s.consumer})
@@ -206,8 +211,9 @@ class Consumer:
             # The last batch's commit travels with a read of the next round, which is parsed
             # while Redis runs the commit (new entries only: pending ones are read in order).
             last = k == len(batches) - 1
-            prefetch = last and all(p.cursor == b">" for p in owned)
-            self.process(part, batch, owned if prefetch else None)
+            still = [p for p in owned if p.owned]
+            prefetch = last and bool(still) and all(p.cursor == b">" for p in still)
+            self.process(part, batch, still if prefetch else None)
         if now - self._last_trim > 10:
             self._maintain(owned)
             self._last_trim = now
@@ -215,7 +221,7 @@ class Consumer:
     def _renew_leases(self) -> None:
         got = self._acquire(
             keys=[self.keys.lease(p.index) for p in self.partitions],
-            args=[self.s.consumer, self.lease_ms],
+            args=[self.holder, self.lease_ms],
         )
         for part, held in zip(self.partitions, got, strict=True):
             if held and not part.owned:
@@ -223,10 +229,13 @@ class Consumer:
             elif not held and part.owned:
                 log.warning("lost the lease of a partition", extra={"partition": part.index})
                 part.owned = False
+                self.cache.drop(part.index)
         self.metrics.partitions_owned.set(sum(p.owned for p in self.partitions))
 
     def _take_over(self, part: Partition) -> None:
-        """A newly held partition: make sure the group exists, claim all its pending entries."""
+        """A newly held partition: make sure the group exists, claim all its pending entries.
+        Cached states are dropped: others may have committed while we did not hold it."""
+        self.cache.drop(part.index)
         self._ensure_group(part.index)
         self._claim(part, min_idle_ms=0)
         part.owned = True
@@ -234,10 +243,16 @@ class Consumer:
         log.info("took partition", extra={"partition": part.index})
 
     def _ensure_group(self, p: int) -> None:
+        """Create the group if missing: after the last acknowledged entry when Redis still
+        records one (a deleted group), else from the start, so entries published before the
+        first worker are scored too."""
+        start = (self.r.get(self.keys.acked(p)) or b"0").decode()
         try:
-            # "0": entries published before the first worker started are scored too.
-            self.r.xgroup_create(self.keys.events(p), self.s.group, id="0", mkstream=True)
-            log.info("created consumer group", extra={"partition": p, "group": self.s.group})
+            self.r.xgroup_create(self.keys.events(p), self.s.group, id=start, mkstream=True)
+            log.info(
+                "created consumer group",
+                extra={"partition": p, "group": self.s.group, "from": start},
+            )
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -364,6 +379,18 @@ class Consumer:
                         "partition lease lost before commit", extra={"partition": part.index}
                     )
                     return
+                if exc.reason == "behind":
+                    # An older entry is still pending (a read whose commit failed, or one
+                    # delivered to another consumer): take them all and re-read in order.
+                    log.info("older entries pending; re-reading in order",
+                             extra={"partition": part.index})  # fmt: skip
+                    self._claim(part, min_idle_ms=0)
+                    self._rewind()
+                    return
+                if exc.reason == "bad_key":
+                    raise redis.ResponseError(
+                        f"COMMIT refused: {exc}; fix or delete that key"
+                    ) from None
                 if exc.reason == "not_pending":
                     # Already committed by an earlier send of this call, or claimed by
                     # another worker: either way, not ours to apply.
@@ -420,7 +447,8 @@ class Consumer:
 
         state_keys = [self.keys.state(p, distinct[i]) for i in touched]
         keys = [self.keys.events(p), self.keys.scores(p), self.keys.deadletter(p),
-                self.keys.lease(p), self.keys.commit_seq(p), *state_keys]  # fmt: skip
+                self.keys.lease(p), self.keys.commit_seq(p), self.keys.acked(p),
+                *state_keys]  # fmt: skip
         args = [
                 self.s.group,
                 self.s.consumer,
@@ -437,6 +465,7 @@ class Consumer:
                 b" ".join(ev_ids[i] for i in idx),
                 length_prefixed(*(t.encode() for t in type_names)),
                 b"".join(dead),
+                self.holder,
         ]  # fmt: skip
         reply = self._send_commit(keys, args, prefetch_for)
         status = reply[0].decode()
@@ -529,7 +558,7 @@ class Consumer:
                 last_id[i] = (-1, -1)
                 self.metrics.state_resets.labels("invalid").inc()
                 continue
-            other = self._shapes.get(written_by.decode(errors="replace")) if written_by else None
+            other = self._shape_of(written_by.decode(errors="replace")) if written_by else None
             if h is None or len(h) != size or (other is not None and other != shape):
                 self.metrics.state_resets.labels("shape").inc()
                 continue
@@ -541,6 +570,19 @@ class Consumer:
             state[np.asarray(rows)[finite]] = loaded[finite]
             if not finite.all():
                 self.metrics.state_resets.labels("invalid").inc(int((~finite).sum()))
+
+    def _shape_of(self, version: str) -> tuple[int, int] | None:
+        """State shape of the model version that wrote a state: known from models this
+        process ran, else from the registry's meta (looked up once); None if unknown."""
+        if version == self.model.version:
+            return self.model.state_shape
+        if version not in self._shapes:
+            try:
+                meta = Registry(self.r, self.s.prefix).meta(version)
+                self._shapes[version] = (int(meta["layers"]), int(meta["hidden"]))
+            except (RegistryError, KeyError, TypeError, ValueError):
+                self._shapes[version] = None
+        return self._shapes[version]
 
     # ---- model and housekeeping ----------------------------------------------------------
 

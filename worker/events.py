@@ -86,7 +86,9 @@ def event_from_json(line: str | bytes) -> Event:
     """Parse one JSON line (an object with user_id, type and optional ts)."""
     try:
         doc = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise EventError("not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
         raise EventError(f"not valid JSON: {exc}") from None
     return event_from_mapping(doc)
 

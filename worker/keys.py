@@ -35,6 +35,9 @@ class Keys:
     def lease(self, p: int) -> str:
         return f"{self.prefix}:lease:{{{p}}}"
 
+    def acked(self, p: int) -> str:
+        return f"{self.prefix}:acked:{{{p}}}"
+
     def commit_seq(self, p: int) -> str:
         return f"{self.prefix}:seq:{{{p}}}"
 

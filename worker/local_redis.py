@@ -45,16 +45,23 @@ class LocalRedis:
     """Start, stop and restart one redis-server bound to 127.0.0.1 in its own directory."""
 
     def __init__(
-        self, port: int | None = None, appendonly: bool = False, dir: str | None = None
+        self,
+        port: int | None = None,
+        appendonly: bool = False,
+        dir: str | None = None,
+        tls: tuple[str, str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.tls = tls  # (certificate, key, CA certificate) files: serve TLS only
         self._own_dir = dir is None
         self.dir = dir or tempfile.mkdtemp(prefix="intentstream-redis-")
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
+        if self.tls:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls[2]}"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> LocalRedis:
@@ -69,9 +76,14 @@ class LocalRedis:
             "--appendfsync", "always",
             "--logfile", str(Path(self.dir) / "redis.log"),
         ]  # fmt: skip
+        if self.tls:
+            cert, key, ca = self.tls
+            args[args.index("--port") + 1] = "0"
+            args += ["--tls-port", str(self.port), "--tls-cert-file", cert, "--tls-key-file", key,
+                     "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
         try:
             while True:
                 if self.process.poll() is not None:

@@ -50,11 +50,11 @@ return n
 # The commit of one partition's batch. Applies everything or nothing.
 #
 # KEYS: 1 events stream, 2 scores stream, 3 dead-letter stream, 4 lease, 5 commit sequence,
-#       6.. state keys (U).
+#       6 acknowledged high-water mark, 7.. state keys (U).
 # ARGV:
 #  1 group         2 consumer       3 scores maxlen   4 state ttl ms (0 = none)
 #  5 model version 6 length of the state key prefix (the user id follows it)
-#  7 entry ids of the batch, sorted, space-separated (all are acknowledged)
+#  7 entry ids of the batch, in stream order, space-separated (all are acknowledged)
 #  8 the commit sequence the states were read at ("" = none yet)
 #  9 new last_id per state key, space-separated
 # 10 h per state key: U blocks of equal size (little-endian float32)
@@ -63,18 +63,26 @@ return n
 # 13 event id per score entry, space-separated
 # 14 type names: length-prefixed strings ('<I4' then bytes)
 # 15 dead letters: length-prefixed strings: source_id, error, pair count, field, value, ...
+# 16 the lease holder token of this worker process
 #
 # Returns {'ok', n_scores, new sequence} or, having applied nothing,
-#   {'not_owned', ''}        the lease is another consumer's (or gone),
+#   {'not_owned', ''}        the lease is another process's (or gone),
 #   {'not_pending', id}      an entry is no longer pending for this consumer (already
 #                            committed by an earlier send of this very call, or claimed),
-#   {'conflict', seq}        a commit of this partition landed since the states were read.
+#   {'behind', id}           an older entry of the partition is still pending (read but not
+#                            committed): it must be applied first, or a user's later event
+#                            would make it look applied (the last_id rule),
+#   {'conflict', seq}        a commit of this partition landed since the states were read,
+#   {'bad_key', key}         a scores or dead-letter key holds another type.
 #
 # Every write to a partition's states goes through this script and bumps the partition's
-# commit sequence, so one GET checks that none of the batch's states moved.
+# commit sequence, so one GET checks that none of the batch's states moved. The sequence
+# starts from the server's clock, so a flushed database never hands out an old value again.
+# All checks come before the first write, and the writes that could fail on data (XADD)
+# come before the state writes: a script is not rolled back when a command in it fails.
 COMMIT = """
 local group, consumer = ARGV[1], ARGV[2]
-if redis.call('GET', KEYS[4]) ~= consumer then
+if redis.call('GET', KEYS[4]) ~= ARGV[16] then
   return {'not_owned', ''}
 end
 
@@ -88,27 +96,18 @@ for _, id in ipairs({ids[1], ids[#ids]}) do
     return {'not_pending', id}
   end
 end
+local oldest = redis.call('XPENDING', KEYS[1], group)[2]
+if oldest and oldest ~= ids[1] then return {'behind', oldest} end
 
 local seq = redis.call('GET', KEYS[5]) or ''
 if seq ~= ARGV[8] then return {'conflict', seq} end
-local new_seq = redis.call('INCR', KEYS[5])
-
-local U = #KEYS - 5
-local last_ids = {}
-for v in string.gmatch(ARGV[9], '%S+') do last_ids[#last_ids + 1] = v end
-
-local model, ttl = ARGV[5], tonumber(ARGV[4])
-local hsize = U > 0 and (#ARGV[10] / U) or 0
-for i = 1, U do
-  local score, last_ts, n = struct.unpack('<fdd', ARGV[11], (i - 1) * 20 + 1)
-  local key = KEYS[5 + i]
-  redis.call('HSET', key, 'h', string.sub(ARGV[10], (i - 1) * hsize + 1, i * hsize),
-             'score', string.format('%.9g', score), 'last_id', last_ids[i],
-             'last_ts', string.format('%d', last_ts), 'model', model,
-             'n', string.format('%d', n))
-  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+for k = 2, 3 do
+  local t = redis.call('TYPE', KEYS[k])['ok']
+  if t ~= 'stream' and t ~= 'none' then return {'bad_key', KEYS[k]} end
 end
 
+local U = #KEYS - 6
+local model, ttl = ARGV[5], tonumber(ARGV[4])
 local types, pos = {}, 1
 while pos <= #ARGV[14] do
   local name
@@ -122,7 +121,7 @@ for event_id in string.gmatch(ARGV[13], '%S+') do
   local u, t, score, ts = struct.unpack('<iifd', ARGV[12], n_scores * 20 + 1)
   n_scores = n_scores + 1
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*',
-             'user_id', string.sub(KEYS[5 + u], plen + 1),
+             'user_id', string.sub(KEYS[6 + u], plen + 1),
              'score', string.format('%.9g', score), 'event_id', event_id,
              'type', types[t], 'ts', string.format('%d', ts), 'model', model)
 end
@@ -144,6 +143,25 @@ end
 
 for i = 1, #ids, 1000 do
   redis.call('XACK', KEYS[1], group, unpack(ids, i, math.min(i + 999, #ids)))
+end
+if #ids > 0 then redis.call('SET', KEYS[6], ids[#ids]) end
+
+if seq == '' then
+  local now = redis.call('TIME')
+  redis.call('SET', KEYS[5], now[1] .. string.format('%06d', tonumber(now[2])))
+end
+local new_seq = redis.call('INCR', KEYS[5])
+local last_ids = {}
+for v in string.gmatch(ARGV[9], '%S+') do last_ids[#last_ids + 1] = v end
+local hsize = U > 0 and (#ARGV[10] / U) or 0
+for i = 1, U do
+  local score, last_ts, n = struct.unpack('<fdd', ARGV[11], (i - 1) * 20 + 1)
+  local key = KEYS[6 + i]
+  redis.call('HSET', key, 'h', string.sub(ARGV[10], (i - 1) * hsize + 1, i * hsize),
+             'score', string.format('%.9g', score), 'last_id', last_ids[i],
+             'last_ts', string.format('%d', last_ts), 'model', model,
+             'n', string.format('%d', n))
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
 end
 return {'ok', n_scores, new_seq}
 """

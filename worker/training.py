@@ -134,7 +134,7 @@ def run_train(args: argparse.Namespace) -> int:
         if current is not None and not args.force:
             theirs = evaluate_on(reg.load(current), events, config)["auc_last"]
             ours = report["metrics"]["auc_last"]
-            if ours < theirs:
+            if not ours >= theirs:  # a NaN AUC never promotes
                 print(
                     f"not promoted: validation AUC {ours:.4f} is below current version "
                     f"{current}'s {theirs:.4f} on the same users (--force promotes anyway)"
