@@ -4,9 +4,6 @@
 # `intentstream demo` on a private Redis. Extra arguments go to the demo (--help lists them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[demo]'
+source scripts/venv.sh
+ensure_venv demo
 exec .venv/bin/intentstream demo "$@"

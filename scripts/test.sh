@@ -3,11 +3,8 @@
 # test extra, lints, and runs the suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+source scripts/venv.sh
+ensure_venv test
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python -m pytest "$@"
