@@ -40,6 +40,11 @@ _USER_ROW = np.dtype([("s", "<f4"), ("ts", "<f8"), ("n", "<f8")])
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
+def _formatted(scores: np.ndarray) -> bytes:
+    """Scores as space-separated decimal strings, 9 significant digits (float32 round-trips)."""
+    return " ".join(map("{:.9g}".format, scores.tolist())).encode()
+
+
 class CommitRefusedError(Exception):
     """The commit applied nothing; `reason` says why (conflict, not_pending, not_owned)."""
 
@@ -466,6 +471,8 @@ class Consumer:
                 length_prefixed(*(t.encode() for t in type_names)),
                 b"".join(dead),
                 self.holder,
+                _formatted(scores),
+                _formatted(per_user["s"]),
         ]  # fmt: skip
         reply = self._send_commit(keys, args, prefetch_for)
         status = reply[0].decode()
