@@ -465,3 +465,17 @@ def test_group_recreated_after_the_last_acknowledged_entry(redis_server, golden_
             consumer._recreate_groups()
     assert r.xlen("intentstream:deadletter:{0}") == 1  # not replayed
     assert [x["user_id"] for x in score_entries(r)] == ["a", "b"]
+
+
+def test_long_idle_consumers_without_pending_entries_are_forgotten(redis_server, golden_path):
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, golden_path)
+    consumer.tick()
+    r.xreadgroup("intentstream-workers", "host-123", {STREAM0: ">"})  # a restarted worker's
+    r.xadd(STREAM0, {"user_id": "a", "type": "view"})
+    r.xreadgroup("intentstream-workers", "host-456", {STREAM0: ">"})  # holds a pending entry
+    time.sleep(0.05)
+    consumer.stale_consumer_ms = 10
+    consumer._maintain([p for p in consumer.partitions if p.owned])
+    names = {c["name"] for c in r.xinfo_consumers(STREAM0, "intentstream-workers")}
+    assert names == {b"c1", b"host-456"} or names == {"c1", "host-456"}

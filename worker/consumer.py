@@ -1,11 +1,13 @@
 """The worker loop (SPEC §3-§4): read a batch, parse, read states, one kernel call, commit.
 
-Per partition batch, three Redis round trips: XREADGROUP (shared by all partitions), one
-READ_STATES script call, one COMMIT script call that writes states, scores, dead letters and
-the XACK atomically, and only if this worker still holds the partition's lease, the entries
-are still pending for it and no state moved since it was read. Anything else applies nothing,
-so a crash or a resent commit never applies an event twice, and an unacknowledged entry is
-read again (own pending entries first, in id order) before new ones.
+Per partition batch, at most three Redis round trips: XREADGROUP (shared by all partitions,
+and sent along with the previous commit), one READ_STATES script call (skipped for users in
+the state cache), one COMMIT script call that writes states, scores, dead letters and the
+XACK atomically, and only if this process still holds the partition's lease, the entries are
+still pending for it, no older entry of the partition is pending, and no state moved since
+it was read (see worker/scripts.py). Anything else applies nothing, so a crash or a resent
+commit never applies an event twice, and unacknowledged entries are read again, in id order,
+before new ones.
 
 Partition leases (`{prefix}:lease:{p}`) give each partition one worker at a time, which keeps
 each user's events in order; a worker takes every free partition, and a newly taken
@@ -18,7 +20,7 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import redis
@@ -40,13 +42,22 @@ _USER_ROW = np.dtype([("s", "<f4"), ("ts", "<f8"), ("n", "<f8")])
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
+def _field(info: dict, name: str):
+    """A field of an XINFO reply, whose keys are str or bytes depending on redis-py's parser."""
+    return info.get(name, info.get(name.encode()))
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _formatted(scores: np.ndarray) -> bytes:
     """Scores as space-separated decimal strings, 9 significant digits (float32 round-trips)."""
     return " ".join(map("{:.9g}".format, scores.tolist())).encode()
 
 
 class CommitRefusedError(Exception):
-    """The commit applied nothing; `reason` says why (conflict, not_pending, not_owned)."""
+    """The commit applied nothing; `reason` is COMMIT's status (see worker/scripts.py)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -62,7 +73,6 @@ class Partition:
     # "0"-style cursor while re-reading own pending entries; ">" for new ones
     cursor: bytes = b"0"
     last_claim: float = 0.0
-    lag_checked: float = field(default=0.0)
 
 
 class Consumer:
@@ -85,6 +95,7 @@ class Consumer:
         self.metrics = metrics or WorkerMetrics()
         self.health = health or Health()
         self.lease_ms = settings.lease_ms
+        self.stale_consumer_ms = 24 * 3600 * 1000  # a day: restarts leave host-pid consumers
         self.partitions = [Partition(p) for p in range(settings.partitions)]
         self._read_states = client.register_script(READ_STATES)
         self._commit = client.register_script(COMMIT)
@@ -611,23 +622,23 @@ class Consumer:
         self.metrics.model_version.set(int(version) if version.isdigit() else 0)
 
     def _maintain(self, owned: list[Partition]) -> None:
-        """Lag and pending gauges; trim input history past retention, never past unacked."""
+        """Lag and pending gauges; trim input history past retention, never past unacked;
+        forget consumers of the group long idle with nothing pending."""
         now_ms = int(time.time() * 1000)
         for part in owned:
             stream = self.keys.events(part.index)
             groups = self.r.xinfo_groups(stream)
             bound: tuple[int, int] | None = None
             for g in groups:
-                name = g[b"name"] if b"name" in g else g.get("name")
-                name = name.decode() if isinstance(name, bytes) else name
-                pending = int(g.get(b"pending", g.get("pending", 0)))
-                last = g.get(b"last-delivered-id", g.get("last-delivered-id", b"0-0"))
+                name = _text(_field(g, "name"))
+                pending = int(_field(g, "pending") or 0)
+                last = _text(_field(g, "last-delivered-id") or "0-0")
                 if name == self.s.group:
-                    lag = g.get(b"lag", g.get("lag"))
+                    lag = _field(g, "lag")
                     if lag is not None:
                         self.metrics.lag.labels(str(part.index)).set(int(lag))
                     self.metrics.pending.labels(str(part.index)).set(pending)
-                ms, seq = entry_id(last if isinstance(last, bytes) else last.encode())
+                ms, seq = entry_id(last.encode())
                 keep_from = (ms, seq + 1)  # delivered and acked up to last-delivered
                 if pending:
                     first = self.r.xpending(stream, name)["min"]
@@ -637,3 +648,15 @@ class Consumer:
                 cut = min((now_ms - self.s.retention_seconds * 1000, 0), bound)
                 if cut[0] > 0:
                     self.r.xtrim(stream, minid=f"{cut[0]}-{cut[1]}", approximate=True)
+            self._forget_idle_consumers(stream)
+
+    def _forget_idle_consumers(self, stream: str) -> None:
+        """Each restart under the default name (host and pid) leaves a consumer behind in the
+        group; drop those idle for `stale_consumer_ms` with no pending entries."""
+        for c in self.r.xinfo_consumers(stream, self.s.group):
+            name = _text(_field(c, "name"))
+            idle = int(_field(c, "idle") or 0)
+            pending = int(_field(c, "pending") or 0)
+            if name != self.s.consumer and not pending and idle > self.stale_consumer_ms:
+                self.r.xgroup_delconsumer(stream, self.s.group, name)
+                log.info("removed an idle consumer", extra={"consumer_removed": name})
