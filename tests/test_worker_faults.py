@@ -42,10 +42,10 @@ def uninterrupted(model_path: Path, events: list[dict]):
     return scores, scorer._state
 
 
-def assert_exactly_once_and_equal(r, events, ids, model_path):
-    rows = score_entries(r, partitions=PARTITIONS)
+def assert_exactly_once_and_equal(r, events, ids, model_path, partitions=PARTITIONS):
+    rows = score_entries(r, partitions=partitions)
     keys = [
-        (partition_of(e["user_id"], PARTITIONS), i.decode())
+        (partition_of(e["user_id"], partitions), i.decode())
         for e, i in zip(events, ids, strict=True)
     ]
     by_key = {(row["partition"], row["event_id"]): row for row in rows}
@@ -55,10 +55,10 @@ def assert_exactly_once_and_equal(r, events, ids, model_path):
     got = np.array([float(by_key[k]["score"]) for k in keys])
     np.testing.assert_allclose(got, want_scores, atol=1e-5)
     for user, h in want_states.items():
-        p = partition_of(user, PARTITIONS)
+        p = partition_of(user, partitions)
         stored = r.hget(f"intentstream:state:{{{p}}}:{user}", "h")
         np.testing.assert_allclose(np.frombuffer(stored, "<f4").reshape(h.shape), h, atol=1e-5)
-    for p in range(PARTITIONS):
+    for p in range(partitions):
         assert r.xpending(f"intentstream:events:{{{p}}}", "intentstream-workers")["pending"] == 0
 
 
@@ -136,3 +136,35 @@ def test_redis_restart_mid_run_is_survived(aof_redis_server, model_path, tmp_pat
         assert worker.terminate() == 0
     assert "redis unavailable" in worker.log()
     assert_exactly_once_and_equal(r, events, ids, model_path)
+
+
+def test_two_workers_share_the_partitions_and_one_takes_over_when_the_other_dies(
+    redis_server, model_path, tmp_path
+):
+    events = list(synthetic_events(12_000, 600, seed=21))
+    r = connect(redis_server.url)
+    ids = publish(r, events[:4000], partitions=4)
+    common = ["--partitions", "4", "--batch-size", "50", "--lease-ms", "1000"]
+    w1 = WorkerProcess(redis_server.url, model_path, tmp_path / "w1.log", *common,
+                       "--consumer", "w1").start()  # fmt: skip
+    w2 = WorkerProcess(redis_server.url, model_path, tmp_path / "w2.log", *common,
+                       "--consumer", "w2").start()  # fmt: skip
+
+    def holders() -> list[str]:
+        return [(r.get(f"intentstream:lease:{{{p}}}") or b"-").decode().split(":")[0]
+                for p in range(4)]  # fmt: skip
+
+    try:
+        wait_for(lambda: sorted(holders()) == ["w1", "w1", "w2", "w2"], what="two each")
+        ids += publish(r, events[4000:8000], partitions=4)
+        wait_for(lambda: count_scores(r, partitions=4) >= 8000, what="8000 scores")
+        w1.kill()
+        ids += publish(r, events[8000:], partitions=4)
+        wait_for(lambda: holders() == ["w2"] * 4, what="w2 to take all partitions")
+        wait_for(lambda: count_scores(r, partitions=4) >= len(events), what="all scores")
+        time.sleep(0.5)
+    finally:
+        w1.kill()
+        assert w2.terminate() == 0
+    assert "handed partitions over" in w1.log() + w2.log()
+    assert_exactly_once_and_equal(r, events, ids, model_path, partitions=4)

@@ -192,6 +192,7 @@ class Consumer:
             owned = [self.keys.lease(p.index) for p in self.partitions if p.owned]
             if owned:
                 self._release(keys=owned, args=[self.holder])
+            self.r.zrem(self.keys.workers, self.holder)
         except redis.RedisError as exc:
             log.warning("could not release leases", extra={"error": str(exc)})
         log.info("worker stopped", extra={"consumer": self.s.consumer})
@@ -234,10 +235,24 @@ class Consumer:
             self._maintain(owned)
             self._last_trim = now
 
+    def _fair_share(self) -> int:
+        """Partitions per live worker, rounded up. Workers announce themselves in a sorted
+        set scored by when their announcement expires; expired ones are dropped."""
+        now_ms = int(time.time() * 1000)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zadd(self.keys.workers, {self.holder: now_ms + self.lease_ms})
+        pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms)
+        pipe.zcard(self.keys.workers)
+        live = max(1, int(pipe.execute()[-1]))
+        return -(-len(self.partitions) // live)
+
     def _renew_leases(self) -> None:
+        """Renew held leases, take free ones up to the fair share, hand back any beyond it."""
+        fair = self._fair_share()
+        held_now = sum(p.owned for p in self.partitions)
         got = self._acquire(
             keys=[self.keys.lease(p.index) for p in self.partitions],
-            args=[self.holder, self.lease_ms],
+            args=[self.holder, self.lease_ms, max(0, fair - held_now)],
         )
         for part, held in zip(self.partitions, got, strict=True):
             if held and not part.owned:
@@ -246,6 +261,16 @@ class Consumer:
                 log.warning("lost the lease of a partition", extra={"partition": part.index})
                 part.owned = False
                 self.cache.drop(part.index)
+        extra = [p for p in self.partitions if p.owned][fair:]
+        if extra:
+            # Another worker joined: hand partitions over. Entries read but not committed
+            # stay pending; the next holder claims them and applies them first.
+            self._prefetched = [(p, b) for p, b in self._prefetched if p not in extra]
+            self._release(keys=[self.keys.lease(p.index) for p in extra], args=[self.holder])
+            for part in extra:
+                part.owned = False
+                self.cache.drop(part.index)
+            log.info("handed partitions over", extra={"partitions": [p.index for p in extra]})
         self.metrics.partitions_owned.set(sum(p.owned for p in self.partitions))
 
     def _take_over(self, part: Partition) -> None:

@@ -45,6 +45,11 @@ class Keys:
         return f"{self.prefix}:state:{{{p}}}:"
 
     @property
+    def workers(self) -> str:
+        """Sorted set of live worker processes (lease holder tokens), scored by expiry."""
+        return f"{self.prefix}:workers"
+
+    @property
     def model_seq(self) -> str:
         return f"{self.prefix}:model:seq"
 

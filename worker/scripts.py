@@ -19,13 +19,15 @@ end
 return out
 """
 
-# Acquire or renew partition leases. KEYS: lease keys. ARGV: consumer, ttl ms.
-# Returns 1 per key this consumer now holds, 0 where another consumer holds it.
+# Renew the partition leases this process holds and take free ones, at most ARGV[3] new.
+# KEYS: lease keys. ARGV: holder token, ttl ms, how many free leases it may take.
+# Returns 1 per key the holder now holds, else 0.
 ACQUIRE_LEASES = """
-local out = {}
+local out, taken = {}, 0
 for i = 1, #KEYS do
   local owner = redis.call('GET', KEYS[i])
-  if owner == false or owner == ARGV[1] then
+  if owner == ARGV[1] or (owner == false and taken < tonumber(ARGV[3])) then
+    if owner == false then taken = taken + 1 end
     redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
     out[i] = 1
   else
