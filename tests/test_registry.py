@@ -246,7 +246,8 @@ def test_demo_scores_live_and_leaves_nothing_behind_on_sigint(tmp_path):
             proc.kill()
     output = "".join(lines) + rest
     assert proc.returncode == 0, output
-    assert "published a random model as version 1" in output
+    assert "trained: validation AUC" in output
+    assert "the registry was empty: published it as version 1" in output
     assert re.search(r"→ \w+ \d\.\d\d", output), output  # a user's scores moving
     pid = int(re.search(r"redis-server at \S+ \(pid (\d+)\)", output).group(1))
     with pytest.raises(ProcessLookupError):

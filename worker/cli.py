@@ -331,7 +331,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from worker.demo import run_demo
 
     return run_demo(
-        args.redis_url, args.rate, args.users, args.seconds, args.metrics_port, stop, sys.stdout
+        args.redis_url,
+        args.rate,
+        args.users,
+        args.seconds,
+        args.metrics_port,
+        stop,
+        sys.stdout,
+        train_first=not args.random_model,
     )
 
 
@@ -447,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--users", type=int, default=200, help="synthetic users")
     demo.add_argument("--seconds", type=float, default=None, help="stop after this long")
     demo.add_argument("--metrics-port", type=int, default=9108, help="0 = any free port")
+    demo.add_argument(
+        "--random-model", action="store_true", help="an empty registry gets an untrained model"
+    )
     demo.set_defaults(func=_cmd_demo)
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
