@@ -13,161 +13,24 @@ from typing import TextIO
 import numpy as np
 import redis
 
-from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
+from model.artifact import ArtifactError, load_model
 from model.features import KNOWN_FEATURES
-from model.registry import Registry, RegistryError
+from model.registry import RegistryError
 from worker.events import Event, EventError, event_from_json
+from worker.model_commands import (
+    cmd_model_export,
+    cmd_model_init,
+    cmd_model_list,
+    cmd_model_promote,
+    cmd_model_publish,
+    cmd_model_rollback,
+    cmd_model_show,
+)
 from worker.settings import SettingsError, add_setting_flags, load_settings
 
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
-
-
-def _cmd_model_init(args: argparse.Namespace) -> int:
-    try:
-        model = random_model(
-            event_types=args.event_types,
-            hidden=args.hidden,
-            layers=args.layers,
-            features=args.features,
-            embedding_dim=args.embedding_dim,
-            head=args.head,
-            session_gap_seconds=args.session_gap,
-            seed=args.seed,
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    digest = save_model(model, args.out)
-    print(f"wrote {args.out} ({model.parameter_count()} parameters, sha256 {digest})")
-    return 0
-
-
-def describe_model(model: Model) -> str:
-    """Human-readable summary: config, array shapes, parameter count."""
-    meta = model.meta
-    lines = [
-        f"format:        {meta.format}",
-        f"cell:          {meta.cell}, {meta.layers} layer(s), hidden {meta.hidden}",
-        f"head:          {meta.head}",
-        f"event types:   {', '.join(meta.event_types)} (+ reserved row for unknown types)",
-        f"features:      {', '.join(meta.features) or '(none)'}",
-        f"embedding dim: {model.embedding_dim}",
-        f"session gap:   {meta.session_gap_seconds:g} s"
-        + (" (never)" if not meta.session_gap_seconds else ""),
-        f"version:       {model.version}",
-        "arrays:",
-    ]
-    for name, a in model.arrays.items():
-        lines.append(f"  {name:<16} {a.dtype!s:<8} {'x'.join(map(str, a.shape))}")
-    lines.append(f"parameters:    {model.parameter_count()}")
-    extra = {k: v for k, v in (meta.model_extra or {}).items() if k != "version"}
-    if extra:
-        lines.append(f"meta:          {json.dumps(extra, sort_keys=True)}")
-    return "\n".join(lines)
-
-
-def _cmd_model_show(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    if Path(args.file).exists() or not args.file.isdigit():
-        try:
-            model = load_model(args.file)
-        except ArtifactError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(describe_model(model))
-        print(f"sha256:        {file_sha256(args.file)}")
-        return 0
-    return _with_registry(args, lambda reg: _show_version(reg, args.file))
-
-
-def _show_version(registry: Registry, version: str) -> int:
-    meta = registry.meta(version)
-    model = registry.load(version)
-    current = registry.current()
-    print(describe_model(model).replace("version:       file", f"version:       {version}"))
-    print(f"sha256:        {meta.get('sha256')}")
-    print(f"current:       {'yes' if current == version else 'no'}")
-    return 0
-
-
-def _registry(args: argparse.Namespace) -> Registry:
-    from worker.connection import connect
-
-    settings = load_settings(args, model=None)
-    return Registry(connect(settings.redis_url, settings.socket_timeout), settings.prefix)
-
-
-def _with_registry(args: argparse.Namespace, action) -> int:
-    """Run action(registry); registry and Redis problems become one line on stderr, exit 2."""
-    try:
-        return action(_registry(args))
-    except (RegistryError, ArtifactError, SettingsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except redis.RedisError as exc:
-        print(f"error: Redis: {exc}", file=sys.stderr)
-        return 2
-
-
-def _cmd_model_publish(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    def publish(reg: Registry) -> int:
-        try:
-            data = Path(args.file).read_bytes()
-        except OSError as exc:
-            raise RegistryError(f"cannot read {args.file}: {exc.strerror}") from None
-        version = reg.publish(data, promote=args.promote)
-        print(f"published version {version}" + (" (current)" if args.promote else ""))
-        return 0
-
-    return _with_registry(args, publish)
-
-
-def _cmd_model_list(args: argparse.Namespace) -> int:
-    import datetime
-
-    def listing(reg: Registry) -> int:
-        current = reg.current()
-        print(f"{'':2}{'version':>8}  {'published (UTC)':<20} {'layers':>6} {'hidden':>6}  sha256")
-        for v in reg.versions():
-            m = reg.meta(v)
-            when = datetime.datetime.fromtimestamp(m.get("published_at", 0), datetime.timezone.utc)
-            mark = "* " if v == current else "  "
-            print(f"{mark}{v:>8}  {when:%Y-%m-%d %H:%M:%S}  {m.get('layers', '?'):>6} "
-                  f"{m.get('hidden', '?'):>6}  {str(m.get('sha256', ''))[:16]}")  # fmt: skip
-        return 0
-
-    return _with_registry(args, listing)
-
-
-def _cmd_model_promote(args: argparse.Namespace) -> int:
-    def promote(reg: Registry) -> int:
-        reg.promote(args.version)
-        print(f"version {args.version} is current")
-        return 0
-
-    return _with_registry(args, promote)
-
-
-def _cmd_model_rollback(args: argparse.Namespace) -> int:
-    def rollback(reg: Registry) -> int:
-        print(f"version {reg.rollback()} is current again")
-        return 0
-
-    return _with_registry(args, rollback)
-
-
-def _cmd_model_export(args: argparse.Namespace) -> int:
-    def export(reg: Registry) -> int:
-        reg.export(args.version, args.out)
-        print(f"wrote version {args.version} to {args.out}")
-        return 0
-
-    return _with_registry(args, export)
 
 
 def _numbered_events(lines: Iterable[str], errors: TextIO) -> Iterator[Event | None]:
@@ -375,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--session-gap", type=float, default=1800.0, help="seconds; 0 = never")
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--out", required=True, help="artifact file to write (.npz)")
-    init.set_defaults(func=_cmd_model_init)
+    init.set_defaults(func=cmd_model_init)
 
     def registry_command(name: str, help: str, func) -> argparse.ArgumentParser:
         cmd = msub.add_parser(name, help=help)
@@ -383,16 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.set_defaults(func=func)
         return cmd
 
-    show = registry_command("show", "print a model's config, array shapes, size", _cmd_model_show)
+    show = registry_command("show", "print a model's config, array shapes, size", cmd_model_show)
     show.add_argument("file", metavar="FILE|VERSION", help="an artifact file or a registry version")
-    pub = registry_command("publish", "store an artifact as a new version", _cmd_model_publish)
+    pub = registry_command("publish", "store an artifact as a new version", cmd_model_publish)
     pub.add_argument("file")
     pub.add_argument("--promote", action="store_true", help="also make it current")
-    registry_command("list", "list the registry's versions (* = current)", _cmd_model_list)
-    pro = registry_command("promote", "make a version current; workers follow", _cmd_model_promote)
+    registry_command("list", "list the registry's versions (* = current)", cmd_model_list)
+    pro = registry_command("promote", "make a version current; workers follow", cmd_model_promote)
     pro.add_argument("version")
-    registry_command("rollback", "make the previous current version current", _cmd_model_rollback)
-    exp = registry_command("export", "write a version's artifact to a file", _cmd_model_export)
+    registry_command("rollback", "make the previous current version current", cmd_model_rollback)
+    exp = registry_command("export", "write a version's artifact to a file", cmd_model_export)
     exp.add_argument("version")
     exp.add_argument("--out", required=True)
 

@@ -10,8 +10,8 @@ import redis
 
 from model.artifact import save_model
 from model.registry import Registry
-from worker.cli import _with_registry
 from worker.events import EventError, event_from_json
+from worker.model_commands import with_registry
 from worker.settings import SettingsError, load_settings
 
 
@@ -144,4 +144,4 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"promoted version {version} to current")
         return 0
 
-    return _with_registry(args, publish)
+    return with_registry(args, publish)

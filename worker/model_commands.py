@@ -1,0 +1,160 @@
+"""The `intentstream model ...` sub-commands: artifacts on disk and the registry in Redis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+import redis
+
+from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
+from model.registry import Registry, RegistryError
+from worker.settings import SettingsError, load_settings
+
+
+def cmd_model_init(args: argparse.Namespace) -> int:
+    try:
+        model = random_model(
+            event_types=args.event_types,
+            hidden=args.hidden,
+            layers=args.layers,
+            features=args.features,
+            embedding_dim=args.embedding_dim,
+            head=args.head,
+            session_gap_seconds=args.session_gap,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    digest = save_model(model, args.out)
+    print(f"wrote {args.out} ({model.parameter_count()} parameters, sha256 {digest})")
+    return 0
+
+
+def describe_model(model: Model) -> str:
+    """Human-readable summary: config, array shapes, parameter count."""
+    meta = model.meta
+    lines = [
+        f"format:        {meta.format}",
+        f"cell:          {meta.cell}, {meta.layers} layer(s), hidden {meta.hidden}",
+        f"head:          {meta.head}",
+        f"event types:   {', '.join(meta.event_types)} (+ reserved row for unknown types)",
+        f"features:      {', '.join(meta.features) or '(none)'}",
+        f"embedding dim: {model.embedding_dim}",
+        f"session gap:   {meta.session_gap_seconds:g} s"
+        + (" (never)" if not meta.session_gap_seconds else ""),
+        f"version:       {model.version}",
+        "arrays:",
+    ]
+    for name, a in model.arrays.items():
+        lines.append(f"  {name:<16} {a.dtype!s:<8} {'x'.join(map(str, a.shape))}")
+    lines.append(f"parameters:    {model.parameter_count()}")
+    extra = {k: v for k, v in (meta.model_extra or {}).items() if k != "version"}
+    if extra:
+        lines.append(f"meta:          {json.dumps(extra, sort_keys=True)}")
+    return "\n".join(lines)
+
+
+def cmd_model_show(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if Path(args.file).exists() or not args.file.isdigit():
+        try:
+            model = load_model(args.file)
+        except ArtifactError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(describe_model(model))
+        print(f"sha256:        {file_sha256(args.file)}")
+        return 0
+    return with_registry(args, lambda reg: _show_version(reg, args.file))
+
+
+def _show_version(registry: Registry, version: str) -> int:
+    meta = registry.meta(version)
+    model = registry.load(version)
+    current = registry.current()
+    print(describe_model(model).replace("version:       file", f"version:       {version}"))
+    print(f"sha256:        {meta.get('sha256')}")
+    print(f"current:       {'yes' if current == version else 'no'}")
+    return 0
+
+
+def registry_of(args: argparse.Namespace) -> Registry:
+    from worker.connection import connect
+
+    settings = load_settings(args, model=None)
+    return Registry(connect(settings.redis_url, settings.socket_timeout), settings.prefix)
+
+
+def with_registry(args: argparse.Namespace, action: Callable[[Registry], int]) -> int:
+    """Run action(registry); registry and Redis problems become one line on stderr, exit 2."""
+    try:
+        return action(registry_of(args))
+    except (RegistryError, ArtifactError, SettingsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except redis.RedisError as exc:
+        print(f"error: Redis: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_model_publish(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    def publish(reg: Registry) -> int:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as exc:
+            raise RegistryError(f"cannot read {args.file}: {exc.strerror}") from None
+        version = reg.publish(data, promote=args.promote)
+        print(f"published version {version}" + (" (current)" if args.promote else ""))
+        return 0
+
+    return with_registry(args, publish)
+
+
+def cmd_model_list(args: argparse.Namespace) -> int:
+    import datetime
+
+    def listing(reg: Registry) -> int:
+        current = reg.current()
+        print(f"{'':2}{'version':>8}  {'published (UTC)':<20} {'layers':>6} {'hidden':>6}  sha256")
+        for v in reg.versions():
+            m = reg.meta(v)
+            when = datetime.datetime.fromtimestamp(m.get("published_at", 0), datetime.timezone.utc)
+            mark = "* " if v == current else "  "
+            print(f"{mark}{v:>8}  {when:%Y-%m-%d %H:%M:%S}  {m.get('layers', '?'):>6} "
+                  f"{m.get('hidden', '?'):>6}  {str(m.get('sha256', ''))[:16]}")  # fmt: skip
+        return 0
+
+    return with_registry(args, listing)
+
+
+def cmd_model_promote(args: argparse.Namespace) -> int:
+    def promote(reg: Registry) -> int:
+        reg.promote(args.version)
+        print(f"version {args.version} is current")
+        return 0
+
+    return with_registry(args, promote)
+
+
+def cmd_model_rollback(args: argparse.Namespace) -> int:
+    def rollback(reg: Registry) -> int:
+        print(f"version {reg.rollback()} is current again")
+        return 0
+
+    return with_registry(args, rollback)
+
+
+def cmd_model_export(args: argparse.Namespace) -> int:
+    def export(reg: Registry) -> int:
+        reg.export(args.version, args.out)
+        print(f"wrote version {args.version} to {args.out}")
+        return 0
+
+    return with_registry(args, export)
