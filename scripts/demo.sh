@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
-ensure_venv demo
+ensure_venv demo,train
 exec .venv/bin/intentstream demo "$@"

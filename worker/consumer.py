@@ -16,6 +16,7 @@ partition's pending entries are claimed from whoever held them before.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
@@ -259,8 +260,7 @@ class Consumer:
                 self._take_over(part)
             elif not held and part.owned:
                 log.warning("lost the lease of a partition", extra={"partition": part.index})
-                part.owned = False
-                self.cache.drop(part.index)
+                self._let_go(part)
         extra = [p for p in self.partitions if p.owned][fair:]
         if extra:
             # Another worker joined: hand partitions over. Entries read but not committed
@@ -268,10 +268,17 @@ class Consumer:
             self._prefetched = [(p, b) for p, b in self._prefetched if p not in extra]
             self._release(keys=[self.keys.lease(p.index) for p in extra], args=[self.holder])
             for part in extra:
-                part.owned = False
-                self.cache.drop(part.index)
+                self._let_go(part)
             log.info("handed partitions over", extra={"partitions": [p.index for p in extra]})
         self.metrics.partitions_owned.set(sum(p.owned for p in self.partitions))
+
+    def _let_go(self, part: Partition) -> None:
+        """Forget a partition this worker no longer holds (its gauges are another's now)."""
+        part.owned = False
+        self.cache.drop(part.index)
+        for gauge in (self.metrics.lag, self.metrics.pending):
+            with contextlib.suppress(KeyError):  # never set: nothing to remove
+                gauge.remove(str(part.index))
 
     def _take_over(self, part: Partition) -> None:
         """A newly held partition: make sure the group exists, claim all its pending entries.
@@ -415,7 +422,7 @@ class Consumer:
                 self.cache.drop(part.index)
                 self.metrics.commit_retries.labels(exc.reason).inc()
                 if exc.reason == "not_owned":
-                    part.owned = False
+                    self._let_go(part)
                     log.warning(
                         "partition lease lost before commit", extra={"partition": part.index}
                     )

@@ -143,13 +143,14 @@ class WorkerMetrics:
         self.state_resets = Counter(
             "intentstream_state_resets",
             "User states read from Redis and restarted from zero, by reason: invalid "
-            "(wrong size or not finite), shape (written by a model of another shape).",
+            "(non-finite values or a bad last_id), shape (another size, or written by a model "
+            "of another shape).",
             ["reason"],
             registry=r,
         )
         self.commit_retries = Counter(
             "intentstream_commit_retries",
-            "Commits that applied nothing, by reason: conflict, not_pending, not_owned.",
+            "Commits that applied nothing, by reason (see worker/scripts.py).",
             ["reason"],
             registry=r,
         )
@@ -162,6 +163,10 @@ class WorkerMetrics:
             self.events.labels(outcome)
         for result in ("loaded", "rejected"):
             self.model_reloads.labels(result)
+        for reason in ("invalid", "shape"):
+            self.state_resets.labels(reason)
+        for reason in ("conflict", "not_pending", "not_owned", "behind", "noscript", "bad_key"):
+            self.commit_retries.labels(reason)
 
 
 class Health:

@@ -59,9 +59,8 @@ def describe_model(model: Model) -> str:
 
 
 def cmd_model_show(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    if Path(args.file).exists() or not args.file.isdigit():
+    if not args.file.isdigit():  # a version; a file named like one: ./2
         try:
             model = load_model(args.file)
         except ArtifactError as exc:

@@ -83,6 +83,13 @@ def run_train(args: argparse.Namespace) -> int:
     from model.sessions import DataError
     from model.train import TrainConfig, evaluate_on, train, write_report
 
+    if args.report:
+        try:
+            import matplotlib  # noqa: F401 - checked before hours of training, not after
+        except ImportError:
+            print("error: --report needs matplotlib: pip install 'intentstream[train]'",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     try:
         settings = load_settings(args, model=None)
         config = TrainConfig(
@@ -97,6 +104,10 @@ def run_train(args: argparse.Namespace) -> int:
             from tqdm import tqdm
         except ImportError:
             tqdm = None
+            if not args.quiet:
+                print(
+                    "(no progress bar: pip install 'intentstream[train]' for one)", file=sys.stderr
+                )
         progress = None if args.quiet or tqdm is None else tqdm
         result = train(events, config, progress=progress)
     except (DataError, SettingsError) as exc:
