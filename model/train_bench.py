@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -27,22 +28,32 @@ from model.synthetic import synthetic_events
 from model.train import TrainConfig, prepare
 
 
+def epoch_seconds(config: TrainConfig, train_s, epochs: int, step: Callable) -> list[float]:
+    """Seconds of each epoch of step(batch) over the same seeded mini-batches."""
+    rng = np.random.default_rng(config.seed)
+    times = []
+    for _ in range(epochs):
+        batches = minibatches(train_s, config.batch_size, len(config.features), rng)
+        t0 = time.perf_counter()
+        for b in batches:
+            step(b)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def ours(config: TrainConfig, train_s, valid_s, types, epochs: int):
     F = len(config.features)
     model = random_model(types, config.hidden, 1, config.features, config.embedding_dim,
                          seed=config.seed)  # fmt: skip
     params = {k: v.astype(np.float32) for k, v in model.arrays.items()}
     opt = Adam(config.lr)
-    rng = np.random.default_rng(config.seed)
-    times = []
-    for _ in range(epochs):
-        batches = minibatches(train_s, config.batch_size, F, rng)
-        t0 = time.perf_counter()
-        for b in batches:
-            _, g = loss_and_gradients(params, b, config.bptt)
-            clip_global_norm(g, config.clip)
-            opt.step(params, g)
-        times.append(time.perf_counter() - t0)
+
+    def step(b):
+        _, g = loss_and_gradients(params, b, config.bptt)
+        clip_global_norm(g, config.clip)
+        opt.step(params, g)
+
+    times = epoch_seconds(config, train_s, epochs, step)
     p64 = {k: v.astype(np.float64) for k, v in params.items()}
     return times, metrics_of(*step_scores(p64, valid_s, F))["auc_last"]
 
@@ -58,34 +69,31 @@ def pytorch(config: TrainConfig, train_s, valid_s, types, epochs: int):
     head = torch.nn.Linear(H, 1)
     parameters = [*emb.parameters(), *rnn.parameters(), *head.parameters()]
     opt = torch.optim.Adam(parameters, lr=config.lr)
-    rng = np.random.default_rng(config.seed)
-    times = []
-    for _ in range(epochs):
-        batches = minibatches(train_s, config.batch_size, F, rng)
-        t0 = time.perf_counter()
-        for b in batches:
-            types_t = torch.from_numpy(b.types)
-            feats = torch.from_numpy(b.features.astype(np.float32))
-            mask = torch.from_numpy(b.mask.astype(np.float32))
-            y = torch.from_numpy(b.labels.astype(np.float32))[:, None].expand_as(mask)
-            h = torch.zeros(1, len(b.labels), H)
-            opt.zero_grad()
-            norm = mask.sum()
-            for s in range(0, b.types.shape[1], config.bptt):
-                sl = slice(s, s + config.bptt)
-                x = torch.cat([emb(types_t[:, sl]), feats[:, sl]], dim=2)
-                out, h = rnn(x, h.detach())
-                z = head(out)[..., 0]
-                loss = (
-                    torch.nn.functional.binary_cross_entropy_with_logits(
-                        z, y[:, sl], weight=mask[:, sl], reduction="sum"
-                    )
-                    / norm
+
+    def step(b):
+        types_t = torch.from_numpy(b.types)
+        feats = torch.from_numpy(b.features.astype(np.float32))
+        mask = torch.from_numpy(b.mask.astype(np.float32))
+        y = torch.from_numpy(b.labels.astype(np.float32))[:, None].expand_as(mask)
+        h = torch.zeros(1, len(b.labels), H)
+        opt.zero_grad()
+        norm = mask.sum()
+        for s in range(0, b.types.shape[1], config.bptt):
+            sl = slice(s, s + config.bptt)
+            x = torch.cat([emb(types_t[:, sl]), feats[:, sl]], dim=2)
+            out, h = rnn(x, h.detach())
+            z = head(out)[..., 0]
+            loss = (
+                torch.nn.functional.binary_cross_entropy_with_logits(
+                    z, y[:, sl], weight=mask[:, sl], reduction="sum"
                 )
-                loss.backward()
-            torch.nn.utils.clip_grad_norm_(parameters, config.clip)
-            opt.step()
-        times.append(time.perf_counter() - t0)
+                / norm
+            )
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, config.clip)
+        opt.step()
+
+    times = epoch_seconds(config, train_s, epochs, step)
     params = {
         "embedding": emb.weight.detach().double().numpy(),
         "layer0.W_xh": rnn.weight_ih_l0.detach().double().numpy().T.copy(),
