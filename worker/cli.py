@@ -16,7 +16,7 @@ import redis
 from model.artifact import ArtifactError, load_model
 from model.features import KNOWN_FEATURES
 from model.registry import RegistryError
-from worker.events import Event, EventError, event_from_json
+from worker.events import Event, numbered_events
 from worker.model_commands import (
     cmd_model_export,
     cmd_model_init,
@@ -34,15 +34,8 @@ def _csv(value: str) -> list[str]:
 
 
 def _numbered_events(lines: Iterable[str], errors: TextIO) -> Iterator[Event | None]:
-    """Parse JSON lines; a bad line is reported on `errors` with its number and yields None."""
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            yield event_from_json(line)
-        except EventError as exc:
-            print(f"line {number}: {exc}", file=errors)
-            yield None
+    """JSON-lines events; a bad line is reported on `errors` as `line N: reason`."""
+    return numbered_events(lines, lambda n, exc: print(f"line {n}: {exc}", file=errors))
 
 
 def _chunks(events: Iterator[Event | None], size: int) -> Iterator[list[Event | None]]:

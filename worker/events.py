@@ -8,6 +8,7 @@ which the worker writes to the dead-letter stream.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -91,6 +92,21 @@ def event_from_json(line: str | bytes) -> Event:
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
         raise EventError(f"not valid JSON: {exc}") from None
     return event_from_mapping(doc)
+
+
+def numbered_events(
+    lines: Iterable[str], on_error: Callable[[int, EventError], None]
+) -> Iterator[Event | None]:
+    """Parse JSON lines in order; a bad line calls on_error(line number, error) and yields
+    None, so callers can count it and keep their output in input order. Blank lines skip."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield event_from_json(line)
+        except EventError as exc:
+            on_error(number, exc)
+            yield None
 
 
 _FIELDS = (b"user_id", b"type", b"ts")

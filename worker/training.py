@@ -10,7 +10,7 @@ import redis
 
 from model.artifact import save_model
 from model.registry import Registry
-from worker.events import EventError, event_from_json
+from worker.events import EventError, numbered_events
 from worker.model_commands import with_registry
 from worker.settings import SettingsError, load_settings
 
@@ -28,19 +28,18 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
         return events
     events, bad = [], 0
     for path in args.data:
+
+        def report(number: int, exc: EventError, path: str = path) -> None:
+            nonlocal bad
+            bad += 1
+            if bad <= 10:
+                print(f"{path}:{number}: {exc}", file=sys.stderr)
+
         try:
             with open(path, encoding="utf-8") as f:
-                for number, line in enumerate(f, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        e = event_from_json(line)
-                    except EventError as exc:
-                        bad += 1
-                        if bad <= 10:
-                            print(f"{path}:{number}: {exc}", file=sys.stderr)
-                        continue
-                    events.append({"user_id": e.user_id, "type": e.type, "ts": e.ts})
+                for e in numbered_events(f, report):
+                    if e is not None:
+                        events.append({"user_id": e.user_id, "type": e.type, "ts": e.ts})
         except OSError as exc:
             raise SettingsError(f"cannot read --data {path}: {exc.strerror}") from None
     if bad:
