@@ -1,4 +1,6 @@
-"""Redis key and channel names (SPEC §3-§5), in one place.
+"""Redis key names of the streams, states and worker coordination (SPEC §3-§4).
+
+The model registry's keys (`{prefix}:model:...`) are named in model/registry.py.
 
 Every key of partition p carries the hash tag `{p}`, so a partition's stream, states, scores
 and dead letters live in one Redis Cluster slot and one Lua script may touch them all.
@@ -48,21 +50,3 @@ class Keys:
     def workers(self) -> str:
         """Sorted set of live worker processes (lease holder tokens), scored by expiry."""
         return f"{self.prefix}:workers"
-
-    @property
-    def model_seq(self) -> str:
-        return f"{self.prefix}:model:seq"
-
-    def model(self, version: str) -> str:
-        return f"{self.prefix}:model:{version}"
-
-    def model_meta(self, version: str) -> str:
-        return f"{self.prefix}:model:meta:{version}"
-
-    @property
-    def model_current(self) -> str:
-        return f"{self.prefix}:model:current"
-
-    @property
-    def model_updates(self) -> str:
-        return f"{self.prefix}:model:updates"
