@@ -14,7 +14,7 @@ import pytest
 
 from model.artifact import load_model, random_model
 from model.bptt import clip_global_norm, loss_and_gradients, predict
-from model.registry import Registry
+from worker.registry import Registry
 from model.sessions import DataError, Session, pad, sessionize
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.train import TrainConfig, train

@@ -15,7 +15,7 @@ import redis
 
 from model.artifact import ArtifactError, load_model
 from model.features import KNOWN_FEATURES
-from model.registry import RegistryError
+from worker.registry import RegistryError
 from worker.events import Event, numbered_events
 from worker.model_commands import (
     cmd_model_export,

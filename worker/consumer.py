@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
-from model.registry import Registry, RegistryError
+from worker.registry import Registry, RegistryError
 from model.scoring import ScoringModel
 from worker.batch import Batch, entry_id, length_prefixed, parse_batch
 from worker.keys import Keys

@@ -17,7 +17,7 @@ from typing import TextIO
 import numpy as np
 
 from model.artifact import Model, random_model
-from model.registry import Registry
+from worker.registry import Registry
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.train import TrainConfig, train
 from worker.connection import connect

@@ -1,6 +1,6 @@
 """Redis key names of the streams, states and worker coordination (SPEC §3-§4).
 
-The model registry's keys (`{prefix}:model:...`) are named in model/registry.py.
+The model registry's keys (`{prefix}:model:...`) are named in worker/registry.py.
 
 Every key of partition p carries the hash tag `{p}`, so a partition's stream, states, scores
 and dead letters live in one Redis Cluster slot and one Lua script may touch them all.

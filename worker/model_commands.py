@@ -10,7 +10,7 @@ from collections.abc import Callable
 import redis
 
 from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
-from model.registry import Registry, RegistryError
+from worker.registry import Registry, RegistryError
 from worker.settings import SettingsError, load_settings
 
 

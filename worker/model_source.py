@@ -11,7 +11,7 @@ from pathlib import Path
 import redis
 
 from model.artifact import file_sha256, load_model
-from model.registry import Registry, RegistryError
+from worker.registry import Registry, RegistryError
 from model.scoring import ScoringModel
 
 log = logging.getLogger("intentstream.models")
