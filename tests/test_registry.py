@@ -16,7 +16,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from model.artifact import load_model, model_to_bytes, random_model, save_model
-from worker.registry import Registry, RegistryError
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
@@ -26,6 +25,7 @@ from worker.local_redis import free_port
 from worker.metrics import WorkerMetrics
 from worker.model_source import RegistryModelSource
 from worker.publisher import publish
+from worker.registry import Registry, RegistryError
 from worker.settings import Settings
 
 TYPES = [*EVENT_TYPES, LABEL_TYPE]

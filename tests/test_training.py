@@ -14,7 +14,6 @@ import pytest
 
 from model.artifact import load_model, random_model
 from model.bptt import clip_global_norm, loss_and_gradients, predict
-from worker.registry import Registry
 from model.sessions import DataError, Session, pad, sessionize
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.train import TrainConfig, train
@@ -22,6 +21,7 @@ from tests.conftest import run_cli
 from tests.workers import WorkerProcess
 from worker.connection import connect
 from worker.publisher import publish
+from worker.registry import Registry
 
 
 def float64_params(layers: int, n_features: int, n_types: int = 3, hidden: int = 4, seed: int = 1):

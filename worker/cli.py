@@ -15,7 +15,6 @@ import redis
 
 from model.artifact import ArtifactError, load_model
 from model.features import KNOWN_FEATURES
-from worker.registry import RegistryError
 from worker.events import Event, numbered_events
 from worker.model_commands import (
     cmd_model_export,
@@ -26,6 +25,7 @@ from worker.model_commands import (
     cmd_model_rollback,
     cmd_model_show,
 )
+from worker.registry import RegistryError
 from worker.settings import SettingsError, add_setting_flags, load_settings
 
 

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
-from worker.registry import Registry, RegistryError
 from model.scoring import ScoringModel
 from worker.batch import Batch, entry_id, length_prefixed, parse_batch
 from worker.keys import Keys
 from worker.metrics import Health, WorkerMetrics
 from worker.model_source import FileModelSource, ModelRejectedError, RegistryModelSource
+from worker.registry import Registry, RegistryError
 from worker.scripts import ACQUIRE_LEASES, COMMIT, READ_STATES, RELEASE_LEASES
 from worker.settings import Settings
 from worker.state_cache import StateCache

@@ -17,7 +17,6 @@ from typing import TextIO
 import numpy as np
 
 from model.artifact import Model, random_model
-from worker.registry import Registry
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.train import TrainConfig, train
 from worker.connection import connect
@@ -27,6 +26,7 @@ from worker.local_redis import LocalRedis, free_port
 from worker.metrics import LATENCY_BUCKETS, Health, WorkerMetrics, serve_metrics
 from worker.model_source import RegistryModelSource
 from worker.publisher import publish
+from worker.registry import Registry
 from worker.settings import Settings
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import redis
 
 from model.artifact import file_sha256, load_model
-from worker.registry import Registry, RegistryError
 from model.scoring import ScoringModel
+from worker.registry import Registry, RegistryError
 
 log = logging.getLogger("intentstream.models")
 

@@ -9,9 +9,9 @@ import sys
 import redis
 
 from model.artifact import save_model
-from worker.registry import Registry
 from worker.events import EventError, numbered_events
 from worker.model_commands import with_registry
+from worker.registry import Registry
 from worker.settings import SettingsError, load_settings
 
 
