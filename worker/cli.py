@@ -315,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_cmd_demo)
 
+    from worker import healthcheck  # the container HEALTHCHECK's command
+
+    healthcheck.add_parser(sub)
+
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
     bench.set_defaults(func=_cmd_bench)
     return p
