@@ -6,9 +6,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,3 +64,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTENTSTREAM_")}
     env.update(extra)
     return env
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 60, what: str = "it") -> None:
+    """Poll until condition() is truthy, treating connection errors as not yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except (OSError, redis.RedisError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
