@@ -132,6 +132,8 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
     # trainer: registry writes
     result = cli("model", "publish", str(model), "--promote", "--redis-url", url(port, "trainer"))
     assert result.returncode == 0, result.stderr
+    result = cli("model", "list", "--redis-url", url(port, "trainer"))
+    assert result.returncode == 0 and result.stdout.count("* ") == 1, result.stderr
 
     # worker: follows the registry, consumes, commits
     metrics_port = free_port()
