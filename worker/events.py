@@ -8,12 +8,16 @@ which the worker writes to the dead-letter stream.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 MAX_USER_ID_BYTES = 256
 MAX_TYPE_BYTES = 128
+MAX_EVENT_ID_BYTES = 128
+_EVENT_ID = re.compile(rb"[\x21-\x7e]{1,%d}" % MAX_EVENT_ID_BYTES)
 # Epoch milliseconds up to year 9999: rejects seconds-vs-ms mix-ups far in the future only
 # loosely, but keeps every value inside int64 and datetime range.
 MAX_TS_MS = 253_402_300_799_999
@@ -24,13 +28,15 @@ class EventError(ValueError):
 
 
 class Event(BaseModel):
-    """A user-behaviour event: who, what, and when (epoch ms; None = the entry's own time)."""
+    """A user-behaviour event: who, what, when (epoch ms; None = the entry's own time), and
+    optionally the producer's unique id of it (a retried publish repeats it: SPEC §3)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     user_id: str
     type: str
     ts: int | None = None
+    event_id: str | None = None
 
     @field_validator("user_id")
     @classmethod
@@ -46,6 +52,16 @@ class Event(BaseModel):
         n = len(v.encode("utf-8"))
         if not 1 <= n <= MAX_TYPE_BYTES:
             raise ValueError(f"must be 1-{MAX_TYPE_BYTES} bytes of UTF-8, got {n}")
+        return v
+
+    @field_validator("event_id")
+    @classmethod
+    def _event_id_printable(cls, v: str | None) -> str | None:
+        # Printable ASCII without spaces: ids travel space-separated to the commit script.
+        if v is not None and not _EVENT_ID.fullmatch(v.encode("utf-8")):
+            raise ValueError(
+                f"must be 1-{MAX_EVENT_ID_BYTES} printable ASCII characters without spaces"
+            )
         return v
 
     @field_validator("ts", mode="before")
@@ -109,7 +125,7 @@ def numbered_events(
             yield None
 
 
-_FIELDS = (b"user_id", b"type", b"ts")
+_FIELDS = (b"user_id", b"type", b"ts", b"event_id")
 
 
 def _decode_field(name: bytes, value: bytes) -> str:
@@ -120,7 +136,8 @@ def _decode_field(name: bytes, value: bytes) -> str:
 
 
 def event_from_fields(fields: dict[bytes, bytes], entry_ms: int) -> Event:
-    """Parse a stream entry's fields: user_id, type, optional ts, or one `json` field.
+    """Parse a stream entry's fields: user_id, type, optional ts and event_id, or one `json`
+    field holding them.
 
     An event without ts takes the entry id's time (entry_ms). Other fields are ignored.
     """
@@ -137,8 +154,17 @@ def event_from_fields(fields: dict[bytes, bytes], entry_ms: int) -> Event:
     return event
 
 
-def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> tuple[str, str, int]:
-    """(user_id, type, ts) of a stream entry; raises EventError with the reason.
+class ParsedEntry(NamedTuple):
+    """What the worker keeps of a valid entry."""
+
+    user_id: str
+    type: str
+    ts: int
+    event_id: bytes | None
+
+
+def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> ParsedEntry:
+    """The event of a stream entry; raises EventError with the reason.
 
     The worker's per-entry path: plain field/value entries that are obviously valid skip
     pydantic (~4 µs each); anything else goes through `event_from_fields`, the one
@@ -146,11 +172,13 @@ def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> tuple[str, str, in
     """
     uid = fields.get(b"user_id")
     typ = fields.get(b"type")
+    eid = fields.get(b"event_id")
     if (
         uid is not None
         and typ is not None
         and 0 < len(uid) <= MAX_USER_ID_BYTES
         and 0 < len(typ) <= MAX_TYPE_BYTES
+        and (eid is None or _EVENT_ID.fullmatch(eid))
     ):
         try:
             user_id, type_ = uid.decode("utf-8"), typ.decode("utf-8")
@@ -159,23 +187,32 @@ def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> tuple[str, str, in
         else:
             ts = fields.get(b"ts")
             if ts is None:
-                return user_id, type_, entry_ms
+                return ParsedEntry(user_id, type_, entry_ms, eid)
             if 0 < len(ts) <= 15 and ts.isdigit() and int(ts) <= MAX_TS_MS:
-                return user_id, type_, int(ts)
+                return ParsedEntry(user_id, type_, int(ts), eid)
     event = event_from_fields(fields, entry_ms)
-    return event.user_id, event.type, event.ts
+    eid_out = event.event_id.encode("utf-8") if event.event_id is not None else None
+    return ParsedEntry(event.user_id, event.type, event.ts, eid_out)
 
 
-def parse_flat_entry(flat: list[bytes], entry_ms: int) -> tuple[str, str, int]:
+def parse_flat_entry(flat: list[bytes], entry_ms: int) -> ParsedEntry:
     """`parse_entry` for a raw reply's field list [field, value, field, value, ...].
 
-    The layouts producers send (user_id, type[, ts], in that order) are checked in place;
-    anything else becomes a dict first (the last of repeated fields wins, as in HGETALL).
+    The layout `publish()` sends (user_id, type[, ts[, event_id]], in that order) is checked
+    in place; anything else becomes a dict first (the last of repeated fields wins, as in
+    HGETALL).
     """
     n = len(flat)
-    if (n == 6 or n == 4) and flat[0] == b"user_id" and flat[2] == b"type":
+    if 4 <= n <= 8 and flat[0] == b"user_id" and flat[2] == b"type":
         if n == 4:
             return parse_entry({b"user_id": flat[1], b"type": flat[3]}, entry_ms)
         if flat[4] == b"ts":
-            return parse_entry({b"user_id": flat[1], b"type": flat[3], b"ts": flat[5]}, entry_ms)
+            if n == 6:
+                return parse_entry(
+                    {b"user_id": flat[1], b"type": flat[3], b"ts": flat[5]}, entry_ms
+                )
+            if flat[6] == b"event_id":
+                fields = {b"user_id": flat[1], b"type": flat[3], b"ts": flat[5]}
+                fields[b"event_id"] = flat[7]
+                return parse_entry(fields, entry_ms)
     return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms)
