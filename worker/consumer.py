@@ -341,8 +341,10 @@ class Consumer:
         self._settle_by_previous(p, result)
         for reason, n in states.resets.items():
             self.metrics.state_resets.labels(reason).inc(n)
-        if result.replaced:
-            self.metrics.state_resets.labels("wrong_type").inc(result.replaced)
+        # keys of another type the read did not see (the cache held those users' states)
+        unseen = result.replaced - states.resets["wrong_type"]
+        if unseen > 0:
+            self.metrics.state_resets.labels("wrong_type").inc(unseen)
         self._count(commit)
         stages = {"parse": batch.parse_seconds, "state": t2 - t1, "model": t3 - t2,
                   "commit": t4 - t3}  # fmt: skip
