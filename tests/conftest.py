@@ -13,7 +13,6 @@ import pytest
 from model.artifact import save_model
 from tests.golden import golden_model
 
-
 # A test that starts redis-server or a subprocess is an integration test: `pytest -m "not
 # integration"` runs the rest in seconds. Marked here from what a test uses, so a new test
 # cannot forget it; a test may also carry the mark itself.

@@ -147,5 +147,5 @@ def test_dead_letters_are_cut_and_trimmed(setup):
 def test_dead_letter_items_keep_a_bounded_number_of_fields():
     many = [x for i in range(100) for x in (f"f{i}".encode(), b"v")]
     items = dead_letter_items(DeadLetter(b"1-0", "bad", many), 64)
-    assert items[2] == str(MAX_DEAD_FIELDS).encode()
-    assert f"only the first {MAX_DEAD_FIELDS} of 100 fields kept".encode() in items[1]
+    assert items[0] == str(MAX_DEAD_FIELDS).encode()
+    assert f"only the first {MAX_DEAD_FIELDS} of 100 fields kept".encode() in items[2]

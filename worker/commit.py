@@ -24,8 +24,6 @@ of another type is replaced): a script is not rolled back when a command in it f
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,42 +39,23 @@ MAX_DEAD_FIELDS = 32
 COMMIT_SCRIPT = """
 local events_key, scores_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local lease_key, seq_key, acked_key, last_commit_key = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local FIRST_STATE = 8 -- KEYS[8..] are the users' state keys
+local FIRST_STATE = 8 -- KEYS[8..] are the users' state keys, U of them
+local U = #KEYS - FIRST_STATE + 1
 
 local group, consumer, holder, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local read_seq, model = ARGV[5], ARGV[6]
 local scores_maxlen, dead_maxlen, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
-local user_from = tonumber(ARGV[10]) + 1 -- a state key's user id starts here
-local ack_ids = ARGV[11]                 -- entry ids, stream order, space-separated
--- per state key, in KEYS order
-local state_h, state_last_id, state_score = ARGV[12], ARGV[13], ARGV[14]
-local state_last_ts, state_n, state_event_ids = ARGV[15], ARGV[16], ARGV[17]
--- per score entry, in stream order (space-separated; type names length-prefixed)
-local entry_state, type_names, entry_type = ARGV[18], ARGV[19], ARGV[20]
-local entry_score, entry_ts, entry_event_id = ARGV[21], ARGV[22], ARGV[23]
-local dead_letters = ARGV[24]            -- length-prefixed, see pack_dead_letters
-
-local function words(s)
-  local t = {}
-  for w in string.gmatch(s, '%S+') do t[#t + 1] = w end
-  return t
-end
-
-local function length_prefixed(s)
-  local t, pos = {}, 1
-  while pos <= #s do
-    local item
-    item, pos = struct.unpack('<I4c0', s, pos)
-    t[#t + 1] = item
-  end
-  return t
-end
+local n_ack, n_scores = tonumber(ARGV[10]), tonumber(ARGV[11])
+-- Then, each a run of plain arguments (nothing to parse here):
+local ACK = 12                    -- the batch's entry ids, stream order
+local STATE = ACK + n_ack         -- per state key: h, score, last_id, last_ts, n, event_ids
+local SCORE = STATE + 6 * U       -- per score entry: user_id, score, event_id, type, ts
+local DEAD = SCORE + 5 * n_scores -- per dead letter: pair count, source_id, error, pairs...
+local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
 
 -- ---- checks: nothing is written above this line ----
 if redis.pcall('GET', lease_key) ~= holder then return {'not_owned', ''} end
-
-local ids = words(ack_ids)
-for _, id in ipairs({ids[1], ids[#ids]}) do
+for _, id in ipairs({first_id, last_id}) do
   if #redis.call('XPENDING', events_key, group, id, id, 1, consumer) == 0 then
     if redis.pcall('GET', last_commit_key) == token then
       return {'applied', redis.call('GET', seq_key) or ''}
@@ -85,7 +64,7 @@ for _, id in ipairs({ids[1], ids[#ids]}) do
   end
 end
 local oldest = redis.call('XPENDING', events_key, group)[2]
-if oldest and oldest ~= ids[1] then return {'behind', oldest} end
+if oldest and oldest ~= first_id then return {'behind', oldest} end
 
 local seq = redis.pcall('GET', seq_key)
 if type(seq) == 'table' or (seq and not string.match(seq, '^%d+$')) then
@@ -99,34 +78,25 @@ for _, key in ipairs({scores_key, dead_key}) do
 end
 
 -- ---- writes ----
-local types = length_prefixed(type_names)
-local state_of, type_of = string.gmatch(entry_state, '%S+'), string.gmatch(entry_type, '%S+')
-local score_of, ts_of = string.gmatch(entry_score, '%S+'), string.gmatch(entry_ts, '%S+')
-for event_id in string.gmatch(entry_event_id, '%S+') do
-  local key = KEYS[FIRST_STATE - 1 + tonumber(state_of())]
+for b = SCORE, DEAD - 1, 5 do
   redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
-             'user_id', string.sub(key, user_from), 'score', score_of(),
-             'event_id', event_id, 'type', types[tonumber(type_of())], 'ts', ts_of(),
-             'model', model)
+             'user_id', ARGV[b], 'score', ARGV[b + 1], 'event_id', ARGV[b + 2],
+             'type', ARGV[b + 3], 'ts', ARGV[b + 4], 'model', model)
 end
 
-local dead = length_prefixed(dead_letters)
-local d = 1
-while d <= #dead do
-  local args, pairs = {}, tonumber(dead[d + 2])
-  for j = 1, 2 * pairs do args[j] = dead[d + 2 + j] end
-  args[#args + 1] = 'source_id'
-  args[#args + 1] = dead[d]
-  args[#args + 1] = 'error'
-  args[#args + 1] = dead[d + 1]
-  redis.call('XADD', dead_key, 'MAXLEN', '~', dead_maxlen, '*', unpack(args))
+local d = DEAD
+while d <= #ARGV do
+  local pairs = tonumber(ARGV[d])
+  local fields = {unpack(ARGV, d + 3, d + 2 + 2 * pairs)}
+  redis.call('XADD', dead_key, 'MAXLEN', '~', dead_maxlen, '*', 'source_id', ARGV[d + 1],
+             'error', ARGV[d + 2], unpack(fields))
   d = d + 3 + 2 * pairs
 end
 
-for i = 1, #ids, 1000 do
-  redis.call('XACK', events_key, group, unpack(ids, i, math.min(i + 999, #ids)))
+for i = ACK, STATE - 1, 1000 do
+  redis.call('XACK', events_key, group, unpack(ARGV, i, math.min(i + 999, STATE - 1)))
 end
-redis.call('SET', acked_key, ids[#ids])
+redis.call('SET', acked_key, last_id)
 local previous = redis.pcall('GET', last_commit_key)
 if type(previous) ~= 'string' then previous = '' end
 redis.call('SET', last_commit_key, token)
@@ -147,21 +117,15 @@ local function write_state(key, ...)
   end
   if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
 end
-local U = #KEYS - FIRST_STATE + 1
-local hsize = U > 0 and (#state_h / U) or 0
-local last_id_of = string.gmatch(state_last_id, '%S+')
-local user_score_of = string.gmatch(state_score, '%S+')
-local last_ts_of, n_of = string.gmatch(state_last_ts, '%S+'), string.gmatch(state_n, '%S+')
-local event_ids_of = string.gmatch(state_event_ids, '([^\\n]*)\\n')
 for i = 1, U do
-  local key, event_ids = KEYS[FIRST_STATE - 1 + i], event_ids_of()
-  local h = string.sub(state_h, (i - 1) * hsize + 1, i * hsize)
-  if event_ids == '' then
-    write_state(key, 'h', h, 'score', user_score_of(), 'last_id', last_id_of(),
-                'last_ts', last_ts_of(), 'model', model, 'n', n_of())
+  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + 6 * (i - 1)
+  if ARGV[b + 5] == '' then
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
+                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4])
   else
-    write_state(key, 'h', h, 'score', user_score_of(), 'last_id', last_id_of(),
-                'last_ts', last_ts_of(), 'model', model, 'n', n_of(), 'event_ids', event_ids)
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
+                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4],
+                'event_ids', ARGV[b + 5])
   end
 end
 return {'ok', new_seq, replaced, previous}
@@ -201,19 +165,38 @@ class CommitLimits:
     state_ttl_ms: int
 
 
-def formatted(values: np.ndarray) -> bytes:
-    """Floats as space-separated decimal strings, 9 significant digits (float32 round-trips)."""
-    return " ".join(map("{:.9g}".format, values.tolist())).encode()
+def decimals(values: np.ndarray) -> list[str]:
+    """Floats as decimal strings, 9 significant digits (float32 round-trips)."""
+    return list(map("{:.9g}".format, values.tolist()))
 
 
-def integers(values: Iterable[int]) -> bytes:
-    """Integers as space-separated decimal strings."""
-    return " ".join(map(str, values)).encode()
+def interleaved(*columns: list) -> list:
+    """Columns of equal length as one flat list, row by row (numpy does the copying)."""
+    out = np.empty(len(columns[0]) * len(columns), object)
+    for k, column in enumerate(columns):
+        out[k :: len(columns)] = column
+    return out.tolist()
 
 
-def length_prefixed(items: Iterable[bytes]) -> bytes:
-    """Length-prefixed strings, as the script reads them with '<I4c0'."""
-    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+def state_args(c: Commit) -> list:
+    """Per state row: h, score, last_id, last_ts, n, event_ids (space-separated)."""
+    if not c.users:
+        return []
+    blob = np.ascontiguousarray(c.h, "<f4").tobytes()
+    size = len(blob) // len(c.users)
+    h = [blob[i : i + size] for i in range(0, len(blob), size)]
+    event_ids = [b" ".join(ids) for ids in c.event_ids]
+    return interleaved(h, decimals(c.user_scores), c.last_ids, c.last_ts.tolist(),
+                       c.n.tolist(), event_ids)  # fmt: skip
+
+
+def score_args(c: Commit) -> list:
+    """Per score entry: user_id, score, event_id, type, ts."""
+    if not len(c.scores):
+        return []
+    users = [c.users[i] for i in c.score_user.tolist()]
+    return interleaved(users, decimals(c.scores), c.score_event_ids, c.score_types,
+                       c.score_ts.tolist())  # fmt: skip
 
 
 def cut(value: bytes, limit: int) -> bytes:
@@ -222,7 +205,7 @@ def cut(value: bytes, limit: int) -> bytes:
 
 
 def dead_letter_items(dead: DeadLetter, max_value_bytes: int) -> list[bytes]:
-    """One dead letter as the script reads it: source_id, error, pair count, pairs.
+    """One dead letter as the script reads it: pair count, source_id, error, pairs.
 
     Names and values are cut to max_value_bytes; a cut value's original length is kept
     beside it in a field `<name>:bytes`, and pairs beyond MAX_DEAD_FIELDS are dropped
@@ -238,8 +221,8 @@ def dead_letter_items(dead: DeadLetter, max_value_bytes: int) -> list[bytes]:
         flat += [short, cut(value, max_value_bytes)]
         if len(value) > max_value_bytes:
             flat += [short + b":bytes", str(len(value)).encode()]
-    head = [dead.source_id, cut(error.encode(), max_value_bytes)]
-    return [*head, str(len(flat) // 2).encode(), *flat]
+    head = [str(len(flat) // 2).encode(), dead.source_id, cut(error.encode(), max_value_bytes)]
+    return [*head, *flat]
 
 
 def token_of(holder: str, commit: Commit) -> bytes:
@@ -270,36 +253,20 @@ class CommitScript:
         return self.script.sha
 
     def pack(self, c: Commit) -> tuple[list[str], list]:
-        """KEYS and ARGV of the script for a Commit."""
+        """KEYS and ARGV of the script for a Commit: plain values, one argument each."""
         p, keys, lim = c.partition, self.keys, self.limits
-        type_names = list(dict.fromkeys(c.score_types))
-        type_pos = {t: i + 1 for i, t in enumerate(type_names)}
-        dead = [x for d in c.dead for x in dead_letter_items(d, lim.deadletter_max_value_bytes)]
         key_list = [
             keys.events(p), keys.scores(p), keys.deadletter(p), keys.lease(p),
             keys.commit_seq(p), keys.acked(p), keys.last_commit(p),
             *(keys.state(p, u) for u in c.users),
         ]  # fmt: skip
-        args = [
-            self.group, self.consumer, self.holder, self.token(c),
-            c.seq, c.model, lim.scores_maxlen, lim.deadletter_maxlen, lim.state_ttl_ms,
-            len(keys.state_prefix(p).encode()),
-            b" ".join(c.ack_ids),
-            np.ascontiguousarray(c.h, "<f4").tobytes(),
-            b" ".join(c.last_ids),
-            formatted(c.user_scores),
-            integers(c.last_ts.tolist()),
-            integers(c.n.tolist()),
-            b"".join(b" ".join(ids) + b"\n" for ids in c.event_ids),
-            integers((c.score_user + 1).tolist()),
-            length_prefixed(t.encode() for t in type_names),
-            integers(type_pos[t] for t in c.score_types),
-            formatted(c.scores),
-            integers(c.score_ts.tolist()),
-            b" ".join(c.score_event_ids),
-            length_prefixed(dead),
+        head = [
+            self.group, self.consumer, self.holder, self.token(c), c.seq, c.model,
+            lim.scores_maxlen, lim.deadletter_maxlen, lim.state_ttl_ms,
+            len(c.ack_ids), len(c.scores),
         ]  # fmt: skip
-        return key_list, args
+        dead = [x for d in c.dead for x in dead_letter_items(d, lim.deadletter_max_value_bytes)]
+        return key_list, [*head, *c.ack_ids, *state_args(c), *score_args(c), *dead]
 
     def run(self, commit: Commit) -> CommitResult:
         """Apply a Commit; CommitRefusedError when it applied nothing."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -154,13 +153,26 @@ def event_from_fields(fields: dict[bytes, bytes], entry_ms: int) -> Event:
     return event
 
 
-class ParsedEntry(NamedTuple):
-    """What the worker keeps of a valid entry."""
+# What the worker keeps of a valid entry: user_id, type, ts (epoch ms), the producer's
+# event_id (None when absent). A plain tuple: one is made per event.
+ParsedEntry = tuple[str, str, int, "bytes | None"]
 
-    user_id: str
-    type: str
-    ts: int
-    event_id: bytes | None
+
+def _fast(uid: bytes, typ: bytes, ts: bytes | None, eid: bytes | None, entry_ms: int):
+    """The entry when it is obviously valid, else None (the schema then decides)."""
+    if not (0 < len(uid) <= MAX_USER_ID_BYTES and 0 < len(typ) <= MAX_TYPE_BYTES):
+        return None
+    if eid is not None and not _EVENT_ID.fullmatch(eid):
+        return None
+    try:
+        user_id, type_ = uid.decode("utf-8"), typ.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if ts is None:
+        return user_id, type_, entry_ms, eid
+    if 0 < len(ts) <= 15 and ts.isdigit() and int(ts) <= MAX_TS_MS:
+        return user_id, type_, int(ts), eid
+    return None
 
 
 def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> ParsedEntry:
@@ -170,29 +182,14 @@ def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> ParsedEntry:
     pydantic (~4 µs each); anything else goes through `event_from_fields`, the one
     definition of validity. Tests check both paths agree on arbitrary input.
     """
-    uid = fields.get(b"user_id")
-    typ = fields.get(b"type")
-    eid = fields.get(b"event_id")
-    if (
-        uid is not None
-        and typ is not None
-        and 0 < len(uid) <= MAX_USER_ID_BYTES
-        and 0 < len(typ) <= MAX_TYPE_BYTES
-        and (eid is None or _EVENT_ID.fullmatch(eid))
-    ):
-        try:
-            user_id, type_ = uid.decode("utf-8"), typ.decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-        else:
-            ts = fields.get(b"ts")
-            if ts is None:
-                return ParsedEntry(user_id, type_, entry_ms, eid)
-            if 0 < len(ts) <= 15 and ts.isdigit() and int(ts) <= MAX_TS_MS:
-                return ParsedEntry(user_id, type_, int(ts), eid)
+    uid, typ = fields.get(b"user_id"), fields.get(b"type")
+    if uid is not None and typ is not None:
+        fast = _fast(uid, typ, fields.get(b"ts"), fields.get(b"event_id"), entry_ms)
+        if fast is not None:
+            return fast
     event = event_from_fields(fields, entry_ms)
-    eid_out = event.event_id.encode("utf-8") if event.event_id is not None else None
-    return ParsedEntry(event.user_id, event.type, event.ts, eid_out)
+    eid = event.event_id.encode("utf-8") if event.event_id is not None else None
+    return event.user_id, event.type, event.ts, eid
 
 
 def parse_flat_entry(flat: list[bytes], entry_ms: int) -> ParsedEntry:
@@ -203,16 +200,15 @@ def parse_flat_entry(flat: list[bytes], entry_ms: int) -> ParsedEntry:
     HGETALL).
     """
     n = len(flat)
-    if 4 <= n <= 8 and flat[0] == b"user_id" and flat[2] == b"type":
+    if n >= 4 and flat[0] == b"user_id" and flat[2] == b"type":
+        fast = None
         if n == 4:
-            return parse_entry({b"user_id": flat[1], b"type": flat[3]}, entry_ms)
-        if flat[4] == b"ts":
+            fast = _fast(flat[1], flat[3], None, None, entry_ms)
+        elif flat[4] == b"ts":
             if n == 6:
-                return parse_entry(
-                    {b"user_id": flat[1], b"type": flat[3], b"ts": flat[5]}, entry_ms
-                )
-            if flat[6] == b"event_id":
-                fields = {b"user_id": flat[1], b"type": flat[3], b"ts": flat[5]}
-                fields[b"event_id"] = flat[7]
-                return parse_entry(fields, entry_ms)
+                fast = _fast(flat[1], flat[3], flat[5], None, entry_ms)
+            elif n == 8 and flat[6] == b"event_id":
+                fast = _fast(flat[1], flat[3], flat[5], flat[7], entry_ms)
+        if fast is not None:
+            return fast
     return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms)
