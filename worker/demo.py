@@ -147,11 +147,10 @@ def run_demo(
             f"publishing ~{rate:g} synthetic events/s for {users} users; Ctrl-C stops\n", file=out
         )
         watch = ScoreWatch(redis_url, Keys(prefix).scores(0))
-        scored = metrics.events.labels("scored")
         last_count, last_buckets = 0.0, metrics.latency.bucket_counts()
         deadline = None if seconds is None else time.monotonic() + seconds
         while not stop.wait(1.0):
-            count, buckets = scored._value.get(), metrics.latency.bucket_counts()
+            count, buckets = metrics.count("scored"), metrics.latency.bucket_counts()
             window = buckets - last_buckets
             p50, p99 = latency_quantile(window, 0.5), latency_quantile(window, 0.99)
             watch.update()

@@ -60,6 +60,18 @@ class Settings(BaseSettings):
     retention_seconds: int = Field(
         7 * 24 * 3600, ge=0, description="keep this much event history (MINID); 0 = no trim"
     )
+    retention_max_entries: int = Field(
+        1_000_000,
+        ge=0,
+        description="keep at most about this many entries of history per partition stream "
+        "(never trims unacknowledged ones); 0 = no cap",
+    )
+    deadletter_maxlen: int = Field(
+        10_000, ge=1, description="approximate length the dead-letter streams are trimmed to"
+    )
+    deadletter_max_value_bytes: int = Field(
+        512, ge=16, description="cut each stored dead-letter field to this many bytes"
+    )
     metrics_host: str = Field("127.0.0.1", description="address the metrics server binds")
     metrics_port: int = Field(9108, ge=0, le=65535, description="metrics port; 0 = off")
     log_format: Literal["json", "text", "auto"] = Field(
