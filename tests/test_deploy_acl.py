@@ -116,6 +116,11 @@ def refused(call) -> bool:
     return False
 
 
+def in_script(client: redis.Redis, body: str, key: str):
+    """Run a script the way the worker does (SCRIPT LOAD, then EVALSHA) on one key."""
+    return client.evalsha(client.script_load(body), 1, key)
+
+
 def scored_by(admin: redis.Redis, version: str) -> int:
     return sum(
         f.get(b"model") == version.encode() for _, f in admin.xrange("intentstream:scores:{0}")
@@ -182,13 +187,14 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
     denied = {
         # the worker cannot write events or the registry, nor announce models
         "worker XADD events": lambda: worker_c.xadd(STREAM, {"user_id": "x", "type": "view"}),
-        "worker XADD events in a script": lambda: worker_c.eval(
-            "return redis.call('XADD', KEYS[1], '*', 'user_id', 'x')", 1, STREAM
+        "worker XADD events in a script": lambda: in_script(
+            worker_c, "return redis.call('XADD', KEYS[1], '*', 'user_id', 'x')", STREAM
         ),
+        "worker EVAL": lambda: worker_c.eval("return 1", 0),
         "worker DEL events": lambda: worker_c.delete(STREAM),
         "worker SET registry": lambda: worker_c.set("intentstream:model:current", "1"),
-        "worker registry in a script": lambda: worker_c.eval(
-            "return redis.call('SET', KEYS[1], '9')", 1, "intentstream:model:current"
+        "worker registry in a script": lambda: in_script(
+            worker_c, "return redis.call('SET', KEYS[1], '9')", "intentstream:model:current"
         ),
         "worker PUBLISH": lambda: worker_c.publish("intentstream:model:updates", "9"),
         "worker FLUSHALL": lambda: worker_c.flushall(),
