@@ -26,6 +26,7 @@ import redis
 from model.scoring import ScoringModel
 from worker.batch import Batch
 from worker.commit import CommitLimits, CommitRefusedError, CommitResult, CommitScript, settle
+from worker.connection import is_cluster
 from worker.keys import Keys
 from worker.maintenance import Maintenance
 from worker.metrics import Health, WorkerMetrics
@@ -69,7 +70,9 @@ class Consumer:
         # started with the same --consumer never both hold a partition.
         self.holder = f"{s.consumer}:{secrets.token_hex(6)}"
         self.ownership = Ownership(client, self.keys, self.holder, s.partitions, s.lease_ms)
-        self.reader = StreamReader(client, self.keys, s.group, s.consumer)
+        self.reader = StreamReader(client, self.keys, s.group, s.consumer, s.partitions)
+        self.cluster = is_cluster(client)
+        self._idle = 0.0  # how long the last empty round waited (cluster mode)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
         self.states = StateReader(client, self.keys, self.cache, self._shape_of)
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
@@ -119,6 +122,9 @@ class Consumer:
                     self._recreate_groups()
                 else:
                     self._redis_trouble(f"unexpected redis reply: {exc}")
+            except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+                # a cluster failing over or resharding, a refused login, ...: retried
+                self._redis_trouble(f"redis error: {type(exc).__name__}: {exc}")
         self._shutdown()
 
     def _redis_trouble(self, message: str) -> None:
@@ -172,12 +178,19 @@ class Consumer:
             self._guarded(p, self._claim_idle, p, now)
         parts = self._readable()
         batches = self._take_prefetched(parts) or self._read(parts)
+        if self.cluster:
+            self._wait_when_idle(batches)
         for k, batch in enumerate(batches):
             # The last batch's commit travels with a read of the next round, which is parsed
             # while Redis runs the commit (new entries only: pending ones are read in order).
             last = k == len(batches) - 1
             still = self._readable()
-            prefetch = last and bool(still) and not any(self.cursors[p].draining for p in still)
+            prefetch = (
+                last
+                and not self.cluster  # there the next read goes to other nodes
+                and bool(still)
+                and not any(self.cursors[p].draining for p in still)
+            )
             self._guarded(batch.partition, self.process, batch, still if prefetch else None)
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
             self.maintenance.run(self._readable())
@@ -228,6 +241,16 @@ class Consumer:
             return []
         self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
         return batches
+
+    def _wait_when_idle(self, batches: list[Batch]) -> None:
+        """Cluster reads do not block: after an empty round wait a little, 1 ms doubling to
+        at most 50 ms (or block-ms), so an idle worker polls gently and a busy one never
+        waits."""
+        if batches or any(c.draining for c in self.cursors.values()):
+            self._idle = 0.0
+            return
+        self._idle = min(max(0.001, self._idle * 2), min(0.05, self.s.block_ms / 1000))
+        self._stop.wait(self._idle)
 
     def _take_prefetched(self, parts: list[int]) -> list[Batch]:
         """The batches read with the last commit, for partitions still readable."""

@@ -83,8 +83,9 @@ class WorkerMetrics:
         self.events = Counter(
             "intentstream_events",
             "Stream entries handled, by outcome: scored, deadletter, duplicate (already "
-            "applied, or a producer's retry of an applied event_id: acknowledged only), lost "
-            "(deleted before it was read).",
+            "applied, or a producer's retry of an applied event_id: acknowledged only), "
+            "misrouted (a user of another partition: dead-lettered), lost (deleted before it "
+            "was read).",
             ["outcome"],
             registry=r,
         )
@@ -181,7 +182,7 @@ class WorkerMetrics:
             "Partitions whose lease this worker holds.",
             registry=r,
         )
-        for outcome in ("scored", "deadletter", "duplicate", "lost"):
+        for outcome in ("scored", "deadletter", "duplicate", "misrouted", "lost"):
             self.events.labels(outcome)
         for result in ("loaded", "rejected"):
             self.model_reloads.labels(result)

@@ -20,7 +20,7 @@ from worker.batch import Batch, DeadLetter
 # a producer's retry comes right after its first attempt, so a handful is plenty.
 RECENT_EVENT_IDS = 8
 
-OUTCOMES = ("scored", "duplicate", "deadletter", "lost")
+OUTCOMES = ("scored", "duplicate", "deadletter", "misrouted", "lost")
 
 
 @dataclass
@@ -151,7 +151,8 @@ def build_commit(batch: Batch, states: UserStates, model: ScoringModel) -> Commi
     outcomes = {
         "scored": len(idx),
         "duplicate": len(batch.users) - len(idx),
-        "deadletter": len(batch.dead),
+        "deadletter": len(batch.dead) - batch.misrouted,
+        "misrouted": batch.misrouted,
         "lost": batch.lost,
     }
     return Commit(
