@@ -48,8 +48,8 @@ local scores_maxlen, dead_maxlen, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
 local n_ack, n_scores = tonumber(ARGV[10]), tonumber(ARGV[11])
 -- Then, each a run of plain arguments (nothing to parse here):
 local ACK = 12                    -- the batch's entry ids, stream order
-local STATE = ACK + n_ack         -- per state key: h, score, last_id, last_ts, n, event_ids
-local SCORE = STATE + 6 * U       -- per score entry: user_id, score, event_id, type, ts
+local STATE = ACK + n_ack  -- per state key: h, score, last_id, last_ts, n, recent, event_ids
+local SCORE = STATE + 7 * U       -- per score entry: user_id, score, event_id, type, ts
 local DEAD = SCORE + 5 * n_scores -- per dead letter: pair count, source_id, error, pairs...
 local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
 
@@ -118,14 +118,14 @@ local function write_state(key, ...)
   if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
 end
 for i = 1, U do
-  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + 6 * (i - 1)
-  if ARGV[b + 5] == '' then
+  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + 7 * (i - 1)
+  if ARGV[b + 6] == '' then
     write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
-                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4])
+                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4], 'recent', ARGV[b + 5])
   else
     write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
-                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4],
-                'event_ids', ARGV[b + 5])
+                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4], 'recent', ARGV[b + 5],
+                'event_ids', ARGV[b + 6])
   end
 end
 return {'ok', new_seq, replaced, previous}
@@ -179,7 +179,7 @@ def interleaved(*columns: list) -> list:
 
 
 def state_args(c: Commit) -> list:
-    """Per state row: h, score, last_id, last_ts, n, event_ids (space-separated)."""
+    """Per state row: h, score, last_id, last_ts, n, recent, event_ids (space-separated)."""
     if not c.users:
         return []
     blob = np.ascontiguousarray(c.h, "<f4").tobytes()
@@ -187,7 +187,7 @@ def state_args(c: Commit) -> list:
     h = [blob[i : i + size] for i in range(0, len(blob), size)]
     event_ids = [b" ".join(ids) for ids in c.event_ids]
     return interleaved(h, decimals(c.user_scores), c.last_ids, c.last_ts.tolist(),
-                       c.n.tolist(), event_ids)  # fmt: skip
+                       c.n.tolist(), [packed for _, packed in c.recent], event_ids)  # fmt: skip
 
 
 def score_args(c: Commit) -> list:

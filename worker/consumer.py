@@ -74,7 +74,7 @@ class Consumer:
         self.cluster = is_cluster(client)
         self._idle = 0.0  # how long the last empty round waited (cluster mode)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
-        self.states = StateReader(client, self.keys, self.cache, self._shape_of)
+        self.states = StateReader(client, self.keys, self.cache, self._space_of)
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
@@ -87,7 +87,7 @@ class Consumer:
         self._scripts_loaded = False
         self._last_maintenance = 0.0
         self._backoff = 0.0
-        self._shapes: dict[str, tuple[int, int] | None] = {}  # state shape by model version
+        self._spaces: dict[str, str] = {}  # state space by model version
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -354,9 +354,9 @@ class Consumer:
     def _process_once(self, batch: Batch, prefetch_for: list[int] | None) -> None:
         t1 = time.perf_counter()
         p, model = batch.partition, self.model
-        states = self.states.read(p, distinct_users(batch), model.state_shape)
+        states = self.states.read(p, distinct_users(batch), model.state_shape, state_space(model))
         t2 = time.perf_counter()
-        commit = build_commit(batch, states, model)
+        commit = build_commit(batch, states, model, self.s.history_events)
         t3 = time.perf_counter()
         result = self._send(commit, prefetch_for)
         t4 = time.perf_counter()
@@ -458,12 +458,13 @@ class Consumer:
                 self._swap_model(newer)
 
     def _swap_model(self, newer: ScoringModel) -> None:
-        """Swap models between batches. States carry over when the state shape is the same;
-        else each user's state restarts from zero at their next event (counted)."""
+        """Swap models between batches. States carry over only when the new model continues
+        the old one's state space; else each user's state is rebuilt at their next event
+        from their recent events (or restarts from zero without them), counted."""
         newer.warm_up()
         old = self.model
-        self._shapes[old.version] = old.state_shape
-        if newer.state_shape != old.state_shape:
+        self._spaces[old.version] = state_space(old)
+        if state_space(newer) != state_space(old):
             self.cache.drop()
         self.model = newer
         self.metrics.model_reloads.labels("loaded").inc()
@@ -474,15 +475,22 @@ class Consumer:
         version = self.model.version
         self.metrics.model_version.set(int(version) if version.isdigit() else 0)
 
-    def _shape_of(self, version: str) -> tuple[int, int] | None:
-        """State shape of the model version that wrote a state: known from models this
-        process ran, else from the registry's meta (looked up once); None if unknown."""
+    def _space_of(self, version: str) -> str:
+        """The state space of the model version that wrote a state: known from models this
+        process ran, else from the registry's meta (looked up once); else the version."""
         if version == self.model.version:
-            return self.model.state_shape
-        if version not in self._shapes:
+            return state_space(self.model)
+        if version not in self._spaces:
             try:
                 meta = Registry(self.r, self.s.prefix).meta(version)
-                self._shapes[version] = (int(meta["layers"]), int(meta["hidden"]))
-            except (RegistryError, KeyError, TypeError, ValueError):
-                self._shapes[version] = None
-        return self._shapes[version]
+                self._spaces[version] = str(meta.get("state_space") or version)
+            except (RegistryError, redis.ResponseError):
+                self._spaces[version] = version
+        return self._spaces[version]
+
+
+def state_space(model: ScoringModel) -> str:
+    """Which hidden states a model reads: its meta's `state_space` (a model trained from
+    another's weights continues its space), else its own version."""
+    declared = (model.model.meta.model_extra or {}).get("state_space")
+    return str(declared) if declared else model.version

@@ -148,9 +148,11 @@ class WorkerMetrics:
         )
         self.state_resets = Counter(
             "intentstream_state_resets",
-            "User states read from Redis and restarted from zero, by reason: invalid "
-            "(non-finite values or a bad last_id), shape (another size, or written by a model "
-            "of another shape), wrong_type (the key holds another type: replaced).",
+            "User states read from Redis that could not be used, by reason: replayed "
+            "(rebuilt from the user's recent events), model (another model's state and no "
+            "recent events: restarted from zero), invalid (wrong size, non-finite values or "
+            "a bad field: restarted from zero), wrong_type (the key holds another type: "
+            "replaced, restarted from zero).",
             ["reason"],
             registry=r,
         )
@@ -186,7 +188,7 @@ class WorkerMetrics:
             self.events.labels(outcome)
         for result in ("loaded", "rejected"):
             self.model_reloads.labels(result)
-        for reason in ("invalid", "shape", "wrong_type"):
+        for reason in ("replayed", "model", "invalid", "wrong_type"):
             self.state_resets.labels(reason)
         for reason in ("conflict", "not_pending", "not_owned", "behind", "noscript", "bad_key"):
             self.commit_retries.labels(reason)

@@ -15,6 +15,7 @@ import numpy as np
 
 from model.scoring import ScoringModel
 from worker.batch import Batch, DeadLetter
+from worker.recent import Recent, extended, pack
 
 # A user's last applied producer event ids kept in the state (SPEC §3 "the last few"):
 # a producer's retry comes right after its first attempt, so a handful is plenty.
@@ -34,6 +35,8 @@ class UserStates:
     n: np.ndarray  # (U,) int64 events applied
     event_ids: list[list[bytes]]  # last applied producer event ids, oldest first
     seq: bytes  # the partition's commit sequence the states were read at
+    recent: list[Recent] = field(default_factory=list)  # the users' recent session events
+    replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
     resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
 
     @classmethod
@@ -48,6 +51,7 @@ class UserStates:
             n=np.zeros(n, np.int64),
             event_ids=[[] for _ in range(n)],
             seq=seq,
+            recent=[Recent() for _ in range(n)],
         )
 
 
@@ -68,6 +72,7 @@ class Commit:
     last_ts: np.ndarray  # (K,) int64
     n: np.ndarray  # (K,) int64
     event_ids: list[list[bytes]]  # the user's last applied producer event ids
+    recent: list[tuple[Recent, bytes]]  # the user's recent session events, and packed
     # one row per score entry, in stream order
     score_user: np.ndarray  # (S,) int64 index into the state rows above
     score_types: list[str]
@@ -122,11 +127,59 @@ def _drop_producer_retries(
     return recent
 
 
-def build_commit(batch: Batch, states: UserStates, model: ScoringModel) -> Commit:
+def _replayed_first(
+    states: UserStates, slot: np.ndarray, types: list[str], ts: np.ndarray
+) -> tuple[np.ndarray, list[str], np.ndarray, int]:
+    """The events to advance: the `recent` events of the rows to rebuild (their state
+    restarted from zero at the time before them), then the batch's. Returns slot, types,
+    times and how many replayed events lead."""
+    rows = [r for r in states.replay if len(states.recent[r])]
+    if not rows:
+        return slot, types, ts, 0
+    r_slot, r_types, r_ts = [], [], []
+    for r in rows:
+        recent = states.recent[r]
+        states.h[r] = 0.0
+        states.last_ts[r] = recent.prev_ts
+        r_slot += [r] * len(recent)
+        r_types += recent.types
+        r_ts += recent.ts
+    n = len(r_slot)
+    return (
+        np.concatenate([np.asarray(r_slot, np.int64), slot]),
+        [*r_types, *types],
+        np.concatenate([np.asarray(r_ts, np.int64), ts]),
+        n,
+    )
+
+
+def _recent_after(
+    states: UserStates, rows: list[int], k_slot: np.ndarray, types: list[str],
+    ts: np.ndarray, keep: int, session_gap_ms: float,
+) -> list[tuple[Recent, bytes]]:  # fmt: skip
+    """The `recent` of each written row, and its field: its history plus this batch's."""
+    if keep == 0:
+        return [(Recent(), b"")] * len(rows)
+    new: dict[int, tuple[list[int], list[str]]] = {r: ([], []) for r in rows}
+    for s, t, name in zip(k_slot.tolist(), ts.tolist(), types, strict=True):
+        new[s][0].append(t)
+        new[s][1].append(name)
+    out = []
+    for r in rows:
+        recent = extended(states.recent[r], new[r][0], new[r][1], keep, session_gap_ms)
+        out.append((recent, pack(recent)))
+    return out
+
+
+def build_commit(
+    batch: Batch, states: UserStates, model: ScoringModel, history_events: int = 0
+) -> Commit:
     """Decide every entry's outcome, advance the states, and return what to commit.
 
     `states` must hold the batch's distinct users (see `distinct_users`); their h and
-    last_ts are advanced in place.
+    last_ts are advanced in place. Rows in `states.replay` are rebuilt first from their
+    recent events (no score entries for those steps). Each written state keeps its last
+    `history_events` events of the current session (0 = none).
     """
     slot = user_slots(batch, states.users)
     keep = _applied_before(batch, states, slot)
@@ -134,9 +187,11 @@ def build_commit(batch: Batch, states: UserStates, model: ScoringModel) -> Commi
     idx = np.flatnonzero(keep)
     k_slot = slot[idx]
     types = [batch.types[i] for i in idx]
-    type_idx = model.type_indices(types)
     ts = np.fromiter((batch.ts[i] for i in idx), np.int64, len(idx))
-    scores = model.advance(states.h, states.last_ts, k_slot, type_idx, ts)
+    a_slot, a_types, a_ts, replayed = _replayed_first(states, k_slot, types, ts)
+    type_idx = model.type_indices(a_types)
+    scores = model.advance(states.h, states.last_ts, a_slot, type_idx, a_ts)[replayed:]
+    type_idx = type_idx[replayed:]
 
     # The users written are those with at least one scored event; each state row takes the
     # values of the user's last scored event.
@@ -168,6 +223,15 @@ def build_commit(batch: Batch, states: UserStates, model: ScoringModel) -> Commi
         last_ts=states.last_ts[touched],
         n=states.n[touched] + applied,
         event_ids=[recent.get(s, states.event_ids[s]) for s in touched_list],
+        recent=_recent_after(
+            states,
+            touched_list,
+            k_slot,
+            types,
+            ts,
+            history_events,
+            model.model.meta.session_gap_seconds * 1000.0,
+        ),
         score_user=row_of_slot[k_slot],
         score_types=types,
         scores=scores,
