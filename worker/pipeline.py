@@ -127,30 +127,28 @@ def _drop_producer_retries(
     return recent
 
 
-def _replayed_first(
-    states: UserStates, slot: np.ndarray, types: list[str], ts: np.ndarray
-) -> tuple[np.ndarray, list[str], np.ndarray, int]:
-    """The events to advance: the `recent` events of the rows to rebuild (their state
-    restarted from zero at the time before them), then the batch's. Returns slot, types,
-    times and how many replayed events lead."""
-    rows = [r for r in states.replay if len(states.recent[r])]
-    if not rows:
-        return slot, types, ts, 0
-    r_slot, r_types, r_ts = [], [], []
-    for r in rows:
-        recent = states.recent[r]
-        states.h[r] = 0.0
-        states.last_ts[r] = recent.prev_ts
-        r_slot += [r] * len(recent)
-        r_types += recent.types
-        r_ts += recent.ts
-    n = len(r_slot)
-    return (
-        np.concatenate([np.asarray(r_slot, np.int64), slot]),
-        [*r_types, *types],
-        np.concatenate([np.asarray(r_ts, np.int64), ts]),
-        n,
-    )
+def _advance(
+    model: ScoringModel, h: np.ndarray, last_ts: np.ndarray, recent: list[Recent],
+    replay: list[int], slot: np.ndarray, type_idx: np.ndarray, ts: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Advance the states h (and last_ts) over the events in one kernel call; return their
+    scores. Rows in `replay` first restart from zero at the time before their recent events
+    and replay them (their scores are not returned)."""
+    rows = [r for r in replay if len(recent[r])]
+    r_slot: list[int] = []
+    if rows:
+        r_types: list[str] = []
+        r_ts: list[int] = []
+        for r in rows:
+            h[r] = 0.0
+            last_ts[r] = recent[r].prev_ts
+            r_slot += [r] * len(recent[r])
+            r_types += recent[r].types
+            r_ts += recent[r].ts
+        slot = np.concatenate([np.asarray(r_slot, np.int64), slot])
+        type_idx = np.concatenate([model.type_indices(r_types), type_idx])
+        ts = np.concatenate([np.asarray(r_ts, np.int64), ts])
+    return model.advance(h, last_ts, slot, type_idx, ts)[len(r_slot) :]
 
 
 def _recent_after(
@@ -188,10 +186,9 @@ def build_commit(
     k_slot = slot[idx]
     types = [batch.types[i] for i in idx]
     ts = np.fromiter((batch.ts[i] for i in idx), np.int64, len(idx))
-    a_slot, a_types, a_ts, replayed = _replayed_first(states, k_slot, types, ts)
-    type_idx = model.type_indices(a_types)
-    scores = model.advance(states.h, states.last_ts, a_slot, type_idx, a_ts)[replayed:]
-    type_idx = type_idx[replayed:]
+    type_idx = model.type_indices(types)
+    scores = _advance(model, states.h, states.last_ts, states.recent, states.replay,
+                      k_slot, type_idx, ts)  # fmt: skip
 
     # The users written are those with at least one scored event; each state row takes the
     # values of the user's last scored event.
