@@ -158,3 +158,54 @@ def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
     assert len(c.scores) == 1 and abs(float(c.scores[0]) - want[-1]) < 1e-6
     assert unpack(c.recent[0][1]) == Recent(500, [1000, 2000, 3000],
                                             ["view", "search", "add_to_cart"])  # fmt: skip
+
+
+def test_a_shadow_model_scores_like_alone_and_its_promotion_keeps_its_states(redis_server):
+    r = connect(redis_server.url)
+    reg = Registry(r)
+    v1 = random_model(SMALL, hidden=16, features=["gap"], seed=1)
+    v2 = random_model(LARGE, hidden=32, layers=2, features=["gap"], seed=2)
+    reg.publish_model(v1, promote=True)
+    reg.publish_model(v2)
+    consumer = consumer_of(redis_server.url)
+    events = [e for u in ("a", "b", "c") for e in session(u, ["view", "search", "add_to_cart"])]
+    events.sort(key=lambda e: e["ts"])
+    publish(r, events[:3])  # before the shadow starts: its states are replayed from history
+    run_until(consumer, lambda: len(score_entries(r)) == 3, "v1's first scores")
+    reg.set_shadow("2")
+    run_until(consumer, lambda: consumer.shadow is not None, "the shadow to start")
+    publish(r, events[3:])
+    run_until(consumer, lambda: len(score_entries(r)) == len(events), "all scores")
+    rows = score_entries(r)
+    np.testing.assert_allclose([float(x["score"]) for x in rows], offline(v1, events), atol=1e-6)
+    shadowed = rows[3:]
+    assert {x["shadow_model"] for x in shadowed} == {"2"}
+    np.testing.assert_allclose([float(x["shadow_score"]) for x in shadowed],
+                               offline(v2, events)[3:], atol=1e-6)  # fmt: skip
+
+    reg.promote("2")  # the challenger wins: its states are current at once
+    run_until(consumer, lambda: consumer.model.version == "2", "the promotion")
+    assert reg.shadow() is None and consumer.shadow is None
+    more = [{"user_id": u, "type": "view", "ts": events[-1]["ts"] + 1000} for u in "abc"]
+    publish(r, more)
+    run_until(consumer, lambda: len(score_entries(r)) == len(events) + 3, "v2's scores")
+    np.testing.assert_allclose([float(x["score"]) for x in score_entries(r)[-3:]],
+                               offline(v2, events + more)[-3:], atol=1e-6)  # fmt: skip
+    assert consumer.metrics.value("intentstream_state_resets_total", reason="replayed") == 0
+
+
+def test_model_shadow_command(redis_server, tmp_path):
+    from model.artifact import save_model
+    from tests.conftest import run_cli
+
+    save_model(random_model(SMALL, hidden=4, seed=1), tmp_path / "m.npz")
+    url = ["--redis-url", redis_server.url]
+    assert run_cli("model", "publish", str(tmp_path / "m.npz"), "--promote", *url).returncode == 0
+    assert run_cli("model", "publish", str(tmp_path / "m.npz"), *url).returncode == 0
+    on = run_cli("model", "shadow", "2", *url)
+    assert on.returncode == 0 and "version 2 is the shadow" in on.stdout
+    assert "shadow: 2" in run_cli("model", "shadow", *url).stdout
+    assert run_cli("model", "shadow", "--off", *url).returncode == 0
+    assert Registry(connect(redis_server.url)).shadow() is None
+    missing = run_cli("model", "shadow", "9", *url)
+    assert missing.returncode == 2 and "no model version '9'" in missing.stderr

@@ -63,6 +63,7 @@ class Consumer:
         self.keys = Keys(s.prefix)
         self.source = model_source
         self.model: ScoringModel = model_source.current
+        self.shadow: ScoringModel | None = model_source.shadow
         self.metrics = metrics or WorkerMetrics()
         self.health = health or Health()
         self._stop = stop_event or threading.Event()
@@ -98,6 +99,8 @@ class Consumer:
     def run(self, max_seconds: float | None = None) -> None:
         """Consume until stopped (or for max_seconds), surviving Redis outages."""
         self.model.warm_up()
+        if self.shadow is not None:
+            self.shadow.warm_up()
         self.health.model_ok = True
         self._set_model_metrics()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
@@ -354,9 +357,13 @@ class Consumer:
     def _process_once(self, batch: Batch, prefetch_for: list[int] | None) -> None:
         t1 = time.perf_counter()
         p, model = batch.partition, self.model
-        states = self.states.read(p, distinct_users(batch), model.state_shape, state_space(model))
+        shadow = self.shadow
+        states = self.states.read(
+            p, distinct_users(batch), model.state_shape, state_space(model),
+            (shadow.state_shape, state_space(shadow)) if shadow is not None else None,
+        )  # fmt: skip
         t2 = time.perf_counter()
-        commit = build_commit(batch, states, model, self.s.history_events)
+        commit = build_commit(batch, states, model, self.s.history_events, shadow)
         t3 = time.perf_counter()
         result = self._send(commit, prefetch_for)
         t4 = time.perf_counter()
@@ -456,6 +463,8 @@ class Consumer:
         else:
             if newer is not None:
                 self._swap_model(newer)
+        if self.source.shadow is not self.shadow:
+            self._swap_shadow(self.source.shadow)
 
     def _swap_model(self, newer: ScoringModel) -> None:
         """Swap models between batches. States carry over only when the new model continues
@@ -471,9 +480,21 @@ class Consumer:
         self._set_model_metrics()
         log.info("model swapped", extra={"old": old.version, "new": newer.version})
 
+    def _swap_shadow(self, shadow: ScoringModel | None) -> None:
+        """Start, change or stop the shadow model between batches."""
+        if shadow is not None:
+            shadow.warm_up()
+        old, self.shadow = self.shadow, shadow
+        self.cache.drop()  # the cache holds no shadow states
+        self._set_model_metrics()
+        versions = {"old": old and old.version, "new": shadow and shadow.version}
+        log.info("shadow model changed", extra=versions)
+
     def _set_model_metrics(self) -> None:
         version = self.model.version
         self.metrics.model_version.set(int(version) if version.isdigit() else 0)
+        shadow = self.shadow.version if self.shadow is not None else "0"
+        self.metrics.shadow_version.set(int(shadow) if shadow.isdigit() else 0)
 
     def _space_of(self, version: str) -> str:
         """The state space of the model version that wrote a state: known from models this

@@ -125,6 +125,11 @@ class WorkerMetrics:
             "Version of the model in use (its registry number; 0 for an unregistered file).",
             registry=r,
         )
+        self.shadow_version = Gauge(
+            "intentstream_shadow_model_version",
+            "Version of the shadow model scoring beside the current one (0 = none).",
+            registry=r,
+        )
         self.model_reloads = Counter(
             "intentstream_model_reloads",
             "Model swaps, by result: loaded, rejected.",

@@ -25,6 +25,15 @@ OUTCOMES = ("scored", "duplicate", "deadletter", "misrouted", "lost")
 
 
 @dataclass
+class ShadowStates:
+    """The shadow model's own states of the batch's users (SPEC §5: champion/challenger)."""
+
+    h: np.ndarray  # (U, L', H') float32
+    last_ts: np.ndarray  # (U,) int64, a copy: the main model's advance moves its own
+    replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
+
+
+@dataclass
 class UserStates:
     """The states of a batch's distinct users, as read (or cached) before the batch."""
 
@@ -38,6 +47,7 @@ class UserStates:
     recent: list[Recent] = field(default_factory=list)  # the users' recent session events
     replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
     resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
+    shadow: ShadowStates | None = None  # when a shadow model scores beside the current
 
     @classmethod
     def empty(cls, users: list[str], shape: tuple[int, int], seq: bytes = b"") -> UserStates:
@@ -73,6 +83,7 @@ class Commit:
     n: np.ndarray  # (K,) int64
     event_ids: list[list[bytes]]  # the user's last applied producer event ids
     recent: list[tuple[Recent, bytes]]  # the user's recent session events, and packed
+    shadow_h: np.ndarray | None  # (K, L', H') the shadow model's states, when one runs
     # one row per score entry, in stream order
     score_user: np.ndarray  # (S,) int64 index into the state rows above
     score_types: list[str]
@@ -80,6 +91,8 @@ class Commit:
     score_ts: np.ndarray  # (S,) int64
     score_event_ids: list[bytes]  # the producer's event id, else the entry id
     arrival_ms: np.ndarray  # (S,) float64 entry id time of each scored event
+    shadow_model: str  # the shadow model's version ("" = none)
+    shadow_scores: np.ndarray | None  # (S,) float32
     dead: list[DeadLetter]
     outcomes: dict[str, int]  # entries per outcome; they sum to len(ack_ids)
     unknown_types: int  # scored events of types the model does not know
@@ -170,14 +183,19 @@ def _recent_after(
 
 
 def build_commit(
-    batch: Batch, states: UserStates, model: ScoringModel, history_events: int = 0
+    batch: Batch,
+    states: UserStates,
+    model: ScoringModel,
+    history_events: int = 0,
+    shadow: ScoringModel | None = None,
 ) -> Commit:
     """Decide every entry's outcome, advance the states, and return what to commit.
 
     `states` must hold the batch's distinct users (see `distinct_users`); their h and
     last_ts are advanced in place. Rows in `states.replay` are rebuilt first from their
     recent events (no score entries for those steps). Each written state keeps its last
-    `history_events` events of the current session (0 = none).
+    `history_events` events of the current session (0 = none). A shadow model (with
+    `states.shadow`) scores the same events from its own states.
     """
     slot = user_slots(batch, states.users)
     keep = _applied_before(batch, states, slot)
@@ -189,6 +207,10 @@ def build_commit(
     type_idx = model.type_indices(types)
     scores = _advance(model, states.h, states.last_ts, states.recent, states.replay,
                       k_slot, type_idx, ts)  # fmt: skip
+    sh = states.shadow if shadow is not None else None
+    if sh is not None:
+        shadow_scores = _advance(shadow, sh.h, sh.last_ts, states.recent, sh.replay,
+                                 k_slot, shadow.type_indices(types), ts)  # fmt: skip
 
     # The users written are those with at least one scored event; each state row takes the
     # values of the user's last scored event.
@@ -238,4 +260,7 @@ def build_commit(
         dead=batch.dead,
         outcomes=outcomes,
         unknown_types=int((type_idx == model.unknown_index).sum()),
+        shadow_model=shadow.version if sh is not None else "",
+        shadow_h=sh.h[touched] if sh is not None else None,
+        shadow_scores=shadow_scores if sh is not None else None,
     )

@@ -22,11 +22,12 @@ import redis
 
 from worker.batch import entry_id
 from worker.keys import Keys
-from worker.pipeline import RECENT_EVENT_IDS, UserStates
+from worker.pipeline import RECENT_EVENT_IDS, ShadowStates, UserStates
 from worker.recent import unpack
 from worker.state_cache import StateCache
 
-FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent")
+FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
+          "shadow_model")  # fmt: skip
 
 # KEYS: 1 the partition's commit sequence, 2.. state keys. Returns the sequence (nil before
 # the first commit), then the FIELDS of each state key (nil when absent; h = -1 when the key
@@ -39,12 +40,12 @@ end
 local out = {seq}
 for i = 2, #KEYS do
   local v = redis.pcall('HMGET', KEYS[i], 'h', 'last_id', 'last_ts', 'model', 'n', 'event_ids',
-                       'recent')
+                       'recent', 'shadow_h', 'shadow_model')
   if v.err then
     out[#out + 1] = -1
-    for _ = 2, 7 do out[#out + 1] = false end
+    for _ = 2, 9 do out[#out + 1] = false end
   else
-    for j = 1, 7 do out[#out + 1] = v[j] end
+    for j = 1, 9 do out[#out + 1] = v[j] end
   end
 end
 return out
@@ -73,11 +74,19 @@ class StateReader:
         self.cache = cache
         self.space_of = space_of  # the state space of the model version that wrote a state
 
-    def read(self, p: int, users: list[str], shape: tuple[int, int], space: str) -> UserStates:
+    def read(
+        self,
+        p: int,
+        users: list[str],
+        shape: tuple[int, int],
+        space: str,
+        shadow: tuple[tuple[int, int], str] | None = None,
+    ) -> UserStates:
         """The states of `users` of partition p for a model of state shape `shape` and state
-        space `space` (the cache holds only states of the current model's space)."""
+        space `space`, and for a shadow model of (shape, space) when one runs. The cache
+        holds only the current model's states: with a shadow, every state is read."""
         states = UserStates.empty(users, shape)
-        seq = self.cache.seq(p)
+        seq = self.cache.seq(p) if shadow is None else None
         cached = self.cache.lookup(p, users) if seq is not None else [None] * len(users)
         misses = [i for i, c in enumerate(cached) if c is None]
         if misses or seq is None:
@@ -85,9 +94,9 @@ class StateReader:
             if seq is not None and (flat[0] or b"") != seq:
                 # another commit landed since ours: nothing cached for this partition holds
                 self.cache.drop(p)
-                return self.read(p, users, shape, space)
+                return self.read(p, users, shape, space, shadow)
             seq = flat[0] or b""
-            self._fill(states, misses, flat, shape, space)
+            self._fill(states, misses, flat, shape, space, shadow)
         for i, c in enumerate(cached):
             if c is not None:
                 states.h[i], states.last_ts[i], states.last_id[i], states.n[i] = c[:4]
@@ -104,14 +113,16 @@ class StateReader:
                 raise PartitionDataError(p, f"{exc}; fix or delete that key") from None
             raise
 
-    def _fill(self, states: UserStates, rows: list[int], flat: list, shape, space: str) -> None:
+    def _fill(
+        self, states: UserStates, rows: list[int], flat: list, shape, space: str, shadow
+    ) -> None:
         """Validate the script's reply (after the sequence) into `states`."""
-        L, H = shape
-        size = L * H * 4
-        good, blobs = [], []
         width = len(FIELDS)
+        mine: list[tuple[int, bytes | None]] = []  # (row, h blob of this model's space)
+        theirs: list[tuple[int, bytes | None]] = []  # the same for the shadow model
         for k, i in enumerate(rows):
-            h, lid, lts, written_by, cnt, eids, recent = flat[1 + width * k : 1 + width * (k + 1)]
+            row = flat[1 + width * k : 1 + width * (k + 1)]
+            h, lid, lts, by, cnt, eids, recent, sh_h, sh_by = row
             if isinstance(h, int):
                 states.resets["wrong_type"] += 1
                 continue
@@ -128,25 +139,49 @@ class StateReader:
             if eids:
                 states.event_ids[i] = eids.split()[-RECENT_EVENT_IDS:]
             states.recent[i] = unpack(recent)
-            writer = self.space_of(written_by.decode(errors="replace")) if written_by else None
-            if writer != space:
-                self._rebuild(states, i, "model")
-            elif h is None or len(h) != size:
-                self._rebuild(states, i, "invalid")
-            else:
-                good.append(i)
-                blobs.append(h)
+            stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
+            mine.append((i, self._blob_of(stored, space)))
+            if shadow is not None:
+                theirs.append((i, self._blob_of(stored, shadow[1])))
+        missing, invalid = self._load(states.h, mine, shape)
+        for reason, bad in (("model", missing), ("invalid", invalid)):
+            for i in bad:
+                self._rebuild(states, i, reason)
+        if shadow is not None:
+            states.shadow = ShadowStates(np.zeros((len(states.users), *shadow[0]), np.float32),
+                                         states.last_ts.copy())  # fmt: skip
+            missing, invalid = self._load(states.shadow.h, theirs, shadow[0])
+            states.shadow.replay = [i for i in missing + invalid if len(states.recent[i])]
+
+    def _blob_of(self, stored: list, space: str) -> bytes | None:
+        """The stored h (main or shadow field) written by a model of `space`, if any."""
+        for blob, by in stored:
+            if blob is not None and by and self.space_of(by.decode(errors="replace")) == space:
+                return blob
+        return None
+
+    @staticmethod
+    def _load(
+        target: np.ndarray, rows: list[tuple[int, bytes | None]], shape
+    ) -> tuple[list[int], list[int]]:
+        """Copy the usable blobs into target. Returns the rows with none of this model's
+        space, and those whose blob is of the wrong size or not finite."""
+        size = shape[0] * shape[1] * 4
+        good = [(i, b) for i, b in rows if b is not None and len(b) == size]
+        missing = [i for i, b in rows if b is None]
+        invalid = [i for i, b in rows if b is not None and len(b) != size]
         if good:
-            loaded = np.frombuffer(b"".join(blobs), "<f4").reshape(len(good), L, H)
+            loaded = np.frombuffer(b"".join(b for _, b in good), "<f4").reshape(len(good), *shape)
             finite = np.isfinite(loaded).all(axis=(1, 2))
-            states.h[np.asarray(good)[finite]] = loaded[finite]
-            for i in np.asarray(good)[~finite].tolist():
-                self._rebuild(states, i, "invalid")
+            idx = np.asarray([i for i, _ in good])
+            target[idx[finite]] = loaded[finite]
+            invalid += idx[~finite].tolist()
+        return missing, invalid
 
     @staticmethod
     def _rebuild(states: UserStates, i: int, reason: str) -> None:
-        """Row i's h cannot be used: replayed from its recent events when it has any
-        (counted `replayed`), else it restarts from zero (counted by `reason`)."""
+        """Row i has no usable h: replayed from its recent events when it has any (counted
+        `replayed`), else it restarts from zero (counted by `reason`)."""
         if len(states.recent[i]):
             states.replay.append(i)
             states.resets["replayed"] += 1
