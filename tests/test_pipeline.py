@@ -33,7 +33,7 @@ def test_golden_scores_and_one_state_row_per_user():
     assert c.users == ["alice"] and c.n.tolist() == [3] and c.last_ids == [b"3-0"]
     assert c.user_scores[0] == c.scores[-1]
     assert c.score_event_ids == [b"1-0", b"2-0", b"3-0"]  # no producer ids: the entry ids
-    assert c.outcomes == {"scored": 3, "duplicate": 0, "deadletter": 0, "lost": 0}
+    assert c.outcomes == {"scored": 3, "duplicate": 0, "deadletter": 0, "misrouted": 0, "lost": 0}
     assert c.seq == b"42" and c.model == "7"
 
 
@@ -45,7 +45,7 @@ def test_every_entry_has_exactly_one_outcome():
     )
     raw.append([b"9-0", None])  # deleted while pending
     c = commit_of(raw)
-    assert c.outcomes == {"scored": 2, "duplicate": 0, "deadletter": 1, "lost": 1}
+    assert c.outcomes == {"scored": 2, "duplicate": 0, "deadletter": 1, "misrouted": 0, "lost": 1}
     assert sum(c.outcomes.values()) == len(c.ack_ids) == 4
     assert c.unknown_types == 1
     assert c.dead[0].source_id == b"2-0" and "user_id" in c.dead[0].error
@@ -98,3 +98,16 @@ def test_states_continue_from_what_was_read():
                      states, model)  # fmt: skip
     np.testing.assert_allclose(c.scores, [GOLDEN_SCORES[1]], atol=1e-4)
     assert c.n.tolist() == [2]
+
+
+def test_an_event_of_another_partitions_user_is_dead_lettered_as_misrouted():
+    from worker.keys import partition_of
+
+    alice = next(f"u{i}" for i in range(100) if partition_of(f"u{i}", 4) == 1)
+    raw = entries({"user_id": alice, "type": "view"})
+    batch = parse_batch(0, raw, partitions=4)
+    assert batch.misrouted == 1 and batch.users == []
+    assert "belongs to partition 1 of 4, read from partition 0" in batch.dead[0].error
+    model = ScoringModel(golden_model(), version="7")
+    c = build_commit(batch, UserStates.empty([], model.state_shape), model)
+    assert c.outcomes["misrouted"] == 1 and c.outcomes["deadletter"] == 0

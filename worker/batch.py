@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from worker.events import EventError, parse_flat_entry
+from worker.keys import partition_of
 
 
 def entry_id(raw: bytes) -> tuple[int, int]:
@@ -39,7 +40,8 @@ class Batch:
     entry_ids: list[bytes] = field(default_factory=list)  # stream id of each valid event
     entry_keys: list[tuple[int, int]] = field(default_factory=list)  # the same, as (ms, seq)
     event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
-    dead: list[DeadLetter] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)  # invalid and misrouted entries
+    misrouted: int = 0  # of the dead letters: users of another partition (SPEC §3)
     lost: int = 0  # deleted while pending (nil fields)
     parse_seconds: float = 0.0
 
@@ -47,16 +49,19 @@ class Batch:
         return len(self.ids)
 
 
-def parse_batch(partition: int, entries: list) -> Batch:
-    """Parse raw XREADGROUP entries ([id, [field, value, ...] or nil]) of one partition."""
+def parse_batch(partition: int, entries: list, partitions: int = 1) -> Batch:
+    """Parse raw XREADGROUP entries ([id, [field, value, ...] or nil]) of one partition of
+    `partitions`; an event whose user belongs to another partition is a dead letter."""
     t0 = time.perf_counter()
     b = Batch(partition)
-    for raw_id, fields in entries:
+    for raw_id, entry in entries:
         b.ids.append(raw_id)
         key = entry_id(raw_id)
-        if not fields:
+        if not entry:
             b.lost += 1
             continue
+        # a cluster client's replies hold a dict per entry
+        fields = entry if isinstance(entry, list) else [x for kv in entry.items() for x in kv]
         try:
             user, type_, ts, event_id = parse_flat_entry(fields, key[0])
         except EventError as exc:
@@ -65,6 +70,13 @@ def parse_batch(partition: int, entries: list) -> Batch:
         except Exception as exc:  # a parser gap must cost one dead letter, not the worker
             error = f"unparseable entry ({type(exc).__name__}: {exc})"[:1000]
             b.dead.append(DeadLetter(raw_id, error, fields))
+            continue
+        if partitions > 1 and (home := partition_of(user, partitions)) != partition:
+            error = (f"misrouted: user_id {user!r} belongs to partition {home} of {partitions}, "
+                     f"read from partition {partition} (a producer with another partition "
+                     "count?)")  # fmt: skip
+            b.dead.append(DeadLetter(raw_id, error, fields))
+            b.misrouted += 1
             continue
         b.users.append(user)
         b.types.append(type_)

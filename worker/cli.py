@@ -23,6 +23,7 @@ from worker.model_commands import (
     cmd_model_promote,
     cmd_model_publish,
     cmd_model_rollback,
+    cmd_model_shadow,
     cmd_model_show,
 )
 from worker.registry import RegistryError
@@ -95,9 +96,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     from worker.connection import connect_settings
     from worker.consumer import Consumer
+    from worker.keys import Keys
     from worker.logs import setup_logging
     from worker.metrics import Health, WorkerMetrics, serve_metrics
     from worker.model_source import FileModelSource, RegistryModelSource
+    from worker.partitions import check_partitions
 
     try:
         settings = load_settings(args)
@@ -106,6 +109,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         return 2
     setup_logging(settings.log_format, settings.log_level)
     client = connect_settings(settings)
+    try:
+        check_partitions(client, Keys(settings.prefix), settings.partitions)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except redis.RedisError as exc:
+        print(f"error: cannot reach Redis: {exc}", file=sys.stderr)
+        return 2
     try:
         if settings.model is not None:
             source = FileModelSource(settings.model)
@@ -138,7 +149,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     import time
 
     from model.synthetic import synthetic_events
-    from worker.connection import connect
+    from worker.connection import connect_settings
     from worker.publisher import publish
 
     try:
@@ -146,7 +157,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    client = connect(settings.redis_url, settings.socket_timeout)
+    client = connect_settings(settings)
     bad = 0
     if args.synthetic is not None:
         start = int(time.time() * 1000) if args.rate else 1_700_000_000_000
@@ -162,7 +173,11 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     sent = 0
     t0 = time.monotonic()
     for part in _chunks(iter(events), chunk):
-        publish(client, part, settings.prefix, settings.partitions, pipeline_size=chunk)
+        try:
+            publish(client, part, settings.prefix, settings.partitions, pipeline_size=chunk)
+        except SettingsError as exc:  # another partition count is in force
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         sent += len(part)
         if args.rate:
             ahead = sent / args.rate - (time.monotonic() - t0)
@@ -204,7 +219,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.bench_args)
 
 
-_REGISTRY_FLAGS = ["redis_url", "prefix", "socket_timeout"]
+_REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     pro = registry_command("promote", "make a version current; workers follow", cmd_model_promote)
     pro.add_argument("version")
     registry_command("rollback", "make the previous current version current", cmd_model_rollback)
+    sha = registry_command(
+        "shadow", "score every event with a challenger version too (or --off)", cmd_model_shadow
+    )
+    sha.add_argument("version", nargs="?", help="the challenger; none: show the shadow")
+    sha.add_argument("--off", action="store_true", help="stop shadow scoring")
     exp = registry_command("export", "write a version's artifact to a file", cmd_model_export)
     exp.add_argument("version")
     exp.add_argument("--out", required=True)
@@ -265,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams")
     pub.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
-    add_setting_flags(pub, ["redis_url", "prefix", "partitions", "socket_timeout"])
+    add_setting_flags(pub, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
     pub.add_argument("--synthetic", type=int, default=None, metavar="N",
                      help="publish N synthetic shop events instead of reading lines")  # fmt: skip
     pub.add_argument("--users", type=int, default=1000, help="synthetic users")
@@ -277,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = tr.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
     src.add_argument("--from-redis", action="store_true", help="the retained event streams")
-    add_setting_flags(tr, ["redis_url", "prefix", "partitions", "socket_timeout"])
+    add_setting_flags(tr, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
     tr.add_argument("--hidden", type=int, default=64)
     tr.add_argument("--layers", type=int, default=1)
     tr.add_argument("--embedding-dim", type=int, default=16)

@@ -26,6 +26,7 @@ import redis
 from model.scoring import ScoringModel
 from worker.batch import Batch
 from worker.commit import CommitLimits, CommitRefusedError, CommitResult, CommitScript, settle
+from worker.connection import is_cluster
 from worker.keys import Keys
 from worker.maintenance import Maintenance
 from worker.metrics import Health, WorkerMetrics
@@ -62,6 +63,7 @@ class Consumer:
         self.keys = Keys(s.prefix)
         self.source = model_source
         self.model: ScoringModel = model_source.current
+        self.shadow: ScoringModel | None = model_source.shadow
         self.metrics = metrics or WorkerMetrics()
         self.health = health or Health()
         self._stop = stop_event or threading.Event()
@@ -69,9 +71,11 @@ class Consumer:
         # started with the same --consumer never both hold a partition.
         self.holder = f"{s.consumer}:{secrets.token_hex(6)}"
         self.ownership = Ownership(client, self.keys, self.holder, s.partitions, s.lease_ms)
-        self.reader = StreamReader(client, self.keys, s.group, s.consumer)
+        self.reader = StreamReader(client, self.keys, s.group, s.consumer, s.partitions)
+        self.cluster = is_cluster(client)
+        self._idle = 0.0  # how long the last empty round waited (cluster mode)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
-        self.states = StateReader(client, self.keys, self.cache, self._shape_of)
+        self.states = StateReader(client, self.keys, self.cache, self._space_of)
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
@@ -84,7 +88,7 @@ class Consumer:
         self._scripts_loaded = False
         self._last_maintenance = 0.0
         self._backoff = 0.0
-        self._shapes: dict[str, tuple[int, int] | None] = {}  # state shape by model version
+        self._spaces: dict[str, str] = {}  # state space by model version
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -95,6 +99,8 @@ class Consumer:
     def run(self, max_seconds: float | None = None) -> None:
         """Consume until stopped (or for max_seconds), surviving Redis outages."""
         self.model.warm_up()
+        if self.shadow is not None:
+            self.shadow.warm_up()
         self.health.model_ok = True
         self._set_model_metrics()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
@@ -119,6 +125,9 @@ class Consumer:
                     self._recreate_groups()
                 else:
                     self._redis_trouble(f"unexpected redis reply: {exc}")
+            except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+                # a cluster failing over or resharding, a refused login, ...: retried
+                self._redis_trouble(f"redis error: {type(exc).__name__}: {exc}")
         self._shutdown()
 
     def _redis_trouble(self, message: str) -> None:
@@ -172,12 +181,19 @@ class Consumer:
             self._guarded(p, self._claim_idle, p, now)
         parts = self._readable()
         batches = self._take_prefetched(parts) or self._read(parts)
+        if self.cluster:
+            self._wait_when_idle(batches)
         for k, batch in enumerate(batches):
             # The last batch's commit travels with a read of the next round, which is parsed
             # while Redis runs the commit (new entries only: pending ones are read in order).
             last = k == len(batches) - 1
             still = self._readable()
-            prefetch = last and bool(still) and not any(self.cursors[p].draining for p in still)
+            prefetch = (
+                last
+                and not self.cluster  # there the next read goes to other nodes
+                and bool(still)
+                and not any(self.cursors[p].draining for p in still)
+            )
             self._guarded(batch.partition, self.process, batch, still if prefetch else None)
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
             self.maintenance.run(self._readable())
@@ -228,6 +244,16 @@ class Consumer:
             return []
         self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
         return batches
+
+    def _wait_when_idle(self, batches: list[Batch]) -> None:
+        """Cluster reads do not block: after an empty round wait a little, 1 ms doubling to
+        at most 50 ms (or block-ms), so an idle worker polls gently and a busy one never
+        waits."""
+        if batches or any(c.draining for c in self.cursors.values()):
+            self._idle = 0.0
+            return
+        self._idle = min(max(0.001, self._idle * 2), min(0.05, self.s.block_ms / 1000))
+        self._stop.wait(self._idle)
 
     def _take_prefetched(self, parts: list[int]) -> list[Batch]:
         """The batches read with the last commit, for partitions still readable."""
@@ -331,9 +357,13 @@ class Consumer:
     def _process_once(self, batch: Batch, prefetch_for: list[int] | None) -> None:
         t1 = time.perf_counter()
         p, model = batch.partition, self.model
-        states = self.states.read(p, distinct_users(batch), model.state_shape)
+        shadow = self.shadow
+        states = self.states.read(
+            p, distinct_users(batch), model.state_shape, state_space(model),
+            (shadow.state_shape, state_space(shadow)) if shadow is not None else None,
+        )  # fmt: skip
         t2 = time.perf_counter()
-        commit = build_commit(batch, states, model)
+        commit = build_commit(batch, states, model, self.s.history_events, shadow)
         t3 = time.perf_counter()
         result = self._send(commit, prefetch_for)
         t4 = time.perf_counter()
@@ -433,33 +463,55 @@ class Consumer:
         else:
             if newer is not None:
                 self._swap_model(newer)
+        if self.source.shadow is not self.shadow:
+            self._swap_shadow(self.source.shadow)
 
     def _swap_model(self, newer: ScoringModel) -> None:
-        """Swap models between batches. States carry over when the state shape is the same;
-        else each user's state restarts from zero at their next event (counted)."""
+        """Swap models between batches. States carry over only when the new model continues
+        the old one's state space; else each user's state is rebuilt at their next event
+        from their recent events (or restarts from zero without them), counted."""
         newer.warm_up()
         old = self.model
-        self._shapes[old.version] = old.state_shape
-        if newer.state_shape != old.state_shape:
+        self._spaces[old.version] = state_space(old)
+        if state_space(newer) != state_space(old):
             self.cache.drop()
         self.model = newer
         self.metrics.model_reloads.labels("loaded").inc()
         self._set_model_metrics()
         log.info("model swapped", extra={"old": old.version, "new": newer.version})
 
+    def _swap_shadow(self, shadow: ScoringModel | None) -> None:
+        """Start, change or stop the shadow model between batches."""
+        if shadow is not None:
+            shadow.warm_up()
+        old, self.shadow = self.shadow, shadow
+        self.cache.drop()  # the cache holds no shadow states
+        self._set_model_metrics()
+        versions = {"old": old and old.version, "new": shadow and shadow.version}
+        log.info("shadow model changed", extra=versions)
+
     def _set_model_metrics(self) -> None:
         version = self.model.version
         self.metrics.model_version.set(int(version) if version.isdigit() else 0)
+        shadow = self.shadow.version if self.shadow is not None else "0"
+        self.metrics.shadow_version.set(int(shadow) if shadow.isdigit() else 0)
 
-    def _shape_of(self, version: str) -> tuple[int, int] | None:
-        """State shape of the model version that wrote a state: known from models this
-        process ran, else from the registry's meta (looked up once); None if unknown."""
+    def _space_of(self, version: str) -> str:
+        """The state space of the model version that wrote a state: known from models this
+        process ran, else from the registry's meta (looked up once); else the version."""
         if version == self.model.version:
-            return self.model.state_shape
-        if version not in self._shapes:
+            return state_space(self.model)
+        if version not in self._spaces:
             try:
                 meta = Registry(self.r, self.s.prefix).meta(version)
-                self._shapes[version] = (int(meta["layers"]), int(meta["hidden"]))
-            except (RegistryError, KeyError, TypeError, ValueError):
-                self._shapes[version] = None
-        return self._shapes[version]
+                self._spaces[version] = str(meta.get("state_space") or version)
+            except (RegistryError, redis.ResponseError):
+                self._spaces[version] = version
+        return self._spaces[version]
+
+
+def state_space(model: ScoringModel) -> str:
+    """Which hidden states a model reads: its meta's `state_space` (a model trained from
+    another's weights continues its space), else its own version."""
+    declared = (model.model.meta.model_extra or {}).get("state_space")
+    return str(declared) if declared else model.version

@@ -56,6 +56,12 @@ class Keys:
     # ---- worker coordination -------------------------------------------------------------
 
     @property
+    def config(self) -> str:
+        """Hash of what every process must agree on: `partitions` (and `resize_to` while a
+        resize is unfinished)."""
+        return f"{self.prefix}:config"
+
+    @property
     def workers(self) -> str:
         """Sorted set of live worker processes (lease holder tokens), scored by expiry."""
         return f"{self.prefix}:workers"
@@ -76,6 +82,11 @@ class Keys:
     @property
     def model_current(self) -> str:
         return f"{self.prefix}:model:current"
+
+    @property
+    def model_shadow(self) -> str:
+        """The version every worker also scores with, beside the current (absent = none)."""
+        return f"{self.prefix}:model:shadow"
 
     @property
     def model_history(self) -> str:

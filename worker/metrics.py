@@ -83,8 +83,9 @@ class WorkerMetrics:
         self.events = Counter(
             "intentstream_events",
             "Stream entries handled, by outcome: scored, deadletter, duplicate (already "
-            "applied, or a producer's retry of an applied event_id: acknowledged only), lost "
-            "(deleted before it was read).",
+            "applied, or a producer's retry of an applied event_id: acknowledged only), "
+            "misrouted (a user of another partition: dead-lettered), lost (deleted before it "
+            "was read).",
             ["outcome"],
             registry=r,
         )
@@ -124,6 +125,11 @@ class WorkerMetrics:
             "Version of the model in use (its registry number; 0 for an unregistered file).",
             registry=r,
         )
+        self.shadow_version = Gauge(
+            "intentstream_shadow_model_version",
+            "Version of the shadow model scoring beside the current one (0 = none).",
+            registry=r,
+        )
         self.model_reloads = Counter(
             "intentstream_model_reloads",
             "Model swaps, by result: loaded, rejected.",
@@ -147,9 +153,11 @@ class WorkerMetrics:
         )
         self.state_resets = Counter(
             "intentstream_state_resets",
-            "User states read from Redis and restarted from zero, by reason: invalid "
-            "(non-finite values or a bad last_id), shape (another size, or written by a model "
-            "of another shape), wrong_type (the key holds another type: replaced).",
+            "User states read from Redis that could not be used, by reason: replayed "
+            "(rebuilt from the user's recent events), model (another model's state and no "
+            "recent events: restarted from zero), invalid (wrong size, non-finite values or "
+            "a bad field: restarted from zero), wrong_type (the key holds another type: "
+            "replaced, restarted from zero).",
             ["reason"],
             registry=r,
         )
@@ -181,11 +189,11 @@ class WorkerMetrics:
             "Partitions whose lease this worker holds.",
             registry=r,
         )
-        for outcome in ("scored", "deadletter", "duplicate", "lost"):
+        for outcome in ("scored", "deadletter", "duplicate", "misrouted", "lost"):
             self.events.labels(outcome)
         for result in ("loaded", "rejected"):
             self.model_reloads.labels(result)
-        for reason in ("invalid", "shape", "wrong_type"):
+        for reason in ("replayed", "model", "invalid", "wrong_type"):
             self.state_resets.labels(reason)
         for reason in ("conflict", "not_pending", "not_owned", "behind", "noscript", "bad_key"):
             self.commit_retries.labels(reason)

@@ -83,10 +83,10 @@ def _show_version(registry: Registry, version: str) -> int:
 
 
 def registry_of(args: argparse.Namespace) -> Registry:
-    from worker.connection import connect
+    from worker.connection import connect_settings
 
     settings = load_settings(args, model=None)
-    return Registry(connect(settings.redis_url, settings.socket_timeout), settings.prefix)
+    return Registry(connect_settings(settings), settings.prefix)
 
 
 def with_registry(args: argparse.Namespace, action: Callable[[Registry], int]) -> int:
@@ -140,6 +140,21 @@ def cmd_model_promote(args: argparse.Namespace) -> int:
         return 0
 
     return with_registry(args, promote)
+
+
+def cmd_model_shadow(args: argparse.Namespace) -> int:
+    def shadow(reg: Registry) -> int:
+        if args.off:
+            reg.set_shadow(None)
+            print("no shadow model: workers score with the current version only")
+        elif args.version is None:
+            print(f"shadow: {reg.shadow() or 'none'}")
+        else:
+            reg.set_shadow(args.version)
+            print(f"version {args.version} is the shadow: workers also score every event with it")
+        return 0
+
+    return with_registry(args, shadow)
 
 
 def cmd_model_rollback(args: argparse.Namespace) -> int:

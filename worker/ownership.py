@@ -6,6 +6,9 @@ per-process token) lives; it renews its leases every lease/3. Live workers annou
 themselves in a sorted set scored by when the announcement expires; each takes free
 partitions up to its fair share, ceil(partitions / live workers), and hands back any beyond
 it when another worker joins. A dead worker's partitions fall free after one lease.
+
+Each lease is its own key in its partition's slot, renewed, taken and released one key per
+command (pipelined), so the same code runs on one Redis and on a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -13,39 +16,25 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import redis
-
+from worker.connection import Client
 from worker.keys import Keys
 
-# Renew the leases this process holds and take free ones, at most ARGV[3] new.
-# KEYS: lease keys. ARGV: holder token, ttl ms, how many free leases it may take.
-# Returns 1 per key the holder now holds, else 0.
-ACQUIRE_SCRIPT = """
-local holder, ttl_ms, may_take = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local out, taken = {}, 0
-for i = 1, #KEYS do
-  local owner = redis.pcall('GET', KEYS[i])
-  if owner == holder or (owner == false and taken < may_take) then
-    if owner == false then taken = taken + 1 end
-    redis.call('SET', KEYS[i], holder, 'PX', ttl_ms)
-    out[i] = 1
-  else
-    out[i] = 0
-  end
+# Renew a lease this holder holds. KEYS: the lease. ARGV: holder token, ttl ms. 1 if held.
+RENEW_SCRIPT = """
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
 end
-return out
+return 0
 """
 
-# Release leases this holder holds. KEYS: lease keys. ARGV: holder token.
+# Release a lease this holder holds. KEYS: the lease. ARGV: holder token. 1 if released.
 RELEASE_SCRIPT = """
-local n = 0
-for i = 1, #KEYS do
-  if redis.pcall('GET', KEYS[i]) == ARGV[1] then
-    redis.call('DEL', KEYS[i])
-    n = n + 1
-  end
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
 end
-return n
+return 0
 """
 
 
@@ -63,7 +52,7 @@ class Ownership:
     """The partition leases of one worker process."""
 
     def __init__(
-        self, client: redis.Redis, keys: Keys, holder: str, partitions: int, lease_ms: int
+        self, client: Client, keys: Keys, holder: str, partitions: int, lease_ms: int
     ) -> None:
         self.r = client
         self.keys = keys
@@ -71,7 +60,7 @@ class Ownership:
         self.partitions = partitions
         self.lease_ms = lease_ms
         self.owned: set[int] = set()
-        self._acquire = client.register_script(ACQUIRE_SCRIPT)
+        self._renew = client.register_script(RENEW_SCRIPT)
         self._release = client.register_script(RELEASE_SCRIPT)
         self._last_renewal = float("-inf")
 
@@ -92,18 +81,26 @@ class Ownership:
     def renew(self) -> LeaseChanges:
         """Renew held leases, take free ones up to the fair share, hand back any beyond."""
         fair = self.fair_share()
-        got = self._acquire(
-            keys=[self.keys.lease(p) for p in range(self.partitions)],
-            args=[self.holder, self.lease_ms, max(0, fair - len(self.owned))],
-        )
+        # One call per lease: a cluster client pipelines no scripts, and P is small.
+        held = {
+            p
+            for p in sorted(self.owned)
+            if self._renew(keys=[self.keys.lease(p)], args=[self.holder, self.lease_ms])
+        }
+        for p in range(self.partitions):
+            if len(held) >= fair:
+                break
+            if p not in held and self.r.set(
+                self.keys.lease(p), self.holder, nx=True, px=self.lease_ms
+            ):
+                held.add(p)
         self._last_renewal = time.monotonic()
-        held = {p for p, g in enumerate(got) if g}
         changes = LeaseChanges(gained=sorted(held - self.owned), lost=sorted(self.owned - held))
         extra = sorted(held)[fair:]
         if extra:
             # Entries read but not committed stay pending; the next holder claims them and
             # applies them first.
-            self._release(keys=[self.keys.lease(p) for p in extra], args=[self.holder])
+            self._release_keys(extra)
             changes.handed_over = extra
             held -= set(extra)
             changes.gained = [p for p in changes.gained if p in held]
@@ -117,7 +114,10 @@ class Ownership:
 
     def release_all(self) -> None:
         """Give every lease back and leave the set of live workers (at shutdown)."""
-        if self.owned:
-            self._release(keys=[self.keys.lease(p) for p in sorted(self.owned)], args=[self.holder])
+        self._release_keys(sorted(self.owned))
         self.r.zrem(self.keys.workers, self.holder)
         self.owned = set()
+
+    def _release_keys(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self._release(keys=[self.keys.lease(p)], args=[self.holder])

@@ -17,6 +17,7 @@ import redis
 
 from worker.events import Event, event_from_mapping
 from worker.keys import Keys, partition_of
+from worker.partitions import check_partitions
 
 log = logging.getLogger("intentstream.publish")
 
@@ -55,6 +56,7 @@ def publish(
     backoff): the worker drops the copies whose event_id it already applied.
     """
     keys = Keys(prefix)
+    check_partitions(client, keys, partitions)
     fresh = event_ids()
     ids: list[bytes] = []
     chunk: list[tuple[str, dict]] = []

@@ -46,10 +46,11 @@ class Registry:
             "size": len(data),
             "published_at": time.time(),
         }
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(self.keys.model_artifact(version), data)
-        pipe.set(self.keys.model_meta(version), json.dumps(meta))
-        pipe.execute()
+        # The meta is written last: a version is listed once its meta exists, so a crash in
+        # between leaves an unlisted artifact, never a listed version without bytes. (No
+        # MULTI: on a Redis Cluster these keys live in different slots.)
+        self.r.set(self.keys.model_artifact(version), data)
+        self.r.set(self.keys.model_meta(version), json.dumps(meta))
         if promote:
             self.promote(version)
         return version
@@ -107,12 +108,26 @@ class Registry:
         """Make a version current (after checking it loads) and announce it."""
         self.load(version)
         previous = self.current()
-        pipe = self.r.pipeline(transaction=True)
         if previous is not None and previous != version:
-            pipe.rpush(self.keys.model_history, previous)
-        pipe.set(self.keys.model_current, version)
-        pipe.publish(self.channel, version)
-        pipe.execute()
+            self.r.rpush(self.keys.model_history, previous)
+        self.r.set(self.keys.model_current, version)
+        if self.shadow() == version:  # the challenger won: its states are current now
+            self.r.delete(self.keys.model_shadow)
+        self.r.publish(self.channel, version)
+
+    def shadow(self) -> str | None:
+        """The shadow version (scored beside the current one by every worker), or None."""
+        raw = self.r.get(self.keys.model_shadow)
+        return raw.decode() if raw is not None else None
+
+    def set_shadow(self, version: str | None) -> None:
+        """Make a version the shadow (after checking it loads), or stop shadowing (None)."""
+        if version is None:
+            self.r.delete(self.keys.model_shadow)
+        else:
+            self.load(version)
+            self.r.set(self.keys.model_shadow, version)
+        self.r.publish(self.channel, f"shadow {version or ''}".strip())
 
     def rollback(self) -> str:
         """Make the previous current version current again; return it."""
@@ -121,12 +136,12 @@ class Registry:
             if previous is None:
                 raise RegistryError("nothing to roll back to: no earlier current version")
             version = previous.decode()
-            if self.r.exists(self.keys.model_meta(version)):
+            # skip versions deleted since, and the current one (a promotion that stopped
+            # between its two writes pushed it)
+            if version != self.current() and self.r.exists(self.keys.model_meta(version)):
                 break
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(self.keys.model_current, version)
-        pipe.publish(self.channel, version)
-        pipe.execute()
+        self.r.set(self.keys.model_current, version)
+        self.r.publish(self.channel, version)
         return version
 
     def export(self, version: str, path: str | Path) -> None:

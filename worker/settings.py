@@ -31,6 +31,9 @@ class Settings(BaseSettings):
         "redis://localhost:6379/0",
         description="redis:// or rediss:// (TLS) URL; user:password@ for ACL users",
     )
+    cluster: bool = Field(
+        False, description="the URL names a node of a Redis Cluster (use the cluster client)"
+    )
     prefix: str = Field("intentstream", description="key prefix of every stream and key")
     partitions: int = Field(1, ge=1, le=4096, description="number of event stream partitions")
     group: str = Field("intentstream-workers", description="consumer group name")
@@ -59,6 +62,13 @@ class Settings(BaseSettings):
     state_ttl_seconds: int = Field(0, ge=0, description="expire idle user states; 0 = never")
     retention_seconds: int = Field(
         7 * 24 * 3600, ge=0, description="keep this much event history (MINID); 0 = no trim"
+    )
+    history_events: int = Field(
+        32,
+        ge=0,
+        le=1000,
+        description="recent events of a user's session kept with the state, replayed to "
+        "rebuild it under a new model; 0 = off",
     )
     retention_max_entries: int = Field(
         1_000_000,
@@ -115,12 +125,12 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: list[str] | None =
         if names is not None and name not in names:
             continue
         env = f"INTENTSTREAM_{name.upper()}"
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            default=None,
-            help=f"{field.description or name} (env {env})",
-        )
+        flag = "--" + name.replace("_", "-")
+        help = f"{field.description or name} (env {env})"
+        if field.annotation is bool:  # a switch: --cluster, not --cluster true
+            parser.add_argument(flag, dest=name, action="store_const", const=True, help=help)
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=help)
 
 
 def load_settings(args: argparse.Namespace | None = None, **overrides: object) -> Settings:

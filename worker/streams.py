@@ -3,6 +3,12 @@ claiming other consumers' pending entries, and group creation.
 
 A partition's own pending entries are read from id 0 before new ones (cursor ">"): they may
 hold a batch whose commit failed, and a user's events must apply in order.
+
+On one Redis a round is one XREADGROUP over every held partition, blocking while all are
+idle. On a Redis Cluster the partitions' streams live in different slots, so a round is one
+XREADGROUP per partition, sent as a pipeline that redis-py splits by node and sends to all
+nodes before reading any reply; those reads never block (a blocked read would hold up the
+other partitions on its node), and an idle round waits instead (see Consumer).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from worker.batch import Batch, parse_batch
+from worker.connection import Client, is_cluster, raw_replies
 
 log = logging.getLogger("intentstream.worker")
 
@@ -38,16 +45,20 @@ class Cursor:
 class StreamReader:
     """Reads and claims one consumer's entries of the partition streams."""
 
-    def __init__(self, client: redis.Redis, keys, group: str, consumer: str) -> None:
+    def __init__(self, client: Client, keys, group: str, consumer: str, partitions: int) -> None:
         self.r = client
         self.keys = keys
         self.group = group
         self.consumer = consumer
+        self.partitions = partitions  # the count in force: an entry of another is misrouted
+        self.cluster = is_cluster(client)
+        self._raw()
+
+    def _raw(self) -> None:
         # Raw replies: redis-py's XAUTOCLAIM JUSTID parser drops the cursor and the deleted
         # ids, which we need; its XREADGROUP parser builds a dict per entry (~2 µs), which
         # parse_flat_entry does without.
-        client.set_response_callback("XAUTOCLAIM", lambda reply, **_: reply)
-        client.set_response_callback("XREADGROUP", lambda reply, **_: reply)
+        raw_replies(self.r, "XAUTOCLAIM", "XREADGROUP")
 
     def read_command(self, cursors: list[Cursor], count: int, block_ms: int | None) -> tuple:
         """The XREADGROUP command for these partitions (BLOCK only when none is draining)."""
@@ -58,9 +69,21 @@ class StreamReader:
 
     def read(self, cursors: list[Cursor], count: int, block_ms: int) -> list[Batch]:
         """One read over the partitions: a Batch per partition that returned entries."""
+        if self.cluster:
+            return self._read_per_partition(cursors, count)
         draining = any(c.draining for c in cursors)
         command = self.read_command(cursors, count, None if draining else block_ms)
         return self.batches(self.r.execute_command(*command), cursors)
+
+    def _read_per_partition(self, cursors: list[Cursor], count: int) -> list[Batch]:
+        self._raw()  # nodes may have changed since the last round
+        pipe = self.r.pipeline(transaction=False)
+        for c in cursors:
+            pipe.execute_command(*self.read_command([c], count, None))
+        batches = []
+        for c, reply in zip(cursors, pipe.execute(), strict=True):
+            batches += self.batches(reply, [c])
+        return batches
 
     def batches(self, reply, cursors: list[Cursor]) -> list[Batch]:
         """Parse an XREADGROUP reply into one Batch per partition that has entries, and
@@ -74,7 +97,7 @@ class StreamReader:
             if c.draining:
                 c.position = entries[-1][0] if entries else b">"
             if entries:
-                out.append(parse_batch(c.partition, entries))
+                out.append(parse_batch(c.partition, entries, self.partitions))
         return out
 
     def claim(self, cursor: Cursor, min_idle_ms: int) -> int:
@@ -82,6 +105,7 @@ class StreamReader:
         min_idle_ms to us (ids only); rewind if any came. Returns how many entries were
         deleted while pending (never readable again)."""
         stream, start, deleted = self.keys.events(cursor.partition), "0-0", 0
+        self._raw()
         while True:
             reply = self.r.execute_command(
                 "XAUTOCLAIM", stream, self.group, self.consumer, min_idle_ms, start,
