@@ -121,6 +121,10 @@ def in_script(client: redis.Redis, body: str, key: str):
     return client.evalsha(client.script_load(body), 1, key)
 
 
+def shadow_scored(admin: redis.Redis) -> int:
+    return sum(f.get(b"shadow_model") == b"1" for _, f in admin.xrange("intentstream:scores:{0}"))
+
+
 def scored_by(admin: redis.Redis, version: str) -> int:
     return sum(
         f.get(b"model") == version.encode() for _, f in admin.xrange("intentstream:scores:{0}")
@@ -166,6 +170,17 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
                      "--redis-url", url(port, "producer"))  # fmt: skip
         assert result.returncode == 0, result.stderr
         wait_for(lambda: scored_by(admin, "2") == 50, 60, "scores by the new model")
+
+        # trainer: a shadow challenger; the worker scores with both and writes shadow states
+        result = cli("model", "shadow", "1", "--redis-url", url(port, "trainer"))
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: b"shadow" in (tmp_path / "worker.log").read_bytes(), 30, "the shadow")
+        result = cli("publish", "--synthetic", "50", "--users", "5", "--seed", "2",
+                     "--redis-url", url(port, "producer"))  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: shadow_scored(admin) == 50, 60, "shadow scores")
+        result = cli("model", "shadow", "--off", "--redis-url", url(port, "trainer"))
+        assert result.returncode == 0, result.stderr
         time.sleep(1)  # a maintenance tick or two (trim, gauges) under the worker's user
     finally:
         worker.terminate()
@@ -223,4 +238,4 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
     with pytest.raises(redis.AuthenticationError):
         anonymous.get(STATE)
     assert admin.hget(STATE, "h") is not None, "the worker should have written user-1's state"
-    assert admin.xlen(STREAM) == 3050
+    assert admin.xlen(STREAM) == 3100
