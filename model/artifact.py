@@ -81,8 +81,8 @@ class Model:
         return int(sum(a.size for a in self.arrays.values()))
 
 
-# Per-layer arrays of each cell (SPEC §5), by kind: input weights (input×H), recurrent weights
-# (H×H), biases (H). Gates are listed in PyTorch's order (r, z, n), which the packed layout
+# Per-layer arrays of each cell (SPEC §5), by kind: input weights (input x H), recurrent weights
+# (H x H), biases (H). Gates are listed in PyTorch's order (r, z, n), which the packed layout
 # of model/params.py keeps.
 CELL_ARRAYS: dict[str, dict[str, tuple[str, ...]]] = {
     "rnn": {"input": ("W_xh",), "recurrent": ("W_hh",), "bias": ("b_h",)},

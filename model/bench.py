@@ -54,7 +54,7 @@ def kernel_us(sm: ScoringModel, batch: int, users: int, repeats: int, rng) -> fl
     scores = np.empty(batch, np.float32)
     work = sm.scratch(batch)
     t = median_seconds(
-        lambda: step_batch(sm.weights, state, slot, type_idx, x_feat, reset, scores, work),
+        lambda: step_batch(sm.kernel_weights, state, slot, type_idx, x_feat, reset, scores, work),
         repeats,
     )
     return t / batch * 1e6

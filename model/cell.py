@@ -3,8 +3,8 @@
 Row-vector convention, as in the seeds: for layer l with h^0_t = x_t,
 
     Elman:  h^l_t = tanh(h^{l-1}_t W^l_xh + h^l_{t-1} W^l_hh + b^l_h)
-    GRU:    r = σ(x W_xr + h W_hr + b_r)    z = σ(x W_xz + h W_hz + b_z)
-            n = tanh(x W_xn + b_xn + r ⊙ (h W_hn + b_hn))    h' = (1 − z) ⊙ n + z ⊙ h
+    GRU:    r = sig(x W_xr + h W_hr + b_r)    z = sig(x W_xz + h W_hz + b_z)
+            n = tanh(x W_xn + b_xn + r ⊙ (h W_hn + b_hn))    h' = (1 - z) ⊙ n + z ⊙ h
     score_t = head(h^L_t W_hq + b_q)
 
 (x is the layer's input, h its previous state: PyTorch's nn.GRU, transposed.) The kernels
@@ -26,6 +26,7 @@ import numba as nb
 import numpy as np
 
 from model.params import CELL_GRU, GATES, Params
+
 # error_model="numpy" lets LLVM vectorise divisions (the Python model adds a zero check per
 # element); fastmath allows reassociation in the tanh polynomial and the dot products.
 _JIT = {"cache": True, "fastmath": True, "error_model": "numpy"}
@@ -51,12 +52,24 @@ _B6 = np.float32(1.19825839466702e-06)
 
 
 class CellWeights(NamedTuple):
-    """A model prepared for the kernels: its packed parameters (float32) and derived tables."""
+    """A packed model (model/params.py, float32) as the kernels read it.
 
-    p: Params  # float32, the layout of model/params.py
-    type_in: np.ndarray  # (V, G·H) embedding @ W_x0[:D] + b_x[0]: layer 0's input per type
-    W_fh: np.ndarray  # (F, G·H) rows of W_x0 that multiply the numeric features
+    The recurrent arrays are the packed ones; layer 0's input weights are replaced by the
+    per-type table and the feature rows. Kernels unpack it by position, so `tuple(weights)`
+    works as well: Numba unboxes a plain tuple on its C fast path, a NamedTuple through
+    Python (about 0.5 µs more per call, which is the whole cost of a one-event batch).
+    """
+
+    cell: int  # CELL_RNN or CELL_GRU
     head: int  # HEAD_IDENTITY or HEAD_SIGMOID
+    type_in: np.ndarray  # (V, G·H) E @ W_x0[:D] + b_x[0]: layer 0's input term per type
+    W_fh: np.ndarray  # (F, G·H) W_x0[D:], the rows that multiply the numeric features
+    W_h0: np.ndarray  # (H, G·H)
+    W_up: np.ndarray  # (L-1, 2H, G·H)
+    b_x: np.ndarray  # (L, G·H)
+    b_hn: np.ndarray  # (L, H)
+    w_q: np.ndarray  # (H,)
+    b_q: np.ndarray  # (1,)
 
 
 def cell_weights(params: Params, head: str) -> CellWeights:
@@ -65,10 +78,16 @@ def cell_weights(params: Params, head: str) -> CellWeights:
     D = p.E.shape[1]
     type_in = params.E.astype(np.float64) @ params.W_x0[:D].astype(np.float64) + params.b_x[0]
     return CellWeights(
-        p=p,
+        cell=p.cell,
+        head=HEAD_SIGMOID if head == "sigmoid" else HEAD_IDENTITY,
         type_in=np.ascontiguousarray(type_in, np.float32),
         W_fh=np.ascontiguousarray(p.W_x0[D:]),
-        head=HEAD_SIGMOID if head == "sigmoid" else HEAD_IDENTITY,
+        W_h0=p.W_h0,
+        W_up=p.W_up,
+        b_x=p.b_x,
+        b_hn=p.b_hn,
+        w_q=p.w_q,
+        b_q=p.b_q,
     )
 
 
@@ -93,50 +112,52 @@ def _tanh(x):
 
 @nb.njit(**_JIT)
 def _sigmoid(x):
-    # σ(x) = (1 + tanh(x/2)) / 2: the vectorisable tanh, max abs error 1.5e-7
+    # sigmoid(x) = (1 + tanh(x/2)) / 2: the vectorisable tanh, max abs error 1.5e-7
     return np.float32(0.5) + np.float32(0.5) * _tanh(np.float32(0.5) * x)
 
 
 @nb.njit(**_JIT)
 def _score(w, h_top):
     """head(h_top W_hq + b_q) for one state row."""
-    out = w.p.b_q[0]
+    _, head, _, _, _, _, _, _, w_q, b_q = w
+    out = b_q[0]
     for j in range(h_top.shape[0]):
-        out += h_top[j] * w.p.w_q[j]
-    if w.head == HEAD_SIGMOID:
+        out += h_top[j] * w_q[j]
+    if head == HEAD_SIGMOID:
         return np.float32(1.0) / (np.float32(1.0) + np.exp(-out))
     return out
 
 
 @nb.njit(**_JIT)
-def _input_row(w, type_idx, x_feat, out):
+def _input_row(type_in, W_fh, type_idx, x_feat, out):
     """Layer 0's input term of one event: its type's row plus features @ W_fh."""
     for c in range(out.shape[0]):
-        out[c] = w.type_in[type_idx, c]
+        out[c] = type_in[type_idx, c]
     for f in range(x_feat.shape[0]):
         xf = x_feat[f]
         for c in range(out.shape[0]):
-            out[c] += xf * w.W_fh[f, c]
+            out[c] += xf * W_fh[f, c]
 
 
 @nb.njit(**_JIT)
 def step_one(w, h, type_idx, x_feat, reset):
     """Advance one user's state h (L, H) by one event in place; return the event's score."""
+    cell, _, type_in, W_fh, W_h0, W_up, b_x, b_hn, _, _ = w
     L, H = h.shape
-    GH = w.type_in.shape[1]
+    GH = type_in.shape[1]
     if reset:
         h[:, :] = 0.0
     zx = np.empty(GH, np.float32)
     zh = np.empty(GH, np.float32)
-    _input_row(w, type_idx, x_feat, zx)
+    _input_row(type_in, W_fh, type_idx, x_feat, zx)
     for layer in range(L):
         if layer == 0:
-            Wh = w.p.W_h0
+            Wh = W_h0
         else:
-            Wx = w.p.W_up[layer - 1, :H]
-            Wh = w.p.W_up[layer - 1, H:]
+            Wx = W_up[layer - 1, :H]
+            Wh = W_up[layer - 1, H:]
             for c in range(GH):
-                acc = w.p.b_x[layer, c]
+                acc = b_x[layer, c]
                 for i in range(H):
                     acc += h[layer - 1, i] * Wx[i, c]
                 zx[c] = acc
@@ -145,11 +166,11 @@ def step_one(w, h, type_idx, x_feat, reset):
             for i in range(H):
                 acc += h[layer, i] * Wh[i, c]
             zh[c] = acc
-        if w.p.cell == CELL_GRU:
+        if cell == CELL_GRU:
             for j in range(H):
                 r = _sigmoid(zx[j] + zh[j])
                 z = _sigmoid(zx[H + j] + zh[H + j])
-                n = _tanh(zx[2 * H + j] + r * (zh[2 * H + j] + w.p.b_hn[layer, j]))
+                n = _tanh(zx[2 * H + j] + r * (zh[2 * H + j] + b_hn[layer, j]))
                 h[layer, j] = n + z * (h[layer, j] - n)
         else:
             for j in range(H):
@@ -206,7 +227,7 @@ def step_batch(w, state, slot, type_idx, x_feat, reset, scores, work):
     if slot.shape[0] == 0:
         return
     order, wave_start = _wave_order(slot, state.shape[0])
-    if w.p.cell == CELL_GRU:
+    if w[0] == CELL_GRU:
         _gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start)
     else:
         _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start)
@@ -214,8 +235,9 @@ def step_batch(w, state, slot, type_idx, x_feat, reset, scores, work):
 
 @nb.njit(**_JIT)
 def _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start):
+    _, _, type_in, W_fh, W_h0, W_up, b_x, _, _, _ = w
     n = slot.shape[0]
-    U, L, H = state.shape
+    _, L, H = state.shape
     F = x_feat.shape[1]
     P = work[: n * H].reshape((n, H))  # layer 0: previous states of a wave's users
     Z = work[n * H : 2 * n * H].reshape((n, H))
@@ -232,17 +254,17 @@ def _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wav
                 state[s, :, :] = 0.0
             for j in range(H):
                 P[i, j] = state[s, 0, j]
-        np.dot(P[:m], w.p.W_h0, Z[:m])
+        np.dot(P[:m], W_h0, Z[:m])
         for i in range(m):
             e = order[lo + i]
             s = slot[e]
             t = type_idx[e]
             for j in range(H):
-                Z[i, j] += w.type_in[t, j]
+                Z[i, j] += type_in[t, j]
             for f in range(F):
                 xf = x_feat[e, f]
                 for j in range(H):
-                    Z[i, j] += xf * w.W_fh[f, j]
+                    Z[i, j] += xf * W_fh[f, j]
             for j in range(H):
                 v = _tanh(Z[i, j])
                 Z[i, j] = v
@@ -253,11 +275,11 @@ def _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wav
                 for j in range(H):
                     G[i, j] = Z[i, j]
                     G[i, H + j] = state[s, layer, j]
-            np.dot(G[:m], w.p.W_up[layer - 1], Z[:m])
+            np.dot(G[:m], W_up[layer - 1], Z[:m])
             for i in range(m):
                 s = slot[order[lo + i]]
                 for j in range(H):
-                    v = _tanh(Z[i, j] + w.p.b_x[layer, j])
+                    v = _tanh(Z[i, j] + b_x[layer, j])
                     Z[i, j] = v
                     state[s, layer, j] = v
         for i in range(m):
@@ -266,8 +288,9 @@ def _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wav
 
 @nb.njit(**_JIT)
 def _gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start):
+    _, _, type_in, W_fh, W_h0, W_up, b_x, b_hn, _, _ = w
     n = slot.shape[0]
-    U, L, H = state.shape
+    _, L, H = state.shape
     P = work[: n * H].reshape((n, H))  # a layer's previous states of the wave's users
     B = work[n * H : 2 * n * H].reshape((n, H))  # a layer's new states: the next one's input
     Zx = work[2 * n * H : 5 * n * H].reshape((n, 3 * H))  # input term, gates r | z | n
@@ -279,7 +302,7 @@ def _gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wav
             e = order[lo + i]
             if reset[e]:
                 state[slot[e], :, :] = 0.0
-            _input_row(w, type_idx[e], x_feat[e], Zx[i])
+            _input_row(type_in, W_fh, type_idx[e], x_feat[e], Zx[i])
         for layer in range(L):
             for i in range(m):
                 s = slot[order[lo + i]]
@@ -287,19 +310,19 @@ def _gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wav
                     P[i, j] = state[s, layer, j]
             # one product per gate group: all three gates' recurrent (and input) terms
             if layer == 0:
-                np.dot(P[:m], w.p.W_h0, Zh[:m])
+                np.dot(P[:m], W_h0, Zh[:m])
             else:
-                np.dot(B[:m], w.p.W_up[layer - 1, :H], Zx[:m])
-                np.dot(P[:m], w.p.W_up[layer - 1, H:], Zh[:m])
+                np.dot(B[:m], W_up[layer - 1, :H], Zx[:m])
+                np.dot(P[:m], W_up[layer - 1, H:], Zh[:m])
                 for i in range(m):
                     for c in range(3 * H):
-                        Zx[i, c] += w.p.b_x[layer, c]
+                        Zx[i, c] += b_x[layer, c]
             for i in range(m):
                 s = slot[order[lo + i]]
                 for j in range(H):
                     r = _sigmoid(Zx[i, j] + Zh[i, j])
                     z = _sigmoid(Zx[i, H + j] + Zh[i, H + j])
-                    nn = _tanh(Zx[i, 2 * H + j] + r * (Zh[i, 2 * H + j] + w.p.b_hn[layer, j]))
+                    nn = _tanh(Zx[i, 2 * H + j] + r * (Zh[i, 2 * H + j] + b_hn[layer, j]))
                     v = nn + z * (P[i, j] - nn)
                     B[i, j] = v
                     state[s, layer, j] = v

@@ -32,6 +32,8 @@ class ScoringModel:
         self.cell = meta.cell
         # packed in float64 so the per-type table is exact, then cast to the kernels' float32
         self.weights: CellWeights = cell_weights(pack(a, meta.cell, np.float64), meta.head)
+        # what the kernels get: a plain tuple unboxes faster than the NamedTuple (CellWeights)
+        self.kernel_weights = tuple(self.weights)
         self._work = np.empty(0, np.float32)
 
     @property
@@ -61,9 +63,8 @@ class ScoringModel:
         x_feat = feature_matrix(self.model.meta.features, gap)
         reset = session_resets(gap, has_prev, self.model.meta.session_gap_seconds)
         scores = np.empty(slot.shape[0], np.float32)
-        step_batch(
-            self.weights, state, slot, type_idx, x_feat, reset, scores, self.scratch(slot.shape[0])
-        )
+        work = self.scratch(slot.shape[0])
+        step_batch(self.kernel_weights, state, slot, type_idx, x_feat, reset, scores, work)
         return scores
 
     def scratch(self, n_events: int) -> np.ndarray:

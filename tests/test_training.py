@@ -24,10 +24,13 @@ from worker.publisher import publish
 from worker.registry import Registry
 
 
-def float64_params(layers: int, n_features: int, n_types: int = 3, hidden: int = 4, seed: int = 1):
+def float64_params(
+    layers: int, n_features: int, n_types: int = 3, hidden: int = 4, seed: int = 1, cell="rnn"
+):
     model = random_model(
         [f"t{i}" for i in range(n_types)], hidden=hidden, layers=layers,
         features=["gap"] if n_features else [], embedding_dim=3, seed=seed, dtype=np.float64,
+        cell=cell,
     )  # fmt: skip
     return {k: v.astype(np.float64).copy() for k, v in model.arrays.items()}
 
@@ -43,9 +46,10 @@ def random_batch(n_types: int, n_features: int, lengths=(4, 7, 2), seed: int = 0
     return pad(sessions, n_features)
 
 
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
 @pytest.mark.parametrize(("layers", "n_features"), [(1, 0), (1, 1), (2, 0), (2, 1)])
-def test_bptt_gradients_equal_central_differences(layers, n_features):
-    params = float64_params(layers, n_features)
+def test_bptt_gradients_equal_central_differences(layers, n_features, cell):
+    params = float64_params(layers, n_features, cell=cell)
     batch = random_batch(3, n_features)
     _, grads = loss_and_gradients(params, batch, bptt=50)  # no truncation: the exact gradient
     eps = 1e-6
@@ -63,9 +67,10 @@ def test_bptt_gradients_equal_central_differences(layers, n_features):
         assert np.abs(numeric - grads[name]).max() / scale < 1e-6, name
 
 
-def test_truncation_stops_gradients_bptt_steps_back():
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+def test_truncation_stops_gradients_bptt_steps_back(cell):
     # ten steps, each a type of its own: a type's embedding gradient is its step's input gradient
-    params = float64_params(layers=2, n_features=0, n_types=10, hidden=5)
+    params = float64_params(layers=2, n_features=0, n_types=10, hidden=5, cell=cell)
     types = np.arange(10)[None, :]
     mask = np.zeros((1, 10))
     mask[0, 8] = 1.0  # the loss at step 8 only
@@ -81,8 +86,9 @@ def test_truncation_stops_gradients_bptt_steps_back():
     assert np.all(np.abs(full["embedding"]).sum(axis=1)[:9] > 0)
 
 
-def test_hidden_state_is_carried_across_windows_and_reset_between_sessions():
-    params = float64_params(layers=2, n_features=1)
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+def test_hidden_state_is_carried_across_windows_and_reset_between_sessions(cell):
+    params = float64_params(layers=2, n_features=1, cell=cell)
     long = random_batch(3, 1, lengths=(23,), seed=3)
     # the loss does not depend on the window length: the state is carried, only gradients stop
     losses = [loss_and_gradients(params, long, bptt=k)[0] for k in (1, 2, 5, 23, 100)]
