@@ -57,8 +57,12 @@ class Params(NamedTuple):
         return Params(self.cell, *(np.zeros_like(a) for a in self.arrays().values()))
 
     def astype(self, dtype: type) -> Params:
-        """A copy in another dtype."""
+        """The arrays in another dtype (the same arrays when they already have it)."""
         return Params(self.cell, *(np.ascontiguousarray(a, dtype) for a in self.arrays().values()))
+
+    def copy(self) -> Params:
+        """A deep copy."""
+        return Params(self.cell, *(a.copy() for a in self.arrays().values()))
 
 
 def _gates(arrays: dict[str, np.ndarray], cell: str, layer: int, kind: str) -> np.ndarray:

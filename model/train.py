@@ -137,7 +137,7 @@ class BestEpoch:
             return True
         if valid_loss < self.validation_loss:
             self.epoch, self.validation_loss, self.since = epoch, valid_loss, 0
-            self.params = params.astype(np.float32)  # a copy
+            self.params = params.copy()
             return False
         self.since += 1
         if self.since >= self.patience:

@@ -16,7 +16,7 @@ from model.artifact import load_model, random_model
 from model.bptt import clip_global_norm, loss_and_gradients, predict
 from model.sessions import DataError, Session, pad, sessionize
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
-from model.train import TrainConfig, train
+from model.train import TrainConfig, TrainingDivergedError, train
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess
 from worker.connection import connect
@@ -171,6 +171,80 @@ def test_unusable_data_is_a_clear_error(events, message):
         train(events, TrainConfig(hidden=4, epochs=1))
 
 
+class Sabotage:
+    """Wraps the training loop's mini-batches and optimiser: from epoch `at` on, every update
+    is followed by `spoil(params)`, the collapse of issue 14 (or a NaN) made to order."""
+
+    def __init__(self, monkeypatch, at: int, spoil) -> None:
+        import model.train as training
+
+        self.epoch, self.at, self.spoil = 0, at, spoil
+        batches, make = training.minibatches, training.make_optimizer
+
+        def counting_batches(*args, **kwargs):
+            self.epoch += 1
+            return batches(*args, **kwargs)
+
+        def spoiling_optimizer(*args, **kwargs):
+            optimizer = make(*args, **kwargs)
+            step = optimizer.step
+
+            def spoiled_step(params, grads):
+                step(params, grads)
+                if self.epoch >= self.at:
+                    self.spoil(params)
+
+            optimizer.step = spoiled_step
+            return optimizer
+
+        monkeypatch.setattr(training, "minibatches", counting_batches)
+        monkeypatch.setattr(training, "make_optimizer", spoiling_optimizer)
+
+
+def blow_up(params: dict[str, np.ndarray]) -> None:
+    params["w_q"][:] = 30.0 * np.sign(params["w_q"])  # saturated, confident scores: loss jumps
+
+
+def make_nan(params: dict[str, np.ndarray]) -> None:
+    params["W_h0"][0, 0] = np.nan
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+def test_a_run_forced_to_collapse_keeps_the_earlier_epoch(monkeypatch, cell):
+    events = synthetic(4000, 200, seed=1)
+    config = TrainConfig(hidden=8, epochs=6, patience=2, seed=3, cell=cell)
+    first = train(events, config.model_copy(update={"epochs": 1})).model  # epoch 1 alone
+    Sabotage(monkeypatch, at=2, spoil=blow_up)
+    result = train(events, config)
+    epochs = result.report["epochs"]
+    assert len(epochs) == 3  # epoch 1, then two without improvement: stopped early
+    assert epochs[1]["validation_loss"] > epochs[0]["validation_loss"] + 0.1  # it did collapse
+    kept = result.report["kept_epoch"]
+    assert kept["epoch"] == 1 and kept["stopped"] == "patience"
+    assert kept["validation_loss"] == epochs[0]["validation_loss"]
+    assert "kept epoch 1 of 3" in kept["reason"] and "stopped early" in kept["reason"]
+    for name, a in first.arrays.items():  # the artifact holds epoch 1's weights, bit for bit
+        assert result.model.arrays[name].tobytes() == a.tobytes(), name
+    assert result.model.meta.model_extra["kept_epoch"]["epoch"] == 1
+
+
+def test_a_loss_that_turns_nan_never_reaches_the_artifact(monkeypatch):
+    events = synthetic(4000, 200, seed=1)
+    config = TrainConfig(hidden=8, epochs=6, seed=3)
+    Sabotage(monkeypatch, at=3, spoil=make_nan)
+    result = train(events, config)
+    kept = result.report["kept_epoch"]
+    assert len(result.report["epochs"]) == 3 and kept["stopped"] == "diverged"
+    assert kept["epoch"] == 2 and "diverged" in kept["reason"]
+    assert all(np.isfinite(a).all() for a in result.model.arrays.values())
+
+
+def test_a_run_diverged_from_the_first_epoch_writes_nothing(monkeypatch):
+    Sabotage(monkeypatch, at=1, spoil=make_nan)
+    with pytest.raises(TrainingDivergedError, match="diverged in epoch 1"):
+        train(synthetic(4000, 200, seed=1), TrainConfig(hidden=8, epochs=3, seed=3))
+
+
 def write_jsonl(path: Path, events: list[dict], extra_lines: dict[int, str] | None = None) -> None:
     lines = [json.dumps(e) for e in events]
     for at, line in sorted((extra_lines or {}).items()):  # positions in the final file
@@ -184,6 +258,7 @@ def test_train_cli_reports_bad_lines_and_writes_artifact_and_report(tmp_path):
         data, synthetic(6000, 300, seed=2), {3: "{oops", 10: '{"user_id": "", "type": "x"}'}
     )
     args = ["train", "--data", str(data), "--hidden", "8", "--epochs", "2", "--quiet",
+            "--cell", "gru", "--patience", "1",
             "--event-types", "view,search,add_to_cart,coupon,checkout,purchase",
             "--out", str(tmp_path / "m.npz"), "--report", str(tmp_path / "report")]  # fmt: skip
     result = run_cli(*args)
@@ -192,11 +267,14 @@ def test_train_cli_reports_bad_lines_and_writes_artifact_and_report(tmp_path):
     assert f"{data}:11: user_id" in result.stderr
     assert "skipped 2 bad line(s)" in result.stderr
     assert "bag-of-types baseline" in result.stdout
+    assert "kept epoch" in result.stdout
     model = load_model(tmp_path / "m.npz")
     assert model.meta.event_types[-1] == "purchase"
+    assert model.meta.cell == "gru" and "layer0.W_hn" in model.arrays
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["data"]["unknown_type_events"] > 0  # remove_from_cart is not in the list
-    assert len(report["epochs"]) == 2 and "auc_last" in report["baseline"]
+    assert 1 <= len(report["epochs"]) <= 2 and "auc_last" in report["baseline"]
+    assert report["config"]["cell"] == "gru" and report["config"]["patience"] == 1
     png = (tmp_path / "report" / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
