@@ -22,6 +22,7 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+from threadpoolctl import threadpool_limits
 
 from model.artifact import Model, ModelMeta, random_model, validate_model
 from model.bptt import clip_global_norm, packed_loss_and_gradients
@@ -173,7 +174,13 @@ def train(
     progress, when given, is a tqdm-like factory: progress(total=..., desc=...) returning an
     object with update(n) and set_postfix(**kw), used once per epoch.
     """
-    events = list(events)
+    # Mini-batch products are small: one BLAS thread is as fast on a quiet machine, and
+    # OpenBLAS's thread hand-offs cost milliseconds per product on a busy one.
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _train(list(events), config, progress)
+
+
+def _train(events: list[dict], config: TrainConfig, progress) -> TrainResult:
     started = time.time()
     types, train_s, valid_s = prepare(events, config)
     F = len(config.features)
