@@ -7,12 +7,12 @@ Row-vector convention, as in the seeds: for layer l with h^0_t = x_t,
             n = tanh(x W_xn + b_xn + r ⊙ (h W_hn + b_hn))    h' = (1 - z) ⊙ n + z ⊙ h
     score_t = head(h^L_t W_hq + b_q)
 
-(x is the layer's input, h its previous state: PyTorch's nn.GRU, transposed.) The kernels
-read the packed layout of model/params.py, where a layer's gates sit side by side in columns,
-so a wave's recurrent term is one product per layer for either cell. x_t = [embedding[type_t],
-features_t], so layer 0's input term splits into a per-type row (embedding @ W_x0[:D] +
-b_x[0], computed once per model in `cell_weights`) plus features @ W_x0[D:]: the widest
-product of the step becomes a table lookup.
+(x is the layer's input, h its previous state, sig the logistic function: PyTorch's nn.GRU,
+transposed.) The kernels read the packed layout of model/params.py, where a layer's gates sit
+side by side in columns, so a wave's recurrent term is one product per layer for either cell.
+x_t = [embedding[type_t], features_t], so layer 0's input term splits into a per-type row
+(embedding @ W_x0[:D] + b_x[0], computed once per model in `cell_weights`) plus
+features @ W_x0[D:]: the widest product of the step becomes a table lookup.
 
 Kernels take weights as arguments (a `CellWeights` tuple): globals would be frozen at compile
 time and a hot-reloaded model would silently keep the old weights.
