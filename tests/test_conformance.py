@@ -189,10 +189,11 @@ def training_batch(case: Case):
     return pad(sessions, len(meta.features)), [where[e] for e in range(len(case.events))]
 
 
-def via_training(case: Case) -> np.ndarray:
-    """The training forward pass in float64 (model/bptt.py's predict)."""
+def via_training(case: Case, dtype: type = np.float64) -> np.ndarray:
+    """The training forward pass (model/bptt.py's predict): float64 as evaluation runs it,
+    float32 as training runs it."""
     batch, where = training_batch(case)
-    params = {k: v.astype(np.float64) for k, v in case.model.arrays.items()}
+    params = {k: v.astype(dtype) for k, v in case.model.arrays.items()}
     P = predict(params, batch, head=case.model.meta.head, cell=case.model.meta.cell)
     return np.array([P[i, k] for i, k in where])
 
@@ -202,6 +203,7 @@ IN_PROCESS = {
     "step_batch": (via_step_batch, 2e-5),
     "advance": (via_advance, 2e-5),
     "training": (via_training, 1e-10),
+    "training-float32": (lambda case: via_training(case, np.float32), 2e-5),
 }
 
 
