@@ -168,23 +168,39 @@ def train(
     events: Iterable[dict],
     config: TrainConfig,
     progress: Callable[[int, int], object] | None = None,
+    init: Model | None = None,
+    state_space: str | None = None,
 ) -> TrainResult:
     """Train an RNN on events (dicts: user_id, type, ts); evaluate it beside the baseline.
 
     progress, when given, is a tqdm-like factory: progress(total=..., desc=...) returning an
-    object with update(n) and set_postfix(**kw), used once per epoch.
+    object with update(n) and set_postfix(**kw), used once per epoch. With `init`, training
+    starts from that model's weights and keeps its architecture, vocabulary, features and
+    session gap (fine-tuning); `state_space` is then recorded in the meta: the new model
+    continues the parent's hidden states (SPEC §5).
     """
+    if init is not None:
+        m = init.meta
+        if m.head != "sigmoid":
+            raise DataError("--init-from needs a model with a sigmoid head (training fits one)")
+        config = config.model_copy(update={
+            "cell": m.cell, "hidden": m.hidden, "layers": m.layers,
+            "embedding_dim": init.embedding_dim, "features": list(m.features),
+            "session_gap_seconds": m.session_gap_seconds, "event_types": list(m.event_types),
+        })  # fmt: skip
     # Mini-batch products are small: one BLAS thread is as fast on a quiet machine, and
     # OpenBLAS's thread hand-offs cost milliseconds per product on a busy one.
     with threadpool_limits(limits=1, user_api="blas"):
-        return _train(list(events), config, progress)
+        return _train(list(events), config, progress, init, state_space)
 
 
-def _train(events: list[dict], config: TrainConfig, progress) -> TrainResult:
+def _train(
+    events: list[dict], config: TrainConfig, progress, init: Model | None, state_space
+) -> TrainResult:
     started = time.time()
     types, train_s, valid_s = prepare(events, config)
     F = len(config.features)
-    model = random_model(
+    model = init or random_model(
         types, config.hidden, config.layers, config.features, config.embedding_dim,
         "sigmoid", config.session_gap_seconds, config.seed, cell=config.cell,
     )  # fmt: skip
@@ -251,7 +267,10 @@ def _train(events: list[dict], config: TrainConfig, progress) -> TrainResult:
         "baseline": base_metrics,
         "seconds": time.time() - started,
     }
-    meta = model.meta.model_dump() | {
+    inherited = {"version", "state_space", "metrics", "baseline_metrics", "kept_epoch", "data"}
+    meta = {k: v for k, v in model.meta.model_dump().items() if k not in inherited} | {
+        "label_type": config.label_type,
+        **({"state_space": state_space} if init is not None and state_space else {}),
         "created_at": time.time(),
         "metrics": metrics,
         "baseline_metrics": base_metrics,

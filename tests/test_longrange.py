@@ -8,6 +8,7 @@ difference below 0.02 is a tie.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from model.evaluate import roc_auc
 from model.longrange import EVENT_TYPES, compare_cells, long_range_events, long_range_sessions
@@ -36,6 +37,7 @@ def test_generator_puts_the_evidence_far_from_the_end_and_scores_it_exactly():
     assert all(e["type"] in [*EVENT_TYPES, "purchase"] for e in events)
 
 
+@pytest.mark.integration  # not a server, but it trains four models for ~40 s
 def test_gru_clearly_beats_elman_on_long_range_evidence():
     sparse = compare_cells("sparse")
     assert sparse["gru"] > sparse["rnn"] + 0.05, sparse
