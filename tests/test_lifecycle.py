@@ -209,3 +209,69 @@ def test_model_shadow_command(redis_server, tmp_path):
     assert Registry(connect(redis_server.url)).shadow() is None
     missing = run_cli("model", "shadow", "9", *url)
     assert missing.returncode == 2 and "no model version '9'" in missing.stderr
+
+
+def test_label_samples_take_the_last_score_before_the_label_or_the_sessions_end():
+    from worker.quality import label_samples
+
+    # user 0: a session labelled at its 3rd event; then, after a gap, one that ends unlabelled
+    # (at user 0's next event, another gap later); user 1: a session still open
+    events = [(0, "view", 0), (0, "cart", 1000), (0, "purchase", 2000), (0, "view", 10**7),
+              (0, "view", 10**7 + 1000), (1, "view", 0), (0, "view", 3 * 10**7)]  # fmt: skip
+    slot = np.array([e[0] for e in events])
+    scores = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    got = label_samples(slot, [e[1] for e in events], np.array([e[2] for e in events]), scores,
+                        np.full(2, np.nan), np.full(2, -1), [Recent(), Recent()], "purchase",
+                        gap_ms=60_000)  # fmt: skip
+    assert got[0].tolist() == [0.2, 0.5] and got[1].tolist() == [True, False]
+
+
+def test_live_auc_of_the_current_model_is_exported(redis_server):
+    from model.evaluate import roc_auc
+    from tests.test_worker import scrape
+    from worker.local_redis import free_port
+    from worker.metrics import serve_metrics
+
+    r = connect(redis_server.url)
+    reg = Registry(r)
+    model = random_model(SMALL, hidden=8, features=["gap"], seed=4)
+    reg.publish_model(model, promote=True)
+    consumer = consumer_of(redis_server.url)
+    port = free_port()
+    serve_metrics(consumer.metrics, consumer.health, "127.0.0.1", port)
+    rng = np.random.default_rng(0)
+    events, t = [], 1_000_000
+    for s in range(60):  # sessions 2 h apart (the gap is 30 min): each ends at the next one
+        for _ in range(int(rng.integers(1, 5))):
+            events.append({"user_id": f"u{s % 3}", "type": str(rng.choice(SMALL[:3])), "ts": t})
+            t += 1000
+        if rng.random() < 0.4:
+            events.append({"user_id": f"u{s % 3}", "type": "purchase", "ts": t})
+        t += 7_200_000
+    publish(r, events)
+    run_until(consumer, lambda: len(score_entries(r)) == len(events), "all scores")
+    # expected: the same rules, applied to the offline scores
+    scores = offline(model, events)
+    want_s, want_l, last, labelled, prev_ts = [], [], {}, set(), {}
+    for e, s in zip(events, scores, strict=True):
+        u = e["user_id"]
+        if u in prev_ts and e["ts"] - prev_ts[u] > 1_800_000:
+            if u not in labelled and u in last:
+                want_s.append(last[u])
+                want_l.append(False)
+            labelled.discard(u)
+            last.pop(u, None)
+        if e["type"] == "purchase" and u not in labelled:
+            if u in last:
+                want_s.append(last[u])
+                want_l.append(True)
+            labelled.add(u)
+        last[u], prev_ts[u] = s, e["ts"]
+    metrics = scrape(port)
+    assert metrics[
+        'intentstream_labelled_sessions_total{model="current",outcome="positive"}'
+    ] == sum(want_l)
+    assert metrics[
+        'intentstream_labelled_sessions_total{model="current",outcome="negative"}'
+    ] == len(want_l) - sum(want_l)
+    assert abs(metrics['intentstream_live_auc{model="current"}'] - roc_auc(want_l, want_s)) < 1e-6

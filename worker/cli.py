@@ -233,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     msub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     init = msub.add_parser("init", help="write a seeded random model artifact")
     init.add_argument("--event-types", type=_csv, required=True, help="comma-separated names")
+    init.add_argument("--cell", choices=["rnn", "gru"], default="rnn")
     init.add_argument("--hidden", type=int, default=64)
     init.add_argument("--layers", type=int, default=1)
     init.add_argument(
@@ -311,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--lr", type=float, default=0.005, help="learning rate")
     tr.add_argument("--batch-size", type=int, default=64, help="sessions per mini-batch")
     tr.add_argument("--epochs", type=int, default=10)
+    tr.add_argument("--cell", choices=["rnn", "gru"], default="rnn")
+    tr.add_argument("--patience", type=int, default=3, help="epochs without improvement")
     tr.add_argument("--validation-fraction", type=float, default=0.2, help="of users")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--out", help="write the trained artifact here")

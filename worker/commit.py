@@ -50,9 +50,9 @@ local shadow = ARGV[12]           -- the shadow model's version, '' = none
 local SH = shadow ~= '' and 1 or 0
 -- Then, each a run of plain arguments (nothing to parse here):
 local ACK = 13                    -- the batch's entry ids, stream order
--- per state key: h, score, last_id, last_ts, n, recent, event_ids[, shadow_h]
+-- per state key: h, score, last_id, last_ts, n, recent, event_ids[, shadow_h, shadow_score]
 local STATE = ACK + n_ack
-local SCORE = STATE + (7 + SH) * U     -- per score entry: user_id, score, event_id, type, ts
+local SCORE = STATE + (7 + 2 * SH) * U -- per score entry: user_id, score, event_id, type, ts
 local DEAD = SCORE + (5 + SH) * n_scores -- [, shadow_score]; then per dead letter: pair
                                          -- count, source_id, error, pairs...
 local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
@@ -129,7 +129,7 @@ local function write_state(key, ...)
   if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
 end
 for i = 1, U do
-  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + (7 + SH) * (i - 1)
+  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + (7 + 2 * SH) * (i - 1)
   if ARGV[b + 6] == '' then
     write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
                 'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4], 'recent', ARGV[b + 5])
@@ -139,7 +139,8 @@ for i = 1, U do
                 'event_ids', ARGV[b + 6])
   end
   if SH == 1 then
-    redis.call('HSET', key, 'shadow_h', ARGV[b + 7], 'shadow_model', shadow)
+    redis.call('HSET', key, 'shadow_h', ARGV[b + 7], 'shadow_score', ARGV[b + 8],
+               'shadow_model', shadow)
   end
 end
 return {'ok', new_seq, replaced, previous}
@@ -194,14 +195,14 @@ def interleaved(*columns: list) -> list:
 
 def state_args(c: Commit) -> list:
     """Per state row: h, score, last_id, last_ts, n, recent, event_ids (space-separated),
-    and shadow_h when a shadow model runs."""
+    and shadow_h, shadow_score when a shadow model runs."""
     if not c.users:
         return []
     event_ids = [b" ".join(ids) for ids in c.event_ids]
     columns = [rows_of(c.h), decimals(c.user_scores), c.last_ids, c.last_ts.tolist(),
                c.n.tolist(), [packed for _, packed in c.recent], event_ids]  # fmt: skip
     if c.shadow_h is not None:
-        columns.append(rows_of(c.shadow_h))
+        columns += [rows_of(c.shadow_h), decimals(c.shadow_user_scores)]
     return interleaved(*columns)
 
 

@@ -33,6 +33,7 @@ from worker.metrics import Health, WorkerMetrics
 from worker.model_source import FileModelSource, ModelRejectedError, RegistryModelSource
 from worker.ownership import Ownership
 from worker.pipeline import OUTCOMES, Commit, build_commit, distinct_users
+from worker.quality import LiveQuality
 from worker.registry import Registry, RegistryError
 from worker.settings import Settings
 from worker.state_cache import StateCache
@@ -80,6 +81,9 @@ class Consumer:
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
+        self.quality = LiveQuality()
+        for role in ("current", "shadow"):  # computed at scrape time
+            self.metrics.live_auc.labels(role).set_function(lambda r=role: self.quality.auc(r))
         self.cursors = {p: Cursor(p) for p in range(s.partitions)}
         self._blocked: dict[int, tuple[float, float]] = {}  # p -> (until, backoff seconds)
         self._prefetched: list[Batch] = []
@@ -390,6 +394,11 @@ class Consumer:
                 m.events.labels(outcome).inc(commit.outcomes[outcome])
         if commit.unknown_types:
             m.unknown_types.inc(commit.unknown_types)
+        for role, (scores, labels) in commit.quality.items():
+            if len(labels):
+                self.quality.add(role, scores, labels)
+                m.labelled_sessions.labels(role, "positive").inc(int(labels.sum()))
+                m.labelled_sessions.labels(role, "negative").inc(int((~labels).sum()))
         m.latency.observe_many(np.maximum(0.0, now - commit.arrival_ms / 1000.0))
         m.last_processed.set(now)
         if commit.dead:
@@ -476,6 +485,7 @@ class Consumer:
         if state_space(newer) != state_space(old):
             self.cache.drop()
         self.model = newer
+        self.quality.forget("current")
         self.metrics.model_reloads.labels("loaded").inc()
         self._set_model_metrics()
         log.info("model swapped", extra={"old": old.version, "new": newer.version})
@@ -486,6 +496,7 @@ class Consumer:
             shadow.warm_up()
         old, self.shadow = self.shadow, shadow
         self.cache.drop()  # the cache holds no shadow states
+        self.quality.forget("shadow")
         self._set_model_metrics()
         versions = {"old": old and old.version, "new": shadow and shadow.version}
         log.info("shadow model changed", extra=versions)

@@ -130,6 +130,20 @@ class WorkerMetrics:
             "Version of the shadow model scoring beside the current one (0 = none).",
             registry=r,
         )
+        self.labelled_sessions = Counter(
+            "intentstream_labelled_sessions",
+            "Sessions that ended labelled (positive: the model's label event came) or not "
+            "(negative: the user's next event came after the session gap), per model role.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.live_auc = Gauge(
+            "intentstream_live_auc",
+            "ROC AUC of the last score before each session's outcome, over the latest "
+            "10,000 labelled sessions, per model role (NaN until both outcomes are seen).",
+            ["model"],
+            registry=r,
+        )
         self.model_reloads = Counter(
             "intentstream_model_reloads",
             "Model swaps, by result: loaded, rejected.",

@@ -25,6 +25,7 @@ def cmd_model_init(args: argparse.Namespace) -> int:
             head=args.head,
             session_gap_seconds=args.session_gap,
             seed=args.seed,
+            cell=args.cell,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

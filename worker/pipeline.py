@@ -15,6 +15,7 @@ import numpy as np
 
 from model.scoring import ScoringModel
 from worker.batch import Batch, DeadLetter
+from worker.quality import label_samples
 from worker.recent import Recent, extended, pack
 
 # A user's last applied producer event ids kept in the state (SPEC §3 "the last few"):
@@ -31,6 +32,7 @@ class ShadowStates:
     h: np.ndarray  # (U, L', H') float32
     last_ts: np.ndarray  # (U,) int64, a copy: the main model's advance moves its own
     replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
+    score: np.ndarray | None = None  # (U,) its last score of each user, NaN = none
 
 
 @dataclass
@@ -44,6 +46,7 @@ class UserStates:
     n: np.ndarray  # (U,) int64 events applied
     event_ids: list[list[bytes]]  # last applied producer event ids, oldest first
     seq: bytes  # the partition's commit sequence the states were read at
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (U,) last score, NaN = none
     recent: list[Recent] = field(default_factory=list)  # the users' recent session events
     replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
     resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
@@ -61,6 +64,7 @@ class UserStates:
             n=np.zeros(n, np.int64),
             event_ids=[[] for _ in range(n)],
             seq=seq,
+            score=np.full(n, np.nan),
             recent=[Recent() for _ in range(n)],
         )
 
@@ -93,9 +97,12 @@ class Commit:
     arrival_ms: np.ndarray  # (S,) float64 entry id time of each scored event
     shadow_model: str  # the shadow model's version ("" = none)
     shadow_scores: np.ndarray | None  # (S,) float32
+    shadow_user_scores: np.ndarray | None  # (K,) the shadow's score of each user's last event
     dead: list[DeadLetter]
     outcomes: dict[str, int]  # entries per outcome; they sum to len(ack_ids)
     unknown_types: int  # scored events of types the model does not know
+    # labelled-session samples (score, label) per model role, for live quality
+    quality: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
@@ -182,6 +189,16 @@ def _recent_after(
     return out
 
 
+def gap_ms(model: ScoringModel) -> float:
+    """The model's session gap in ms (0 = sessions never split)."""
+    return model.model.meta.session_gap_seconds * 1000.0
+
+
+def label_type(model: ScoringModel) -> str:
+    """The event type the model was trained to predict (its meta's, else `purchase`)."""
+    return str((model.model.meta.model_extra or {}).get("label_type") or "purchase")
+
+
 def build_commit(
     batch: Batch,
     states: UserStates,
@@ -198,6 +215,7 @@ def build_commit(
     `states.shadow`) scores the same events from its own states.
     """
     slot = user_slots(batch, states.users)
+    ts_before = states.last_ts.copy()  # the advances move last_ts
     keep = _applied_before(batch, states, slot)
     recent = _drop_producer_retries(batch, states, slot, keep)
     idx = np.flatnonzero(keep)
@@ -207,10 +225,28 @@ def build_commit(
     type_idx = model.type_indices(types)
     scores = _advance(model, states.h, states.last_ts, states.recent, states.replay,
                       k_slot, type_idx, ts)  # fmt: skip
+    quality = {
+        "current": label_samples(
+            k_slot,
+            types,
+            ts,
+            scores,
+            states.score,
+            ts_before,
+            states.recent,
+            label_type(model),
+            gap_ms(model),
+        )
+    }
     sh = states.shadow if shadow is not None else None
     if sh is not None:
         shadow_scores = _advance(shadow, sh.h, sh.last_ts, states.recent, sh.replay,
                                  k_slot, shadow.type_indices(types), ts)  # fmt: skip
+        quality["shadow"] = label_samples(
+            k_slot, types, ts, shadow_scores,
+            sh.score if sh.score is not None else np.full(len(states.users), np.nan),
+            ts_before, states.recent, label_type(shadow), gap_ms(shadow),
+        )  # fmt: skip
 
     # The users written are those with at least one scored event; each state row takes the
     # values of the user's last scored event.
@@ -249,7 +285,7 @@ def build_commit(
             types,
             ts,
             history_events,
-            model.model.meta.session_gap_seconds * 1000.0,
+            gap_ms(model),
         ),
         score_user=row_of_slot[k_slot],
         score_types=types,
@@ -263,4 +299,6 @@ def build_commit(
         shadow_model=shadow.version if sh is not None else "",
         shadow_h=sh.h[touched] if sh is not None else None,
         shadow_scores=shadow_scores if sh is not None else None,
+        shadow_user_scores=shadow_scores[last_event[touched]] if sh is not None else None,
+        quality=quality,
     )

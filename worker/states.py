@@ -27,7 +27,7 @@ from worker.recent import unpack
 from worker.state_cache import StateCache
 
 FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
-          "shadow_model")  # fmt: skip
+          "shadow_model", "score", "shadow_score")  # fmt: skip
 
 # KEYS: 1 the partition's commit sequence, 2.. state keys. Returns the sequence (nil before
 # the first commit), then the FIELDS of each state key (nil when absent; h = -1 when the key
@@ -40,16 +40,24 @@ end
 local out = {seq}
 for i = 2, #KEYS do
   local v = redis.pcall('HMGET', KEYS[i], 'h', 'last_id', 'last_ts', 'model', 'n', 'event_ids',
-                       'recent', 'shadow_h', 'shadow_model')
+                       'recent', 'shadow_h', 'shadow_model', 'score', 'shadow_score')
   if v.err then
     out[#out + 1] = -1
-    for _ = 2, 9 do out[#out + 1] = false end
+    for _ = 2, 11 do out[#out + 1] = false end
   else
-    for j = 1, 9 do out[#out + 1] = v[j] end
+    for j = 1, 11 do out[#out + 1] = v[j] end
   end
 end
 return out
 """
+
+
+def _number(raw: bytes | None) -> float:
+    """A stored score, NaN when absent or not a number."""
+    try:
+        return float(raw) if raw is not None else float("nan")
+    except ValueError:
+        return float("nan")
 
 
 class PartitionDataError(Exception):
@@ -100,7 +108,7 @@ class StateReader:
         for i, c in enumerate(cached):
             if c is not None:
                 states.h[i], states.last_ts[i], states.last_id[i], states.n[i] = c[:4]
-                states.event_ids[i], states.recent[i] = c[4], c[5]
+                states.event_ids[i], states.recent[i], states.score[i] = c[4], c[5], c[6]
         states.seq = seq
         return states
 
@@ -118,11 +126,12 @@ class StateReader:
     ) -> None:
         """Validate the script's reply (after the sequence) into `states`."""
         width = len(FIELDS)
+        shadow_scores = np.full(len(states.users), np.nan)
         mine: list[tuple[int, bytes | None]] = []  # (row, h blob of this model's space)
         theirs: list[tuple[int, bytes | None]] = []  # the same for the shadow model
         for k, i in enumerate(rows):
             row = flat[1 + width * k : 1 + width * (k + 1)]
-            h, lid, lts, by, cnt, eids, recent, sh_h, sh_by = row
+            h, lid, lts, by, cnt, eids, recent, sh_h, sh_by, score, sh_score = row
             if isinstance(h, int):
                 states.resets["wrong_type"] += 1
                 continue
@@ -141,15 +150,17 @@ class StateReader:
             states.recent[i] = unpack(recent)
             stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
             mine.append((i, self._blob_of(stored, space)))
+            states.score[i] = _number(score)
             if shadow is not None:
                 theirs.append((i, self._blob_of(stored, shadow[1])))
+                shadow_scores[i] = _number(sh_score)
         missing, invalid = self._load(states.h, mine, shape)
         for reason, bad in (("model", missing), ("invalid", invalid)):
             for i in bad:
                 self._rebuild(states, i, reason)
         if shadow is not None:
             states.shadow = ShadowStates(np.zeros((len(states.users), *shadow[0]), np.float32),
-                                         states.last_ts.copy())  # fmt: skip
+                                         states.last_ts.copy(), score=shadow_scores)  # fmt: skip
             missing, invalid = self._load(states.shadow.h, theirs, shadow[0])
             states.shadow.replay = [i for i in missing + invalid if len(states.recent[i])]
 
@@ -195,10 +206,11 @@ class StateReader:
             p,
             seq,
             {
-                u: (h, lts, key, n, eids, recent, stamp)
-                for u, h, lts, key, n, eids, (recent, _) in zip(
+                u: (h, lts, key, n, eids, recent, score, stamp)
+                for u, h, lts, key, n, eids, (recent, _), score in zip(
                     commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
-                    commit.n.tolist(), commit.event_ids, commit.recent, strict=True,
+                    commit.n.tolist(), commit.event_ids, commit.recent,
+                    commit.user_scores.tolist(), strict=True,
                 )
             },
         )  # fmt: skip

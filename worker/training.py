@@ -97,6 +97,7 @@ def run_train(args: argparse.Namespace) -> int:
             label_type=args.label_type, event_types=args.event_types or None, bptt=args.bptt,
             clip=args.clip, optimizer=args.optimizer, lr=args.lr, batch_size=args.batch_size,
             epochs=args.epochs, validation_fraction=args.validation_fraction, seed=args.seed,
+            cell=args.cell, patience=args.patience,
         )  # fmt: skip
         events = read_training_events(args, settings)
         try:
@@ -120,6 +121,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"error: reading events from Redis: {exc}", file=sys.stderr)
         return 2
     report = result.report
+    print(report["kept_epoch"]["reason"])
     _print_metrics(report)
     if args.out:
         digest = save_model(result.model, args.out)
