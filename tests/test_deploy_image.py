@@ -253,6 +253,12 @@ def test_entrypoint_and_healthcheck_run_a_worker(redis_server, tmp_path, dockerf
         events = [{"user_id": f"u{i % 7}", "type": "view"} for i in range(50)]
         publish(client, events)
         wait_for(lambda: count_scores(client) == 50, 60, "50 scores")
+        # a GRU model swapped in: its kernels come from the cache too
+        gru = random_model(["view", "add_to_cart"], hidden=16, layers=2, cell="gru")
+        Registry(client, "intentstream").publish_model(gru, promote=True)
+        wait_for(lambda: b"model swapped" in (tmp_path / "worker.log").read_bytes(), 60, "swap")
+        publish(client, events)
+        wait_for(lambda: count_scores(client) == 100, 60, "100 scores")
         after = sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file())
         assert after == compiled, "the worker compiled kernels the image's warm-up did not"
         proc.send_signal(signal.SIGTERM)
