@@ -24,6 +24,7 @@ from tempfile import TemporaryDirectory
 
 import numpy as np
 import redis
+from threadpoolctl import threadpool_limits
 
 from model.artifact import Model, random_model, save_model
 from model.bench import machine_line
@@ -92,11 +93,13 @@ def run_worker(
     consumer = Consumer(settings, connect(url), source, metrics)
     consumer.model.warm_up()
     latencies = []
+    limit = threadpool_limits(limits=1, user_api="blas")  # as Consumer.run does
     t0 = time.perf_counter()
     while (before := metrics.count("scored")) < n:
         t = time.perf_counter()
         consumer.tick()
         latencies.append((int(metrics.count("scored") - before), time.perf_counter() - t))
+    limit.restore_original_limits()
     return time.perf_counter() - t0, latencies
 
 
