@@ -83,6 +83,7 @@ class Consumer:
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.quality = LiveQuality()
+        self.metrics.partitions.set(s.partitions)
         for role in ("current", "shadow"):  # computed at scrape time
             self.metrics.live_auc.labels(role).set_function(lambda r=role: self.quality.auc(r))
         self.cursors = {p: Cursor(p) for p in range(s.partitions)}
