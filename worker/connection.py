@@ -35,8 +35,7 @@ def connect(
         retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries),
         decode_responses=False,
         # no CLIENT SETINFO at connect: least-privilege ACL users (deploy/redis) lack it
-        lib_name=None,
-        lib_version=None,
+        driver_info=None,
     )
     if cluster:
         return redis.RedisCluster.from_url(url, **common)
