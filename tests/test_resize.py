@@ -264,3 +264,22 @@ def test_refuses_without_a_recorded_count_and_a_same_count_is_a_no_op(single):
     result = run_cli("partitions", "resize", "--to", "3", "--redis-url", url)
     assert result.returncode == 0, result.stderr
     assert "0 user states moved" in result.stdout
+
+
+def test_shrinking_keeps_the_history_of_the_dropped_partitions(single, model_path, tmp_path):
+    url, client, _ = single
+    events = shop_events(800, 100)
+    publish(client, events, partitions=4)
+    run_worker_until(url, model_path, tmp_path / "w.log", (), 4, client, len(events))
+    before = states(client)
+    history = {p: client.xlen(KEYS.events(p)) for p in (2, 3)}
+
+    result = run_cli("partitions", "resize", "--to", "2", "--redis-url", url)
+    assert result.returncode == 0, result.stderr
+    assert "groups created on partitions: none" in result.stdout
+    assert_moved(client, before, 2)
+    assert {p for p, _ in states(client).values()} == {0, 1}
+    # partitions 2 and 3 keep their streams and group (training reads only the first 2)
+    assert {p: client.xlen(KEYS.events(p)) for p in (2, 3)} == history
+    assert client.xinfo_groups(KEYS.events(3))[0]["name"] == GROUP.encode()
+    assert client.hgetall(KEYS.config) == {b"partitions": b"2"}
