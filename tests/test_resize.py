@@ -283,3 +283,22 @@ def test_shrinking_keeps_the_history_of_the_dropped_partitions(single, model_pat
     assert {p: client.xlen(KEYS.events(p)) for p in (2, 3)} == history
     assert client.xinfo_groups(KEYS.events(3))[0]["name"] == GROUP.encode()
     assert client.hgetall(KEYS.config) == {b"partitions": b"2"}
+
+
+def test_a_user_with_two_states_keeps_the_later_and_other_types_stay(single):
+    url, client, _ = single
+    check_partitions(client, KEYS, 2)
+    user = next(f"u{i}" for i in range(100) if zlib.crc32(f"u{i}".encode()) % 3 == 2)
+    older = {b"h": b"\0" * 8, b"last_id": b"1700000000000-0", b"n": b"1"}
+    newer = {b"h": b"\1" * 8, b"last_id": b"1700000000500-0", b"n": b"2"}
+    client.hset(KEYS.state(0, user), mapping=newer)  # e.g. an old misrouted producer
+    client.hset(KEYS.state(1, user), mapping=older)
+    client.set(KEYS.state(0, "operator"), "not a hash")
+
+    result = run_cli("partitions", "resize", "--to", "3", "--redis-url", url)
+    assert result.returncode == 0, result.stderr
+    assert "1 users had states in two partitions (kept the later)" in result.stdout
+    assert client.hgetall(KEYS.state(2, user)) == newer
+    assert not client.exists(KEYS.state(0, user), KEYS.state(1, user))
+    assert client.get(KEYS.state(0, "operator")) == b"not a hash"
+    assert "1 keys of another type left in place" in result.stdout

@@ -178,15 +178,18 @@ def _move_chunk(
         read.hgetall(old)
         read.type(new)
         read.hgetall(new)
-    replies = read.execute()
-    write = client.pipeline(transaction=False)
+    replies = read.execute(raise_on_error=False)  # HGETALL of a key of another type fails
+    plan: dict[bytes, tuple[dict, int]] = {}  # new key -> (state, ttl) to write
     moves = []
     for i, ((old, p, user), new) in enumerate(zip(chunk, targets, strict=True)):
         kind, ttl, state, new_kind, existing = replies[5 * i : 5 * i + 5]
         if kind != b"hash" or not state:
             report.skipped += kind not in (b"hash", b"none")
             continue
-        if new_kind == b"hash" and existing:
+        if new in plan:  # a second old state of this user in the same chunk
+            report.conflicts += 1
+            state = _later(plan[new][0], state)
+        elif new_kind == b"hash" and existing:
             if existing == state:
                 report.finished += 1  # an interrupted run copied it; the DEL is left
             else:
@@ -194,19 +197,23 @@ def _move_chunk(
                 state = _later(existing, state)
         else:
             report.moved += 1
+        plan[new] = (state, ttl)
+        moves.append(old)
+        changed.update({p, zlib.crc32(user) % to})
+    if not moves:
+        return
+    write = client.pipeline(transaction=False)
+    for new, (state, ttl) in plan.items():
         # DEL first: the new key then holds exactly these fields and this TTL
         write.delete(new)
         write.hset(new, mapping=state)
         if ttl > 0:
             write.pexpire(new, ttl)
-        moves.append(old)
-        changed.update({p, zlib.crc32(user) % to})
-    if moves:
-        write.execute()  # every copy is in place before any old key goes
-        drop = client.pipeline(transaction=False)
-        for old in moves:
-            drop.delete(old)
-        drop.execute()
+    write.execute()  # every copy is in place before any old key goes
+    drop = client.pipeline(transaction=False)
+    for old in moves:
+        drop.delete(old)
+    drop.execute()
 
 
 def move_states(client: Client, keys: Keys, to: int, report: ResizeReport) -> set[int]:
@@ -258,7 +265,7 @@ def _refuse_if_busy(client: Client, keys: Keys, group: str, partitions: int) -> 
         raise ResizeRefusedError(
             f"workers are running under prefix {keys.prefix!r} ({live} announced in "
             f"{keys.workers}, leases held on partitions {leased or 'none'}): stop every "
-            "worker, then run it again"
+            "worker, then run it again (a killed worker's lease lasts until lease-ms passes)"
         )
     problems = undrained(client, keys, group, partitions)
     if problems:
