@@ -133,8 +133,11 @@ def start_workers(servers: Servers, n: int, args, model: Path, logs: Path) -> li
                "--consumer", f"bench-{i}", "--lease-ms", "3000", "--block-ms", "100",
                "--batch-size", str(args.batch_size), "--retention-seconds", "0",
                *(["--cluster"] if servers.cluster else [])]  # fmt: skip
+        env = dict(os.environ)
+        if args.blas_threads is not None:
+            env["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
         with open(logs / f"worker-{n}-{i}.log", "ab") as log:
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=log))
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, env=env))
     return procs
 
 
@@ -236,7 +239,7 @@ def print_table(runs: list[Run], cluster: bool) -> None:
         print(line + (f" {r.per_event_us(r.replica_cpu):>13.1f}" if cluster else ""))
 
 
-def print_fleet(runs: list[Run], partitions: int) -> None:
+def print_fleet(runs: list[Run], partitions: int, cluster: bool) -> None:
     """Redis µs/event per shard -> events/s per shard -> shards and workers per target."""
     # the costliest run's figures: more workers mean smaller batches, which cost more
     redis_us = max(r.per_event_us(r.redis_cpu) for r in runs)
@@ -247,7 +250,10 @@ def print_fleet(runs: list[Run], partitions: int) -> None:
           f"{HEADROOM:.0%} of one core):")  # fmt: skip
     print(f"  Redis {redis_us:.1f} µs of primary CPU per event (all primaries together): "
           f"one shard carries {HEADROOM:.0%} x 1e6 / {redis_us:.1f} = {per_shard:,.0f} "
-          "events/s (replicas need as much again for replication, on their own cores)")  # fmt: skip
+          "events/s")  # fmt: skip
+    if cluster:
+        replica_us = max(r.per_event_us(r.replica_cpu) for r in runs)
+        print(f"  and each shard's replica spends {replica_us:.1f} µs per event on its own core")
     print(f"  worker {worker_us:.1f} µs/event -> {per_worker:,.0f} events/s per worker process")
     for target in TARGETS:
         need_shards = math.ceil(target / per_shard)
@@ -270,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--latency-seconds", type=float, default=5.0)
+    p.add_argument("--blas-threads", type=int, default=None,
+                   help="OPENBLAS_NUM_THREADS for the workers (default: inherited)")  # fmt: skip
     p.add_argument("--latency-load", type=float, default=0.5,
                    help="latency phase rate, as a fraction of the backlog rate")  # fmt: skip
     args = p.parse_args(argv)
@@ -290,15 +298,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"redis {version}: {where}; {len(events)} events backlog, {args.users} "
                   f"users, P = {args.partitions}, H = {args.hidden}, batch "
                   f"{args.batch_size}")  # fmt: skip
+            blas = os.environ.get("OPENBLAS_NUM_THREADS", "OpenBLAS's default")
+            blas = blas if args.blas_threads is None else args.blas_threads
             print(f"latency: {args.latency_seconds:.0f} s at {args.latency_load:.0%} of the "
-                  "backlog rate, send time to commit\n")  # fmt: skip
+                  f"backlog rate, send time to commit; worker BLAS threads: {blas}\n")  # fmt: skip
             runs = []
             for n in counts:
                 runs.append(run_one(servers, n, args, events, model, Path(tmp)))
                 print(f"  {n} worker(s): {runs[-1].rate:,.0f} events/s", flush=True)
             print()
             print_table(runs, args.cluster)
-            print_fleet(runs, args.partitions)
+            print_fleet(runs, args.partitions, args.cluster)
     finally:
         servers.close()
     return 0
