@@ -18,6 +18,8 @@ ELSEWHERE = {
     "bash scripts/test.sh": "this is the test run itself (.ci/run)",
     "bash scripts/demo.sh": "runs until Ctrl-C: tests/test_registry.py runs `intentstream demo`",
     "python3 -m venv": "installation: done by scripts/test.sh",
+    "intentstream partitions resize": "needs stopped workers: tests/test_resize.py runs it",
+    "intentstream bench --workers": "minutes long: tests/test_scaling_bench.py runs it small",
 }
 # Long-running commands get a bound; the rest of each line runs unchanged.
 BOUNDED = {

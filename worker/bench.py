@@ -2,6 +2,9 @@
 
     intentstream bench [--redis-url URL] [--events 200000] [--users 50000] [--hidden 64]
 
+With `--workers 1,2,4 [--partitions 8] [--cluster]` it runs the scaling benchmark instead
+(worker/scaling_bench.py: real worker processes, CPU per event, fleet arithmetic).
+
 Each variant gets the same preloaded backlog on a flushed database and consumes it to the
 end. Variants:
   a  worker         this project's worker (packed Lua read and commit, batched kernel)
@@ -194,7 +197,11 @@ def torch_step(model: Model) -> Callable | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every variant and print the table."""
+    """Run every variant and print the table (or the scaling benchmark, see above)."""
+    if any(a == "--workers" or a.startswith("--workers=") for a in argv or []):
+        from worker.scaling_bench import main as scaling_main
+
+        return scaling_main(argv)
     p = argparse.ArgumentParser(prog="intentstream bench", description=__doc__.split("\n")[0])
     p.add_argument(
         "--redis-url", default=None, help="use this Redis (it is FLUSHED); default: a private one"

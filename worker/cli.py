@@ -219,6 +219,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.bench_args)
 
 
+def _cmd_partitions_resize(args: argparse.Namespace) -> int:
+    from worker.connection import connect_settings
+    from worker.keys import Keys
+    from worker.resize import ResizeRefusedError, resize
+
+    try:
+        settings = load_settings(args, model=None)
+        report = resize(connect_settings(settings), Keys(settings.prefix), settings.group, args.to)
+    except (SettingsError, ResizeRefusedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except redis.RedisError as exc:
+        print(f"error: redis: {exc} (nothing is lost: run it again)", file=sys.stderr)
+        return 2
+    print(report.summary())
+    return 0
+
+
 _REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
 
@@ -341,6 +359,15 @@ def build_parser() -> argparse.ArgumentParser:
     from worker import healthcheck  # the container HEALTHCHECK's command
 
     healthcheck.add_parser(sub)
+
+    parts = sub.add_parser("partitions", help="change the partition count of the streams")
+    psub = parts.add_subparsers(dest="partitions_command", required=True, metavar="ACTION")
+    resize = psub.add_parser(
+        "resize", help="move every user's state to a new partition count (workers stopped)"
+    )
+    resize.add_argument("--to", type=int, required=True, metavar="N", help="new partition count")
+    add_setting_flags(resize, ["redis_url", "cluster", "prefix", "group", "socket_timeout"])
+    resize.set_defaults(func=_cmd_partitions_resize)
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
     bench.set_defaults(func=_cmd_bench)

@@ -1,0 +1,29 @@
+"""`intentstream bench --workers`: runs real workers and reports every column (a smoke run;
+its figures are measured by hand, never asserted)."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import run_cli
+
+
+def test_scaling_bench_reports_rate_latency_cpu_and_fleet_arithmetic():
+    result = run_cli(
+        "bench", "--workers", "1,2", "--partitions", "4", "--events", "3000", "--users", "300",
+        "--latency-seconds", "0.5", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert re.search(r"\d+ cores", out.splitlines()[0])
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"\s+(\d+)\s+([\d,]+)" + r"\s+([\d.]+)" * 5 + r"\s*$", line)
+        if m:
+            rows[int(m[1])] = [float(x.replace(",", "")) for x in m.groups()[1:]]
+    assert set(rows) == {1, 2}
+    for rate, p50, p99, worker_us, redis_us, scripts_us in rows.values():
+        assert rate > 0 and 0 <= p50 <= p99 and worker_us > 0 and redis_us > 0
+        assert scripts_us > 0
+    for target in ("10,000", "100,000", "1,000,000"):
+        assert re.search(rf"{target} events/s: +\d+ shard\(s\), +\d+ worker\(s\)", out)
