@@ -29,7 +29,8 @@ class Settings(BaseSettings):
 
     redis_url: str = Field(
         "redis://localhost:6379/0",
-        description="redis:// or rediss:// (TLS) URL; user:password@ for ACL users",
+        description="redis://host:port/db, rediss:// (TLS) or unix:///path.sock?db=0; "
+        "user:password@ for ACL users",
     )
     prefix: str = Field("intentstream", description="key prefix of every stream and key")
     partitions: int = Field(1, ge=1, le=4096, description="number of event stream partitions")
@@ -65,7 +66,9 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text", "auto"] = Field(
         "auto", description="json, text, or auto (json when stderr is not a terminal)"
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="log level: DEBUG, INFO, WARNING or ERROR"
+    )
 
     @field_validator("redis_url")
     @classmethod
@@ -103,11 +106,20 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: list[str] | None =
         if names is not None and name not in names:
             continue
         env = f"INTENTSTREAM_{name.upper()}"
+        default = "host name and pid" if field.default_factory else field.default
+        shown = (
+            "none" if default is None else f"{default:g}" if isinstance(default, float) else default
+        )
         parser.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
-            default=None,
-            help=f"{field.description or name} (env {env})",
+            default=None,  # unset flags leave the environment's value in force
+            metavar=name.upper(),
+            help=(
+                f"{field.description or name} (env {env}"
+                + ("" if "default:" in (field.description or "") else f"; default: {shown}")
+                + ")"
+            ).replace("%", "%%"),
         )
 
 
