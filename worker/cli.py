@@ -12,7 +12,6 @@ from collections.abc import Iterable, Iterator
 from typing import TextIO
 
 import numpy as np
-import redis
 
 from model.artifact import ArtifactError, load_model
 from model.features import KNOWN_FEATURES
@@ -112,9 +111,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             source = RegistryModelSource(client, settings.prefix, settings.model_poll_seconds)
     except (ArtifactError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except redis.RedisError as exc:
-        print(f"error: cannot read the model registry: {exc}", file=sys.stderr)
         return 2
     metrics, health = WorkerMetrics(), Health()
     if settings.metrics_port:
