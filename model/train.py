@@ -215,6 +215,7 @@ def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -226,6 +227,7 @@ def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path
     ax1.plot(x, [e["train_loss"] for e in epochs], "o-", label="training")
     ax1.plot(x, [e["validation_loss"] for e in epochs], "o-", label="validation")
     ax1.set(xlabel="epoch", ylabel="per-step log loss", title="Loss")
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))  # no epoch 1.5
     ax1.legend()
     for name, (fpr, tpr) in result.curves.items():
         auc = result.report["metrics" if name == "rnn" else "baseline"]["auc_last"]
