@@ -156,8 +156,9 @@ class ScoreWatch:
         return 1
 
     def lines(self) -> list[str]:
+        width = max([12, *map(len, self.tracked)])
         return [
-            f"  {u:<12} " + " → ".join(f"{t} {s:.2f}".strip() for t, s in self.history[u])
+            f"  {u:<{width}} " + " → ".join(f"{t} {s:.2f}".strip() for t, s in self.history[u])
             for u in self.tracked
         ]
 
@@ -288,13 +289,14 @@ def _report_loop(client, consumer, consumer_name, metrics, watch, seconds, stop,
         new = watch.update()
         stamp = time.strftime("%H:%M:%S")
         model = watch.model or consumer.model.version
+        model = f"v{model}" if model.isdigit() else model  # registry versions are numbers
         if ours:
             print(f"{stamp}  {count - last_count:6.0f} events/s  "
-                  f"{latency_text(buckets - last_buckets)}  scored {count:.0f}  model v{model}",
+                  f"{latency_text(buckets - last_buckets)}  scored {count:.0f}  model {model}",
                   file=out)  # fmt: skip
         else:
             print(f"{stamp}  {new:6d} events/s scored by the worker holding the lease  "
-                  f"scored {watch.seen}  model v{model}", file=out)  # fmt: skip
+                  f"scored {watch.seen}  model {model}", file=out)  # fmt: skip
         print("\n".join(watch.lines()), file=out, flush=True)
         last_count, last_buckets = count, buckets
         if deadline is not None and time.monotonic() > deadline:
