@@ -10,6 +10,7 @@ import typing
 from model.artifact import save_model
 from worker.cli_args import csv
 from worker.events import EventError, numbered_events
+from worker.kernels import one_blas_thread
 from worker.model_commands import with_registry
 from worker.registry import Registry
 from worker.settings import SettingsError, load_settings
@@ -169,7 +170,8 @@ def run_train(args: argparse.Namespace) -> int:
         if not args.quiet:
             print("(no progress bar: pip install 'intentstream[train]' for one)", file=sys.stderr)
     progress = None if args.quiet or tqdm is None else tqdm
-    result = train(events, config, progress=progress)
+    with one_blas_thread():
+        result = train(events, config, progress=progress)
     report = result.report
     _print_metrics(report)
     _print_left_out(report, config.min_type_count)
@@ -194,7 +196,8 @@ def run_train(args: argparse.Namespace) -> int:
             return 0
         current = reg.current()
         if current is not None and not args.force:
-            theirs = evaluate_on(reg.load(current), events, config)["auc_last"]
+            with one_blas_thread():
+                theirs = evaluate_on(reg.load(current), events, config)["auc_last"]
             ours = report["metrics"]["auc_last"]
             if not ours >= theirs:  # a NaN AUC never promotes
                 print(
