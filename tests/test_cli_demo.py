@@ -64,3 +64,16 @@ def test_demo_where_another_worker_holds_the_lease_shows_its_scores_of_this_run(
     assert users, out
     assert all(u.startswith("demo-") for u in users), users  # this run's users only
     assert "nan" not in out
+
+
+def test_kernel_sets_compile_in_a_helper_process_and_are_then_cached():
+    import subprocess
+    import sys
+
+    from worker.kernels import COMPILE, is_cached
+
+    result = subprocess.run(
+        [sys.executable, "-m", "worker.kernels", *COMPILE], capture_output=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    assert all(is_cached(name) for name in COMPILE)

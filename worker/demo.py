@@ -217,8 +217,8 @@ def run_demo(
             if not is_cached(k)]  # fmt: skip
     helper = compile_in_background([k for k in cold if k != "training"])
     if cold:
-        print(f"first run: compiling the {', '.join(cold)} kernels (Numba; cached for the next "
-              "runs, ~20 s)...", file=out, flush=True)  # fmt: skip
+        print(f"first run: compiling the {', '.join(cold)} kernels (Numba, 15-30 s; cached in "
+              "model/__pycache__ for the next runs)...", file=out, flush=True)  # fmt: skip
     server = None
     if redis_url is None:
         server = LocalRedis().start()

@@ -13,6 +13,7 @@ evaluation sets in a second process while it compiles the training set itself.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -79,10 +80,19 @@ def is_cached(name: str) -> bool:
         return False
 
 
+def idle_cores() -> float:
+    """Cores this process may use minus the 1-minute load average."""
+    try:
+        return len(os.sched_getaffinity(0)) - os.getloadavg()[0]
+    except (AttributeError, OSError):  # not Linux
+        return (os.cpu_count() or 1) - 1.0
+
+
 def compile_in_background(names: list[str]) -> subprocess.Popen | None:
-    """Start a process compiling the sets not cached yet; None when all are."""
+    """Start a process compiling the sets not cached yet; None when all are cached or no core
+    is idle (a second compiler on a busy machine only slows the first one down)."""
     cold = [n for n in names if not is_cached(n)]
-    if not cold:
+    if not cold or idle_cores() < 1:
         return None
     return subprocess.Popen(
         [sys.executable, "-m", "worker.kernels", *cold],
