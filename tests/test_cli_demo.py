@@ -66,6 +66,7 @@ def test_demo_where_another_worker_holds_the_lease_shows_its_scores_of_this_run(
     assert "nan" not in out
 
 
+@pytest.mark.integration
 def test_kernel_sets_compile_in_a_helper_process_and_are_then_cached():
     import subprocess
     import sys
