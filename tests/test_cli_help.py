@@ -113,3 +113,15 @@ def test_settings_flags_name_their_environment_variable():
     helps = {a.dest: a.help for a in worker._actions}
     for name in Settings.model_fields:
         assert f"INTENTSTREAM_{name.upper()}" in helps[name]
+
+
+def test_the_readme_documents_every_train_and_demo_flag():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for prog in ("intentstream train", "intentstream demo", "intentstream worker"):
+        parser = next(p for p in all_parsers() if p.prog == prog)
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    assert f"`{flag}" in readme, f"{prog} {flag} is not in the README"
