@@ -46,12 +46,12 @@ def assert_one_line(result: subprocess.CompletedProcess, *needles: str) -> str:
 def test_unreachable_redis_is_one_line_naming_the_url(argv, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = run_cli(*argv, "--redis-url", DOWN)
-    assert_one_line(result, "cannot reach Redis at redis://127.0.0.1:1/0", "--redis-url")
+    assert_one_line(result, "Redis at redis://127.0.0.1:1/0 is unreachable", "--redis-url")
 
 
 def test_model_publish_to_unreachable_redis(golden_path):
     result = run_cli("model", "publish", str(golden_path), "--redis-url", DOWN)
-    assert_one_line(result, "cannot reach Redis")
+    assert_one_line(result, "is unreachable")
 
 
 def test_the_password_of_the_url_is_not_printed():

@@ -70,7 +70,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     if isinstance(exc, redis.AuthenticationError):
         return f"Redis at {url} refused the login: {exc} (user:password@ in --redis-url)"
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-        return f"cannot reach Redis at {url}: {exc} (--redis-url / INTENTSTREAM_REDIS_URL)"
+        return f"Redis at {url} is unreachable: {exc} (--redis-url / INTENTSTREAM_REDIS_URL)"
     if isinstance(exc, redis.RedisError):
         return f"Redis at {url} replied: {exc}"
     if isinstance(exc, OSError):  # a file not found, not readable, a directory, a port taken
