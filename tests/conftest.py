@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,24 @@ import pytest
 
 from model.artifact import save_model
 from tests.golden import golden_model
+
+# A test that starts redis-server or a subprocess is an integration test: `pytest -m "not
+# integration"` runs the rest in seconds. Marked here from what a test uses, so a new test
+# cannot forget it; a test may also carry the mark itself.
+_SERVER_FIXTURES = {"redis_server", "aof_redis_server"}
+_PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "console_script(")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("integration"):
+            continue
+        fn = getattr(item, "function", None)
+        source = inspect.getsource(fn) if fn is not None else ""
+        if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or any(
+            call in source for call in _PROCESS_CALLS
+        ):
+            item.add_marker(pytest.mark.integration)
 
 
 def console_script() -> str:

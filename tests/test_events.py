@@ -8,12 +8,14 @@ from hypothesis import strategies as st
 
 from worker.events import MAX_TS_MS, EventError, event_from_fields, parse_entry, parse_flat_entry
 
-NAMES = st.sampled_from([b"user_id", b"type", b"ts", b"json", b"other"]) | st.binary(max_size=8)
+NAMES = st.sampled_from([b"user_id", b"type", b"ts", b"event_id", b"json", b"other"]) | st.binary(
+    max_size=8
+)
 VALUES = (
     st.binary(max_size=300)
     | st.text(max_size=300).map(str.encode)
     | st.integers(-(10**16), 10**16).map(lambda i: str(i).encode())
-    | st.sampled_from([b"view", b"alice", b"", b"1700000000000", b"12.5", b"\xff"])
+    | st.sampled_from([b"view", b"alice", b"", b"1700000000000", b"12.5", b"\xff", b"e 1", b"e-1"])
 )
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -39,7 +41,8 @@ def test_fast_parser_agrees_with_the_schema_on_arbitrary_fields(fields, entry_ms
     if isinstance(slow, tuple) and slow[0] == "error":
         assert fast == slow  # same rejection, same reason
     else:
-        assert fast == (slow.user_id, slow.type, slow.ts)
+        eid = slow.event_id.encode() if slow.event_id is not None else None
+        assert fast == (slow.user_id, slow.type, slow.ts, eid)
         assert 1 <= len(slow.user_id.encode()) <= 256
         assert 0 <= slow.ts <= MAX_TS_MS
 
@@ -54,18 +57,20 @@ def test_json_field_never_raises_anything_but_event_error(doc):
     fields = {b"json": json.dumps(doc).encode()}
     result = outcome(lambda f: parse_entry(f, 5), fields)
     if not (isinstance(result, tuple) and result[0] == "error"):
-        user_id, type_, _ts = result
+        user_id, type_, _ts, _event_id = result
         assert user_id == doc["user_id"] and type_ == doc["type"]
 
 
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
-        ({b"user_id": b"a", b"type": b"view"}, ("a", "view", 42)),
-        ({b"user_id": b"a", b"type": b"view", b"ts": b"7"}, ("a", "view", 7)),
-        ({b"json": b'{"user_id": "a", "type": "view", "ts": 9}'}, ("a", "view", 9)),
-        ({b"json": b'{"user_id": "a", "type": "view"}'}, ("a", "view", 42)),
-        ({b"user_id": "ü".encode(), b"type": b"view", b"x": b"\xff"}, ("ü", "view", 42)),
+        ({b"user_id": b"a", b"type": b"view"}, ("a", "view", 42, None)),
+        ({b"user_id": b"a", b"type": b"view", b"ts": b"7"}, ("a", "view", 7, None)),
+        ({b"json": b'{"user_id": "a", "type": "view", "ts": 9}'}, ("a", "view", 9, None)),
+        ({b"json": b'{"user_id": "a", "type": "view"}'}, ("a", "view", 42, None)),
+        ({b"user_id": "ü".encode(), b"type": b"view", b"x": b"\xff"}, ("ü", "view", 42, None)),
+        ({b"user_id": b"a", b"type": b"v", b"event_id": b"o-1"}, ("a", "v", 42, b"o-1")),
+        ({b"json": b'{"user_id": "a", "type": "v", "event_id": "o-2"}'}, ("a", "v", 42, b"o-2")),
     ],
 )
 def test_valid_entries(fields, expected):
@@ -84,6 +89,8 @@ def test_valid_entries(fields, expected):
         ({b"user_id": b"a" * 257, b"type": b"view"}, "user_id: must be 1-256 bytes"),
         ({b"json": b"x" * 70000}, "json: larger than 64 KiB"),
         ({b"json": b'{"user_id": "a", "type": "v", "ts": true}'}, "ts: must be an integer"),
+        ({b"user_id": b"a", b"type": b"v", b"event_id": b"has space"}, "event_id: must be"),
+        ({b"user_id": b"a", b"type": b"v", b"event_id": b"x" * 129}, "event_id: must be"),
     ],
 )
 def test_invalid_entries_name_the_problem(fields, reason):
@@ -127,4 +134,4 @@ def test_a_parser_gap_becomes_a_dead_letter(monkeypatch):
     monkeypatch.setattr(batch, "parse_flat_entry", broken)
     parsed = batch.parse_batch(0, [[b"1-0", [b"user_id", b"a", b"type", b"v"]]])
     assert parsed.users == [] and len(parsed.dead) == 1
-    assert b"unparseable entry (RuntimeError: surprise)" in parsed.dead[0]
+    assert parsed.dead[0].error == "unparseable entry (RuntimeError: surprise)"

@@ -114,8 +114,16 @@ def test_hot_reload_promote_corrupt_and_rollback_while_the_worker_runs(redis_ser
     sent = []
 
     def send(n: int) -> None:
-        batch = [next(events) for _ in range(n)]
-        sent.extend(publish(r, batch))
+        batch = [next(events) | {"event_id": f"e{len(sent) + i}"} for i in range(n)]
+        publish(r, batch)
+        sent.extend(e["event_id"] for e in batch)
+
+    def scored_by(version: str) -> bool:
+        """Send a few events until the newest score comes from `version`."""
+        if newest_model() == version:
+            return True
+        send(20)
+        return False
 
     def newest_model() -> str:
         return r.xrevrange("intentstream:scores:{0}", count=1)[0][1][b"model"].decode()
@@ -126,11 +134,7 @@ def test_hot_reload_promote_corrupt_and_rollback_while_the_worker_runs(redis_ser
         assert newest_model() == "1"
 
         registry.publish_model(a_model(2), promote=True)  # announced on pub/sub
-        deadline = time.monotonic() + 20
-        while newest_model() != "2" and time.monotonic() < deadline:
-            send(20)
-            time.sleep(0.1)
-        assert newest_model() == "2"
+        wait_for(lambda: scored_by("2"), timeout=120, what="scores by version 2")
 
         # a corrupt artifact made current behind the registry's back: refused, 2 keeps scoring
         v3 = registry.publish_model(a_model(3))
@@ -147,18 +151,14 @@ def test_hot_reload_promote_corrupt_and_rollback_while_the_worker_runs(redis_ser
 
         # current changed without an announcement (a lost pub/sub message): polling finds it
         r.set("intentstream:model:current", "1")
-        deadline = time.monotonic() + 20
-        while newest_model() != "1" and time.monotonic() < deadline:
-            send(20)
-            time.sleep(0.1)
-        assert newest_model() == "1"
+        wait_for(lambda: scored_by("1"), timeout=120, what="scores by version 1 again")
         send(100)
         wait_for(lambda: count_scores(r) == len(sent), what="all scores")
         metrics = scrape(port)
     finally:
         assert worker.terminate() == 0
     rows = score_entries(r)
-    assert sorted(row["event_id"] for row in rows) == sorted(i.decode() for i in sent)
+    assert sorted(row["event_id"] for row in rows) == sorted(sent)
     assert metrics["intentstream_model_reloads_total[('result', 'loaded')]"] == 2
     assert metrics["intentstream_model_version[]"] == 1
     assert "new model refused" in worker.log()
@@ -187,7 +187,7 @@ def test_states_carry_over_between_models_of_the_same_shape(redis_server):
     consumer.tick()
     h1 = np.frombuffer(r.hget("intentstream:state:{0}:u", "h"), "<f4").copy()
     reg.publish_model(second, promote=True)
-    time.sleep(0.05)
+    wait_for(lambda: consumer.tick() or consumer.model.version == "2", what="the swap")
     publish(r, [{"user_id": "u", "type": "coupon", "ts": 2000}])
     consumer.tick()
     consumer.tick()
@@ -198,7 +198,7 @@ def test_states_carry_over_between_models_of_the_same_shape(redis_server):
     _, want = reference_step(second.arrays, h1.reshape(1, -1).astype(np.float64), 4,
                              np.array([np.log1p(1.0)]), "sigmoid")  # fmt: skip
     assert abs(float(rows[1]["score"]) - want) < 1e-5
-    assert consumer.metrics.state_resets.labels("shape")._value.get() == 0
+    assert consumer.metrics.value("intentstream_state_resets_total", reason="shape") == 0
 
 
 def test_states_restart_from_zero_when_the_shape_changes(redis_server):
@@ -211,7 +211,7 @@ def test_states_restart_from_zero_when_the_shape_changes(redis_server):
     consumer.tick()
     wider = a_model(5, hidden=8, layers=2)  # 2 x 8 = 16 floats: same size, other shape
     reg.publish_model(wider, promote=True)
-    time.sleep(0.05)
+    wait_for(lambda: consumer.tick() or consumer.model.version == "2", what="the swap")
     publish(r, [{"user_id": "u", "type": "view", "ts": 1000}])  # same time: no gap
     consumer.tick()
     consumer.tick()
@@ -221,7 +221,7 @@ def test_states_restart_from_zero_when_the_shape_changes(redis_server):
 
     want = InMemoryScorer(ScoringModel(wider)).score(["x"], ["view"], np.array([1000]))[0]
     assert abs(fresh - want) < 1e-5
-    assert consumer.metrics.state_resets.labels("shape")._value.get() == 1
+    assert consumer.metrics.value("intentstream_state_resets_total", reason="shape") == 1
 
 
 def test_demo_scores_live_and_leaves_nothing_behind_on_sigint(tmp_path):
@@ -279,4 +279,4 @@ def test_a_state_written_by_an_unknown_version_of_another_shape_restarts(redis_s
     publish(r, [{"user_id": "u", "type": "view", "ts": 1000}])
     consumer.tick()
     consumer.tick()
-    assert consumer.metrics.state_resets.labels("shape")._value.get() == 1
+    assert consumer.metrics.value("intentstream_state_resets_total", reason="shape") == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -18,7 +17,7 @@ from model.sessions import DataError, Session, pad, sessionize
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.train import TrainConfig, train
 from tests.conftest import run_cli
-from tests.workers import WorkerProcess
+from tests.workers import WorkerProcess, wait_for
 from worker.connection import connect
 from worker.publisher import publish
 from worker.registry import Registry
@@ -250,12 +249,13 @@ def test_train_from_redis_publishes_promotes_and_a_running_worker_switches(redis
             last = r.xrevrange("intentstream:scores:{0}", count=1)
             return bool(last) and last[0][1][b"model"] == b"2"
 
-        for _ in range(40):
+        def scored_by_2_yet() -> bool:
             if scored_by_2():
-                break
+                return True
             publish(r, [{"user_id": "new-user", "type": "view"}])
-            time.sleep(0.25)
-        assert scored_by_2()
+            return False
+
+        wait_for(scored_by_2_yet, timeout=120, what="scores by version 2")
 
         # a worse model is published but not promoted, unless forced
         worse = run_cli(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,6 +18,8 @@ from worker.connection import connect
 from worker.keys import partition_of
 from worker.local_redis import free_port
 from worker.publisher import publish
+
+pytestmark = pytest.mark.integration
 
 PARTITIONS = 2
 
@@ -42,12 +43,14 @@ def uninterrupted(model_path: Path, events: list[dict]):
     return scores, scorer._state
 
 
-def assert_exactly_once_and_equal(r, events, ids, model_path, partitions=PARTITIONS):
+def with_event_ids(events) -> list[dict]:
+    """Events with producer event ids e0, e1, ...: score entries carry them."""
+    return [e | {"event_id": f"e{i}"} for i, e in enumerate(events)]
+
+
+def assert_exactly_once_and_equal(r, events, model_path, partitions=PARTITIONS):
     rows = score_entries(r, partitions=partitions)
-    keys = [
-        (partition_of(e["user_id"], partitions), i.decode())
-        for e, i in zip(events, ids, strict=True)
-    ]
+    keys = [(partition_of(e["user_id"], partitions), e["event_id"]) for e in events]
     by_key = {(row["partition"], row["event_id"]): row for row in rows}
     assert len(rows) == len(events), "an event was scored twice or not at all"
     assert set(by_key) == set(keys)
@@ -65,27 +68,24 @@ def assert_exactly_once_and_equal(r, events, ids, model_path, partitions=PARTITI
 def test_kill_9_at_random_points_loses_nothing_and_applies_nothing_twice(
     redis_server, model_path, tmp_path
 ):
-    events = list(synthetic_events(30000, 1000, seed=9))
+    events = with_event_ids(synthetic_events(30000, 1000, seed=9))
     r = connect(redis_server.url)
-    ids = publish(r, events, partitions=PARTITIONS)
+    publish(r, events, partitions=PARTITIONS)
     rng = random.Random(4)
     log = tmp_path / "w.log"
     common = ["--partitions", str(PARTITIONS), "--batch-size", "50", "--lease-ms", "1000"]
-    kills = 0
     # Restarts alternate between the same consumer name (its own pending entries come back
     # first) and a new one (which takes the partitions when the dead one's lease runs out).
-    for round_ in range(5):
+    # Each kill comes after a random amount of progress (at most 3,000 of 30,000 events), so
+    # all four happen mid-run whatever the machine's speed.
+    for round_ in range(4):
         name = "w-a" if round_ % 2 == 0 else f"w-{round_}"
         worker = WorkerProcess(
             redis_server.url, model_path, log, *common, "--consumer", name
         ).start()
-        before = count_scores(r, partitions=PARTITIONS)
-        wait_for(lambda b=before: count_scores(r, partitions=PARTITIONS) > b, what="progress")
-        time.sleep(rng.uniform(0.0, 0.4))
+        target = count_scores(r, partitions=PARTITIONS) + rng.randint(1, 3000)
+        wait_for(lambda t=target: count_scores(r, partitions=PARTITIONS) >= t, what="progress")
         worker.kill()
-        kills += 1
-        if count_scores(r, partitions=PARTITIONS) >= len(events):
-            break
     final = WorkerProcess(
         redis_server.url, model_path, log, *common, "--consumer", "w-final"
     ).start()
@@ -95,11 +95,9 @@ def test_kill_9_at_random_points_loses_nothing_and_applies_nothing_twice(
             timeout=120,
             what="all scores",
         )
-        time.sleep(0.5)  # a duplicate would show up now
     finally:
-        assert final.terminate() == 0
-    assert kills >= 3
-    assert_exactly_once_and_equal(r, events, ids, model_path)
+        assert final.terminate() == 0  # after exit, nothing more can be written
+    assert_exactly_once_and_equal(r, events, model_path)
 
 
 def ready_status(port: int) -> int:
@@ -110,9 +108,9 @@ def ready_status(port: int) -> int:
 
 
 def test_redis_restart_mid_run_is_survived(aof_redis_server, model_path, tmp_path):
-    events = list(synthetic_events(5000, 300, seed=12))
+    events = with_event_ids(synthetic_events(5000, 300, seed=12))
     r = connect(aof_redis_server.url)
-    ids = publish(r, events, partitions=PARTITIONS)
+    publish(r, events, partitions=PARTITIONS)
     port = free_port()
     worker = WorkerProcess(
         aof_redis_server.url, model_path, tmp_path / "w.log",
@@ -122,7 +120,6 @@ def test_redis_restart_mid_run_is_survived(aof_redis_server, model_path, tmp_pat
         wait_for(lambda: count_scores(r, partitions=PARTITIONS) > 500, what="first scores")
         aof_redis_server.stop()
         wait_for(lambda: ready_status(port) == 503, timeout=30, what="/readyz to turn 503")
-        time.sleep(1.0)
         aof_redis_server.start()
         r = connect(aof_redis_server.url)
         wait_for(
@@ -131,19 +128,18 @@ def test_redis_restart_mid_run_is_survived(aof_redis_server, model_path, tmp_pat
             what="all scores",
         )
         wait_for(lambda: ready_status(port) == 200, timeout=30, what="/readyz back to 200")
-        time.sleep(0.5)
     finally:
         assert worker.terminate() == 0
     assert "redis unavailable" in worker.log()
-    assert_exactly_once_and_equal(r, events, ids, model_path)
+    assert_exactly_once_and_equal(r, events, model_path)
 
 
 def test_two_workers_share_the_partitions_and_one_takes_over_when_the_other_dies(
     redis_server, model_path, tmp_path
 ):
-    events = list(synthetic_events(12_000, 600, seed=21))
+    events = with_event_ids(synthetic_events(12_000, 600, seed=21))
     r = connect(redis_server.url)
-    ids = publish(r, events[:4000], partitions=4)
+    publish(r, events[:4000], partitions=4)
     common = ["--partitions", "4", "--batch-size", "50", "--lease-ms", "1000"]
     w1 = WorkerProcess(redis_server.url, model_path, tmp_path / "w1.log", *common,
                        "--consumer", "w1").start()  # fmt: skip
@@ -156,15 +152,14 @@ def test_two_workers_share_the_partitions_and_one_takes_over_when_the_other_dies
 
     try:
         wait_for(lambda: sorted(holders()) == ["w1", "w1", "w2", "w2"], what="two each")
-        ids += publish(r, events[4000:8000], partitions=4)
+        publish(r, events[4000:8000], partitions=4)
         wait_for(lambda: count_scores(r, partitions=4) >= 8000, what="8000 scores")
         w1.kill()
-        ids += publish(r, events[8000:], partitions=4)
+        publish(r, events[8000:], partitions=4)
         wait_for(lambda: holders() == ["w2"] * 4, what="w2 to take all partitions")
         wait_for(lambda: count_scores(r, partitions=4) >= len(events), what="all scores")
-        time.sleep(0.5)
     finally:
         w1.kill()
         assert w2.terminate() == 0
     assert "handed partitions over" in w1.log() + w2.log()
-    assert_exactly_once_and_equal(r, events, ids, model_path, partitions=4)
+    assert_exactly_once_and_equal(r, events, model_path, partitions=4)

@@ -1,4 +1,4 @@
-"""One partition's batch of stream entries, parsed: what the model step and the commit need.
+"""One partition's batch of stream entries, parsed: what the pipeline and the commit need.
 
 Parsing is pure (no Redis, no state), so the worker can parse the next batch while Redis
 executes the previous commit, and drop it unused if that commit fails.
@@ -6,13 +6,11 @@ executes the previous commit, and drop it unused if that commit fails.
 
 from __future__ import annotations
 
-import struct
 import time
 from dataclasses import dataclass, field
 
 from worker.events import EventError, parse_flat_entry
-
-MAX_DEAD_FIELDS = 1000  # field pairs kept of one dead letter
+from worker.keys import partition_of
 
 
 def entry_id(raw: bytes) -> tuple[int, int]:
@@ -21,22 +19,13 @@ def entry_id(raw: bytes) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def length_prefixed(*items: bytes) -> bytes:
-    """Length-prefixed strings, as the Lua side reads them with '<I4c0'."""
-    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+@dataclass(frozen=True)
+class DeadLetter:
+    """An entry that is not a valid event: its id, why, and its original fields."""
 
-
-def dead_letter(raw_id: bytes, fields: list[bytes], error: str) -> bytes:
-    """A dead letter for COMMIT: source_id, error, then the original field/value pairs."""
-    pairs = len(fields) // 2
-    if pairs > MAX_DEAD_FIELDS:
-        error += f" (only the first {MAX_DEAD_FIELDS} of {pairs} fields kept)"
-        pairs = MAX_DEAD_FIELDS
-    return (
-        length_prefixed(raw_id, error.encode())
-        + struct.pack("<I", pairs)
-        + length_prefixed(*fields[: 2 * pairs])
-    )
+    source_id: bytes
+    error: str
+    fields: list[bytes]  # field, value, field, value, ...
 
 
 @dataclass
@@ -48,9 +37,11 @@ class Batch:
     users: list[str] = field(default_factory=list)  # one per valid event, in stream order
     types: list[str] = field(default_factory=list)
     ts: list[int] = field(default_factory=list)
-    event_ids: list[bytes] = field(default_factory=list)
-    event_keys: list[tuple[int, int]] = field(default_factory=list)
-    dead: list[bytes] = field(default_factory=list)  # packed for COMMIT
+    entry_ids: list[bytes] = field(default_factory=list)  # stream id of each valid event
+    entry_keys: list[tuple[int, int]] = field(default_factory=list)  # the same, as (ms, seq)
+    event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
+    dead: list[DeadLetter] = field(default_factory=list)  # invalid and misrouted entries
+    misrouted: int = 0  # of the dead letters: users of another partition (SPEC §3)
     lost: int = 0  # deleted while pending (nil fields)
     parse_seconds: float = 0.0
 
@@ -58,29 +49,40 @@ class Batch:
         return len(self.ids)
 
 
-def parse_batch(partition: int, entries: list) -> Batch:
-    """Parse raw XREADGROUP entries ([id, [field, value, ...] or nil]) of one partition."""
+def parse_batch(partition: int, entries: list, partitions: int = 1) -> Batch:
+    """Parse raw XREADGROUP entries ([id, [field, value, ...] or nil]) of one partition of
+    `partitions`; an event whose user belongs to another partition is a dead letter."""
     t0 = time.perf_counter()
     b = Batch(partition)
-    for raw_id, fields in entries:
+    for raw_id, entry in entries:
         b.ids.append(raw_id)
         key = entry_id(raw_id)
-        if not fields:
+        if not entry:
             b.lost += 1
             continue
+        # a cluster client's replies hold a dict per entry
+        fields = entry if isinstance(entry, list) else [x for kv in entry.items() for x in kv]
         try:
-            user, type_, ts = parse_flat_entry(fields, key[0])
+            user, type_, ts, event_id = parse_flat_entry(fields, key[0])
         except EventError as exc:
-            b.dead.append(dead_letter(raw_id, fields, str(exc)))
+            b.dead.append(DeadLetter(raw_id, str(exc), fields))
             continue
         except Exception as exc:  # a parser gap must cost one dead letter, not the worker
             error = f"unparseable entry ({type(exc).__name__}: {exc})"[:1000]
-            b.dead.append(dead_letter(raw_id, fields, error))
+            b.dead.append(DeadLetter(raw_id, error, fields))
+            continue
+        if partitions > 1 and (home := partition_of(user, partitions)) != partition:
+            error = (f"misrouted: user_id {user!r} belongs to partition {home} of {partitions}, "
+                     f"read from partition {partition} (a producer with another partition "
+                     "count?)")  # fmt: skip
+            b.dead.append(DeadLetter(raw_id, error, fields))
+            b.misrouted += 1
             continue
         b.users.append(user)
         b.types.append(type_)
         b.ts.append(ts)
-        b.event_ids.append(raw_id)
-        b.event_keys.append(key)
+        b.entry_ids.append(raw_id)
+        b.entry_keys.append(key)
+        b.event_ids.append(event_id)
     b.parse_seconds = time.perf_counter() - t0
     return b

@@ -91,14 +91,12 @@ def run_worker(
     metrics = WorkerMetrics()
     consumer = Consumer(settings, connect(url), source, metrics)
     consumer.model.warm_up()
-    scored = metrics.events.labels("scored")
     latencies = []
     t0 = time.perf_counter()
-    while scored._value.get() < n:
-        before = scored._value.get()
+    while (before := metrics.count("scored")) < n:
         t = time.perf_counter()
         consumer.tick()
-        latencies.append((int(scored._value.get() - before), time.perf_counter() - t))
+        latencies.append((int(metrics.count("scored") - before), time.perf_counter() - t))
     return time.perf_counter() - t0, latencies
 
 

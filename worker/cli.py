@@ -93,9 +93,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     from worker.connection import connect_settings
     from worker.consumer import Consumer
+    from worker.keys import Keys
     from worker.logs import setup_logging
     from worker.metrics import Health, WorkerMetrics, serve_metrics
     from worker.model_source import FileModelSource, RegistryModelSource
+    from worker.partitions import check_partitions
 
     try:
         settings = load_settings(args)
@@ -104,6 +106,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         return 2
     setup_logging(settings.log_format, settings.log_level)
     client = connect_settings(settings)
+    try:
+        check_partitions(client, Keys(settings.prefix), settings.partitions)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         if settings.model is not None:
             source = FileModelSource(settings.model)
@@ -133,7 +140,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     import time
 
     from model.synthetic import synthetic_events
-    from worker.connection import connect
+    from worker.connection import connect_settings
     from worker.publisher import publish
 
     try:
@@ -141,7 +148,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    client = connect(settings.redis_url, settings.socket_timeout)
+    client = connect_settings(settings)
     bad = 0
     if args.synthetic is not None:
         start = int(time.time() * 1000) if args.rate else 1_700_000_000_000
@@ -157,7 +164,11 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     sent = 0
     t0 = time.monotonic()
     for part in _chunks(iter(events), chunk):
-        publish(client, part, settings.prefix, settings.partitions, pipeline_size=chunk)
+        try:
+            publish(client, part, settings.prefix, settings.partitions, pipeline_size=chunk)
+        except SettingsError as exc:  # another partition count is in force
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         sent += len(part)
         if args.rate:
             ahead = sent / args.rate - (time.monotonic() - t0)
@@ -199,7 +210,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.bench_args)
 
 
-_REGISTRY_FLAGS = ["redis_url", "prefix", "socket_timeout"]
+_REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
 
 def _version() -> str:
@@ -218,7 +229,7 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
     src = tr.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
     src.add_argument("--from-redis", action="store_true", help="the retained event streams")
-    add_setting_flags(tr, ["redis_url", "prefix", "partitions", "socket_timeout"])
+    add_setting_flags(tr, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
     add_train_config_flags(tr)
     tr.add_argument("--out", help="write the trained artifact here")
     tr.add_argument("--report", metavar="DIR", help="write report.json and report.png here")
@@ -322,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams")
     pub.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
-    add_setting_flags(pub, ["redis_url", "prefix", "partitions", "socket_timeout"])
+    add_setting_flags(pub, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
     pub.add_argument(
         "--synthetic",
         type=positive_int,

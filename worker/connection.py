@@ -1,8 +1,11 @@
-"""Redis clients with an explicit timeout and retry policy (SPEC §4).
+"""Redis clients with an explicit timeout and retry policy (SPEC §4), for one Redis or a
+Redis Cluster.
 
 redis-py 8 defaults to a 5 s socket timeout and retries on timeouts, resending a command whose
 reply was lost. The worker's commit script is idempotent, so a resend is safe; blocking reads
-stay below the socket timeout (see Settings).
+stay below the socket timeout (see Settings). The cluster client follows MOVED and ASK
+redirections and retries TRYAGAIN itself; every script and transaction of ours touches one
+slot only.
 """
 
 from __future__ import annotations
@@ -13,25 +16,57 @@ from redis.retry import Retry
 
 from worker.settings import Settings
 
+Client = redis.Redis | redis.RedisCluster
 
-def connect(url: str, socket_timeout: float = 5.0, retries: int = 3) -> redis.Redis:
+
+def connect(
+    url: str, socket_timeout: float = 5.0, retries: int = 3, cluster: bool = False
+) -> Client:
     """A client for redis://, rediss:// (TLS) or unix:// URLs; ACL user:password in the URL.
+    With cluster, a Redis Cluster client that discovers the nodes from the one in the URL.
 
     Replies stay bytes (no decoding): event fields may be any bytes and are validated here.
     Connection errors and timeouts are retried `retries` times with jittered exponential
     backoff (10 ms doubling, capped at 1 s); the caller's loop handles longer outages.
     """
-    return redis.Redis.from_url(
-        url,
+    common = dict(
         socket_timeout=socket_timeout,
         socket_connect_timeout=min(socket_timeout, 5.0),
-        health_check_interval=30,
         retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         decode_responses=False,
+    )
+    if cluster:
+        return redis.RedisCluster.from_url(url, **common)
+    return redis.Redis.from_url(
+        url,
+        health_check_interval=30,
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        **common,
     )
 
 
-def connect_settings(settings: Settings) -> redis.Redis:
-    """The worker's client for its settings."""
-    return connect(settings.redis_url, settings.socket_timeout)
+def connect_settings(settings: Settings) -> Client:
+    """The client for a command's settings."""
+    return connect(settings.redis_url, settings.socket_timeout, cluster=settings.cluster)
+
+
+def is_cluster(client: Client) -> bool:
+    return isinstance(client, redis.RedisCluster)
+
+
+def raw_replies(client: Client, *commands: str) -> None:
+    """Make these commands answer redis-py's raw reply (no per-entry dicts, nothing dropped).
+    A cluster client parses on each node's client, and nodes come and go: call it again
+    before use."""
+    clients = (
+        [n.redis_connection for n in client.get_nodes() if n.redis_connection is not None]
+        if is_cluster(client)
+        else [client]
+    )
+    for c in clients:
+        for command in commands:
+            c.set_response_callback(command, _raw)
+
+
+def _raw(reply, **_):
+    return reply

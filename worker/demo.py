@@ -275,7 +275,6 @@ def run_demo(
 
 def _report_loop(client, consumer, consumer_name, metrics, watch, seconds, stop, out) -> None:
     """Once a second: this run's events/s, latency, who scores, a few users' scores."""
-    scored = metrics.events.labels("scored")
     last_count, last_buckets = 0.0, metrics.latency.bucket_counts()
     deadline = None if seconds is None else time.monotonic() + seconds
     ours_before = None
@@ -286,7 +285,7 @@ def _report_loop(client, consumer, consumer_name, metrics, watch, seconds, stop,
             who = "the demo's worker" if ours else f"another worker ({holder})"
             print(f"partition {PARTITION} is now scored by {who}", file=out)
         ours_before = ours
-        count, buckets = scored._value.get(), metrics.latency.bucket_counts()
+        count, buckets = metrics.count("scored"), metrics.latency.bucket_counts()
         new = watch.update()
         stamp = time.strftime("%H:%M:%S")
         model = watch.model or consumer.model.version

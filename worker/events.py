@@ -8,12 +8,15 @@ which the worker writes to the dead-letter stream.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 MAX_USER_ID_BYTES = 256
 MAX_TYPE_BYTES = 128
+MAX_EVENT_ID_BYTES = 128
+_EVENT_ID = re.compile(rb"[\x21-\x7e]{1,%d}" % MAX_EVENT_ID_BYTES)
 # Epoch milliseconds up to year 9999: rejects seconds-vs-ms mix-ups far in the future only
 # loosely, but keeps every value inside int64 and datetime range.
 MAX_TS_MS = 253_402_300_799_999
@@ -24,13 +27,15 @@ class EventError(ValueError):
 
 
 class Event(BaseModel):
-    """A user-behaviour event: who, what, and when (epoch ms; None = the entry's own time)."""
+    """A user-behaviour event: who, what, when (epoch ms; None = the entry's own time), and
+    optionally the producer's unique id of it (a retried publish repeats it: SPEC §3)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     user_id: str
     type: str
     ts: int | None = None
+    event_id: str | None = None
 
     @field_validator("user_id")
     @classmethod
@@ -46,6 +51,16 @@ class Event(BaseModel):
         n = len(v.encode("utf-8"))
         if not 1 <= n <= MAX_TYPE_BYTES:
             raise ValueError(f"must be 1-{MAX_TYPE_BYTES} bytes of UTF-8, got {n}")
+        return v
+
+    @field_validator("event_id")
+    @classmethod
+    def _event_id_printable(cls, v: str | None) -> str | None:
+        # Printable ASCII without spaces: ids travel space-separated to the commit script.
+        if v is not None and not _EVENT_ID.fullmatch(v.encode("utf-8")):
+            raise ValueError(
+                f"must be 1-{MAX_EVENT_ID_BYTES} printable ASCII characters without spaces"
+            )
         return v
 
     @field_validator("ts", mode="before")
@@ -109,7 +124,7 @@ def numbered_events(
             yield None
 
 
-_FIELDS = (b"user_id", b"type", b"ts")
+_FIELDS = (b"user_id", b"type", b"ts", b"event_id")
 
 
 def _decode_field(name: bytes, value: bytes) -> str:
@@ -120,7 +135,8 @@ def _decode_field(name: bytes, value: bytes) -> str:
 
 
 def event_from_fields(fields: dict[bytes, bytes], entry_ms: int) -> Event:
-    """Parse a stream entry's fields: user_id, type, optional ts, or one `json` field.
+    """Parse a stream entry's fields: user_id, type, optional ts and event_id, or one `json`
+    field holding them.
 
     An event without ts takes the entry id's time (entry_ms). Other fields are ignored.
     """
@@ -137,45 +153,62 @@ def event_from_fields(fields: dict[bytes, bytes], entry_ms: int) -> Event:
     return event
 
 
-def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> tuple[str, str, int]:
-    """(user_id, type, ts) of a stream entry; raises EventError with the reason.
+# What the worker keeps of a valid entry: user_id, type, ts (epoch ms), the producer's
+# event_id (None when absent). A plain tuple: one is made per event.
+ParsedEntry = tuple[str, str, int, "bytes | None"]
+
+
+def _fast(uid: bytes, typ: bytes, ts: bytes | None, eid: bytes | None, entry_ms: int):
+    """The entry when it is obviously valid, else None (the schema then decides)."""
+    if not (0 < len(uid) <= MAX_USER_ID_BYTES and 0 < len(typ) <= MAX_TYPE_BYTES):
+        return None
+    if eid is not None and not _EVENT_ID.fullmatch(eid):
+        return None
+    try:
+        user_id, type_ = uid.decode("utf-8"), typ.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if ts is None:
+        return user_id, type_, entry_ms, eid
+    if 0 < len(ts) <= 15 and ts.isdigit() and int(ts) <= MAX_TS_MS:
+        return user_id, type_, int(ts), eid
+    return None
+
+
+def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> ParsedEntry:
+    """The event of a stream entry; raises EventError with the reason.
 
     The worker's per-entry path: plain field/value entries that are obviously valid skip
     pydantic (~4 µs each); anything else goes through `event_from_fields`, the one
     definition of validity. Tests check both paths agree on arbitrary input.
     """
-    uid = fields.get(b"user_id")
-    typ = fields.get(b"type")
-    if (
-        uid is not None
-        and typ is not None
-        and 0 < len(uid) <= MAX_USER_ID_BYTES
-        and 0 < len(typ) <= MAX_TYPE_BYTES
-    ):
-        try:
-            user_id, type_ = uid.decode("utf-8"), typ.decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-        else:
-            ts = fields.get(b"ts")
-            if ts is None:
-                return user_id, type_, entry_ms
-            if 0 < len(ts) <= 15 and ts.isdigit() and int(ts) <= MAX_TS_MS:
-                return user_id, type_, int(ts)
+    uid, typ = fields.get(b"user_id"), fields.get(b"type")
+    if uid is not None and typ is not None:
+        fast = _fast(uid, typ, fields.get(b"ts"), fields.get(b"event_id"), entry_ms)
+        if fast is not None:
+            return fast
     event = event_from_fields(fields, entry_ms)
-    return event.user_id, event.type, event.ts
+    eid = event.event_id.encode("utf-8") if event.event_id is not None else None
+    return event.user_id, event.type, event.ts, eid
 
 
-def parse_flat_entry(flat: list[bytes], entry_ms: int) -> tuple[str, str, int]:
+def parse_flat_entry(flat: list[bytes], entry_ms: int) -> ParsedEntry:
     """`parse_entry` for a raw reply's field list [field, value, field, value, ...].
 
-    The layouts producers send (user_id, type[, ts], in that order) are checked in place;
-    anything else becomes a dict first (the last of repeated fields wins, as in HGETALL).
+    The layout `publish()` sends (user_id, type[, ts[, event_id]], in that order) is checked
+    in place; anything else becomes a dict first (the last of repeated fields wins, as in
+    HGETALL).
     """
     n = len(flat)
-    if (n == 6 or n == 4) and flat[0] == b"user_id" and flat[2] == b"type":
+    if n >= 4 and flat[0] == b"user_id" and flat[2] == b"type":
+        fast = None
         if n == 4:
-            return parse_entry({b"user_id": flat[1], b"type": flat[3]}, entry_ms)
-        if flat[4] == b"ts":
-            return parse_entry({b"user_id": flat[1], b"type": flat[3], b"ts": flat[5]}, entry_ms)
+            fast = _fast(flat[1], flat[3], None, None, entry_ms)
+        elif flat[4] == b"ts":
+            if n == 6:
+                fast = _fast(flat[1], flat[3], flat[5], None, entry_ms)
+            elif n == 8 and flat[6] == b"event_id":
+                fast = _fast(flat[1], flat[3], flat[5], flat[7], entry_ms)
+        if fast is not None:
+            return fast
     return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms)

@@ -13,10 +13,12 @@ def read_history(
     client: redis.Redis, prefix: str, partitions: int, page: int = 10_000
 ) -> tuple[list[dict], int]:
     """Every parseable event of the partition streams, in stream order, with XRANGE pages;
-    and the number of entries skipped as unparseable (the worker dead-letters those)."""
+    and the number of entries skipped as unparseable (the worker dead-letters those) or as
+    a producer's retry of an event already read (same user and event_id)."""
     keys = Keys(prefix)
     events: list[dict] = []
     skipped = 0
+    seen: set[tuple[str, bytes]] = set()
     for p in range(partitions):
         stream, start = keys.events(p), "-"
         while True:
@@ -27,10 +29,15 @@ def read_history(
                     fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
                 )
                 try:
-                    user, type_, ts = parse_flat_entry(flat, ms)
+                    user, type_, ts, event_id = parse_flat_entry(flat, ms)
                 except EventError:
                     skipped += 1
                     continue
+                if event_id is not None:
+                    if (user, event_id) in seen:
+                        skipped += 1
+                        continue
+                    seen.add((user, event_id))
                 events.append({"user_id": user, "type": type_, "ts": ts})
             if len(entries) < page:
                 break

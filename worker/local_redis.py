@@ -50,8 +50,10 @@ class LocalRedis:
         appendonly: bool = False,
         dir: str | None = None,
         tls: tuple[str, str, str] | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
+        self.extra = extra  # more redis-server arguments
         self.appendonly = appendonly
         self.tls = tls  # (certificate, key, CA certificate) files: serve TLS only
         self._own_dir = dir is None
@@ -75,6 +77,7 @@ class LocalRedis:
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "always",
             "--logfile", str(Path(self.dir) / "redis.log"),
+            *self.extra,
         ]  # fmt: skip
         if self.tls:
             cert, key, ca = self.tls
@@ -140,3 +143,88 @@ class LocalRedis:
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+class LocalCluster:
+    """A Redis Cluster of `masters` masters with `replicas` replicas each, on loopback ports,
+    made with `redis-cli --cluster create`: for tests and `bench --cluster`."""
+
+    def __init__(self, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 2000) -> None:
+        self.masters = masters
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes: list[LocalRedis] = []
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self, timeout: float = 60.0) -> LocalCluster:
+        """Start the nodes, create the cluster and wait until every node says it is ok."""
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is needed to create a local cluster; none on PATH")
+        for _ in range(self.masters * (1 + self.replicas)):
+            node = LocalRedis(
+                port=free_cluster_port(),
+                appendonly=True,
+                extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                       "--cluster-node-timeout", str(self.node_timeout_ms),
+                       "--appendfsync", "everysec"),
+            )  # fmt: skip
+            self.nodes.append(node.start())
+        addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas),
+             "--cluster-yes"],
+            check=True, capture_output=True, timeout=timeout,
+        )  # fmt: skip
+        self.wait_ok(timeout)
+        return self
+
+    def wait_ok(self, timeout: float = 60.0) -> None:
+        """Wait until every running node reports cluster_state:ok and agrees on the slots."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self._node_ok(n) for n in self.nodes if n.process is not None):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the local cluster did not become ok in time")
+
+    @staticmethod
+    def _node_ok(node: LocalRedis) -> bool:
+        client = redis.Redis(port=node.port, socket_timeout=1)
+        try:
+            info = client.cluster("info")
+            return (
+                info.get("cluster_state") == "ok" and int(info.get("cluster_slots_ok", 0)) == 16384
+            )
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.close()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

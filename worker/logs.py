@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 
 
@@ -41,3 +42,18 @@ def setup_logging(fmt: str = "auto", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # Uncaught errors, in any thread, are log records too: one JSON line, not a traceback.
+    sys.excepthook = _log_uncaught
+    threading.excepthook = lambda args: _log_uncaught(
+        args.exc_type, args.exc_value, args.exc_traceback, args.thread
+    )
+
+
+def _log_uncaught(exc_type, exc, tb, thread: threading.Thread | None = None) -> None:
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    where = {"thread": thread.name} if thread is not None else {}
+    logging.getLogger("intentstream").critical(
+        "uncaught exception", exc_info=(exc_type, exc, tb), extra=where
+    )

@@ -6,6 +6,8 @@ batch instead of one Python call per event.
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +24,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+log = logging.getLogger("intentstream.metrics")
 
 # 0.25 ms to 10 s, in base units (seconds).
 LATENCY_BUCKETS = (
@@ -79,7 +83,9 @@ class WorkerMetrics:
         self.events = Counter(
             "intentstream_events",
             "Stream entries handled, by outcome: scored, deadletter, duplicate (already "
-            "applied, acknowledged only), lost (deleted before it was read).",
+            "applied, or a producer's retry of an applied event_id: acknowledged only), "
+            "misrouted (a user of another partition: dead-lettered), lost (deleted before it "
+            "was read).",
             ["outcome"],
             registry=r,
         )
@@ -144,14 +150,31 @@ class WorkerMetrics:
             "intentstream_state_resets",
             "User states read from Redis and restarted from zero, by reason: invalid "
             "(non-finite values or a bad last_id), shape (another size, or written by a model "
-            "of another shape).",
+            "of another shape), wrong_type (the key holds another type: replaced).",
             ["reason"],
             registry=r,
         )
         self.commit_retries = Counter(
             "intentstream_commit_retries",
-            "Commits that applied nothing, by reason (see worker/scripts.py).",
+            "Commits that applied nothing, by reason (see worker/commit.py).",
             ["reason"],
+            registry=r,
+        )
+        self.bad_keys = Counter(
+            "intentstream_bad_keys",
+            "Times a partition-wide key (stream, scores, dead letters, sequence) held data "
+            "of another type; that partition backs off (the log names the key), the others "
+            "go on.",
+            registry=r,
+        )
+        self.redis_memory_used = Gauge(
+            "intentstream_redis_memory_used_bytes",
+            "Redis used_memory (INFO memory), read at the maintenance tick.",
+            registry=r,
+        )
+        self.redis_maxmemory = Gauge(
+            "intentstream_redis_maxmemory_bytes",
+            "Redis maxmemory (0 = no limit), read at the maintenance tick.",
             registry=r,
         )
         self.partitions_owned = Gauge(
@@ -159,14 +182,23 @@ class WorkerMetrics:
             "Partitions whose lease this worker holds.",
             registry=r,
         )
-        for outcome in ("scored", "deadletter", "duplicate", "lost"):
+        for outcome in ("scored", "deadletter", "duplicate", "misrouted", "lost"):
             self.events.labels(outcome)
         for result in ("loaded", "rejected"):
             self.model_reloads.labels(result)
-        for reason in ("invalid", "shape"):
+        for reason in ("invalid", "shape", "wrong_type"):
             self.state_resets.labels(reason)
         for reason in ("conflict", "not_pending", "not_owned", "behind", "noscript", "bad_key"):
             self.commit_retries.labels(reason)
+
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's current value by its exposition name (e.g. intentstream_events_total),
+        0 when absent."""
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def count(self, outcome: str) -> float:
+        """intentstream_events_total{outcome}."""
+        return self.value("intentstream_events_total", outcome=outcome)
 
 
 class Health:
@@ -189,6 +221,18 @@ class Health:
     def ready(self) -> bool:
         """Redis reachable, group present, model loaded."""
         return self.redis_ok and self.group_ok and self.model_ok
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """An HTTP server whose request errors go to the log (one JSON line in json format),
+    not as a traceback to stderr; a scraper that hangs up early is routine."""
+
+    def handle_error(self, request, client_address) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("metrics client went away", extra={"error": repr(exc)})
+        else:
+            log.warning("metrics request failed", extra={"error": repr(exc)})
 
 
 def serve_metrics(
@@ -225,7 +269,7 @@ def serve_metrics(
         def log_message(self, format: str, *args: object) -> None:
             pass  # scrapes every few seconds would drown the worker's own log
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _QuietServer((host, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server

@@ -78,10 +78,10 @@ def _show_version(registry: Registry, version: str) -> int:
 
 
 def registry_of(args: argparse.Namespace) -> Registry:
-    from worker.connection import connect
+    from worker.connection import connect_settings
 
     settings = load_settings(args, model=None)
-    return Registry(connect(settings.redis_url, settings.socket_timeout), settings.prefix)
+    return Registry(connect_settings(settings), settings.prefix)
 
 
 def with_registry(args: argparse.Namespace, action: Callable[[Registry], int]) -> int:

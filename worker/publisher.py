@@ -1,21 +1,43 @@
-"""Producer side: put events on the right partition stream, pipelined (SPEC §3)."""
+"""Producer side: put events on the right partition stream, pipelined (SPEC §3).
+
+Every event gets an `event_id` (the producer's own when given, else a fresh one), so a send
+retried after a lost reply or a dropped connection is recognised by the worker as a
+duplicate and never counted twice.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Iterator, Mapping
 
 import redis
 
 from worker.events import Event, event_from_mapping
 from worker.keys import Keys, partition_of
+from worker.partitions import check_partitions
+
+log = logging.getLogger("intentstream.publish")
+
+RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
 def entry_fields(event: Event) -> dict[str, str | int]:
-    """The stream entry fields of an event: user_id, type and ts when known."""
+    """The stream entry fields of an event: user_id, type, ts when known, event_id."""
     fields: dict[str, str | int] = {"user_id": event.user_id, "type": event.type}
     if event.ts is not None:
         fields["ts"] = event.ts
+    if event.event_id is not None:
+        fields["event_id"] = event.event_id
     return fields
+
+
+def event_ids() -> Iterator[str]:
+    """Unique event ids: a random prefix per call, then a counter (cheaper than uuid4)."""
+    prefix = secrets.token_hex(8)
+    return (f"{prefix}-{n}" for n in itertools.count())
 
 
 def publish(
@@ -24,20 +46,46 @@ def publish(
     prefix: str = "intentstream",
     partitions: int = 1,
     pipeline_size: int = 1000,
+    retries: int = 5,
 ) -> list[bytes]:
     """XADD each event to its user's partition stream; return the entry ids in order.
 
-    Events are validated first (EventError names a bad one); sends go in pipelines of
-    `pipeline_size` commands, one round trip each.
+    Events are validated first (EventError names a bad one) and given an event_id when they
+    have none; sends go in pipelines of `pipeline_size` commands, one round trip each. A
+    pipeline that fails on a connection error is sent again (up to `retries` times, with
+    backoff): the worker drops the copies whose event_id it already applied.
     """
     keys = Keys(prefix)
+    check_partitions(client, keys, partitions)
+    fresh = event_ids()
     ids: list[bytes] = []
-    pipe = client.pipeline(transaction=False)
+    chunk: list[tuple[str, dict]] = []
     for item in events:
         event = item if isinstance(item, Event) else event_from_mapping(dict(item))
-        pipe.xadd(keys.events(partition_of(event.user_id, partitions)), entry_fields(event))
-        if len(pipe) >= pipeline_size:
-            ids.extend(pipe.execute())
-    if len(pipe):
-        ids.extend(pipe.execute())
+        if event.event_id is None:
+            event = event.model_copy(update={"event_id": next(fresh)})
+        chunk.append((keys.events(partition_of(event.user_id, partitions)), entry_fields(event)))
+        if len(chunk) >= pipeline_size:
+            ids.extend(_send(client, chunk, retries))
+            chunk = []
+    if chunk:
+        ids.extend(_send(client, chunk, retries))
     return ids
+
+
+def _send(client: redis.Redis, chunk: list[tuple[str, dict]], retries: int) -> list[bytes]:
+    """XADD a chunk in one pipeline, sending it again after connection errors."""
+    for attempt in range(retries + 1):
+        pipe = client.pipeline(transaction=False)
+        for stream, fields in chunk:
+            pipe.xadd(stream, fields)
+        try:
+            return pipe.execute()
+        except RETRY_ERRORS as exc:
+            if attempt == retries:
+                raise
+            delay = min(2.0, 0.05 * 2**attempt)
+            log.warning("publish failed; sending again", extra={"error": str(exc),
+                                                                "retry_in_s": delay})  # fmt: skip
+            time.sleep(delay)
+    raise AssertionError("unreachable")

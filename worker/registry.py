@@ -1,7 +1,7 @@
 """The model registry in Redis (SPEC §5): versioned artifacts, a current pointer, rollback.
 
-Keys under the prefix: `model:seq` (INCR gives versions), `model:<v>` (artifact bytes),
-`model:meta:<v>` (JSON: the artifact's meta plus sha256, size, publication time),
+Keys (named in worker/keys.py): `model:seq` (INCR gives versions), `model:<v>` (artifact
+bytes), `model:meta:<v>` (JSON: the artifact's meta plus sha256, size, publication time),
 `model:current` (version string), `model:history` (a list of earlier currents, for rollback),
 and announcements on the pub/sub channel `model:updates`. Every artifact read back is checked
 against its recorded sha256 and validated before use.
@@ -16,6 +16,7 @@ from pathlib import Path
 import redis
 
 from model.artifact import ArtifactError, Model, model_from_bytes, model_to_bytes, sha256_hex
+from worker.keys import Keys
 
 
 class RegistryError(Exception):
@@ -28,29 +29,28 @@ class Registry:
     def __init__(self, client: redis.Redis, prefix: str = "intentstream") -> None:
         self.r = client
         self.prefix = prefix
-
-    def _key(self, *parts: str) -> str:
-        return ":".join([self.prefix, "model", *parts])
+        self.keys = Keys(prefix)
 
     @property
     def channel(self) -> str:
         """The pub/sub channel announcing promotions."""
-        return self._key("updates")
+        return self.keys.model_updates
 
     def publish(self, data: bytes, promote: bool = False) -> str:
         """Store validated artifact bytes as a new version; return the version."""
         model = model_from_bytes(data)  # refuse anything that would not load
-        version = str(self.r.incr(self._key("seq")))
+        version = str(self.r.incr(self.keys.model_seq))
         meta = model.meta.model_dump() | {
             "version": version,
             "sha256": sha256_hex(data),
             "size": len(data),
             "published_at": time.time(),
         }
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(self._key(version), data)
-        pipe.set(self._key("meta", version), json.dumps(meta))
-        pipe.execute()
+        # The meta is written last: a version is listed once its meta exists, so a crash in
+        # between leaves an unlisted artifact, never a listed version without bytes. (No
+        # MULTI: on a Redis Cluster these keys live in different slots.)
+        self.r.set(self.keys.model_artifact(version), data)
+        self.r.set(self.keys.model_meta(version), json.dumps(meta))
         if promote:
             self.promote(version)
         return version
@@ -61,17 +61,17 @@ class Registry:
 
     def versions(self) -> list[str]:
         """Every stored version, oldest first."""
-        top = int(self.r.get(self._key("seq")) or 0)
+        top = int(self.r.get(self.keys.model_seq) or 0)
         if not top:
             return []
         pipe = self.r.pipeline(transaction=False)
         for v in range(1, top + 1):
-            pipe.exists(self._key("meta", str(v)))
+            pipe.exists(self.keys.model_meta(str(v)))
         return [str(v) for v, there in zip(range(1, top + 1), pipe.execute(), strict=True) if there]
 
     def meta(self, version: str) -> dict:
         """The stored meta of a version."""
-        raw = self.r.get(self._key("meta", version))
+        raw = self.r.get(self.keys.model_meta(version))
         if raw is None:
             raise RegistryError(f"no model version {version!r} in the registry")
         try:
@@ -84,7 +84,7 @@ class Registry:
 
     def artifact_bytes(self, version: str) -> bytes:
         """The artifact bytes of a version, checked against the recorded sha256."""
-        data = self.r.get(self._key(version))
+        data = self.r.get(self.keys.model_artifact(version))
         if data is None:
             raise RegistryError(f"no model version {version!r} in the registry")
         expected = self.meta(version).get("sha256")
@@ -101,33 +101,31 @@ class Registry:
 
     def current(self) -> str | None:
         """The current version, or None when nothing was promoted."""
-        raw = self.r.get(self._key("current"))
+        raw = self.r.get(self.keys.model_current)
         return raw.decode() if raw is not None else None
 
     def promote(self, version: str) -> None:
         """Make a version current (after checking it loads) and announce it."""
         self.load(version)
         previous = self.current()
-        pipe = self.r.pipeline(transaction=True)
         if previous is not None and previous != version:
-            pipe.rpush(self._key("history"), previous)
-        pipe.set(self._key("current"), version)
-        pipe.publish(self.channel, version)
-        pipe.execute()
+            self.r.rpush(self.keys.model_history, previous)
+        self.r.set(self.keys.model_current, version)
+        self.r.publish(self.channel, version)
 
     def rollback(self) -> str:
         """Make the previous current version current again; return it."""
         while True:
-            previous = self.r.rpop(self._key("history"))
+            previous = self.r.rpop(self.keys.model_history)
             if previous is None:
                 raise RegistryError("nothing to roll back to: no earlier current version")
             version = previous.decode()
-            if self.r.exists(self._key("meta", version)):
+            # skip versions deleted since, and the current one (a promotion that stopped
+            # between its two writes pushed it)
+            if version != self.current() and self.r.exists(self.keys.model_meta(version)):
                 break
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(self._key("current"), version)
-        pipe.publish(self.channel, version)
-        pipe.execute()
+        self.r.set(self.keys.model_current, version)
+        self.r.publish(self.channel, version)
         return version
 
     def export(self, version: str, path: str | Path) -> None:

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
         description="redis://host:port/db, rediss:// (TLS) or unix:///path.sock?db=0; "
         "user:password@ for ACL users",
     )
+    cluster: bool = Field(
+        False, description="the URL names a node of a Redis Cluster (use the cluster client)"
+    )
     prefix: str = Field("intentstream", description="key prefix of every stream and key")
     partitions: int = Field(1, ge=1, le=4096, description="number of event stream partitions")
     group: str = Field("intentstream-workers", description="consumer group name")
@@ -60,6 +63,18 @@ class Settings(BaseSettings):
     state_ttl_seconds: int = Field(0, ge=0, description="expire idle user states; 0 = never")
     retention_seconds: int = Field(
         7 * 24 * 3600, ge=0, description="keep this much event history (MINID); 0 = no trim"
+    )
+    retention_max_entries: int = Field(
+        1_000_000,
+        ge=0,
+        description="keep at most about this many entries of history per partition stream "
+        "(never trims unacknowledged ones); 0 = no cap",
+    )
+    deadletter_maxlen: int = Field(
+        10_000, ge=1, description="approximate length the dead-letter streams are trimmed to"
+    )
+    deadletter_max_value_bytes: int = Field(
+        512, ge=16, description="cut each stored dead-letter field to this many bytes"
     )
     metrics_host: str = Field("127.0.0.1", description="address the metrics server binds")
     metrics_port: int = Field(9108, ge=0, le=65535, description="metrics port; 0 = off")
@@ -106,21 +121,21 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: list[str] | None =
         if names is not None and name not in names:
             continue
         env = f"INTENTSTREAM_{name.upper()}"
+        flag = "--" + name.replace("_", "-")
         default = "host name and pid" if field.default_factory else field.default
         shown = (
             "none" if default is None else f"{default:g}" if isinstance(default, float) else default
         )
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            default=None,  # unset flags leave the environment's value in force
-            metavar=name.upper(),
-            help=(
-                f"{field.description or name} (env {env}"
-                + ("" if "default:" in (field.description or "") else f"; default: {shown}")
-                + ")"
-            ).replace("%", "%%"),
-        )
+        help = (
+            f"{field.description or name} (env {env}"
+            + ("" if "default:" in (field.description or "") else f"; default: {shown}")
+            + ")"
+        ).replace("%", "%%")
+        if field.annotation is bool:  # a switch: --cluster, not --cluster true
+            parser.add_argument(flag, dest=name, action="store_const", const=True, help=help)
+        else:
+            # unset flags stay None: the environment's value stays in force
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help)
 
 
 def load_settings(args: argparse.Namespace | None = None, **overrides: object) -> Settings:

@@ -19,9 +19,9 @@ from collections import OrderedDict
 import numpy as np
 
 # One user's state as last committed: h (L, H) float32 (a view of the batch's state array,
-# which nothing writes after its commit), last_ts ms, last_id (ms, seq), n, commit time
-# (monotonic). A plain tuple: thousands are made per batch.
-CachedState = tuple[np.ndarray, int, tuple[int, int], int, float]
+# which nothing writes after its commit), last_ts ms, last_id (ms, seq), n, recent producer
+# event ids, commit time (monotonic). A plain tuple: thousands are made per batch.
+CachedState = tuple[np.ndarray, int, tuple[int, int], int, list[bytes], float]
 
 
 class StateCache:
@@ -46,7 +46,7 @@ class StateCache:
         out: list[CachedState | None] = []
         for u in users:
             hit = region.get(u)
-            if hit is not None and now - hit[4] < self.max_age:
+            if hit is not None and now - hit[-1] < self.max_age:
                 region.move_to_end(u)
                 out.append(hit)
             else:

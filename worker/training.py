@@ -82,10 +82,10 @@ def train_config(args: argparse.Namespace):
 def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
     """Events from --data files (bad lines reported and skipped) or from Redis."""
     if args.from_redis:
-        from worker.connection import connect
+        from worker.connection import connect_settings
         from worker.history import read_history
 
-        client = connect(settings.redis_url, settings.socket_timeout)
+        client = connect_settings(settings)
         events, skipped = read_history(client, settings.prefix, settings.partitions)
         if skipped:
             print(f"skipped {skipped} unparseable stream entries", file=sys.stderr)

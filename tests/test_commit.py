@@ -1,0 +1,151 @@
+"""The commit script called directly against a real Redis: ok, applied, and every refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.scoring import ScoringModel
+from tests.golden import GOLDEN_EVENTS, golden_model
+from worker.batch import DeadLetter, parse_batch
+from worker.commit import (
+    MAX_DEAD_FIELDS,
+    CommitLimits,
+    CommitRefusedError,
+    CommitScript,
+    dead_letter_items,
+)
+from worker.connection import connect
+from worker.keys import Keys
+from worker.pipeline import UserStates, build_commit, distinct_users
+
+pytestmark = pytest.mark.integration
+
+GROUP, CONSUMER, HOLDER = "g", "c", "c:token"
+KEYS = Keys("intentstream")
+STREAM = KEYS.events(0)
+LIMITS = CommitLimits(scores_maxlen=1000, deadletter_maxlen=1000, deadletter_max_value_bytes=64,
+                      state_ttl_ms=0)  # fmt: skip
+
+
+class Setup:
+    """A partition with entries pending for CONSUMER, its lease held by HOLDER."""
+
+    def __init__(self, url: str) -> None:
+        self.r = connect(url)
+        self.r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+        self.r.set(KEYS.lease(0), HOLDER)
+        self.script = CommitScript(self.r, KEYS, GROUP, CONSUMER, HOLDER, LIMITS)
+        self.model = ScoringModel(golden_model(), version="1")
+
+    def read(self, *events: dict, consumer: str = CONSUMER):
+        for fields in events:
+            self.r.xadd(STREAM, fields)
+        reply = self.r.xreadgroup(GROUP, consumer, {STREAM: ">"})
+        entries = [[i, [x for kv in f.items() for x in kv]] for i, f in reply[0][1]]
+        return parse_batch(0, entries)
+
+    def commit_of(self, batch, seq: bytes = b""):
+        states = UserStates.empty(distinct_users(batch), self.model.state_shape, seq)
+        return build_commit(batch, states, self.model)
+
+    def pending(self) -> int:
+        return self.r.xpending(STREAM, GROUP)["pending"]
+
+
+@pytest.fixture
+def setup(redis_server) -> Setup:
+    return Setup(redis_server.url)
+
+
+def alice(t: str) -> dict:
+    return {"user_id": "alice", "type": t}
+
+
+def test_ok_writes_everything_and_a_resend_reports_applied(setup):
+    commit = setup.commit_of(setup.read(*(alice(t) for t in GOLDEN_EVENTS), {"type": "x"}))
+    first = setup.script.run(commit)
+    assert not first.resent and first.replaced == 0
+    assert setup.r.xlen(KEYS.scores(0)) == 3 and setup.r.xlen(KEYS.deadletter(0)) == 1
+    assert setup.pending() == 0
+    state = setup.r.hgetall(KEYS.state(0, "alice"))
+    assert state[b"n"] == b"3" and state[b"model"] == b"1" and len(state[b"h"]) == 8
+    again = setup.script.run(commit)  # as redis-py resends after a lost reply
+    assert again.resent and again.seq == first.seq
+    assert setup.r.xlen(KEYS.scores(0)) == 3
+
+
+def test_not_owned(setup):
+    commit = setup.commit_of(setup.read(alice("view")))
+    setup.r.set(KEYS.lease(0), "another:process")
+    with pytest.raises(CommitRefusedError, match="not_owned"):
+        setup.script.run(commit)
+    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.pending() == 1
+
+
+def test_not_pending_when_another_consumer_claimed_the_entries(setup):
+    batch = setup.read(alice("view"))
+    commit = setup.commit_of(batch)
+    setup.r.xclaim(STREAM, GROUP, "other", 0, batch.ids)
+    with pytest.raises(CommitRefusedError, match="not_pending"):
+        setup.script.run(commit)
+    assert setup.r.xlen(KEYS.scores(0)) == 0
+
+
+def test_behind_when_an_older_entry_is_still_pending(setup):
+    setup.read(alice("view"), consumer="old-holder")  # read, never committed
+    commit = setup.commit_of(setup.read(alice("add_to_cart")))
+    with pytest.raises(CommitRefusedError, match="behind"):
+        setup.script.run(commit)
+    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.pending() == 2
+
+
+def test_conflict_when_the_sequence_moved(setup):
+    setup.script.run(setup.commit_of(setup.read(alice("view"))))
+    stale = setup.commit_of(setup.read(alice("coupon")), seq=b"")  # read before that commit
+    with pytest.raises(CommitRefusedError, match="conflict"):
+        setup.script.run(stale)
+    assert setup.r.xlen(KEYS.scores(0)) == 1
+
+
+@pytest.mark.parametrize("key", [KEYS.scores(0), KEYS.deadletter(0), KEYS.commit_seq(0)])
+def test_bad_key_when_a_partition_key_holds_another_type(setup, key):
+    commit = setup.commit_of(setup.read(alice("view"), {"type": "dead"}))
+    setup.r.delete(key)
+    setup.r.lpush(key, "oops")
+    with pytest.raises(CommitRefusedError, match="bad_key") as refused:
+        setup.script.run(commit)
+    assert refused.value.detail == key
+    assert setup.pending() == 2 and setup.r.exists(KEYS.state(0, "alice")) == 0
+
+
+def test_a_state_key_of_another_type_is_replaced_and_the_rest_commits(setup):
+    b, c = {"user_id": "b", "type": "view"}, {"user_id": "c", "type": "view"}
+    batch = setup.read(alice("view"), b, c)
+    commit = setup.commit_of(batch)
+    setup.r.set(KEYS.state(0, "b"), "oops")  # an operator's SET
+    result = setup.script.run(commit)
+    assert result.replaced == 1
+    for user in ("alice", "b", "c"):
+        assert setup.r.hget(KEYS.state(0, user), "n") == b"1"
+    assert setup.r.xlen(KEYS.scores(0)) == 3 and setup.pending() == 0
+
+
+def test_dead_letters_are_cut_and_trimmed(setup):
+    setup.script.limits = CommitLimits(1000, 5, 64, 0)
+    huge = {"user_id": "x" * 1000, "type": "view", "blob": "y" * 5000}
+    seq = b""
+    for _ in range(4):
+        seq = setup.script.run(setup.commit_of(setup.read(*([huge] * 50)), seq)).seq
+    dead = setup.r.xrange(KEYS.deadletter(0))
+    assert len(dead) < 200  # trimmed approximately to about 5
+    fields = dead[-1][1]
+    assert fields[b"blob"] == b"y" * 64 and fields[b"blob:bytes"] == b"5000"
+    assert fields[b"user_id"] == b"x" * 64 and fields[b"user_id:bytes"] == b"1000"
+    assert b"must be 1-256 bytes" in fields[b"error"]
+
+
+def test_dead_letter_items_keep_a_bounded_number_of_fields():
+    many = [x for i in range(100) for x in (f"f{i}".encode(), b"v")]
+    items = dead_letter_items(DeadLetter(b"1-0", "bad", many), 64)
+    assert items[0] == str(MAX_DEAD_FIELDS).encode()
+    assert f"only the first {MAX_DEAD_FIELDS} of 100 fields kept".encode() in items[2]

@@ -1,0 +1,113 @@
+"""The batch pipeline as a pure function: outcomes, dedup, and the Commit it returns."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from model.scoring import ScoringModel
+from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
+from worker.batch import parse_batch
+from worker.pipeline import RECENT_EVENT_IDS, UserStates, build_commit, distinct_users
+
+
+def entries(*events: dict, start: int = 1) -> list:
+    """Raw XREADGROUP entries [id, [field, value, ...]] with ids start-0, start+1-0, ..."""
+    out = []
+    for i, fields in enumerate(events):
+        flat = [x for kv in fields.items() for x in (kv[0].encode(), str(kv[1]).encode())]
+        out.append([f"{start + i}-0".encode(), flat])
+    return out
+
+
+def commit_of(raw: list, states: UserStates | None = None):
+    model = ScoringModel(golden_model(), version="7")
+    batch = parse_batch(0, raw)
+    states = states or UserStates.empty(distinct_users(batch), model.state_shape, b"42")
+    return build_commit(batch, states, model)
+
+
+def test_golden_scores_and_one_state_row_per_user():
+    raw = entries(*({"user_id": "alice", "type": t} for t in GOLDEN_EVENTS))
+    c = commit_of(raw)
+    np.testing.assert_allclose(c.scores, GOLDEN_SCORES, atol=1e-4)
+    assert c.users == ["alice"] and c.n.tolist() == [3] and c.last_ids == [b"3-0"]
+    assert c.user_scores[0] == c.scores[-1]
+    assert c.score_event_ids == [b"1-0", b"2-0", b"3-0"]  # no producer ids: the entry ids
+    assert c.outcomes == {"scored": 3, "duplicate": 0, "deadletter": 0, "misrouted": 0, "lost": 0}
+    assert c.seq == b"42" and c.model == "7"
+
+
+def test_every_entry_has_exactly_one_outcome():
+    raw = entries(
+        {"user_id": "a", "type": "view"},
+        {"user_id": "", "type": "view"},  # dead letter
+        {"user_id": "b", "type": "teleport"},  # unknown type: scored
+    )
+    raw.append([b"9-0", None])  # deleted while pending
+    c = commit_of(raw)
+    assert c.outcomes == {"scored": 2, "duplicate": 0, "deadletter": 1, "misrouted": 0, "lost": 1}
+    assert sum(c.outcomes.values()) == len(c.ack_ids) == 4
+    assert c.unknown_types == 1
+    assert c.dead[0].source_id == b"2-0" and "user_id" in c.dead[0].error
+
+
+def test_events_at_or_below_the_last_applied_id_are_duplicates():
+    model = ScoringModel(golden_model(), version="7")
+    raw = entries(*({"user_id": "alice", "type": t} for t in GOLDEN_EVENTS))
+    states = UserStates.empty(["alice"], model.state_shape)
+    states.last_id[0] = (2, 0)  # events 1-0 and 2-0 were applied before
+    c = build_commit(parse_batch(0, raw), states, model)
+    assert c.outcomes["scored"] == 1 and c.outcomes["duplicate"] == 2
+    assert c.score_event_ids == [b"3-0"]
+
+
+def test_a_producer_retry_in_the_same_batch_or_a_later_one_is_a_duplicate():
+    model = ScoringModel(golden_model(), version="7")
+    raw = entries(
+        {"user_id": "alice", "type": "view", "event_id": "e1"},
+        {"user_id": "alice", "type": "view", "event_id": "e1"},  # the producer's retry
+        {"user_id": "bob", "type": "view", "event_id": "e1"},  # another user's own e1
+        {"user_id": "alice", "type": "add_to_cart", "event_id": "e2"},
+    )
+    c = build_commit(parse_batch(0, raw), UserStates.empty(["alice", "bob"], (1, 2)), model)
+    assert c.outcomes["scored"] == 3 and c.outcomes["duplicate"] == 1
+    np.testing.assert_allclose(c.scores, [GOLDEN_SCORES[0], GOLDEN_SCORES[0], GOLDEN_SCORES[1]],
+                               atol=1e-4)  # fmt: skip
+    assert c.score_event_ids == [b"e1", b"e1", b"e2"]
+    assert dict(zip(c.users, c.event_ids, strict=True)) == {"alice": [b"e1", b"e2"], "bob": [b"e1"]}
+
+    later = entries({"user_id": "alice", "type": "coupon", "event_id": "e2"}, start=10)
+    states = UserStates.empty(["alice"], (1, 2))
+    states.event_ids[0] = [b"e1", b"e2"]
+    c2 = build_commit(parse_batch(0, later), states, model)
+    assert c2.outcomes["duplicate"] == 1 and c2.users == []
+
+
+def test_recent_event_ids_are_bounded():
+    raw = entries(*({"user_id": "a", "type": "view", "event_id": f"e{i}"} for i in range(20)))
+    c = commit_of(raw)
+    assert c.event_ids[0] == [f"e{i}".encode() for i in range(20 - RECENT_EVENT_IDS, 20)]
+
+
+def test_states_continue_from_what_was_read():
+    model = ScoringModel(golden_model(), version="7")
+    first = commit_of(entries({"user_id": "alice", "type": "view"}))
+    states = UserStates.empty(["alice"], model.state_shape)
+    states.h[0], states.last_id[0], states.n[0] = first.h[0], (1, 0), 1
+    c = build_commit(parse_batch(0, entries({"user_id": "alice", "type": "add_to_cart"}, start=2)),
+                     states, model)  # fmt: skip
+    np.testing.assert_allclose(c.scores, [GOLDEN_SCORES[1]], atol=1e-4)
+    assert c.n.tolist() == [2]
+
+
+def test_an_event_of_another_partitions_user_is_dead_lettered_as_misrouted():
+    from worker.keys import partition_of
+
+    alice = next(f"u{i}" for i in range(100) if partition_of(f"u{i}", 4) == 1)
+    raw = entries({"user_id": alice, "type": "view"})
+    batch = parse_batch(0, raw, partitions=4)
+    assert batch.misrouted == 1 and batch.users == []
+    assert "belongs to partition 1 of 4, read from partition 0" in batch.dead[0].error
+    model = ScoringModel(golden_model(), version="7")
+    c = build_commit(batch, UserStates.empty([], model.state_shape), model)
+    assert c.outcomes["misrouted"] == 1 and c.outcomes["deadletter"] == 0

@@ -1,0 +1,286 @@
+"""The atomic, conditional commit of one partition batch (SPEC §4): its Lua script, and the
+packing of a pipeline `Commit` into the script's arguments.
+
+One script call writes the score entries, the dead letters, the XACK of every entry, and the
+users' states, or, when a check fails, writes nothing and says why:
+
+    not_owned    the partition's lease is another process's (or gone)
+    not_pending  an entry is no longer pending for this consumer (claimed by another, or
+                 committed by an earlier send of another commit)
+    behind       an older entry of the partition is still pending (read, not committed): it
+                 must be applied first, or a user's later event would make it look applied
+    conflict     a commit of the partition landed since the states were read
+    bad_key      a scores, dead-letter or sequence key holds data of another type
+
+and one success besides `ok`: `applied`, when this very commit was applied by an earlier send
+whose reply was lost (redis-py resends on timeouts): the caller counts it as committed.
+
+Why it is safe to resend: every write of a partition's states goes through this script and
+bumps the partition's commit sequence, so one GET checks that none of the batch's states
+moved; the entries it acknowledges can be acknowledged once. All checks come before the
+first write, and the writes that could fail on data come first or are guarded (a state key
+of another type is replaced): a script is not rolled back when a command in it fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import redis
+
+from worker.batch import DeadLetter
+from worker.keys import Keys
+from worker.pipeline import Commit
+
+# Field/value pairs kept of one dead letter; values are cut to `max_value_bytes` besides.
+MAX_DEAD_FIELDS = 32
+
+COMMIT_SCRIPT = """
+local events_key, scores_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
+local lease_key, seq_key, acked_key, last_commit_key = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local FIRST_STATE = 8 -- KEYS[8..] are the users' state keys, U of them
+local U = #KEYS - FIRST_STATE + 1
+
+local group, consumer, holder, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local read_seq, model = ARGV[5], ARGV[6]
+local scores_maxlen, dead_maxlen, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
+local n_ack, n_scores = tonumber(ARGV[10]), tonumber(ARGV[11])
+-- Then, each a run of plain arguments (nothing to parse here):
+local ACK = 12                    -- the batch's entry ids, stream order
+local STATE = ACK + n_ack         -- per state key: h, score, last_id, last_ts, n, event_ids
+local SCORE = STATE + 6 * U       -- per score entry: user_id, score, event_id, type, ts
+local DEAD = SCORE + 5 * n_scores -- per dead letter: pair count, source_id, error, pairs...
+local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
+
+-- ---- checks: nothing is written above this line ----
+if redis.pcall('GET', lease_key) ~= holder then return {'not_owned', ''} end
+for _, id in ipairs({first_id, last_id}) do
+  if #redis.call('XPENDING', events_key, group, id, id, 1, consumer) == 0 then
+    if redis.pcall('GET', last_commit_key) == token then
+      return {'applied', redis.call('GET', seq_key) or ''}
+    end
+    return {'not_pending', id}
+  end
+end
+local oldest = redis.call('XPENDING', events_key, group)[2]
+if oldest and oldest ~= first_id then return {'behind', oldest} end
+
+local seq = redis.pcall('GET', seq_key)
+if type(seq) == 'table' or (seq and not string.match(seq, '^%d+$')) then
+  return {'bad_key', seq_key}
+end
+seq = seq or ''
+if seq ~= read_seq then return {'conflict', seq} end
+for _, key in ipairs({scores_key, dead_key}) do
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'stream' and t ~= 'none' then return {'bad_key', key} end
+end
+
+-- ---- writes ----
+for b = SCORE, DEAD - 1, 5 do
+  redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
+             'user_id', ARGV[b], 'score', ARGV[b + 1], 'event_id', ARGV[b + 2],
+             'type', ARGV[b + 3], 'ts', ARGV[b + 4], 'model', model)
+end
+
+local d = DEAD
+while d <= #ARGV do
+  local pairs = tonumber(ARGV[d])
+  local fields = {unpack(ARGV, d + 3, d + 2 + 2 * pairs)}
+  redis.call('XADD', dead_key, 'MAXLEN', '~', dead_maxlen, '*', 'source_id', ARGV[d + 1],
+             'error', ARGV[d + 2], unpack(fields))
+  d = d + 3 + 2 * pairs
+end
+
+for i = ACK, STATE - 1, 1000 do
+  redis.call('XACK', events_key, group, unpack(ARGV, i, math.min(i + 999, STATE - 1)))
+end
+redis.call('SET', acked_key, last_id)
+local previous = redis.pcall('GET', last_commit_key)
+if type(previous) ~= 'string' then previous = '' end
+redis.call('SET', last_commit_key, token)
+if seq == '' then -- seeded from the clock: a flushed database never repeats a sequence
+  local now = redis.call('TIME')
+  redis.call('SET', seq_key, now[1] .. string.format('%06d', tonumber(now[2])))
+end
+local new_seq = redis.call('INCR', seq_key)
+
+-- A state key of another type (an operator's SET) is an invalid state: replaced whole.
+local replaced = 0
+local function write_state(key, ...)
+  local reply = redis.pcall('HSET', key, ...)
+  if type(reply) == 'table' and reply.err then
+    redis.call('DEL', key)
+    redis.call('HSET', key, ...)
+    replaced = replaced + 1
+  end
+  if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
+end
+for i = 1, U do
+  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + 6 * (i - 1)
+  if ARGV[b + 5] == '' then
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
+                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4])
+  else
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
+                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4],
+                'event_ids', ARGV[b + 5])
+  end
+end
+return {'ok', new_seq, replaced, previous}
+"""
+
+REASONS = ("not_owned", "not_pending", "behind", "conflict", "bad_key")
+
+
+class CommitRefusedError(Exception):
+    """The commit applied nothing; `reason` is one of REASONS, `detail` the script's word."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """A commit that took effect: the partition's new sequence and the state keys of
+    another type it replaced (0 when the reply is `applied`: the count went with the
+    lost reply)."""
+
+    seq: bytes
+    replaced: int
+    resent: bool  # True when an earlier send had applied it
+    previous: bytes = b""  # the token of the partition's commit before this one
+
+
+@dataclass(frozen=True)
+class CommitLimits:
+    """Sizes the commit bounds its writes to (settings)."""
+
+    scores_maxlen: int
+    deadletter_maxlen: int
+    deadletter_max_value_bytes: int
+    state_ttl_ms: int
+
+
+def decimals(values: np.ndarray) -> list[str]:
+    """Floats as decimal strings, 9 significant digits (float32 round-trips)."""
+    return list(map("{:.9g}".format, values.tolist()))
+
+
+def interleaved(*columns: list) -> list:
+    """Columns of equal length as one flat list, row by row (numpy does the copying)."""
+    out = np.empty(len(columns[0]) * len(columns), object)
+    for k, column in enumerate(columns):
+        out[k :: len(columns)] = column
+    return out.tolist()
+
+
+def state_args(c: Commit) -> list:
+    """Per state row: h, score, last_id, last_ts, n, event_ids (space-separated)."""
+    if not c.users:
+        return []
+    blob = np.ascontiguousarray(c.h, "<f4").tobytes()
+    size = len(blob) // len(c.users)
+    h = [blob[i : i + size] for i in range(0, len(blob), size)]
+    event_ids = [b" ".join(ids) for ids in c.event_ids]
+    return interleaved(h, decimals(c.user_scores), c.last_ids, c.last_ts.tolist(),
+                       c.n.tolist(), event_ids)  # fmt: skip
+
+
+def score_args(c: Commit) -> list:
+    """Per score entry: user_id, score, event_id, type, ts."""
+    if not len(c.scores):
+        return []
+    users = [c.users[i] for i in c.score_user.tolist()]
+    return interleaved(users, decimals(c.scores), c.score_event_ids, c.score_types,
+                       c.score_ts.tolist())  # fmt: skip
+
+
+def cut(value: bytes, limit: int) -> bytes:
+    """A value cut to `limit` bytes."""
+    return value if len(value) <= limit else value[:limit]
+
+
+def dead_letter_items(dead: DeadLetter, max_value_bytes: int) -> list[bytes]:
+    """One dead letter as the script reads it: pair count, source_id, error, pairs.
+
+    Names and values are cut to max_value_bytes; a cut value's original length is kept
+    beside it in a field `<name>:bytes`, and pairs beyond MAX_DEAD_FIELDS are dropped
+    (the error says so)."""
+    pairs = list(zip(dead.fields[::2], dead.fields[1::2], strict=False))
+    error = dead.error
+    if len(pairs) > MAX_DEAD_FIELDS:
+        error += f" (only the first {MAX_DEAD_FIELDS} of {len(pairs)} fields kept)"
+        pairs = pairs[:MAX_DEAD_FIELDS]
+    flat: list[bytes] = []
+    for name, value in pairs:
+        short = cut(name, max_value_bytes)
+        flat += [short, cut(value, max_value_bytes)]
+        if len(value) > max_value_bytes:
+            flat += [short + b":bytes", str(len(value)).encode()]
+    head = [str(len(flat) // 2).encode(), dead.source_id, cut(error.encode(), max_value_bytes)]
+    return [*head, *flat]
+
+
+def token_of(holder: str, commit: Commit) -> bytes:
+    """What the commit records as the partition's last commit: who, and up to which entry."""
+    return holder.encode() + b" " + commit.ack_ids[-1]
+
+
+class CommitScript:
+    """Packs Commits for one worker process and runs them."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, group: str, consumer: str, holder: str,
+        limits: CommitLimits,
+    ) -> None:  # fmt: skip
+        self.script = client.register_script(COMMIT_SCRIPT)
+        self.keys = keys
+        self.group = group
+        self.consumer = consumer
+        self.holder = holder
+        self.limits = limits
+
+    def token(self, commit: Commit) -> bytes:
+        """The token this commit records as the partition's last commit."""
+        return token_of(self.holder, commit)
+
+    @property
+    def sha(self) -> str:
+        return self.script.sha
+
+    def pack(self, c: Commit) -> tuple[list[str], list]:
+        """KEYS and ARGV of the script for a Commit: plain values, one argument each."""
+        p, keys, lim = c.partition, self.keys, self.limits
+        key_list = [
+            keys.events(p), keys.scores(p), keys.deadletter(p), keys.lease(p),
+            keys.commit_seq(p), keys.acked(p), keys.last_commit(p),
+            *(keys.state(p, u) for u in c.users),
+        ]  # fmt: skip
+        head = [
+            self.group, self.consumer, self.holder, self.token(c), c.seq, c.model,
+            lim.scores_maxlen, lim.deadletter_maxlen, lim.state_ttl_ms,
+            len(c.ack_ids), len(c.scores),
+        ]  # fmt: skip
+        dead = [x for d in c.dead for x in dead_letter_items(d, lim.deadletter_max_value_bytes)]
+        return key_list, [*head, *c.ack_ids, *state_args(c), *score_args(c), *dead]
+
+    def run(self, commit: Commit) -> CommitResult:
+        """Apply a Commit; CommitRefusedError when it applied nothing."""
+        keys, args = self.pack(commit)
+        return settle(self.script(keys=keys, args=args))
+
+
+def settle(reply: list) -> CommitResult:
+    """The script's reply as a CommitResult, or CommitRefusedError."""
+    status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+    if status == "ok":
+        return CommitResult(str(reply[1]).encode(), int(reply[2]), False, reply[3] or b"")
+    if status == "applied":
+        seq = reply[1] if isinstance(reply[1], bytes) else str(reply[1]).encode()
+        return CommitResult(seq, 0, resent=True)
+    detail = reply[1].decode(errors="replace") if isinstance(reply[1], bytes) else str(reply[1])
+    raise CommitRefusedError(status, detail)
