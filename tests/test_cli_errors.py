@@ -49,6 +49,11 @@ def test_unreachable_redis_is_one_line_naming_the_url(argv, tmp_path, monkeypatc
     assert_one_line(result, "Redis at redis://127.0.0.1:1/0 is unreachable", "--redis-url")
 
 
+def test_unreachable_cluster_is_one_line():
+    result = run_cli("model", "list", "--cluster", "--redis-url", DOWN)
+    assert_one_line(result, "Redis at redis://127.0.0.1:1/0 is unreachable")
+
+
 def test_model_publish_to_unreachable_redis(golden_path):
     result = run_cli("model", "publish", str(golden_path), "--redis-url", DOWN)
     assert_one_line(result, "is unreachable")

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from pydantic import ValidationError
+from redis.exceptions import RedisClusterException  # not a RedisError: no cluster reachable
 
 from model.artifact import ArtifactError
 from model.sessions import DataError
@@ -69,7 +70,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     url = _redis_url(args)
     if isinstance(exc, redis.AuthenticationError):
         return f"Redis at {url} refused the login: {exc} (user:password@ in --redis-url)"
-    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, RedisClusterException)):
         return f"Redis at {url} is unreachable: {exc} (--redis-url / INTENTSTREAM_REDIS_URL)"
     if isinstance(exc, redis.RedisError):
         return f"Redis at {url} replied: {exc}"
