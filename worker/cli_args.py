@@ -50,6 +50,11 @@ class Parser(argparse.ArgumentParser):
         self.populated()
         return super().parse_known_args(args, namespace)
 
+    def _parse_known_args(self, *args, **kwargs):
+        # the entry point sub-parsers are called through in some Python versions
+        self.populated()
+        return super()._parse_known_args(*args, **kwargs)
+
     def format_help(self) -> str:
         self.populated()
         return super().format_help()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
 import threading
 import time
 from collections import defaultdict, deque
@@ -200,6 +201,20 @@ def _start_metrics(metrics: WorkerMetrics, health: Health, host: str, port: int)
         return port
 
 
+def _compile_kernels(must_train: bool, out: TextIO) -> subprocess.Popen | None:
+    """Say which kernels a first run compiles; start the helper process for some of them.
+
+    Training's kernel compiles in this process as it trains; the worker's and the
+    evaluation's meanwhile in a helper process, when a core is idle.
+    """
+    cold = [k for k in (["training", "evaluation", "scoring"] if must_train else ["scoring"])
+            if not is_cached(k)]  # fmt: skip
+    if cold:
+        print(f"first run: compiling the {', '.join(cold)} kernels (Numba, 15-30 s; cached in "
+              "model/__pycache__ for the next runs)...", file=out, flush=True)  # fmt: skip
+    return compile_in_background([k for k in cold if k != "training"])
+
+
 def run_demo(
     redis_url: str | None,
     rate: float,
@@ -211,14 +226,6 @@ def run_demo(
     train_first: bool = True,
 ) -> int:
     """Run the demo until `stop` is set (Ctrl-C) or `seconds` pass; return the exit code."""
-    # Kernels not cached yet compile now: training's in this process as it trains, the
-    # worker's and the evaluation's meanwhile in a helper process (the machine has cores).
-    cold = [k for k in (["training", "evaluation", "scoring"] if train_first else ["scoring"])
-            if not is_cached(k)]  # fmt: skip
-    helper = compile_in_background([k for k in cold if k != "training"])
-    if cold:
-        print(f"first run: compiling the {', '.join(cold)} kernels (Numba, 15-30 s; cached in "
-              "model/__pycache__ for the next runs)...", file=out, flush=True)  # fmt: skip
     server = None
     if redis_url is None:
         server = LocalRedis().start()
@@ -236,6 +243,8 @@ def run_demo(
                   f"({Keys(PREFIX).lease(PARTITION)}): it scores the demo's events, the demo "
                   "shows its scores; the demo's worker stands by", file=out)  # fmt: skip
         registry = Registry(client, PREFIX)
+        must_train = train_first and registry.current() is None
+        helper = _compile_kernels(must_train, out)
         if registry.current() is None:
             version = registry.publish_model(first_model(train_first, out), promote=True)
             print(f"the registry was empty: published it as version {version}", file=out)
