@@ -11,7 +11,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -176,54 +175,6 @@ def in_process(url: str) -> Consumer:
     )
 
 
-def test_states_carry_over_between_models_of_the_same_shape(redis_server):
-    r = connect(redis_server.url)
-    reg = Registry(r)
-    first, second = a_model(1), a_model(2)
-    reg.publish_model(first, promote=True)
-    consumer = in_process(redis_server.url)
-    publish(r, [{"user_id": "u", "type": "view", "ts": 1000}])
-    consumer.tick()
-    consumer.tick()
-    h1 = np.frombuffer(r.hget("intentstream:state:{0}:u", "h"), "<f4").copy()
-    reg.publish_model(second, promote=True)
-    wait_for(lambda: consumer.tick() or consumer.model.version == "2", what="the swap")
-    publish(r, [{"user_id": "u", "type": "coupon", "ts": 2000}])
-    consumer.tick()
-    consumer.tick()
-    rows = score_entries(r)
-    assert [row["model"] for row in rows] == ["1", "2"]
-    from model.reference import reference_step
-
-    _, want = reference_step(second.arrays, h1.reshape(1, -1).astype(np.float64), 4,
-                             np.array([np.log1p(1.0)]), "sigmoid")  # fmt: skip
-    assert abs(float(rows[1]["score"]) - want) < 1e-5
-    assert consumer.metrics.value("intentstream_state_resets_total", reason="shape") == 0
-
-
-def test_states_restart_from_zero_when_the_shape_changes(redis_server):
-    r = connect(redis_server.url)
-    reg = Registry(r)
-    reg.publish_model(a_model(1, hidden=16), promote=True)
-    consumer = in_process(redis_server.url)
-    publish(r, [{"user_id": "u", "type": "view", "ts": 1000}])
-    consumer.tick()
-    consumer.tick()
-    wider = a_model(5, hidden=8, layers=2)  # 2 x 8 = 16 floats: same size, other shape
-    reg.publish_model(wider, promote=True)
-    wait_for(lambda: consumer.tick() or consumer.model.version == "2", what="the swap")
-    publish(r, [{"user_id": "u", "type": "view", "ts": 1000}])  # same time: no gap
-    consumer.tick()
-    consumer.tick()
-    rows = score_entries(r)
-    fresh = float(rows[1]["score"])
-    from model.scoring import InMemoryScorer, ScoringModel
-
-    want = InMemoryScorer(ScoringModel(wider)).score(["x"], ["view"], np.array([1000]))[0]
-    assert abs(fresh - want) < 1e-5
-    assert consumer.metrics.value("intentstream_state_resets_total", reason="shape") == 1
-
-
 def test_demo_scores_live_and_leaves_nothing_behind_on_sigint(tmp_path):
     proc = subprocess.Popen(
         [console_script(), "demo", "--rate", "300", "--users", "30", "--metrics-port", "0"],
@@ -262,21 +213,3 @@ def test_model_loads_from_registry_bytes_like_from_a_file(redis_server, tmp_path
     Registry(connect(redis_server.url)).export(version, out)
     assert load_model(out).meta == model.meta
     assert Path(out).stat().st_size > 0
-
-
-def test_a_state_written_by_an_unknown_version_of_another_shape_restarts(redis_server):
-    # the worker never ran version 1 (2 x 8), but the registry knows its shape: the state is
-    # the same size as version 2's (1 x 16), and must not be read as one
-    r = connect(redis_server.url)
-    reg = Registry(r)
-    reg.publish_model(a_model(5, hidden=8, layers=2))
-    reg.publish_model(a_model(1, hidden=16), promote=True)
-    r.hset("intentstream:state:{0}:u", mapping={
-        "h": np.ones(16, "<f4").tobytes(), "last_id": "1-0", "last_ts": "0", "model": "1",
-        "n": "1",
-    })  # fmt: skip
-    consumer = in_process(redis_server.url)
-    publish(r, [{"user_id": "u", "type": "view", "ts": 1000}])
-    consumer.tick()
-    consumer.tick()
-    assert consumer.metrics.value("intentstream_state_resets_total", reason="shape") == 1

@@ -271,22 +271,29 @@ def test_state_from_redis_is_validated(redis_server, golden_path):
     r = connect(redis_server.url)
     consumer = in_process_consumer(redis_server.url, golden_path)
     consumer.tick()
+    mine = consumer.model.version
     r.hset(
         "intentstream:state:{0}:nan",
-        mapping={"h": np.array([np.nan, 0], "<f4").tobytes(), "last_id": "1-0"},
+        mapping={"h": np.array([np.nan, 0], "<f4").tobytes(), "last_id": "1-0", "model": mine},
     )
-    r.hset("intentstream:state:{0}:short", mapping={"h": b"\x00\x00", "last_id": "1-0"})
+    r.hset(
+        "intentstream:state:{0}:short", mapping={"h": b"\x00\x00", "last_id": "1-0", "model": mine}
+    )
     r.hset("intentstream:state:{0}:garbage", mapping={"h": b"", "last_id": "not-an-id"})
-    for u in ("nan", "short", "garbage"):
+    r.hset(  # a state of another model (no history to rebuild it from)
+        "intentstream:state:{0}:other",
+        mapping={"h": np.array([0.5, 0.5], "<f4").tobytes(), "last_id": "1-0", "model": "7"},
+    )
+    for u in ("nan", "short", "garbage", "other"):
         r.xadd(STREAM0, {"user_id": u, "type": "view"})
     consumer.tick()
     consumer.tick()
     rows = score_entries(r)
-    assert len(rows) == 3
-    np.testing.assert_allclose([float(x["score"]) for x in rows], [GOLDEN_SCORES[0]] * 3, atol=1e-4)
+    assert len(rows) == 4
+    np.testing.assert_allclose([float(x["score"]) for x in rows], [GOLDEN_SCORES[0]] * 4, atol=1e-4)
     resets = consumer.metrics.value
-    assert resets("intentstream_state_resets_total", reason="invalid") == 2
-    assert resets("intentstream_state_resets_total", reason="shape") == 1
+    assert resets("intentstream_state_resets_total", reason="invalid") == 3
+    assert resets("intentstream_state_resets_total", reason="model") == 1
 
 
 def test_group_deleted_or_redis_flushed_under_a_running_worker(redis_server, golden_path, tmp_path):

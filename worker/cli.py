@@ -25,6 +25,7 @@ from worker.model_commands import (
     cmd_model_promote,
     cmd_model_publish,
     cmd_model_rollback,
+    cmd_model_shadow,
     cmd_model_show,
 )
 from worker.registry import RegistryError
@@ -306,6 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     pro = registry_command("promote", "make a version current; workers follow", cmd_model_promote)
     pro.add_argument("version", help="a registry version (see `model list`)")
     registry_command("rollback", "make the previous current version current", cmd_model_rollback)
+    sha = registry_command(
+        "shadow", "score every event with a challenger version too (or --off)", cmd_model_shadow
+    )
+    sha.add_argument("version", nargs="?", help="the challenger; none: show the shadow")
+    sha.add_argument("--off", action="store_true", help="stop shadow scoring")
     exp = registry_command("export", "write a version's artifact to a file", cmd_model_export)
     exp.add_argument("version", help="a registry version (see `model list`)")
     exp.add_argument("--out", required=True, help="artifact file to write (.npz)")

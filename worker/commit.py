@@ -46,11 +46,15 @@ local group, consumer, holder, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local read_seq, model = ARGV[5], ARGV[6]
 local scores_maxlen, dead_maxlen, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
 local n_ack, n_scores = tonumber(ARGV[10]), tonumber(ARGV[11])
+local shadow = ARGV[12]           -- the shadow model's version, '' = none
+local SH = shadow ~= '' and 1 or 0
 -- Then, each a run of plain arguments (nothing to parse here):
-local ACK = 12                    -- the batch's entry ids, stream order
-local STATE = ACK + n_ack         -- per state key: h, score, last_id, last_ts, n, event_ids
-local SCORE = STATE + 6 * U       -- per score entry: user_id, score, event_id, type, ts
-local DEAD = SCORE + 5 * n_scores -- per dead letter: pair count, source_id, error, pairs...
+local ACK = 13                    -- the batch's entry ids, stream order
+-- per state key: h, score, last_id, last_ts, n, recent, event_ids[, shadow_h, shadow_score]
+local STATE = ACK + n_ack
+local SCORE = STATE + (7 + 2 * SH) * U -- per score entry: user_id, score, event_id, type, ts
+local DEAD = SCORE + (5 + SH) * n_scores -- [, shadow_score]; then per dead letter: pair
+                                         -- count, source_id, error, pairs...
 local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
 
 -- ---- checks: nothing is written above this line ----
@@ -78,10 +82,17 @@ for _, key in ipairs({scores_key, dead_key}) do
 end
 
 -- ---- writes ----
-for b = SCORE, DEAD - 1, 5 do
-  redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
-             'user_id', ARGV[b], 'score', ARGV[b + 1], 'event_id', ARGV[b + 2],
-             'type', ARGV[b + 3], 'ts', ARGV[b + 4], 'model', model)
+for b = SCORE, DEAD - 1, 5 + SH do
+  if SH == 0 then
+    redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
+               'user_id', ARGV[b], 'score', ARGV[b + 1], 'event_id', ARGV[b + 2],
+               'type', ARGV[b + 3], 'ts', ARGV[b + 4], 'model', model)
+  else
+    redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
+               'user_id', ARGV[b], 'score', ARGV[b + 1], 'event_id', ARGV[b + 2],
+               'type', ARGV[b + 3], 'ts', ARGV[b + 4], 'model', model,
+               'shadow_score', ARGV[b + 5], 'shadow_model', shadow)
+  end
 end
 
 local d = DEAD
@@ -118,14 +129,18 @@ local function write_state(key, ...)
   if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
 end
 for i = 1, U do
-  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + 6 * (i - 1)
-  if ARGV[b + 5] == '' then
+  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + (7 + 2 * SH) * (i - 1)
+  if ARGV[b + 6] == '' then
     write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
-                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4])
+                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4], 'recent', ARGV[b + 5])
   else
     write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
-                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4],
-                'event_ids', ARGV[b + 5])
+                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4], 'recent', ARGV[b + 5],
+                'event_ids', ARGV[b + 6])
+  end
+  if SH == 1 then
+    redis.call('HSET', key, 'shadow_h', ARGV[b + 7], 'shadow_score', ARGV[b + 8],
+               'shadow_model', shadow)
   end
 end
 return {'ok', new_seq, replaced, previous}
@@ -179,15 +194,23 @@ def interleaved(*columns: list) -> list:
 
 
 def state_args(c: Commit) -> list:
-    """Per state row: h, score, last_id, last_ts, n, event_ids (space-separated)."""
+    """Per state row: h, score, last_id, last_ts, n, recent, event_ids (space-separated),
+    and shadow_h, shadow_score when a shadow model runs."""
     if not c.users:
         return []
-    blob = np.ascontiguousarray(c.h, "<f4").tobytes()
-    size = len(blob) // len(c.users)
-    h = [blob[i : i + size] for i in range(0, len(blob), size)]
     event_ids = [b" ".join(ids) for ids in c.event_ids]
-    return interleaved(h, decimals(c.user_scores), c.last_ids, c.last_ts.tolist(),
-                       c.n.tolist(), event_ids)  # fmt: skip
+    columns = [rows_of(c.h), decimals(c.user_scores), c.last_ids, c.last_ts.tolist(),
+               c.n.tolist(), [packed for _, packed in c.recent], event_ids]  # fmt: skip
+    if c.shadow_h is not None:
+        columns += [rows_of(c.shadow_h), decimals(c.shadow_user_scores)]
+    return interleaved(*columns)
+
+
+def rows_of(h: np.ndarray) -> list[bytes]:
+    """Each user's state as little-endian float32 bytes."""
+    blob = np.ascontiguousarray(h, "<f4").tobytes()
+    size = len(blob) // len(h)
+    return [blob[i : i + size] for i in range(0, len(blob), size)]
 
 
 def score_args(c: Commit) -> list:
@@ -195,8 +218,10 @@ def score_args(c: Commit) -> list:
     if not len(c.scores):
         return []
     users = [c.users[i] for i in c.score_user.tolist()]
-    return interleaved(users, decimals(c.scores), c.score_event_ids, c.score_types,
-                       c.score_ts.tolist())  # fmt: skip
+    columns = [users, decimals(c.scores), c.score_event_ids, c.score_types, c.score_ts.tolist()]
+    if c.shadow_scores is not None:
+        columns.append(decimals(c.shadow_scores))
+    return interleaved(*columns)
 
 
 def cut(value: bytes, limit: int) -> bytes:
@@ -263,7 +288,7 @@ class CommitScript:
         head = [
             self.group, self.consumer, self.holder, self.token(c), c.seq, c.model,
             lim.scores_maxlen, lim.deadletter_maxlen, lim.state_ttl_ms,
-            len(c.ack_ids), len(c.scores),
+            len(c.ack_ids), len(c.scores), c.shadow_model,
         ]  # fmt: skip
         dead = [x for d in c.dead for x in dead_letter_items(d, lim.deadletter_max_value_bytes)]
         return key_list, [*head, *c.ack_ids, *state_args(c), *score_args(c), *dead]

@@ -33,6 +33,7 @@ from worker.metrics import Health, WorkerMetrics
 from worker.model_source import FileModelSource, ModelRejectedError, RegistryModelSource
 from worker.ownership import Ownership
 from worker.pipeline import OUTCOMES, Commit, build_commit, distinct_users
+from worker.quality import LiveQuality
 from worker.registry import Registry, RegistryError
 from worker.settings import Settings
 from worker.state_cache import StateCache
@@ -63,6 +64,7 @@ class Consumer:
         self.keys = Keys(s.prefix)
         self.source = model_source
         self.model: ScoringModel = model_source.current
+        self.shadow: ScoringModel | None = model_source.shadow
         self.metrics = metrics or WorkerMetrics()
         self.health = health or Health()
         self._stop = stop_event or threading.Event()
@@ -74,11 +76,14 @@ class Consumer:
         self.cluster = is_cluster(client)
         self._idle = 0.0  # how long the last empty round waited (cluster mode)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
-        self.states = StateReader(client, self.keys, self.cache, self._shape_of)
+        self.states = StateReader(client, self.keys, self.cache, self._space_of)
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
+        self.quality = LiveQuality()
+        for role in ("current", "shadow"):  # computed at scrape time
+            self.metrics.live_auc.labels(role).set_function(lambda r=role: self.quality.auc(r))
         self.cursors = {p: Cursor(p) for p in range(s.partitions)}
         self._blocked: dict[int, tuple[float, float]] = {}  # p -> (until, backoff seconds)
         self._prefetched: list[Batch] = []
@@ -87,7 +92,7 @@ class Consumer:
         self._scripts_loaded = False
         self._last_maintenance = 0.0
         self._backoff = 0.0
-        self._shapes: dict[str, tuple[int, int] | None] = {}  # state shape by model version
+        self._spaces: dict[str, str] = {}  # state space by model version
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -98,6 +103,8 @@ class Consumer:
     def run(self, max_seconds: float | None = None) -> None:
         """Consume until stopped (or for max_seconds), surviving Redis outages."""
         self.model.warm_up()
+        if self.shadow is not None:
+            self.shadow.warm_up()
         self.health.model_ok = True
         self._set_model_metrics()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
@@ -354,9 +361,13 @@ class Consumer:
     def _process_once(self, batch: Batch, prefetch_for: list[int] | None) -> None:
         t1 = time.perf_counter()
         p, model = batch.partition, self.model
-        states = self.states.read(p, distinct_users(batch), model.state_shape)
+        shadow = self.shadow
+        states = self.states.read(
+            p, distinct_users(batch), model.state_shape, state_space(model),
+            (shadow.state_shape, state_space(shadow)) if shadow is not None else None,
+        )  # fmt: skip
         t2 = time.perf_counter()
-        commit = build_commit(batch, states, model)
+        commit = build_commit(batch, states, model, self.s.history_events, shadow)
         t3 = time.perf_counter()
         result = self._send(commit, prefetch_for)
         t4 = time.perf_counter()
@@ -383,6 +394,11 @@ class Consumer:
                 m.events.labels(outcome).inc(commit.outcomes[outcome])
         if commit.unknown_types:
             m.unknown_types.inc(commit.unknown_types)
+        for role, (scores, labels) in commit.quality.items():
+            if len(labels):
+                self.quality.add(role, scores, labels)
+                m.labelled_sessions.labels(role, "positive").inc(int(labels.sum()))
+                m.labelled_sessions.labels(role, "negative").inc(int((~labels).sum()))
         m.latency.observe_many(np.maximum(0.0, now - commit.arrival_ms / 1000.0))
         m.last_processed.set(now)
         if commit.dead:
@@ -456,33 +472,57 @@ class Consumer:
         else:
             if newer is not None:
                 self._swap_model(newer)
+        if self.source.shadow is not self.shadow:
+            self._swap_shadow(self.source.shadow)
 
     def _swap_model(self, newer: ScoringModel) -> None:
-        """Swap models between batches. States carry over when the state shape is the same;
-        else each user's state restarts from zero at their next event (counted)."""
+        """Swap models between batches. States carry over only when the new model continues
+        the old one's state space; else each user's state is rebuilt at their next event
+        from their recent events (or restarts from zero without them), counted."""
         newer.warm_up()
         old = self.model
-        self._shapes[old.version] = old.state_shape
-        if newer.state_shape != old.state_shape:
+        self._spaces[old.version] = state_space(old)
+        if state_space(newer) != state_space(old):
             self.cache.drop()
         self.model = newer
+        self.quality.forget("current")
         self.metrics.model_reloads.labels("loaded").inc()
         self._set_model_metrics()
         log.info("model swapped", extra={"old": old.version, "new": newer.version})
 
+    def _swap_shadow(self, shadow: ScoringModel | None) -> None:
+        """Start, change or stop the shadow model between batches."""
+        if shadow is not None:
+            shadow.warm_up()
+        old, self.shadow = self.shadow, shadow
+        self.cache.drop()  # the cache holds no shadow states
+        self.quality.forget("shadow")
+        self._set_model_metrics()
+        versions = {"old": old and old.version, "new": shadow and shadow.version}
+        log.info("shadow model changed", extra=versions)
+
     def _set_model_metrics(self) -> None:
         version = self.model.version
         self.metrics.model_version.set(int(version) if version.isdigit() else 0)
+        shadow = self.shadow.version if self.shadow is not None else "0"
+        self.metrics.shadow_version.set(int(shadow) if shadow.isdigit() else 0)
 
-    def _shape_of(self, version: str) -> tuple[int, int] | None:
-        """State shape of the model version that wrote a state: known from models this
-        process ran, else from the registry's meta (looked up once); None if unknown."""
+    def _space_of(self, version: str) -> str:
+        """The state space of the model version that wrote a state: known from models this
+        process ran, else from the registry's meta (looked up once); else the version."""
         if version == self.model.version:
-            return self.model.state_shape
-        if version not in self._shapes:
+            return state_space(self.model)
+        if version not in self._spaces:
             try:
                 meta = Registry(self.r, self.s.prefix).meta(version)
-                self._shapes[version] = (int(meta["layers"]), int(meta["hidden"]))
-            except (RegistryError, KeyError, TypeError, ValueError):
-                self._shapes[version] = None
-        return self._shapes[version]
+                self._spaces[version] = str(meta.get("state_space") or version)
+            except (RegistryError, redis.ResponseError):
+                self._spaces[version] = version
+        return self._spaces[version]
+
+
+def state_space(model: ScoringModel) -> str:
+    """Which hidden states a model reads: its meta's `state_space` (a model trained from
+    another's weights continues its space), else its own version."""
+    declared = (model.model.meta.model_extra or {}).get("state_space")
+    return str(declared) if declared else model.version

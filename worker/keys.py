@@ -84,6 +84,11 @@ class Keys:
         return f"{self.prefix}:model:current"
 
     @property
+    def model_shadow(self) -> str:
+        """The version every worker also scores with, beside the current (absent = none)."""
+        return f"{self.prefix}:model:shadow"
+
+    @property
     def model_history(self) -> str:
         """List of earlier current versions, for rollback."""
         return f"{self.prefix}:model:history"

@@ -125,6 +125,25 @@ class WorkerMetrics:
             "Version of the model in use (its registry number; 0 for an unregistered file).",
             registry=r,
         )
+        self.shadow_version = Gauge(
+            "intentstream_shadow_model_version",
+            "Version of the shadow model scoring beside the current one (0 = none).",
+            registry=r,
+        )
+        self.labelled_sessions = Counter(
+            "intentstream_labelled_sessions",
+            "Sessions that ended labelled (positive: the model's label event came) or not "
+            "(negative: the user's next event came after the session gap), per model role.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.live_auc = Gauge(
+            "intentstream_live_auc",
+            "ROC AUC of the last score before each session's outcome, over the latest "
+            "10,000 labelled sessions, per model role (NaN until both outcomes are seen).",
+            ["model"],
+            registry=r,
+        )
         self.model_reloads = Counter(
             "intentstream_model_reloads",
             "Model swaps, by result: loaded, rejected.",
@@ -148,9 +167,11 @@ class WorkerMetrics:
         )
         self.state_resets = Counter(
             "intentstream_state_resets",
-            "User states read from Redis and restarted from zero, by reason: invalid "
-            "(non-finite values or a bad last_id), shape (another size, or written by a model "
-            "of another shape), wrong_type (the key holds another type: replaced).",
+            "User states read from Redis that could not be used, by reason: replayed "
+            "(rebuilt from the user's recent events), model (another model's state and no "
+            "recent events: restarted from zero), invalid (wrong size, non-finite values or "
+            "a bad field: restarted from zero), wrong_type (the key holds another type: "
+            "replaced, restarted from zero).",
             ["reason"],
             registry=r,
         )
@@ -186,7 +207,7 @@ class WorkerMetrics:
             self.events.labels(outcome)
         for result in ("loaded", "rejected"):
             self.model_reloads.labels(result)
-        for reason in ("invalid", "shape", "wrong_type"):
+        for reason in ("replayed", "model", "invalid", "wrong_type"):
             self.state_resets.labels(reason)
         for reason in ("conflict", "not_pending", "not_owned", "behind", "noscript", "bad_key"):
             self.commit_retries.labels(reason)

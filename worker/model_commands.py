@@ -131,6 +131,21 @@ def cmd_model_promote(args: argparse.Namespace) -> int:
     return with_registry(args, promote)
 
 
+def cmd_model_shadow(args: argparse.Namespace) -> int:
+    def shadow(reg: Registry) -> int:
+        if args.off:
+            reg.set_shadow(None)
+            print("no shadow model: workers score with the current version only")
+        elif args.version is None:
+            print(f"shadow: {reg.shadow() or 'none'}")
+        else:
+            reg.set_shadow(args.version)
+            print(f"version {args.version} is the shadow: workers also score every event with it")
+        return 0
+
+    return with_registry(args, shadow)
+
+
 def cmd_model_rollback(args: argparse.Namespace) -> int:
     def rollback(reg: Registry) -> int:
         print(f"version {reg.rollback()} is current again")

@@ -33,6 +33,8 @@ class FileModelSource:
         version = model.version if model.version != "file" else f"file-{file_sha256(path)[:12]}"
         self.current = ScoringModel(model, version=version)
 
+    shadow: ScoringModel | None = None  # a pinned file has no challenger
+
     def poll(self) -> ScoringModel | None:
         """A newer model to swap in, or None."""
         return None
@@ -54,8 +56,10 @@ class RegistryModelSource:
                 "publish one with `intentstream model publish FILE --promote`, or pass --model"
             )
         self.current = ScoringModel(self.registry.load(version), version=version)
-        self.poll_seconds = poll_seconds
         self._refused: set[str] = set()
+        self.shadow: ScoringModel | None = None
+        self._follow_shadow()
+        self.poll_seconds = poll_seconds
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._next_poll = time.monotonic() + poll_seconds
@@ -85,6 +89,7 @@ class RegistryModelSource:
             return None
         self._wake.clear()
         self._next_poll = now + self.poll_seconds
+        self._follow_shadow()
         version = self.registry.current()
         if version is None or version == self.current.version or version in self._refused:
             return None
@@ -95,6 +100,22 @@ class RegistryModelSource:
             raise ModelRejectedError(version, str(exc)) from None
         self.current = ScoringModel(model, version=version)
         return self.current
+
+    def _follow_shadow(self) -> None:
+        """Load the registry's shadow version when it changed (None when there is none; a
+        shadow that does not load is logged and skipped: it never stops the worker)."""
+        version = self.registry.shadow()
+        if version == (self.shadow.version if self.shadow else None):
+            return
+        if version is None or version in self._refused:
+            self.shadow = None
+            return
+        try:
+            self.shadow = ScoringModel(self.registry.load(version), version=version)
+        except RegistryError as exc:
+            self._refused.add(version)
+            self.shadow = None
+            log.error("shadow model refused", extra={"version": version, "error": str(exc)})
 
     def close(self) -> None:
         self._closed.set()

@@ -15,12 +15,24 @@ import numpy as np
 
 from model.scoring import ScoringModel
 from worker.batch import Batch, DeadLetter
+from worker.quality import label_samples
+from worker.recent import Recent, extended, pack
 
 # A user's last applied producer event ids kept in the state (SPEC §3 "the last few"):
 # a producer's retry comes right after its first attempt, so a handful is plenty.
 RECENT_EVENT_IDS = 8
 
 OUTCOMES = ("scored", "duplicate", "deadletter", "misrouted", "lost")
+
+
+@dataclass
+class ShadowStates:
+    """The shadow model's own states of the batch's users (SPEC §5: champion/challenger)."""
+
+    h: np.ndarray  # (U, L', H') float32
+    last_ts: np.ndarray  # (U,) int64, a copy: the main model's advance moves its own
+    replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
+    score: np.ndarray | None = None  # (U,) its last score of each user, NaN = none
 
 
 @dataclass
@@ -34,7 +46,11 @@ class UserStates:
     n: np.ndarray  # (U,) int64 events applied
     event_ids: list[list[bytes]]  # last applied producer event ids, oldest first
     seq: bytes  # the partition's commit sequence the states were read at
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (U,) last score, NaN = none
+    recent: list[Recent] = field(default_factory=list)  # the users' recent session events
+    replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
     resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
+    shadow: ShadowStates | None = None  # when a shadow model scores beside the current
 
     @classmethod
     def empty(cls, users: list[str], shape: tuple[int, int], seq: bytes = b"") -> UserStates:
@@ -48,6 +64,8 @@ class UserStates:
             n=np.zeros(n, np.int64),
             event_ids=[[] for _ in range(n)],
             seq=seq,
+            score=np.full(n, np.nan),
+            recent=[Recent() for _ in range(n)],
         )
 
 
@@ -68,6 +86,8 @@ class Commit:
     last_ts: np.ndarray  # (K,) int64
     n: np.ndarray  # (K,) int64
     event_ids: list[list[bytes]]  # the user's last applied producer event ids
+    recent: list[tuple[Recent, bytes]]  # the user's recent session events, and packed
+    shadow_h: np.ndarray | None  # (K, L', H') the shadow model's states, when one runs
     # one row per score entry, in stream order
     score_user: np.ndarray  # (S,) int64 index into the state rows above
     score_types: list[str]
@@ -75,9 +95,14 @@ class Commit:
     score_ts: np.ndarray  # (S,) int64
     score_event_ids: list[bytes]  # the producer's event id, else the entry id
     arrival_ms: np.ndarray  # (S,) float64 entry id time of each scored event
+    shadow_model: str  # the shadow model's version ("" = none)
+    shadow_scores: np.ndarray | None  # (S,) float32
+    shadow_user_scores: np.ndarray | None  # (K,) the shadow's score of each user's last event
     dead: list[DeadLetter]
     outcomes: dict[str, int]  # entries per outcome; they sum to len(ack_ids)
     unknown_types: int  # scored events of types the model does not know
+    # labelled-session samples (score, label) per model role, for live quality
+    quality: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
@@ -122,21 +147,106 @@ def _drop_producer_retries(
     return recent
 
 
-def build_commit(batch: Batch, states: UserStates, model: ScoringModel) -> Commit:
+def _advance(
+    model: ScoringModel, h: np.ndarray, last_ts: np.ndarray, recent: list[Recent],
+    replay: list[int], slot: np.ndarray, type_idx: np.ndarray, ts: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Advance the states h (and last_ts) over the events in one kernel call; return their
+    scores. Rows in `replay` first restart from zero at the time before their recent events
+    and replay them (their scores are not returned)."""
+    rows = [r for r in replay if len(recent[r])]
+    r_slot: list[int] = []
+    if rows:
+        r_types: list[str] = []
+        r_ts: list[int] = []
+        for r in rows:
+            h[r] = 0.0
+            last_ts[r] = recent[r].prev_ts
+            r_slot += [r] * len(recent[r])
+            r_types += recent[r].types
+            r_ts += recent[r].ts
+        slot = np.concatenate([np.asarray(r_slot, np.int64), slot])
+        type_idx = np.concatenate([model.type_indices(r_types), type_idx])
+        ts = np.concatenate([np.asarray(r_ts, np.int64), ts])
+    return model.advance(h, last_ts, slot, type_idx, ts)[len(r_slot) :]
+
+
+def _recent_after(
+    states: UserStates, rows: list[int], k_slot: np.ndarray, types: list[str],
+    ts: np.ndarray, keep: int, session_gap_ms: float,
+) -> list[tuple[Recent, bytes]]:  # fmt: skip
+    """The `recent` of each written row, and its field: its history plus this batch's."""
+    if keep == 0:
+        return [(Recent(), b"")] * len(rows)
+    new: dict[int, tuple[list[int], list[str]]] = {r: ([], []) for r in rows}
+    for s, t, name in zip(k_slot.tolist(), ts.tolist(), types, strict=True):
+        new[s][0].append(t)
+        new[s][1].append(name)
+    out = []
+    for r in rows:
+        recent = extended(states.recent[r], new[r][0], new[r][1], keep, session_gap_ms)
+        out.append((recent, pack(recent)))
+    return out
+
+
+def gap_ms(model: ScoringModel) -> float:
+    """The model's session gap in ms (0 = sessions never split)."""
+    return model.model.meta.session_gap_seconds * 1000.0
+
+
+def label_type(model: ScoringModel) -> str:
+    """The event type the model was trained to predict (its meta's, else `purchase`)."""
+    return str((model.model.meta.model_extra or {}).get("label_type") or "purchase")
+
+
+def build_commit(
+    batch: Batch,
+    states: UserStates,
+    model: ScoringModel,
+    history_events: int = 0,
+    shadow: ScoringModel | None = None,
+) -> Commit:
     """Decide every entry's outcome, advance the states, and return what to commit.
 
     `states` must hold the batch's distinct users (see `distinct_users`); their h and
-    last_ts are advanced in place.
+    last_ts are advanced in place. Rows in `states.replay` are rebuilt first from their
+    recent events (no score entries for those steps). Each written state keeps its last
+    `history_events` events of the current session (0 = none). A shadow model (with
+    `states.shadow`) scores the same events from its own states.
     """
     slot = user_slots(batch, states.users)
+    ts_before = states.last_ts.copy()  # the advances move last_ts
     keep = _applied_before(batch, states, slot)
     recent = _drop_producer_retries(batch, states, slot, keep)
     idx = np.flatnonzero(keep)
     k_slot = slot[idx]
     types = [batch.types[i] for i in idx]
-    type_idx = model.type_indices(types)
     ts = np.fromiter((batch.ts[i] for i in idx), np.int64, len(idx))
-    scores = model.advance(states.h, states.last_ts, k_slot, type_idx, ts)
+    type_idx = model.type_indices(types)
+    scores = _advance(model, states.h, states.last_ts, states.recent, states.replay,
+                      k_slot, type_idx, ts)  # fmt: skip
+    quality = {
+        "current": label_samples(
+            k_slot,
+            types,
+            ts,
+            scores,
+            states.score,
+            ts_before,
+            states.recent,
+            label_type(model),
+            gap_ms(model),
+        )
+    }
+    sh = states.shadow if shadow is not None else None
+    if sh is not None:
+        shadow_scores = _advance(shadow, sh.h, sh.last_ts, states.recent, sh.replay,
+                                 k_slot, shadow.type_indices(types), ts)  # fmt: skip
+        quality["shadow"] = label_samples(
+            k_slot, types, ts, shadow_scores,
+            sh.score if sh.score is not None else np.full(len(states.users), np.nan),
+            ts_before, states.recent, label_type(shadow), gap_ms(shadow),
+        )  # fmt: skip
 
     # The users written are those with at least one scored event; each state row takes the
     # values of the user's last scored event.
@@ -168,6 +278,15 @@ def build_commit(batch: Batch, states: UserStates, model: ScoringModel) -> Commi
         last_ts=states.last_ts[touched],
         n=states.n[touched] + applied,
         event_ids=[recent.get(s, states.event_ids[s]) for s in touched_list],
+        recent=_recent_after(
+            states,
+            touched_list,
+            k_slot,
+            types,
+            ts,
+            history_events,
+            gap_ms(model),
+        ),
         score_user=row_of_slot[k_slot],
         score_types=types,
         scores=scores,
@@ -177,4 +296,9 @@ def build_commit(batch: Batch, states: UserStates, model: ScoringModel) -> Commi
         dead=batch.dead,
         outcomes=outcomes,
         unknown_types=int((type_idx == model.unknown_index).sum()),
+        shadow_model=shadow.version if sh is not None else "",
+        shadow_h=sh.h[touched] if sh is not None else None,
+        shadow_scores=shadow_scores if sh is not None else None,
+        shadow_user_scores=shadow_scores[last_event[touched]] if sh is not None else None,
+        quality=quality,
     )

@@ -111,7 +111,23 @@ class Registry:
         if previous is not None and previous != version:
             self.r.rpush(self.keys.model_history, previous)
         self.r.set(self.keys.model_current, version)
+        if self.shadow() == version:  # the challenger won: its states are current now
+            self.r.delete(self.keys.model_shadow)
         self.r.publish(self.channel, version)
+
+    def shadow(self) -> str | None:
+        """The shadow version (scored beside the current one by every worker), or None."""
+        raw = self.r.get(self.keys.model_shadow)
+        return raw.decode() if raw is not None else None
+
+    def set_shadow(self, version: str | None) -> None:
+        """Make a version the shadow (after checking it loads), or stop shadowing (None)."""
+        if version is None:
+            self.r.delete(self.keys.model_shadow)
+        else:
+            self.load(version)
+            self.r.set(self.keys.model_shadow, version)
+        self.r.publish(self.channel, f"shadow {version or ''}".strip())
 
     def rollback(self) -> str:
         """Make the previous current version current again; return it."""

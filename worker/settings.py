@@ -64,6 +64,13 @@ class Settings(BaseSettings):
     retention_seconds: int = Field(
         7 * 24 * 3600, ge=0, description="keep this much event history (MINID); 0 = no trim"
     )
+    history_events: int = Field(
+        32,
+        ge=0,
+        le=1000,
+        description="recent events of a user's session kept with the state, replayed to "
+        "rebuild it under a new model; 0 = off",
+    )
     retention_max_entries: int = Field(
         1_000_000,
         ge=0,

@@ -20,8 +20,9 @@ import numpy as np
 
 # One user's state as last committed: h (L, H) float32 (a view of the batch's state array,
 # which nothing writes after its commit), last_ts ms, last_id (ms, seq), n, recent producer
-# event ids, commit time (monotonic). A plain tuple: thousands are made per batch.
-CachedState = tuple[np.ndarray, int, tuple[int, int], int, list[bytes], float]
+# event ids, recent events (worker/recent.py), last score, commit time (monotonic). A plain
+# tuple: thousands are made per batch.
+CachedState = tuple[np.ndarray, int, tuple[int, int], int, list[bytes], object, float, float]
 
 
 class StateCache:

@@ -1,11 +1,15 @@
-"""Reading users' states (SPEC §4): from the write-through cache, else one packed Lua read,
-validated into the pipeline's UserStates.
+"""Reading users' states (SPEC §4, §5): from the write-through cache, else one packed Lua
+read, validated into the pipeline's UserStates.
 
-Any data may sit where a state should: a hash of another model's shape, non-finite values,
-an unparseable field, or a key of another type (an operator's SET). Each is an invalid state:
-that user restarts from zero, counted by reason, and nothing else is affected. Only a
-partition-wide key in a bad way (the commit sequence) stops that partition's reads
-(PartitionDataError), never the other partitions.
+A hidden state belongs to the model that computed it: it is read only by a model of the same
+state space (its meta's `state_space`, else its version). Any other state is rebuilt by the
+pipeline from the user's recent events (`recent`), or restarts from zero without them.
+
+Any data may sit where a state should: a wrong size, non-finite values, an unparseable field,
+or a key of another type (an operator's SET). Each is an invalid state: that user restarts
+from zero (rebuilt from `recent` where it can be), counted by reason, and nothing else is
+affected. Only a partition-wide key in a bad way (the commit sequence) stops that
+partition's reads (PartitionDataError), never the other partitions.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import redis
 
 from worker.batch import entry_id
 from worker.keys import Keys
-from worker.pipeline import RECENT_EVENT_IDS, UserStates
+from worker.pipeline import RECENT_EVENT_IDS, ShadowStates, UserStates
+from worker.recent import unpack
 from worker.state_cache import StateCache
 
-FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids")
+FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
+          "shadow_model", "score", "shadow_score")  # fmt: skip
 
 # KEYS: 1 the partition's commit sequence, 2.. state keys. Returns the sequence (nil before
 # the first commit), then the FIELDS of each state key (nil when absent; h = -1 when the key
@@ -33,16 +39,25 @@ if type(seq) == 'table' or (seq and not string.match(seq, '^%d+$')) then
 end
 local out = {seq}
 for i = 2, #KEYS do
-  local v = redis.pcall('HMGET', KEYS[i], 'h', 'last_id', 'last_ts', 'model', 'n', 'event_ids')
+  local v = redis.pcall('HMGET', KEYS[i], 'h', 'last_id', 'last_ts', 'model', 'n', 'event_ids',
+                       'recent', 'shadow_h', 'shadow_model', 'score', 'shadow_score')
   if v.err then
     out[#out + 1] = -1
-    for _ = 2, 6 do out[#out + 1] = false end
+    for _ = 2, 11 do out[#out + 1] = false end
   else
-    for j = 1, 6 do out[#out + 1] = v[j] end
+    for j = 1, 11 do out[#out + 1] = v[j] end
   end
 end
 return out
 """
+
+
+def _number(raw: bytes | None) -> float:
+    """A stored score, NaN when absent or not a number."""
+    try:
+        return float(raw) if raw is not None else float("nan")
+    except ValueError:
+        return float("nan")
 
 
 class PartitionDataError(Exception):
@@ -53,24 +68,33 @@ class PartitionDataError(Exception):
         self.partition = partition
 
 
-ShapeOf = Callable[[str], "tuple[int, int] | None"]
+SpaceOf = Callable[[str], str]  # model version -> its state space
 
 
 class StateReader:
     """Reads a batch's user states for one worker process."""
 
     def __init__(
-        self, client: redis.Redis, keys: Keys, cache: StateCache, shape_of: ShapeOf
+        self, client: redis.Redis, keys: Keys, cache: StateCache, space_of: SpaceOf
     ) -> None:
         self.script = client.register_script(READ_STATES_SCRIPT)
         self.keys = keys
         self.cache = cache
-        self.shape_of = shape_of  # state shape of the model version that wrote a state
+        self.space_of = space_of  # the state space of the model version that wrote a state
 
-    def read(self, p: int, users: list[str], shape: tuple[int, int]) -> UserStates:
-        """The states of `users` of partition p for a model of state shape `shape`."""
+    def read(
+        self,
+        p: int,
+        users: list[str],
+        shape: tuple[int, int],
+        space: str,
+        shadow: tuple[tuple[int, int], str] | None = None,
+    ) -> UserStates:
+        """The states of `users` of partition p for a model of state shape `shape` and state
+        space `space`, and for a shadow model of (shape, space) when one runs. The cache
+        holds only the current model's states: with a shadow, every state is read."""
         states = UserStates.empty(users, shape)
-        seq = self.cache.seq(p)
+        seq = self.cache.seq(p) if shadow is None else None
         cached = self.cache.lookup(p, users) if seq is not None else [None] * len(users)
         misses = [i for i, c in enumerate(cached) if c is None]
         if misses or seq is None:
@@ -78,13 +102,13 @@ class StateReader:
             if seq is not None and (flat[0] or b"") != seq:
                 # another commit landed since ours: nothing cached for this partition holds
                 self.cache.drop(p)
-                return self.read(p, users, shape)
+                return self.read(p, users, shape, space, shadow)
             seq = flat[0] or b""
-            self._fill(states, misses, flat, shape)
+            self._fill(states, misses, flat, shape, space, shadow)
         for i, c in enumerate(cached):
             if c is not None:
                 states.h[i], states.last_ts[i], states.last_id[i], states.n[i] = c[:4]
-                states.event_ids[i] = c[4]
+                states.event_ids[i], states.recent[i], states.score[i] = c[4], c[5], c[6]
         states.seq = seq
         return states
 
@@ -97,14 +121,17 @@ class StateReader:
                 raise PartitionDataError(p, f"{exc}; fix or delete that key") from None
             raise
 
-    def _fill(self, states: UserStates, rows: list[int], flat: list, shape) -> None:
+    def _fill(
+        self, states: UserStates, rows: list[int], flat: list, shape, space: str, shadow
+    ) -> None:
         """Validate the script's reply (after the sequence) into `states`."""
-        L, H = shape
-        size = L * H * 4
-        good, blobs = [], []
         width = len(FIELDS)
+        shadow_scores = np.full(len(states.users), np.nan)
+        mine: list[tuple[int, bytes | None]] = []  # (row, h blob of this model's space)
+        theirs: list[tuple[int, bytes | None]] = []  # the same for the shadow model
         for k, i in enumerate(rows):
-            h, lid, lts, written_by, cnt, eids = flat[1 + width * k : 1 + width * (k + 1)]
+            row = flat[1 + width * k : 1 + width * (k + 1)]
+            h, lid, lts, by, cnt, eids, recent, sh_h, sh_by, score, sh_score = row
             if isinstance(h, int):
                 states.resets["wrong_type"] += 1
                 continue
@@ -120,18 +147,57 @@ class StateReader:
                 continue
             if eids:
                 states.event_ids[i] = eids.split()[-RECENT_EVENT_IDS:]
-            other = self.shape_of(written_by.decode(errors="replace")) if written_by else None
-            if h is None or len(h) != size or (other is not None and other != shape):
-                states.resets["shape"] += 1
-                continue
-            good.append(i)
-            blobs.append(h)
+            states.recent[i] = unpack(recent)
+            stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
+            mine.append((i, self._blob_of(stored, space)))
+            states.score[i] = _number(score)
+            if shadow is not None:
+                theirs.append((i, self._blob_of(stored, shadow[1])))
+                shadow_scores[i] = _number(sh_score)
+        missing, invalid = self._load(states.h, mine, shape)
+        for reason, bad in (("model", missing), ("invalid", invalid)):
+            for i in bad:
+                self._rebuild(states, i, reason)
+        if shadow is not None:
+            states.shadow = ShadowStates(np.zeros((len(states.users), *shadow[0]), np.float32),
+                                         states.last_ts.copy(), score=shadow_scores)  # fmt: skip
+            missing, invalid = self._load(states.shadow.h, theirs, shadow[0])
+            states.shadow.replay = [i for i in missing + invalid if len(states.recent[i])]
+
+    def _blob_of(self, stored: list, space: str) -> bytes | None:
+        """The stored h (main or shadow field) written by a model of `space`, if any."""
+        for blob, by in stored:
+            if blob is not None and by and self.space_of(by.decode(errors="replace")) == space:
+                return blob
+        return None
+
+    @staticmethod
+    def _load(
+        target: np.ndarray, rows: list[tuple[int, bytes | None]], shape
+    ) -> tuple[list[int], list[int]]:
+        """Copy the usable blobs into target. Returns the rows with none of this model's
+        space, and those whose blob is of the wrong size or not finite."""
+        size = shape[0] * shape[1] * 4
+        good = [(i, b) for i, b in rows if b is not None and len(b) == size]
+        missing = [i for i, b in rows if b is None]
+        invalid = [i for i, b in rows if b is not None and len(b) != size]
         if good:
-            loaded = np.frombuffer(b"".join(blobs), "<f4").reshape(len(good), L, H)
+            loaded = np.frombuffer(b"".join(b for _, b in good), "<f4").reshape(len(good), *shape)
             finite = np.isfinite(loaded).all(axis=(1, 2))
-            states.h[np.asarray(good)[finite]] = loaded[finite]
-            if not finite.all():
-                states.resets["invalid"] += int((~finite).sum())
+            idx = np.asarray([i for i, _ in good])
+            target[idx[finite]] = loaded[finite]
+            invalid += idx[~finite].tolist()
+        return missing, invalid
+
+    @staticmethod
+    def _rebuild(states: UserStates, i: int, reason: str) -> None:
+        """Row i has no usable h: replayed from its recent events when it has any (counted
+        `replayed`), else it restarts from zero (counted by `reason`)."""
+        if len(states.recent[i]):
+            states.replay.append(i)
+            states.resets["replayed"] += 1
+        else:
+            states.resets[reason] += 1
 
     def remember(self, p: int, seq: bytes, commit) -> None:
         """Cache the states a commit wrote (at the sequence it moved the partition to)."""
@@ -140,10 +206,11 @@ class StateReader:
             p,
             seq,
             {
-                u: (h, lts, key, n, eids, stamp)
-                for u, h, lts, key, n, eids in zip(
+                u: (h, lts, key, n, eids, recent, score, stamp)
+                for u, h, lts, key, n, eids, (recent, _), score in zip(
                     commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
-                    commit.n.tolist(), commit.event_ids, strict=True,
+                    commit.n.tolist(), commit.event_ids, commit.recent,
+                    commit.user_scores.tolist(), strict=True,
                 )
             },
         )  # fmt: skip

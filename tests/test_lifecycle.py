@@ -1,0 +1,277 @@
+"""Model lifecycle (SPEC §5): a hidden state is read only by the model space that wrote it;
+any other model rebuilds it by replaying the user's recent events of the session."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model.artifact import Model, ModelMeta, random_model
+from model.scoring import InMemoryScorer, ScoringModel
+from tests.workers import score_entries, wait_for
+from worker.connection import connect
+from worker.consumer import Consumer
+from worker.metrics import WorkerMetrics
+from worker.model_source import RegistryModelSource
+from worker.pipeline import UserStates, build_commit
+from worker.publisher import publish
+from worker.recent import Recent, extended, pack, unpack
+from worker.registry import Registry
+from worker.settings import Settings
+
+SMALL = ["view", "search", "add_to_cart", "purchase"]
+LARGE = [*SMALL, "remove_from_cart", "coupon", "checkout", "wishlist"]
+
+
+def continuing(model: Model, space: str) -> Model:
+    """The same model, declaring that it continues `space`'s states."""
+    meta = ModelMeta(**model.meta.model_dump(), state_space=space)
+    return Model(meta=meta, arrays=model.arrays)
+
+
+def offline(model: Model, events: list[dict]) -> np.ndarray:
+    """Scores of one uninterrupted in-memory run of `model` over the events."""
+    scorer = InMemoryScorer(ScoringModel(model))
+    return scorer.score([e["user_id"] for e in events], [e["type"] for e in events],
+                        np.array([e["ts"] for e in events]))  # fmt: skip
+
+
+def consumer_of(url: str, **settings) -> Consumer:
+    s = Settings(redis_url=url, metrics_port=0, block_ms=100, consumer="c1",
+                 model_poll_seconds=0.01, **settings)  # fmt: skip
+    client = connect(url)
+    return Consumer(s, client, RegistryModelSource(client, "intentstream", 0.01), WorkerMetrics())
+
+
+def run_until(consumer: Consumer, condition, what: str) -> None:
+    wait_for(lambda: consumer.tick() or condition(), what=what)
+
+
+def session(user: str, types: list[str], start: int = 1_000_000) -> list[dict]:
+    return [{"user_id": user, "type": t, "ts": start + 1000 * i} for i, t in enumerate(types)]
+
+
+@pytest.mark.parametrize("history", [32, 0])
+def test_a_new_model_never_reads_another_models_state(redis_server, history):
+    r = connect(redis_server.url)
+    reg = Registry(r)
+    v1 = random_model(SMALL, hidden=64, features=["gap"], seed=1)
+    v2 = random_model(LARGE, hidden=64, features=["gap"], seed=2)  # same state size
+    reg.publish_model(v1, promote=True)
+    consumer = consumer_of(redis_server.url, history_events=history)
+    before = session("alice", ["view", "search", "add_to_cart"])
+    publish(r, before)
+    run_until(consumer, lambda: len(score_entries(r)) == 3, "v1's scores")
+    reg.publish_model(v2, promote=True)
+    run_until(consumer, lambda: consumer.model.version == "2", "the swap")
+    after = session("alice", ["view"], start=before[-1]["ts"] + 1000)
+    publish(r, after)
+    run_until(consumer, lambda: len(score_entries(r)) == 4, "v2's score")
+    got = float(score_entries(r)[-1]["score"])
+    resets = consumer.metrics.value
+    if history:
+        # rebuilt: v2 over alice's whole session, as if v2 had scored it from the start
+        want = offline(v2, before + after)[-1]
+        assert resets("intentstream_state_resets_total", reason="replayed") == 1
+    else:
+        # no history: alice restarts from zero, her gap still counted from her last event
+        zero = ScoringModel(v2)
+        state = np.zeros((1, *zero.state_shape), np.float32)
+        last_ts = np.array([before[-1]["ts"]], np.int64)
+        want = zero.advance(state, last_ts, np.zeros(1, np.int64), zero.type_indices(["view"]),
+                            np.array([after[0]["ts"]]))[0]  # fmt: skip
+        assert resets("intentstream_state_resets_total", reason="model") == 1
+    assert abs(got - want) < 1e-6, (got, want)
+    assert score_entries(r)[-1]["model"] == "2"
+
+
+def test_a_model_that_continues_the_state_space_reads_the_states(redis_server):
+    r = connect(redis_server.url)
+    reg = Registry(r)
+    v1 = random_model(SMALL, hidden=16, features=["gap"], seed=1)
+    v2 = continuing(random_model(SMALL, hidden=16, features=["gap"], seed=2), "1")
+    reg.publish_model(v1, promote=True)
+    consumer = consumer_of(redis_server.url)
+    events = session("u", ["view", "search"])
+    publish(r, events[:1])
+    run_until(consumer, lambda: len(score_entries(r)) == 1, "v1's score")
+    h1 = np.frombuffer(r.hget("intentstream:state:{0}:u", "h"), "<f4").copy()
+    reg.publish_model(v2, promote=True)
+    run_until(consumer, lambda: consumer.model.version == "2", "the swap")
+    publish(r, events[1:])
+    run_until(consumer, lambda: len(score_entries(r)) == 2, "v2's score")
+    m2 = ScoringModel(v2)
+    state = h1.reshape(1, *m2.state_shape).copy()
+    want = m2.advance(state, np.array([events[0]["ts"]]), np.zeros(1, np.int64),
+                      m2.type_indices(["search"]), np.array([events[1]["ts"]]))[0]  # fmt: skip
+    assert abs(float(score_entries(r)[-1]["score"]) - want) < 1e-6
+    assert consumer.metrics.value("intentstream_state_resets_total", reason="replayed") == 0
+
+
+def test_a_long_session_replays_its_last_history_events(redis_server):
+    r = connect(redis_server.url)
+    reg = Registry(r)
+    v1 = random_model(SMALL, hidden=8, seed=1)  # no gap feature: a replay from the middle of
+    v2 = random_model(LARGE, hidden=8, seed=2)  # a session equals a fresh start there
+    reg.publish_model(v1, promote=True)
+    consumer = consumer_of(redis_server.url, history_events=4)
+    before = session("bob", ["view", "search"] * 5)
+    publish(r, before)
+    run_until(consumer, lambda: len(score_entries(r)) == 10, "v1's scores")
+    reg.publish_model(v2, promote=True)
+    run_until(consumer, lambda: consumer.model.version == "2", "the swap")
+    after = session("bob", ["add_to_cart"], start=before[-1]["ts"] + 1000)
+    publish(r, after)
+    run_until(consumer, lambda: len(score_entries(r)) == 11, "v2's score")
+    want = offline(v2, before[-4:] + after)[-1]
+    assert abs(float(score_entries(r)[-1]["score"]) - want) < 1e-6
+
+
+def test_recent_events_pack_and_cut_at_session_gaps():
+    recent = Recent(-1, [1000, 2000], ["view", "ü-type"])
+    assert unpack(pack(recent)) == recent
+    assert unpack(b"garbage") == Recent() and unpack(None) == Recent()
+    grown = extended(recent, [3000, 9_000_000], ["a", "b"], keep=32, session_gap_ms=60_000)
+    assert grown == Recent(3000, [9_000_000], ["b"])  # a new session started at b
+    capped = extended(recent, [3000, 4000], ["a", "b"], keep=3, session_gap_ms=0)
+    assert capped == Recent(1000, [2000, 3000, 4000], ["ü-type", "a", "b"])
+
+
+def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
+    from worker.batch import parse_batch
+
+    model = ScoringModel(random_model(SMALL, hidden=8, features=["gap"], seed=3), version="9")
+    states = UserStates.empty(["u"], model.state_shape)
+    states.recent[0] = Recent(500, [1000, 2000], ["view", "search"])
+    states.replay.append(0)
+    states.h[0] = 7.0  # another model's state: never read
+    batch = parse_batch(0, [[b"3000-0", [b"user_id", b"u", b"type", b"add_to_cart",
+                                         b"ts", b"3000"]]])  # fmt: skip
+    c = build_commit(batch, states, model, history_events=32)
+    full = [{"user_id": "u", "type": t, "ts": ts} for t, ts in
+            [("view", 1000), ("search", 2000), ("add_to_cart", 3000)]]  # fmt: skip
+    # the offline run starts fresh at 1000; the replay measures 1000's gap from 500
+    scorer = InMemoryScorer(model)
+    scorer.score(["u"], ["x"], np.array([500]))  # gives u a previous event at 500 ...
+    scorer._state["u"][:] = 0.0  # ... and a zero state, as the replay starts
+    want = scorer.score(["u"] * 3, [e["type"] for e in full], np.array([e["ts"] for e in full]))
+    assert len(c.scores) == 1 and abs(float(c.scores[0]) - want[-1]) < 1e-6
+    assert unpack(c.recent[0][1]) == Recent(500, [1000, 2000, 3000],
+                                            ["view", "search", "add_to_cart"])  # fmt: skip
+
+
+def test_a_shadow_model_scores_like_alone_and_its_promotion_keeps_its_states(redis_server):
+    r = connect(redis_server.url)
+    reg = Registry(r)
+    v1 = random_model(SMALL, hidden=16, features=["gap"], seed=1)
+    v2 = random_model(LARGE, hidden=32, layers=2, features=["gap"], seed=2)
+    reg.publish_model(v1, promote=True)
+    reg.publish_model(v2)
+    consumer = consumer_of(redis_server.url)
+    events = [e for u in ("a", "b", "c") for e in session(u, ["view", "search", "add_to_cart"])]
+    events.sort(key=lambda e: e["ts"])
+    publish(r, events[:3])  # before the shadow starts: its states are replayed from history
+    run_until(consumer, lambda: len(score_entries(r)) == 3, "v1's first scores")
+    reg.set_shadow("2")
+    run_until(consumer, lambda: consumer.shadow is not None, "the shadow to start")
+    publish(r, events[3:])
+    run_until(consumer, lambda: len(score_entries(r)) == len(events), "all scores")
+    rows = score_entries(r)
+    np.testing.assert_allclose([float(x["score"]) for x in rows], offline(v1, events), atol=1e-6)
+    shadowed = rows[3:]
+    assert {x["shadow_model"] for x in shadowed} == {"2"}
+    np.testing.assert_allclose([float(x["shadow_score"]) for x in shadowed],
+                               offline(v2, events)[3:], atol=1e-6)  # fmt: skip
+
+    reg.promote("2")  # the challenger wins: its states are current at once
+    run_until(consumer, lambda: consumer.model.version == "2", "the promotion")
+    assert reg.shadow() is None and consumer.shadow is None
+    more = [{"user_id": u, "type": "view", "ts": events[-1]["ts"] + 1000} for u in "abc"]
+    publish(r, more)
+    run_until(consumer, lambda: len(score_entries(r)) == len(events) + 3, "v2's scores")
+    np.testing.assert_allclose([float(x["score"]) for x in score_entries(r)[-3:]],
+                               offline(v2, events + more)[-3:], atol=1e-6)  # fmt: skip
+    assert consumer.metrics.value("intentstream_state_resets_total", reason="replayed") == 0
+
+
+def test_model_shadow_command(redis_server, tmp_path):
+    from model.artifact import save_model
+    from tests.conftest import run_cli
+
+    save_model(random_model(SMALL, hidden=4, seed=1), tmp_path / "m.npz")
+    url = ["--redis-url", redis_server.url]
+    assert run_cli("model", "publish", str(tmp_path / "m.npz"), "--promote", *url).returncode == 0
+    assert run_cli("model", "publish", str(tmp_path / "m.npz"), *url).returncode == 0
+    on = run_cli("model", "shadow", "2", *url)
+    assert on.returncode == 0 and "version 2 is the shadow" in on.stdout
+    assert "shadow: 2" in run_cli("model", "shadow", *url).stdout
+    assert run_cli("model", "shadow", "--off", *url).returncode == 0
+    assert Registry(connect(redis_server.url)).shadow() is None
+    missing = run_cli("model", "shadow", "9", *url)
+    assert missing.returncode == 2 and "no model version '9'" in missing.stderr
+
+
+def test_label_samples_take_the_last_score_before_the_label_or_the_sessions_end():
+    from worker.quality import label_samples
+
+    # user 0: a session labelled at its 3rd event; then, after a gap, one that ends unlabelled
+    # (at user 0's next event, another gap later); user 1: a session still open
+    events = [(0, "view", 0), (0, "cart", 1000), (0, "purchase", 2000), (0, "view", 10**7),
+              (0, "view", 10**7 + 1000), (1, "view", 0), (0, "view", 3 * 10**7)]  # fmt: skip
+    slot = np.array([e[0] for e in events])
+    scores = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    got = label_samples(slot, [e[1] for e in events], np.array([e[2] for e in events]), scores,
+                        np.full(2, np.nan), np.full(2, -1), [Recent(), Recent()], "purchase",
+                        gap_ms=60_000)  # fmt: skip
+    assert got[0].tolist() == [0.2, 0.5] and got[1].tolist() == [True, False]
+
+
+def test_live_auc_of_the_current_model_is_exported(redis_server):
+    from model.evaluate import roc_auc
+    from tests.test_worker import scrape
+    from worker.local_redis import free_port
+    from worker.metrics import serve_metrics
+
+    r = connect(redis_server.url)
+    reg = Registry(r)
+    model = random_model(SMALL, hidden=8, features=["gap"], seed=4)
+    reg.publish_model(model, promote=True)
+    consumer = consumer_of(redis_server.url)
+    port = free_port()
+    serve_metrics(consumer.metrics, consumer.health, "127.0.0.1", port)
+    rng = np.random.default_rng(0)
+    events, t = [], 1_000_000
+    for s in range(60):  # sessions 2 h apart (the gap is 30 min): each ends at the next one
+        for _ in range(int(rng.integers(1, 5))):
+            events.append({"user_id": f"u{s % 3}", "type": str(rng.choice(SMALL[:3])), "ts": t})
+            t += 1000
+        if rng.random() < 0.4:
+            events.append({"user_id": f"u{s % 3}", "type": "purchase", "ts": t})
+        t += 7_200_000
+    publish(r, events)
+    run_until(consumer, lambda: len(score_entries(r)) == len(events), "all scores")
+    # expected: the same rules, applied to the offline scores
+    scores = offline(model, events)
+    want_s, want_l, last, labelled, prev_ts = [], [], {}, set(), {}
+    for e, s in zip(events, scores, strict=True):
+        u = e["user_id"]
+        if u in prev_ts and e["ts"] - prev_ts[u] > 1_800_000:
+            if u not in labelled and u in last:
+                want_s.append(last[u])
+                want_l.append(False)
+            labelled.discard(u)
+            last.pop(u, None)
+        if e["type"] == "purchase" and u not in labelled:
+            if u in last:
+                want_s.append(last[u])
+                want_l.append(True)
+            labelled.add(u)
+        last[u], prev_ts[u] = s, e["ts"]
+    metrics = scrape(port)
+    assert metrics[
+        'intentstream_labelled_sessions_total{model="current",outcome="positive"}'
+    ] == sum(want_l)
+    assert metrics[
+        'intentstream_labelled_sessions_total{model="current",outcome="negative"}'
+    ] == len(want_l) - sum(want_l)
+    assert abs(metrics['intentstream_live_auc{model="current"}'] - roc_auc(want_l, want_s)) < 1e-6
