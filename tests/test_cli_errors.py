@@ -39,6 +39,7 @@ def assert_one_line(result: subprocess.CompletedProcess, *needles: str) -> str:
         ["model", "show", "2"],
         ["model", "promote", "1"],
         ["model", "rollback"],
+        ["model", "shadow"],
         ["model", "export", "1", "--out", "x.npz"],
     ],
     ids=lambda argv: " ".join(argv[:2]),
