@@ -1,4 +1,4 @@
-"""intentstream's model: the Elman cell kernels, the artifact format and offline scoring.
+"""intentstream's model: the cell kernels (Elman, GRU), the artifact format, scoring, training.
 
 Pure computation; this package never imports `worker`.
 """

@@ -33,7 +33,7 @@ class ModelMeta(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     format: Literal["intentstream.model/1"]
-    cell: Literal["rnn"]
+    cell: Literal["rnn", "gru"]
     layers: int = Field(ge=1, le=16)
     hidden: int = Field(ge=1, le=4096)
     event_types: list[str] = Field(min_length=1)
@@ -81,22 +81,51 @@ class Model:
         return int(sum(a.size for a in self.arrays.values()))
 
 
-def array_names(layers: int) -> list[str]:
+# Per-layer arrays of each cell (SPEC §5), by kind: input weights (input x H), recurrent weights
+# (H x H), biases (H). Gates are listed in PyTorch's order (r, z, n), which the packed layout
+# of model/params.py keeps.
+CELL_ARRAYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "rnn": {"input": ("W_xh",), "recurrent": ("W_hh",), "bias": ("b_h",)},
+    "gru": {
+        "input": ("W_xr", "W_xz", "W_xn"),
+        "recurrent": ("W_hr", "W_hz", "W_hn"),
+        "bias": ("b_r", "b_z", "b_xn", "b_hn"),
+    },
+}
+
+
+def layer_array_names(cell: str, layer: int) -> list[str]:
+    """Names of one layer's arrays for a cell, e.g. layer0.W_xh."""
+    kinds = CELL_ARRAYS[cell]
+    return [f"layer{layer}.{n}" for kind in ("input", "recurrent", "bias") for n in kinds[kind]]
+
+
+def array_names(layers: int, cell: str = "rnn") -> list[str]:
     """Names of the parameter arrays of an artifact with `layers` layers (meta excluded)."""
     names = ["embedding"]
     for layer in range(layers):
-        names += [f"layer{layer}.W_xh", f"layer{layer}.W_hh", f"layer{layer}.b_h"]
+        names += layer_array_names(cell, layer)
     return [*names, "head.W_hq", "head.b_q"]
+
+
+def cell_of(arrays: dict[str, np.ndarray]) -> str:
+    """The cell whose arrays these are ("gru" when layer 0 has GRU arrays, else "rnn")."""
+    return "gru" if "layer0.W_xr" in arrays else "rnn"
 
 
 def expected_shapes(meta: ModelMeta, embedding_dim: int) -> dict[str, tuple[int, ...]]:
     """Shape each array must have for this meta and embedding width."""
     H, F = meta.hidden, len(meta.features)
     shapes: dict[str, tuple[int, ...]] = {"embedding": (len(meta.event_types) + 1, embedding_dim)}
+    kinds = CELL_ARRAYS[meta.cell]
     for layer in range(meta.layers):
-        shapes[f"layer{layer}.W_xh"] = (embedding_dim + F, H) if layer == 0 else (H, H)
-        shapes[f"layer{layer}.W_hh"] = (H, H)
-        shapes[f"layer{layer}.b_h"] = (H,)
+        inputs = embedding_dim + F if layer == 0 else H
+        for name in kinds["input"]:
+            shapes[f"layer{layer}.{name}"] = (inputs, H)
+        for name in kinds["recurrent"]:
+            shapes[f"layer{layer}.{name}"] = (H, H)
+        for name in kinds["bias"]:
+            shapes[f"layer{layer}.{name}"] = (H,)
     shapes["head.W_hq"] = (H, 1)
     shapes["head.b_q"] = (1,)
     return shapes
@@ -104,13 +133,15 @@ def expected_shapes(meta: ModelMeta, embedding_dim: int) -> dict[str, tuple[int,
 
 def validate_model(meta: ModelMeta, arrays: dict[str, np.ndarray]) -> Model:
     """Check names, shapes, dtypes and finiteness of the arrays against meta; return the Model."""
-    expected = array_names(meta.layers)
+    expected = array_names(meta.layers, meta.cell)
     missing = [n for n in expected if n not in arrays]
     if missing:
         raise ArtifactError(f"missing array(s): {', '.join(missing)}")
     extra = sorted(set(arrays) - set(expected))
     if extra:
-        raise ArtifactError(f"unexpected array(s) for a {meta.layers}-layer model: {extra}")
+        raise ArtifactError(
+            f"unexpected array(s) for a {meta.layers}-layer {meta.cell} model: {extra}"
+        )
     embedding = arrays["embedding"]
     if embedding.ndim != 2 or embedding.shape[1] < 1:
         raise ArtifactError(f"array 'embedding' must be 2-D (V, D), got shape {embedding.shape}")
@@ -226,12 +257,13 @@ def random_model(
     session_gap_seconds: float = 1800.0,
     seed: int = 0,
     dtype: type = np.float32,
+    cell: str = "rnn",
 ) -> Model:
     """A seeded random model: N(0, 1) embedding, PyTorch-style U(-1/sqrt(H), 1/sqrt(H)) cell."""
     rng = np.random.default_rng(seed)
     meta = ModelMeta(
         format=FORMAT,
-        cell="rnn",
+        cell=cell,
         layers=layers,
         hidden=hidden,
         event_types=list(event_types),

@@ -1,11 +1,12 @@
 """Kernel benchmark: microseconds per event of the batched cell, beside baselines in one run.
 
-    python -m model.bench [--hidden 32 64 128] [--batch 1 64 1024] [--repeats 30]
+    python -m model.bench [--cells rnn gru] [--hidden 32 64 128] [--batch 1 64 1024]
 
 Columns: the batched Numba kernel alone (`step_batch`), the full batch path the worker uses
 (`ScoringModel.advance`: gaps, features, resets, kernel), the float64 numpy reference one event
-at a time, and PyTorch's `nn.RNNCell` (+ embedding and linear head) over the same batch when
-torch is installed. Medians over repeats; ratios are against the kernel in the same run.
+at a time, and PyTorch's `nn.RNNCell` or `nn.GRUCell` (+ embedding and linear head) over the
+same batch when torch is installed. Medians over repeats; ratios are against the kernel in the
+same run, and a last table puts each GRU kernel figure beside the Elman one.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def kernel_us(sm: ScoringModel, batch: int, users: int, repeats: int, rng) -> fl
     scores = np.empty(batch, np.float32)
     work = sm.scratch(batch)
     t = median_seconds(
-        lambda: step_batch(sm.weights, state, slot, type_idx, x_feat, reset, scores, work),
+        lambda: step_batch(sm.kernel_weights, state, slot, type_idx, x_feat, reset, scores, work),
         repeats,
     )
     return t / batch * 1e6
@@ -87,8 +88,9 @@ def numpy_reference_us(model: Model, n_events: int, rng) -> float:
     return median_seconds(run, 5) / n_events * 1e6
 
 
-def torch_rnncell_us(model: Model, batch: int, repeats: int, rng) -> float | None:
-    """µs/event of PyTorch nn.RNNCell over one batch of distinct users, or None without torch."""
+def torch_cell_us(model: Model, batch: int, repeats: int, rng) -> float | None:
+    """µs/event of PyTorch nn.RNNCell / nn.GRUCell over one batch of distinct users, or None
+    without torch (random weights: the speed does not depend on them)."""
     try:
         import torch
     except ImportError:
@@ -98,15 +100,8 @@ def torch_rnncell_us(model: Model, batch: int, repeats: int, rng) -> float | Non
     H, D = model.meta.hidden, model.embedding_dim
     F = len(model.meta.features)
     emb = torch.nn.Embedding.from_pretrained(torch.tensor(a["embedding"], dtype=torch.float32))
-    cells = []
-    for layer in range(model.meta.layers):
-        cell = torch.nn.RNNCell(D + F if layer == 0 else H, H)
-        with torch.no_grad():
-            cell.weight_ih.copy_(torch.tensor(a[f"layer{layer}.W_xh"]).T)
-            cell.weight_hh.copy_(torch.tensor(a[f"layer{layer}.W_hh"]).T)
-            cell.bias_ih.copy_(torch.tensor(a[f"layer{layer}.b_h"]))
-            cell.bias_hh.zero_()
-        cells.append(cell)
+    make = torch.nn.GRUCell if model.meta.cell == "gru" else torch.nn.RNNCell
+    cells = [make(D + F if layer == 0 else H, H) for layer in range(model.meta.layers)]
     head = torch.nn.Linear(H, 1)
     types = torch.tensor(rng.integers(0, len(EVENT_TYPES) + 1, batch))
     feats = torch.tensor(rng.uniform(0, 5, (batch, F)), dtype=torch.float32)
@@ -138,6 +133,7 @@ def machine_line() -> str:
 def main(argv: list[str] | None = None) -> None:
     """Print the kernel benchmark table."""
     p = argparse.ArgumentParser(prog="python -m model.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--cells", nargs="+", choices=["rnn", "gru"], default=["rnn", "gru"])
     p.add_argument("--hidden", type=int, nargs="+", default=[32, 64, 128])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64, 1024])
     p.add_argument("--layers", type=int, default=1)
@@ -148,29 +144,38 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {machine_line()}")
     print(f"layers={args.layers}, embedding 16, features [gap]; µs per event, median\n")
     header = (
-        f"{'H':>4} {'batch':>6} {'users':>6} {'kernel':>8} {'advance':>8} "
+        f"{'cell':>4} {'H':>4} {'batch':>6} {'users':>6} {'kernel':>8} {'advance':>8} "
         f"{'numpy':>8} {'torch':>8} {'x numpy':>8} {'x torch':>8}"
     )
     print(header)
     print("-" * len(header))
-    for H in args.hidden:
-        model = random_model(
-            EVENT_TYPES, hidden=H, layers=args.layers, features=["gap"], embedding_dim=16
-        )
-        sm = ScoringModel(model)
-        sm.warm_up()
-        ref = numpy_reference_us(model, 200, rng)
-        for batch in args.batch:
-            for users in sorted({batch, max(1, batch // 16)}, reverse=True):
-                k = kernel_us(sm, batch, users, args.repeats, rng)
-                adv = advance_us(sm, batch, users, args.repeats, rng)
-                tor = torch_rnncell_us(model, batch, args.repeats, rng) if users == batch else None
-                tor_s = f"{tor:8.3f}" if tor is not None else f"{'-':>8}"
-                x_tor = f"{tor / k:8.1f}" if tor is not None else f"{'-':>8}"
-                print(
-                    f"{H:>4} {batch:>6} {users:>6} {k:8.3f} {adv:8.3f} "
-                    f"{ref:8.2f} {tor_s} {ref / k:8.1f} {x_tor}"
-                )
+    kernels: dict[tuple, float] = {}
+    for cell in args.cells:
+        for H in args.hidden:
+            model = random_model(EVENT_TYPES, hidden=H, layers=args.layers, features=["gap"],
+                                 embedding_dim=16, cell=cell)  # fmt: skip
+            sm = ScoringModel(model)
+            sm.warm_up()
+            ref = numpy_reference_us(model, 200, rng)
+            for batch in args.batch:
+                for users in sorted({batch, max(1, batch // 16)}, reverse=True):
+                    k = kernels[cell, H, batch, users] = kernel_us(
+                        sm, batch, users, args.repeats, rng
+                    )
+                    adv = advance_us(sm, batch, users, args.repeats, rng)
+                    tor = torch_cell_us(model, batch, args.repeats, rng) if users == batch else None
+                    tor_s = f"{tor:8.3f}" if tor is not None else f"{'-':>8}"
+                    x_tor = f"{tor / k:8.1f}" if tor is not None else f"{'-':>8}"
+                    print(
+                        f"{cell:>4} {H:>4} {batch:>6} {users:>6} {k:8.3f} {adv:8.3f} "
+                        f"{ref:8.2f} {tor_s} {ref / k:8.1f} {x_tor}"
+                    )
+    if set(args.cells) == {"rnn", "gru"}:
+        print("\nGRU kernel / Elman kernel, same run:")
+        for (cell, H, batch, users), k in kernels.items():
+            if cell == "gru":
+                print(f"  H {H:>4} batch {batch:>5} users {users:>5}: "
+                      f"{k / kernels['rnn', H, batch, users]:5.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

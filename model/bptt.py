@@ -1,4 +1,4 @@
-"""Truncated backpropagation through time for the Elman cell (SPEC §2, §6), in Numba.
+"""Truncated backpropagation through time for the Elman cell and the GRU (SPEC §2, §6), in Numba.
 
 A mini-batch of B sessions, padded to T steps, runs in windows of `bptt` steps: forward
 through a window from the state carried over from the previous one (carried without
@@ -7,8 +7,9 @@ gradient), then backward through that window only. So a loss at step t reaches i
 parameters sum over steps and sessions; the loss is per-step binary cross-entropy on the
 sigmoid head, weighted by the mask (0 on padding) and divided by `norm`.
 
-Kernels take float32 (training) or float64 (gradient checks) arrays; `loss_and_gradients`
-is the public entry point, in the artifact's array names.
+The kernels read and write the packed layout of model/params.py (the one the scoring kernels
+read), in float32 (training) or float64 (gradient checks). `loss_and_gradients` and `predict`
+also take the artifact's arrays by name.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from model.artifact import cell_of
+from model.params import CELL_GRU, Params, pack, unpack
 from model.sessions import SessionBatch
-
-# Packed parameter layout for the kernels (see _pack):
-#   E (V, D) | W_x0 (D+F, H) | W_xu (L-1, H, H) layers above | W_hh (L, H, H) | b (L, H)
-#   w_q (H,) | b_q (1,)
 
 
 @nb.njit(cache=True)
@@ -33,36 +32,100 @@ def _inputs(E, types, feats, t, X):
 
 
 @nb.njit(cache=True)
-def _step(E, W_x0, W_xu, W_hh, b, X, H_prev, H_new):
-    """H_new[l] = tanh(input_l @ W_x + H_prev[l] @ W_hh[l] + b[l]) for every layer."""
-    L = W_hh.shape[0]
-    for layer in range(L):
-        inp = X if layer == 0 else H_new[layer - 1]
-        Wx = W_x0 if layer == 0 else W_xu[layer - 1]
-        A = np.dot(inp, Wx) + np.dot(H_prev[layer], W_hh[layer]) + b[layer]
-        H_new[layer] = np.tanh(A)
+def _weights(p, layer):
+    """(input weights, recurrent weights) of a layer, views into the packed arrays."""
+    if layer == 0:
+        return p.W_x0, p.W_h0
+    H = p.b_hn.shape[1]
+    return p.W_up[layer - 1, :H], p.W_up[layer - 1, H:]
 
 
 @nb.njit(cache=True)
-def _forward_backward(E, W_x0, W_xu, W_hh, b, w_q, b_q, types, feats, mask, labels, bptt, norm,
-                      gE, gW_x0, gW_xu, gW_hh, gb, gw_q, gb_q):  # fmt: skip
-    """Loss of the batch (weighted BCE sum / norm); adds the gradients into the g* arrays."""
+def _layer_forward(p, layer, inp, h_prev, h_out, gates):
+    """h_out = the cell on (inp, h_prev); a GRU keeps r, z, n and h W_hn + b_hn in gates."""
+    Wx, Wh = _weights(p, layer)
+    ax = np.dot(inp, Wx)
+    ah = np.dot(h_prev, Wh)
+    B, H = h_out.shape
+    bx = p.b_x[layer]
+    if p.cell == CELL_GRU:
+        bhn = p.b_hn[layer]
+        for i in range(B):
+            for j in range(H):
+                r = 1.0 / (1.0 + np.exp(-(ax[i, j] + ah[i, j] + bx[j])))
+                z = 1.0 / (1.0 + np.exp(-(ax[i, H + j] + ah[i, H + j] + bx[H + j])))
+                hn = ah[i, 2 * H + j] + bhn[j]
+                n = np.tanh(ax[i, 2 * H + j] + bx[2 * H + j] + r * hn)
+                h_out[i, j] = n + z * (h_prev[i, j] - n)
+                gates[i, j] = r
+                gates[i, H + j] = z
+                gates[i, 2 * H + j] = n
+                gates[i, 3 * H + j] = hn
+    else:
+        for i in range(B):
+            for j in range(H):
+                h_out[i, j] = np.tanh(ax[i, j] + ah[i, j] + bx[j])
+
+
+@nb.njit(cache=True)
+def _layer_backward(p, g, layer, dh, inp, h_prev, h, gates):
+    """Add a layer's step gradients into g; return (d input, d previous state)."""
+    Wx, Wh = _weights(p, layer)
+    gWx, gWh = _weights(g, layer)
+    B, H = dh.shape
+    if p.cell == CELL_GRU:
+        dAx = np.empty((B, 3 * H), dh.dtype)
+        dAh = np.empty((B, 3 * H), dh.dtype)
+        direct = np.empty((B, H), dh.dtype)
+        for i in range(B):
+            for j in range(H):
+                r, z = gates[i, j], gates[i, H + j]
+                n, hn = gates[i, 2 * H + j], gates[i, 3 * H + j]
+                d = dh[i, j]
+                dn = d * (1 - z) * (1 - n * n)
+                dr = dn * hn * r * (1 - r)
+                dz = d * (h_prev[i, j] - n) * z * (1 - z)
+                dAx[i, j] = dr
+                dAx[i, H + j] = dz
+                dAx[i, 2 * H + j] = dn
+                dAh[i, j] = dr
+                dAh[i, H + j] = dz
+                dAh[i, 2 * H + j] = dn * r
+                direct[i, j] = d * z
+        g.b_hn[layer] += dAh[:, 2 * H :].sum(axis=0)
+    else:
+        dAx = dh - dh * h * h  # tanh'; no float64 scalar, so float32 stays float32
+        dAh = dAx
+        direct = np.zeros_like(dh)
+    gWx += np.dot(inp.T, dAx)
+    gWh += np.dot(h_prev.T, dAh)
+    g.b_x[layer] += dAx.sum(axis=0)
+    return np.dot(dAx, Wx.T), np.dot(dAh, Wh.T) + direct
+
+
+@nb.njit(cache=True)
+def _forward_backward(p, g, types, feats, mask, labels, bptt, norm):
+    """Loss of the batch (weighted BCE sum / norm); adds the gradients into g (packed)."""
     B, T = types.shape
-    L, H = b.shape
-    D = E.shape[1]
-    dt = E.dtype
+    L, H = p.b_hn.shape
+    D = p.E.shape[1]
+    dt = p.E.dtype
+    n_cache = 4 * H if p.cell == CELL_GRU else 1
     carry = np.zeros((L, B, H), dt)
     loss = 0.0
     for s in range(0, T, bptt):
         k = min(bptt, T - s)
         Hs = np.empty((k + 1, L, B, H), dt)
-        Xs = np.empty((k, B, W_x0.shape[0]), dt)
+        Gs = np.empty((k, L, B, n_cache), dt)
+        Xs = np.empty((k, B, p.W_x0.shape[0]), dt)
         dz = np.zeros((k, B), dt)
         Hs[0] = carry
         for j in range(k):
-            _inputs(E, types, feats, s + j, Xs[j])
-            _step(E, W_x0, W_xu, W_hh, b, Xs[j], Hs[j], Hs[j + 1])
-            z = np.dot(Hs[j + 1, L - 1], w_q) + b_q[0]
+            _inputs(p.E, types, feats, s + j, Xs[j])
+            for layer in range(L):
+                inp = Xs[j] if layer == 0 else Hs[j + 1, layer - 1]
+                _layer_forward(p, layer, inp, Hs[j, layer], Hs[j + 1, layer], Gs[j, layer])
+            z = np.dot(Hs[j + 1, L - 1], p.w_q) + p.b_q[0]
             for i in range(B):
                 m = mask[i, s + j]
                 if m != 0.0:
@@ -70,124 +133,105 @@ def _forward_backward(E, W_x0, W_xu, W_hh, b, w_q, b_q, types, feats, mask, labe
                     zi = z[i]
                     # stable BCE on the logit: max(z, 0) - z y + log(1 + exp(-|z|))
                     loss += m * (max(zi, 0.0) - zi * y + np.log1p(np.exp(-abs(zi))))
-                    p = 1.0 / (1.0 + np.exp(-zi))
-                    dz[j, i] = m * (p - y) / norm
+                    q = 1.0 / (1.0 + np.exp(-zi))
+                    dz[j, i] = m * (q - y) / norm
         carry = Hs[k].copy()  # next window starts here, without gradient
         dH_next = np.zeros((L, B, H), dt)  # from step j+1 into the state of step j
         for j in range(k - 1, -1, -1):
-            dH_below = np.zeros((B, H), dt)
+            d_below = np.zeros((B, H), dt)
             for layer in range(L - 1, -1, -1):
                 h = Hs[j + 1, layer]
                 if layer == L - 1:
-                    dH = dH_next[layer] + np.outer(dz[j], w_q)
-                    gw_q += np.dot(h.T, dz[j])
-                    gb_q[0] += dz[j].sum()
+                    dh = dH_next[layer] + np.outer(dz[j], p.w_q)
+                    g.w_q[:] += np.dot(h.T, dz[j])
+                    g.b_q[0] += dz[j].sum()
                 else:
-                    dH = dH_next[layer] + dH_below
-                dA = dH - dH * h * h  # tanh'; no float64 scalar, so float32 stays float32
+                    dh = dH_next[layer] + d_below
                 inp = Xs[j] if layer == 0 else Hs[j + 1, layer - 1]
-                Wx = W_x0 if layer == 0 else W_xu[layer - 1]
-                if layer == 0:
-                    gW_x0 += np.dot(inp.T, dA)
-                else:
-                    gW_xu[layer - 1] += np.dot(inp.T, dA)
-                gW_hh[layer] += np.dot(Hs[j, layer].T, dA)
-                gb[layer] += dA.sum(axis=0)
-                dH_next[layer] = np.dot(dA, W_hh[layer].T)
-                d_inp = np.dot(dA, Wx.T)
+                d_inp, d_prev = _layer_backward(p, g, layer, dh, inp, Hs[j, layer], h, Gs[j, layer])
+                dH_next[layer] = d_prev
                 if layer > 0:
-                    dH_below = d_inp
+                    d_below = d_inp
                 else:
                     # padding comes after a session's last step, so its d_inp is zero
                     for i in range(B):
-                        gE[types[i, s + j]] += d_inp[i, :D]
+                        g.E[types[i, s + j]] += d_inp[i, :D]
     return loss / norm
 
 
 @nb.njit(cache=True)
-def _predict(E, W_x0, W_xu, W_hh, b, w_q, b_q, types, feats):
-    """Sigmoid scores (B, T) of every step, each session from a zero state."""
+def _predict_logits(p, types, feats):
+    """Head logits (B, T) of every step, each session from a zero state."""
     B, T = types.shape
-    L, H = b.shape
-    dt = E.dtype
+    L, H = p.b_hn.shape
+    dt = p.E.dtype
+    n_cache = 4 * H if p.cell == CELL_GRU else 1
     Hc = np.zeros((L, B, H), dt)
     Hn = np.empty((L, B, H), dt)
-    X = np.empty((B, W_x0.shape[0]), dt)
-    P = np.empty((B, T), dt)
+    gates = np.empty((B, n_cache), dt)
+    X = np.empty((B, p.W_x0.shape[0]), dt)
+    Z = np.empty((B, T), dt)
     for t in range(T):
-        _inputs(E, types, feats, t, X)
-        _step(E, W_x0, W_xu, W_hh, b, X, Hc, Hn)
-        z = np.dot(Hn[L - 1], w_q) + b_q[0]
-        P[:, t] = 1.0 / (1.0 + np.exp(-z))
+        _inputs(p.E, types, feats, t, X)
+        for layer in range(L):
+            inp = X if layer == 0 else Hn[layer - 1]
+            _layer_forward(p, layer, inp, Hc[layer], Hn[layer], gates)
+        Z[:, t] = np.dot(Hn[L - 1], p.w_q) + p.b_q[0]
         Hc, Hn = Hn, Hc
-    return P
+    return Z
 
 
-def _pack(params: dict[str, np.ndarray]):
-    """Artifact arrays → the kernels' layout (all in the dtype of `embedding`)."""
-    dt = params["embedding"].dtype
-    L = sum(1 for k in params if k.endswith(".W_hh"))
-    H = params["layer0.W_hh"].shape[0]
-    W_xu = np.zeros((L - 1, H, H), dt)
-    for layer in range(1, L):
-        W_xu[layer - 1] = params[f"layer{layer}.W_xh"]
-    return (
-        np.ascontiguousarray(params["embedding"], dt),
-        np.ascontiguousarray(params["layer0.W_xh"], dt),
-        W_xu,
-        np.ascontiguousarray(np.stack([params[f"layer{i}.W_hh"] for i in range(L)]), dt),
-        np.ascontiguousarray(np.stack([params[f"layer{i}.b_h"] for i in range(L)]), dt),
-        np.ascontiguousarray(params["head.W_hq"][:, 0], dt),
-        np.ascontiguousarray(params["head.b_q"], dt),
-    )
+def as_params(params: dict[str, np.ndarray] | Params, cell: str | None = None) -> Params:
+    """Packed parameters, from a Params (as is) or the artifact's arrays (in their dtype)."""
+    if isinstance(params, Params):
+        return params
+    return pack(params, cell or cell_of(params), params["embedding"].dtype)
 
 
-def _unpack(packed, L: int) -> dict[str, np.ndarray]:
-    gE, gW_x0, gW_xu, gW_hh, gb, gw_q, gb_q = packed
-    out = {"embedding": gE, "layer0.W_xh": gW_x0}
-    for layer in range(L):
-        if layer:
-            out[f"layer{layer}.W_xh"] = gW_xu[layer - 1]
-        out[f"layer{layer}.W_hh"] = gW_hh[layer]
-        out[f"layer{layer}.b_h"] = gb[layer]
-    out["head.W_hq"] = gw_q[:, None]
-    out["head.b_q"] = gb_q
-    return out
-
-
-def loss_and_gradients(
-    params: dict[str, np.ndarray], batch: SessionBatch, bptt: int = 35
-) -> tuple[float, dict[str, np.ndarray]]:
-    """Mean per-step BCE of a batch of sessions and its truncated-BPTT gradient.
-
-    `params` are named as the artifact's arrays (embedding, layer{l}.W_xh, layer{l}.W_hh,
-    layer{l}.b_h, head.W_hq, head.b_q), all float32 or all float64; the gradients come back
-    under the same names and dtype. The loss averages over the batch's real steps (mask
-    weights); gradients flow back at most `bptt` steps.
-    """
+def packed_loss_and_gradients(p: Params, batch: SessionBatch, bptt: int = 35):
+    """`loss_and_gradients` on the packed layout: (loss, gradients as a Params)."""
     if bptt < 1:
         raise ValueError("bptt must be >= 1")
-    packed = _pack(params)
-    dt = packed[0].dtype
-    grads = tuple(np.zeros_like(p) for p in packed)
+    dt = p.E.dtype
+    g = p.zeros_like()
     norm = float(batch.mask.sum()) or 1.0
     loss = _forward_backward(
-        *packed,
+        p,
+        g,
         batch.types,
         np.ascontiguousarray(batch.features, dt),
         np.ascontiguousarray(batch.mask, dt),
         np.ascontiguousarray(batch.labels, dt),
         bptt,
         norm,
-        *grads,
     )
-    return float(loss), _unpack(grads, packed[3].shape[0])
+    return float(loss), g
 
 
-def predict(params: dict[str, np.ndarray], batch: SessionBatch) -> np.ndarray:
+def loss_and_gradients(
+    params: dict[str, np.ndarray], batch: SessionBatch, bptt: int = 35, cell: str | None = None
+) -> tuple[float, dict[str, np.ndarray]]:
+    """Mean per-step BCE of a batch of sessions and its truncated-BPTT gradient.
+
+    `params` are named as the artifact's arrays (embedding, layer{l}.W_xh, ... or the GRU's
+    layer{l}.W_xr, ..., head.W_hq, head.b_q), all float32 or all float64; the gradients come
+    back under the same names and dtype. The loss averages over the batch's real steps (mask
+    weights); gradients flow back at most `bptt` steps.
+    """
+    loss, g = packed_loss_and_gradients(as_params(params, cell), batch, bptt)
+    return loss, {k: np.array(v) for k, v in unpack(g).items()}
+
+
+def predict(
+    params: dict[str, np.ndarray] | Params,
+    batch: SessionBatch,
+    head: str = "sigmoid",
+    cell: str | None = None,
+) -> np.ndarray:
     """Scores (B, T) of every step of every session (from a zero state); padding included."""
-    packed = _pack(params)
-    return _predict(*packed, batch.types, np.ascontiguousarray(batch.features, packed[0].dtype))
+    p = as_params(params, cell)
+    Z = _predict_logits(p, batch.types, np.ascontiguousarray(batch.features, p.E.dtype))
+    return 1.0 / (1.0 + np.exp(-Z)) if head == "sigmoid" else Z
 
 
 def clip_global_norm(grads: dict[str, np.ndarray], theta: float) -> float:

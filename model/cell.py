@@ -1,13 +1,18 @@
-"""Elman RNN cell kernels (SPEC §2), compiled by Numba.
+"""Recurrent cell kernels (SPEC §2), compiled by Numba: the Elman cell and the GRU.
 
 Row-vector convention, as in the seeds: for layer l with h^0_t = x_t,
 
-    h^l_t  = tanh(h^{l-1}_t W^l_xh + h^l_{t-1} W^l_hh + b^l_h)
+    Elman:  h^l_t = tanh(h^{l-1}_t W^l_xh + h^l_{t-1} W^l_hh + b^l_h)
+    GRU:    r = sig(x W_xr + h W_hr + b_r)    z = sig(x W_xz + h W_hz + b_z)
+            n = tanh(x W_xn + b_xn + r ⊙ (h W_hn + b_hn))    h' = (1 - z) ⊙ n + z ⊙ h
     score_t = head(h^L_t W_hq + b_q)
 
+(x is the layer's input, h its previous state, sig the logistic function: PyTorch's nn.GRU,
+transposed.) The kernels read the packed layout of model/params.py, where a layer's gates sit
+side by side in columns, so a wave's recurrent term is one product per layer for either cell.
 x_t = [embedding[type_t], features_t], so layer 0's input term splits into a per-type row
-(embedding @ W_xh[:D], computed once per model in `cell_weights`) plus features @ W_xh[D:].
-That turns the widest product of the step into a table lookup.
+(embedding @ W_x0[:D] + b_x[0], computed once per model in `cell_weights`) plus
+features @ W_x0[D:]: the widest product of the step becomes a table lookup.
 
 Kernels take weights as arguments (a `CellWeights` tuple): globals would be frozen at compile
 time and a hot-reloaded model would silently keep the old weights.
@@ -19,6 +24,8 @@ from typing import NamedTuple
 
 import numba as nb
 import numpy as np
+
+from model.params import CELL_GRU, GATES, Params
 
 # error_model="numpy" lets LLVM vectorise divisions (the Python model adds a zero check per
 # element); fastmath allows reassociation in the tanh polynomial and the dot products.
@@ -45,48 +52,42 @@ _B6 = np.float32(1.19825839466702e-06)
 
 
 class CellWeights(NamedTuple):
-    """A model's parameters laid out for the kernels (float32, C-contiguous)."""
+    """A packed model (model/params.py, float32) as the kernels read it.
 
-    type_in: np.ndarray  # (V, H) embedding @ W_xh[:D] + b_h of layer 0, one row per type
-    W_fh: np.ndarray  # (F, H) rows of layer 0's W_xh that multiply the numeric features
-    W_hh0: np.ndarray  # (H, H) layer 0's recurrent weights
-    W_up: np.ndarray  # (L-1, 2H, H) layers 1..L-1: [W_xh; W_hh] stacked for one product
-    b_up: np.ndarray  # (L-1, H)
-    w_q: np.ndarray  # (H,) the head's weights W_hq[:, 0]
-    b_q: float
+    The recurrent arrays are the packed ones; layer 0's input weights are replaced by the
+    per-type table and the feature rows. Kernels unpack it by position, so `tuple(weights)`
+    works as well: Numba unboxes a plain tuple on its C fast path, a NamedTuple through
+    Python (about 0.5 µs more per call, which is the whole cost of a one-event batch).
+    """
+
+    cell: int  # CELL_RNN or CELL_GRU
     head: int  # HEAD_IDENTITY or HEAD_SIGMOID
+    type_in: np.ndarray  # (V, G·H) E @ W_x0[:D] + b_x[0]: layer 0's input term per type
+    W_fh: np.ndarray  # (F, G·H) W_x0[D:], the rows that multiply the numeric features
+    W_h0: np.ndarray  # (H, G·H)
+    W_up: np.ndarray  # (L-1, 2H, G·H)
+    b_x: np.ndarray  # (L, G·H)
+    b_hn: np.ndarray  # (L, H)
+    w_q: np.ndarray  # (H,)
+    b_q: np.ndarray  # (1,)
 
 
-def cell_weights(
-    embedding: np.ndarray,
-    W_xh: list[np.ndarray],
-    W_hh: list[np.ndarray],
-    b_h: list[np.ndarray],
-    W_hq: np.ndarray,
-    b_q: np.ndarray,
-    head: str,
-) -> CellWeights:
-    """Return the kernel layout of an L-layer model given in the artifact's terms."""
-    f32 = np.float32
-    D = embedding.shape[1]
-    H = W_hh[0].shape[0]
-    L = len(W_hh)
-    type_in = embedding.astype(np.float64) @ W_xh[0][:D].astype(np.float64) + b_h[0]
-    W_up = np.zeros((L - 1, 2 * H, H), f32)
-    b_up = np.zeros((L - 1, H), f32)
-    for layer in range(1, L):
-        W_up[layer - 1, :H] = W_xh[layer]
-        W_up[layer - 1, H:] = W_hh[layer]
-        b_up[layer - 1] = b_h[layer]
+def cell_weights(params: Params, head: str) -> CellWeights:
+    """The kernels' view of a packed model (any float dtype; the kernels run in float32)."""
+    p = params.astype(np.float32)
+    D = p.E.shape[1]
+    type_in = params.E.astype(np.float64) @ params.W_x0[:D].astype(np.float64) + params.b_x[0]
     return CellWeights(
-        type_in=np.ascontiguousarray(type_in, f32),
-        W_fh=np.ascontiguousarray(W_xh[0][D:], f32),
-        W_hh0=np.ascontiguousarray(W_hh[0], f32),
-        W_up=W_up,
-        b_up=b_up,
-        w_q=np.ascontiguousarray(W_hq[:, 0], f32),
-        b_q=float(b_q[0]),
+        cell=p.cell,
         head=HEAD_SIGMOID if head == "sigmoid" else HEAD_IDENTITY,
+        type_in=np.ascontiguousarray(type_in, np.float32),
+        W_fh=np.ascontiguousarray(p.W_x0[D:]),
+        W_h0=p.W_h0,
+        W_up=p.W_up,
+        b_x=p.b_x,
+        b_hn=p.b_hn,
+        w_q=p.w_q,
+        b_q=p.b_q,
     )
 
 
@@ -110,41 +111,71 @@ def _tanh(x):
 
 
 @nb.njit(**_JIT)
-def _apply_head(w, z):
-    if w.head == HEAD_SIGMOID:
-        return np.float32(1.0) / (np.float32(1.0) + np.exp(-z))
-    return z
+def _sigmoid(x):
+    # sigmoid(x) = (1 + tanh(x/2)) / 2: the vectorisable tanh, max abs error 1.5e-7
+    return np.float32(0.5) + np.float32(0.5) * _tanh(np.float32(0.5) * x)
+
+
+@nb.njit(**_JIT)
+def _score(w, h_top):
+    """head(h_top W_hq + b_q) for one state row."""
+    _, head, _, _, _, _, _, _, w_q, b_q = w
+    out = b_q[0]
+    for j in range(h_top.shape[0]):
+        out += h_top[j] * w_q[j]
+    if head == HEAD_SIGMOID:
+        return np.float32(1.0) / (np.float32(1.0) + np.exp(-out))
+    return out
+
+
+@nb.njit(**_JIT)
+def _input_row(type_in, W_fh, type_idx, x_feat, out):
+    """Layer 0's input term of one event: its type's row plus features @ W_fh."""
+    for c in range(out.shape[0]):
+        out[c] = type_in[type_idx, c]
+    for f in range(x_feat.shape[0]):
+        xf = x_feat[f]
+        for c in range(out.shape[0]):
+            out[c] += xf * W_fh[f, c]
 
 
 @nb.njit(**_JIT)
 def step_one(w, h, type_idx, x_feat, reset):
     """Advance one user's state h (L, H) by one event in place; return the event's score."""
+    cell, _, type_in, W_fh, W_h0, W_up, b_x, b_hn, _, _ = w
     L, H = h.shape
+    GH = type_in.shape[1]
     if reset:
         h[:, :] = 0.0
-    z = np.empty(H, np.float32)
-    for j in range(H):
-        acc = w.type_in[type_idx, j]
-        for f in range(x_feat.shape[0]):
-            acc += x_feat[f] * w.W_fh[f, j]
-        for i in range(H):
-            acc += h[0, i] * w.W_hh0[i, j]
-        z[j] = acc
-    for j in range(H):
-        h[0, j] = _tanh(z[j])
-    for layer in range(1, L):
-        W = w.W_up[layer - 1]
-        for j in range(H):
-            acc = w.b_up[layer - 1, j]
+    zx = np.empty(GH, np.float32)
+    zh = np.empty(GH, np.float32)
+    _input_row(type_in, W_fh, type_idx, x_feat, zx)
+    for layer in range(L):
+        if layer == 0:
+            Wh = W_h0
+        else:
+            Wx = W_up[layer - 1, :H]
+            Wh = W_up[layer - 1, H:]
+            for c in range(GH):
+                acc = b_x[layer, c]
+                for i in range(H):
+                    acc += h[layer - 1, i] * Wx[i, c]
+                zx[c] = acc
+        for c in range(GH):
+            acc = np.float32(0.0)
             for i in range(H):
-                acc += h[layer - 1, i] * W[i, j] + h[layer, i] * W[H + i, j]
-            z[j] = acc
-        for j in range(H):
-            h[layer, j] = _tanh(z[j])
-    out = np.float32(w.b_q)
-    for j in range(H):
-        out += h[L - 1, j] * w.w_q[j]
-    return _apply_head(w, out)
+                acc += h[layer, i] * Wh[i, c]
+            zh[c] = acc
+        if cell == CELL_GRU:
+            for j in range(H):
+                r = _sigmoid(zx[j] + zh[j])
+                z = _sigmoid(zx[H + j] + zh[H + j])
+                n = _tanh(zx[2 * H + j] + r * (zh[2 * H + j] + b_hn[layer, j]))
+                h[layer, j] = n + z * (h[layer, j] - n)
+        else:
+            for j in range(H):
+                h[layer, j] = _tanh(zx[j] + zh[j])
+    return _score(w, h[L - 1])
 
 
 @nb.njit(**_JIT)
@@ -178,9 +209,9 @@ def _wave_order(slot, n_slots):
     return order, wave_start
 
 
-def work_size(n_events: int, hidden: int) -> int:
+def work_size(n_events: int, hidden: int, cell: str = "rnn") -> int:
     """Elements of float32 scratch `step_batch` needs for a batch of n_events."""
-    return 4 * n_events * hidden
+    return (2 + 2 * GATES[cell]) * n_events * hidden
 
 
 @nb.njit(**_JIT)
@@ -191,21 +222,30 @@ def step_batch(w, state, slot, type_idx, x_feat, reset, scores, work):
     state after their last event. Event e belongs to user slot[e], has type row type_idx[e]
     and numeric features x_feat[e] (N, F); reset[e] zeroes the user's state before it (a new
     session). scores (N,) receives one score per event. work is float32 scratch of at least
-    `work_size(N, H)` elements, kept by the caller so a batch allocates no large buffers.
+    `work_size(N, H, cell)` elements, kept by the caller so a batch allocates no large buffers.
     """
-    n = slot.shape[0]
-    if n == 0:
+    if slot.shape[0] == 0:
         return
-    U, L, H = state.shape
+    order, wave_start = _wave_order(slot, state.shape[0])
+    if w[0] == CELL_GRU:
+        _gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start)
+    else:
+        _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start)
+
+
+@nb.njit(**_JIT)
+def _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start):
+    _, _, type_in, W_fh, W_h0, W_up, b_x, _, _, _ = w
+    n = slot.shape[0]
+    _, L, H = state.shape
     F = x_feat.shape[1]
-    order, wave_start = _wave_order(slot, U)
     P = work[: n * H].reshape((n, H))  # layer 0: previous states of a wave's users
     Z = work[n * H : 2 * n * H].reshape((n, H))
     G = work[2 * n * H : 4 * n * H].reshape((n, 2 * H))  # layers above: [h below | h previous]
     for k in range(wave_start.shape[0] - 1):
         lo = wave_start[k]
         m = wave_start[k + 1] - lo
-        # Layer 0: one product h_prev @ W_hh for the wave, then per row the type's input
+        # Layer 0: one product h_prev @ W_h0 for the wave, then per row the type's input
         # row, the features, tanh, and the write-back, in one pass over the row.
         for i in range(m):
             e = order[lo + i]
@@ -214,17 +254,17 @@ def step_batch(w, state, slot, type_idx, x_feat, reset, scores, work):
                 state[s, :, :] = 0.0
             for j in range(H):
                 P[i, j] = state[s, 0, j]
-        np.dot(P[:m], w.W_hh0, Z[:m])
+        np.dot(P[:m], W_h0, Z[:m])
         for i in range(m):
             e = order[lo + i]
             s = slot[e]
             t = type_idx[e]
             for j in range(H):
-                Z[i, j] += w.type_in[t, j]
+                Z[i, j] += type_in[t, j]
             for f in range(F):
                 xf = x_feat[e, f]
                 for j in range(H):
-                    Z[i, j] += xf * w.W_fh[f, j]
+                    Z[i, j] += xf * W_fh[f, j]
             for j in range(H):
                 v = _tanh(Z[i, j])
                 Z[i, j] = v
@@ -235,15 +275,56 @@ def step_batch(w, state, slot, type_idx, x_feat, reset, scores, work):
                 for j in range(H):
                     G[i, j] = Z[i, j]
                     G[i, H + j] = state[s, layer, j]
-            np.dot(G[:m], w.W_up[layer - 1], Z[:m])
+            np.dot(G[:m], W_up[layer - 1], Z[:m])
             for i in range(m):
                 s = slot[order[lo + i]]
                 for j in range(H):
-                    v = _tanh(Z[i, j] + w.b_up[layer - 1, j])
+                    v = _tanh(Z[i, j] + b_x[layer, j])
                     Z[i, j] = v
                     state[s, layer, j] = v
         for i in range(m):
-            out = np.float32(w.b_q)
-            for j in range(H):
-                out += Z[i, j] * w.w_q[j]
-            scores[order[lo + i]] = _apply_head(w, out)
+            scores[order[lo + i]] = _score(w, Z[i])
+
+
+@nb.njit(**_JIT)
+def _gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start):
+    _, _, type_in, W_fh, W_h0, W_up, b_x, b_hn, _, _ = w
+    n = slot.shape[0]
+    _, L, H = state.shape
+    P = work[: n * H].reshape((n, H))  # a layer's previous states of the wave's users
+    B = work[n * H : 2 * n * H].reshape((n, H))  # a layer's new states: the next one's input
+    Zx = work[2 * n * H : 5 * n * H].reshape((n, 3 * H))  # input term, gates r | z | n
+    Zh = work[5 * n * H : 8 * n * H].reshape((n, 3 * H))  # recurrent term, gates r | z | n
+    for k in range(wave_start.shape[0] - 1):
+        lo = wave_start[k]
+        m = wave_start[k + 1] - lo
+        for i in range(m):
+            e = order[lo + i]
+            if reset[e]:
+                state[slot[e], :, :] = 0.0
+            _input_row(type_in, W_fh, type_idx[e], x_feat[e], Zx[i])
+        for layer in range(L):
+            for i in range(m):
+                s = slot[order[lo + i]]
+                for j in range(H):
+                    P[i, j] = state[s, layer, j]
+            # one product per gate group: all three gates' recurrent (and input) terms
+            if layer == 0:
+                np.dot(P[:m], W_h0, Zh[:m])
+            else:
+                np.dot(B[:m], W_up[layer - 1, :H], Zx[:m])
+                np.dot(P[:m], W_up[layer - 1, H:], Zh[:m])
+                for i in range(m):
+                    for c in range(3 * H):
+                        Zx[i, c] += b_x[layer, c]
+            for i in range(m):
+                s = slot[order[lo + i]]
+                for j in range(H):
+                    r = _sigmoid(Zx[i, j] + Zh[i, j])
+                    z = _sigmoid(Zx[i, H + j] + Zh[i, H + j])
+                    nn = _tanh(Zx[i, 2 * H + j] + r * (Zh[i, 2 * H + j] + b_hn[layer, j]))
+                    v = nn + z * (P[i, j] - nn)
+                    B[i, j] = v
+                    state[s, layer, j] = v
+        for i in range(m):
+            scores[order[lo + i]] = _score(w, B[i])

@@ -14,6 +14,7 @@ import numpy as np
 from model.artifact import Model
 from model.cell import CellWeights, cell_weights, step_batch, work_size
 from model.features import event_gaps, feature_matrix, session_resets
+from model.params import pack
 
 
 class ScoringModel:
@@ -28,15 +29,11 @@ class ScoringModel:
         self.version = version or model.version
         self.unknown_index = len(meta.event_types)
         self._type_index = {name: i for i, name in enumerate(meta.event_types)}
-        self.weights: CellWeights = cell_weights(
-            embedding=a["embedding"],
-            W_xh=[a[f"layer{i}.W_xh"] for i in range(meta.layers)],
-            W_hh=[a[f"layer{i}.W_hh"] for i in range(meta.layers)],
-            b_h=[a[f"layer{i}.b_h"] for i in range(meta.layers)],
-            W_hq=a["head.W_hq"],
-            b_q=a["head.b_q"],
-            head=meta.head,
-        )
+        self.cell = meta.cell
+        # packed in float64 so the per-type table is exact, then cast to the kernels' float32
+        self.weights: CellWeights = cell_weights(pack(a, meta.cell, np.float64), meta.head)
+        # what the kernels get: a plain tuple unboxes faster than the NamedTuple (CellWeights)
+        self.kernel_weights = tuple(self.weights)
         self._work = np.empty(0, np.float32)
 
     @property
@@ -66,14 +63,13 @@ class ScoringModel:
         x_feat = feature_matrix(self.model.meta.features, gap)
         reset = session_resets(gap, has_prev, self.model.meta.session_gap_seconds)
         scores = np.empty(slot.shape[0], np.float32)
-        step_batch(
-            self.weights, state, slot, type_idx, x_feat, reset, scores, self.scratch(slot.shape[0])
-        )
+        work = self.scratch(slot.shape[0])
+        step_batch(self.kernel_weights, state, slot, type_idx, x_feat, reset, scores, work)
         return scores
 
     def scratch(self, n_events: int) -> np.ndarray:
         """Kernel scratch for a batch of n_events, grown on demand and reused across batches."""
-        need = work_size(n_events, self.hidden)
+        need = work_size(n_events, self.hidden, self.cell)
         if self._work.shape[0] < need:
             self._work = np.empty(need, np.float32)
         return self._work

@@ -4,8 +4,10 @@
     save_model(result.model, "model.npz")
 
 Data are split by user (validation_fraction), the RNN and a bag-of-event-types baseline are
-fitted on the training users and compared on the validation users. Same seed and data give
-bit-identical weights.
+fitted on the training users and compared on the validation users. After every epoch the
+validation loss is measured; the artifact holds the epoch with the lowest one, training stops
+after `patience` epochs without improvement or when a loss stops being finite, so a diverged
+epoch never ships. Same seed and data give bit-identical weights.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+from threadpoolctl import threadpool_limits
 
 from model.artifact import Model, ModelMeta, random_model, validate_model
-from model.bptt import clip_global_norm, loss_and_gradients
+from model.bptt import clip_global_norm, packed_loss_and_gradients
 from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
 from model.optim import make_optimizer
+from model.params import Params, pack, unpack
 from model.sessions import DataError, Session, minibatches, pad, sessionize, split_by_user
 
 
@@ -33,6 +37,7 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    cell: Literal["rnn", "gru"] = "rnn"
     hidden: int = Field(64, ge=1)
     layers: int = Field(1, ge=1)
     embedding_dim: int = Field(16, ge=1)
@@ -46,6 +51,7 @@ class TrainConfig(BaseModel):
     lr: float = Field(0.005, gt=0)
     batch_size: int = Field(64, ge=1)
     epochs: int = Field(10, ge=1)
+    patience: int = Field(3, ge=1)  # epochs without a lower validation loss before stopping
     validation_fraction: float = Field(0.2, gt=0, lt=1)
     seed: int = 0
     # Types seen fewer times in the data take the unknown row: one stray XADD must not
@@ -118,29 +124,100 @@ def prepare(events: list[dict], config: TrainConfig):
     return types, train, valid
 
 
+class TrainingDivergedError(DataError):
+    """No epoch ended with a finite loss: nothing worth writing."""
+
+
+@dataclass
+class BestEpoch:
+    """The epoch with the lowest finite validation loss so far, and why training stopped."""
+
+    patience: int = 3
+    epoch: int = 0
+    validation_loss: float = float("inf")
+    params: Params | None = None
+    since: int = 0  # epochs since it
+    stopped: str = "epochs"
+
+    def update(self, epoch: int, train_loss: float, valid_loss: float, params: Params) -> bool:
+        """Record an epoch; return True when training should stop."""
+        if not (np.isfinite(train_loss) and np.isfinite(valid_loss)):
+            self.stopped = "diverged"
+            return True
+        if valid_loss < self.validation_loss:
+            self.epoch, self.validation_loss, self.since = epoch, valid_loss, 0
+            self.params = params.copy()
+            return False
+        self.since += 1
+        if self.since >= self.patience:
+            self.stopped = "patience"
+            return True
+        return False
+
+    def reason(self, epochs_run: int) -> str:
+        """One line: which epoch the artifact holds and why."""
+        kept = (
+            f"kept epoch {self.epoch} of {epochs_run} "
+            f"(lowest validation loss {self.validation_loss:.4f})"
+        )
+        if self.stopped == "diverged":
+            return f"{kept}; stopped: the loss of epoch {epochs_run} is not finite (diverged)"
+        if self.stopped == "patience":
+            return f"{kept}; stopped early: no lower validation loss for {self.since} epoch(s)"
+        return kept
+
+
+def _validation_loss(params: Params, batches: list, bptt: int) -> float:
+    total = sum(packed_loss_and_gradients(params, b, bptt)[0] * b.steps for b in batches)
+    return float(total / sum(b.steps for b in batches))
+
+
 def train(
     events: Iterable[dict],
     config: TrainConfig,
     progress: Callable[[int, int], object] | None = None,
+    init: Model | None = None,
+    state_space: str | None = None,
 ) -> TrainResult:
     """Train an RNN on events (dicts: user_id, type, ts); evaluate it beside the baseline.
 
     progress, when given, is a tqdm-like factory: progress(total=..., desc=...) returning an
-    object with update(n) and set_postfix(**kw), used once per epoch.
+    object with update(n) and set_postfix(**kw), used once per epoch. With `init`, training
+    starts from that model's weights and keeps its architecture, vocabulary, features and
+    session gap (fine-tuning); `state_space` is then recorded in the meta: the new model
+    continues the parent's hidden states (SPEC §5).
     """
-    events = list(events)
+    if init is not None:
+        m = init.meta
+        if m.head != "sigmoid":
+            raise DataError("--init-from needs a model with a sigmoid head (training fits one)")
+        config = config.model_copy(update={
+            "cell": m.cell, "hidden": m.hidden, "layers": m.layers,
+            "embedding_dim": init.embedding_dim, "features": list(m.features),
+            "session_gap_seconds": m.session_gap_seconds, "event_types": list(m.event_types),
+        })  # fmt: skip
+    # Mini-batch products are small: one BLAS thread is as fast on a quiet machine, and
+    # OpenBLAS's thread hand-offs cost milliseconds per product on a busy one.
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _train(list(events), config, progress, init, state_space)
+
+
+def _train(
+    events: list[dict], config: TrainConfig, progress, init: Model | None, state_space
+) -> TrainResult:
     started = time.time()
     types, train_s, valid_s = prepare(events, config)
     F = len(config.features)
-    model = random_model(
+    model = init or random_model(
         types, config.hidden, config.layers, config.features, config.embedding_dim,
-        "sigmoid", config.session_gap_seconds, config.seed,
+        "sigmoid", config.session_gap_seconds, config.seed, cell=config.cell,
     )  # fmt: skip
-    params = {k: v.astype(np.float32) for k, v in model.arrays.items()}
+    params = pack(model.arrays, config.cell, np.float32)
     optimizer = make_optimizer(config.optimizer, config.lr)
     rng = np.random.default_rng(config.seed)
     valid_batch = [pad(valid_s[i : i + 512], F) for i in range(0, len(valid_s), 512)]
     history = []
+    best = BestEpoch(patience=config.patience)
     for epoch in range(1, config.epochs + 1):
         t0 = time.time()
         batches = minibatches(train_s, config.batch_size, F, rng)
@@ -148,9 +225,9 @@ def train(
         bar = progress(total=len(batches), desc=desc, unit="batch") if progress else None
         total, steps, norms, seen = 0.0, 0, [], 0
         for batch in batches:
-            loss, grads = loss_and_gradients(params, batch, config.bptt)
-            norms.append(clip_global_norm(grads, config.clip))
-            optimizer.step(params, grads)
+            loss, grads = packed_loss_and_gradients(params, batch, config.bptt)
+            norms.append(clip_global_norm(grads.arrays(), config.clip))
+            optimizer.step(params.arrays(), grads.arrays())
             total += loss * batch.steps
             steps += batch.steps
             seen += len(batch.labels)
@@ -160,40 +237,56 @@ def train(
                 bar.set_postfix(loss=f"{total / steps:.4f}", sessions_per_s=f"{rate:.0f}")
         if bar is not None:
             bar.close()
-        valid_loss = sum(
-            loss_and_gradients(params, b, config.bptt)[0] * b.steps for b in valid_batch
-        ) / sum(b.steps for b in valid_batch)
+        valid_loss = _validation_loss(params, valid_batch, config.bptt)
         history.append({
             "epoch": epoch,
             "train_loss": total / steps,
-            "validation_loss": float(valid_loss),
+            "validation_loss": valid_loss,
             "seconds": time.time() - t0,
             "sequences_per_second": len(train_s) / max(1e-9, time.time() - t0),
             "grad_norm_median": float(np.median(norms)),
         })  # fmt: skip
-
-    rnn_scores = step_scores({k: v.astype(np.float64) for k, v in params.items()}, valid_s, F)
+        if best.update(epoch, total / steps, valid_loss, params):
+            break
+    if best.params is None:
+        raise TrainingDivergedError(
+            "training diverged in epoch 1 (the loss is not finite); lower --lr or --clip"
+        )
+    kept = {k: np.array(v) for k, v in unpack(best.params).items()}
+    rnn_scores = step_scores(pack(kept, config.cell, np.float64), valid_s, F)
     baseline = BagOfTypes(len(types) + 1).fit(train_s)
     base_scores = baseline.step_scores(valid_s)
     metrics = metrics_of(*rnn_scores)
     base_metrics = metrics_of(*base_scores)
     data = _summary(events, train_s, valid_s, set(types))
+    kept_epoch = {
+        "epoch": best.epoch,
+        "validation_loss": best.validation_loss,
+        "epochs_run": len(history),
+        "stopped": best.stopped,
+        "reason": best.reason(len(history)),
+    }
     report = {
         "config": config.model_dump(),
         "data": data,
         "epochs": history,
+        "kept_epoch": kept_epoch,
         "metrics": metrics,
         "baseline": base_metrics,
         "seconds": time.time() - started,
     }
-    meta = model.meta.model_dump() | {
+    inherited = {"version", "state_space", "metrics", "baseline_metrics", "kept_epoch", "data"}
+    meta = {k: v for k, v in model.meta.model_dump().items() if k not in inherited} | {
+        "label_type": config.label_type,
+        **({"state_space": state_space} if init is not None and state_space else {}),
         "created_at": time.time(),
         "metrics": metrics,
         "baseline_metrics": base_metrics,
+        "kept_epoch": {k: v for k, v in kept_epoch.items() if k != "reason"},
         "data": {k: v for k, v in data.items() if k != "event_types"},
         "train_config": config.model_dump(),
     }
-    trained = validate_model(ModelMeta.model_validate(meta), params)
+    trained = validate_model(ModelMeta.model_validate(meta), kept)
     curves = {
         "rnn": roc_curve(rnn_scores[2], rnn_scores[3]),
         "baseline": roc_curve(base_scores[2], base_scores[3]),
@@ -226,7 +319,8 @@ def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path
     x = [e["epoch"] for e in epochs]
     ax1.plot(x, [e["train_loss"] for e in epochs], "o-", label="training")
     ax1.plot(x, [e["validation_loss"] for e in epochs], "o-", label="validation")
-    ax1.set(xlabel="epoch", ylabel="per-step log loss", title="Loss")
+    ax1.axvline(result.report["kept_epoch"]["epoch"], color="k", linestyle=":", linewidth=0.8)
+    ax1.set(xlabel="epoch", ylabel="per-step log loss", title="Loss (dotted: the epoch kept)")
     ax1.xaxis.set_major_locator(MaxNLocator(integer=True))  # no epoch 1.5
     ax1.legend()
     for name, (fpr, tpr) in result.curves.items():

@@ -1,8 +1,8 @@
-"""Training benchmark: this trainer beside PyTorch nn.RNN on the same data, in one run.
+"""Training benchmark: this trainer beside PyTorch nn.RNN / nn.GRU on the same data, in one run.
 
-    python -m model.train_bench [--events 100000] [--users 5000] [--hidden 64] [--epochs 3]
+    python -m model.train_bench [--cell rnn|gru] [--events 100000] [--users 5000] [--hidden 64]
 
-Both train the same architecture (embedding, one Elman layer, sigmoid head, features
+Both train the same architecture (embedding, one Elman or GRU layer, sigmoid head, features
 [gap]) on the same mini-batches with the same truncation (bptt windows, state carried
 without gradient), Adam at the same learning rate, and clipping at the same global norm
 (PyTorch's clip_grad_norm_ divides by norm + 1e-6 and always rescales; ours rescales only
@@ -17,12 +17,15 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from model.artifact import random_model
 from model.bench import machine_line
-from model.bptt import clip_global_norm, loss_and_gradients
+from model.bptt import clip_global_norm, packed_loss_and_gradients
+from model.convert import arrays_from_torch
 from model.evaluate import metrics_of, step_scores
 from model.optim import Adam
+from model.params import pack
 from model.sessions import minibatches
 from model.synthetic import synthetic_events
 from model.train import TrainConfig, prepare
@@ -42,20 +45,24 @@ def epoch_seconds(config: TrainConfig, train_s, epochs: int, step: Callable) -> 
 
 
 def ours(config: TrainConfig, train_s, valid_s, types, epochs: int):
+    with threadpool_limits(limits=1, user_api="blas"):  # as `train` runs
+        return _ours(config, train_s, valid_s, types, epochs)
+
+
+def _ours(config: TrainConfig, train_s, valid_s, types, epochs: int):
     F = len(config.features)
     model = random_model(types, config.hidden, 1, config.features, config.embedding_dim,
-                         seed=config.seed)  # fmt: skip
-    params = {k: v.astype(np.float32) for k, v in model.arrays.items()}
+                         seed=config.seed, cell=config.cell)  # fmt: skip
+    params = pack(model.arrays, config.cell, np.float32)  # what `train` does
     opt = Adam(config.lr)
 
     def step(b):
-        _, g = loss_and_gradients(params, b, config.bptt)
-        clip_global_norm(g, config.clip)
-        opt.step(params, g)
+        _, g = packed_loss_and_gradients(params, b, config.bptt)
+        clip_global_norm(g.arrays(), config.clip)
+        opt.step(params.arrays(), g.arrays())
 
     times = epoch_seconds(config, train_s, epochs, step)
-    p64 = {k: v.astype(np.float64) for k, v in params.items()}
-    return times, metrics_of(*step_scores(p64, valid_s, F))["auc_last"]
+    return times, metrics_of(*step_scores(params.astype(np.float64), valid_s, F))["auc_last"]
 
 
 def pytorch(config: TrainConfig, train_s, valid_s, types, epochs: int):
@@ -65,7 +72,10 @@ def pytorch(config: TrainConfig, train_s, valid_s, types, epochs: int):
     torch.set_num_threads(os.cpu_count() or 1)
     F, H, D = len(config.features), config.hidden, config.embedding_dim
     emb = torch.nn.Embedding(len(types) + 1, D)
-    rnn = torch.nn.RNN(D + F, H, batch_first=True, nonlinearity="tanh")
+    if config.cell == "gru":
+        rnn = torch.nn.GRU(D + F, H, batch_first=True)
+    else:
+        rnn = torch.nn.RNN(D + F, H, batch_first=True, nonlinearity="tanh")
     head = torch.nn.Linear(H, 1)
     parameters = [*emb.parameters(), *rnn.parameters(), *head.parameters()]
     opt = torch.optim.Adam(parameters, lr=config.lr)
@@ -94,14 +104,10 @@ def pytorch(config: TrainConfig, train_s, valid_s, types, epochs: int):
         opt.step()
 
     times = epoch_seconds(config, train_s, epochs, step)
-    params = {
-        "embedding": emb.weight.detach().double().numpy(),
-        "layer0.W_xh": rnn.weight_ih_l0.detach().double().numpy().T.copy(),
-        "layer0.W_hh": rnn.weight_hh_l0.detach().double().numpy().T.copy(),
-        "layer0.b_h": (rnn.bias_ih_l0 + rnn.bias_hh_l0).detach().double().numpy(),
-        "head.W_hq": head.weight.detach().double().numpy().T.copy(),
-        "head.b_q": head.bias.detach().double().numpy(),
-    }
+    state = {"embedding.weight": emb.weight.detach().numpy()}
+    state |= {f"rnn.{k}": v.detach().numpy() for k, v in rnn.state_dict().items()}
+    state |= {f"head.{k}": v.detach().numpy() for k, v in head.state_dict().items()}
+    params = pack(arrays_from_torch(state, config.cell, layers=1), config.cell, np.float64)
     return times, metrics_of(*step_scores(params, valid_s, F))["auc_last"]
 
 
@@ -111,21 +117,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--events", type=int, default=100_000)
     p.add_argument("--users", type=int, default=5_000)
+    p.add_argument("--cell", choices=["rnn", "gru"], default="rnn")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
     args = p.parse_args(argv)
-    config = TrainConfig(hidden=args.hidden, batch_size=args.batch_size, epochs=args.epochs)
+    config = TrainConfig(
+        cell=args.cell, hidden=args.hidden, batch_size=args.batch_size, epochs=args.epochs
+    )
     events = list(synthetic_events(args.events, args.users, seed=7))
     types, train_s, valid_s = prepare(events, config)
     print(f"machine: {machine_line()}")
     print(f"{len(train_s)} training sessions ({sum(len(s.types) for s in train_s)} steps), "
-          f"{len(valid_s)} validation; H = {args.hidden}, bptt {config.bptt}, batch "
-          f"{config.batch_size}, Adam lr {config.lr}, clip {config.clip}\n")  # fmt: skip
+          f"{len(valid_s)} validation; cell {args.cell}, H = {args.hidden}, bptt {config.bptt}, "
+          f"batch {config.batch_size}, Adam lr {config.lr}, clip {config.clip}\n")  # fmt: skip
     ours(config, train_s[:64], valid_s[:8], types, 1)  # compile / load the kernels first
     rows = [("intentstream (Numba)", *ours(config, train_s, valid_s, types, args.epochs))]
     try:
-        rows.append(("PyTorch nn.RNN", *pytorch(config, train_s, valid_s, types, args.epochs)))
+        torch_name = "PyTorch nn.GRU" if args.cell == "gru" else "PyTorch nn.RNN"
+        rows.append((torch_name, *pytorch(config, train_s, valid_s, types, args.epochs)))
     except ImportError:
         print("(torch not installed: pip install torch==2.13.0 for the PyTorch row)")
     print(f"{'trainer':<22} {'s/epoch':>8} {'sessions/s':>11} {'val AUC':>8}")

@@ -217,3 +217,33 @@ def test_refuses_float64_values_beyond_float32_range():
     arrays["head.b_q"] = np.array([1e39])
     with pytest.raises(ArtifactError, match=r"'head\.b_q' has values beyond float32's range"):
         model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_gru_artifact_written_by_hand_loads_and_mixed_cells_are_refused():
+    H, D, V = 3, 2, len(TYPES) + 1
+    arrays = {"embedding": np.ones((V, D)), "head.W_hq": np.ones((H, 1)), "head.b_q": np.zeros(1)}
+    for gate in "rzn":
+        arrays[f"layer0.W_x{gate}"] = np.full((D, H), 0.1)
+        arrays[f"layer0.W_h{gate}"] = np.eye(H)
+    for bias in ("b_r", "b_z", "b_xn", "b_hn"):
+        arrays[f"layer0.{bias}"] = np.zeros(H)
+    meta = {"format": "intentstream.model/1", "cell": "gru", "layers": 1, "hidden": H,
+            "event_types": TYPES, "head": "sigmoid", "session_gap_seconds": 0}  # fmt: skip
+    model = model_from_bytes(npz_bytes(arrays, meta))
+    assert (
+        model.meta.cell == "gru"
+        and model.parameter_count() == V * D + 3 * (D * H + H * H) + 4 * H + H + 1
+    )
+    with pytest.raises(ArtifactError, match=r"missing array\(s\): layer0\.W_xh"):
+        model_from_bytes(npz_bytes(arrays, meta | {"cell": "rnn"}))
+    no_bias = {k: v for k, v in arrays.items() if k != "layer0.b_hn"}
+    with pytest.raises(ArtifactError, match=r"missing array\(s\): layer0\.b_hn"):
+        model_from_bytes(npz_bytes(no_bias, meta))
+    extra = arrays | {"layer0.W_xh": np.zeros((D, H))}
+    with pytest.raises(ArtifactError, match=r"unexpected array\(s\) for a 1-layer gru model"):
+        model_from_bytes(npz_bytes(extra, meta))
+    wrong = arrays | {"layer0.W_hz": np.zeros((H, H + 1))}
+    with pytest.raises(
+        ArtifactError, match=r"'layer0\.W_hz' has shape \(3, 4\); expected \(3, 3\)"
+    ):
+        model_from_bytes(npz_bytes(wrong, meta))

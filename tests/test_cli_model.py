@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from model.artifact import load_model
 from model.scoring import InMemoryScorer, ScoringModel
@@ -140,3 +141,22 @@ def test_cli_score_equals_in_process_scorer(tmp_path: Path):
         np.array([e["ts"] for e in events]),
     )
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.integration
+def test_model_init_writes_a_gru_that_scores(tmp_path: Path):
+    out = tmp_path / "gru.npz"
+    args = ["model", "init", "--cell", "gru", "--event-types", "view,add_to_cart",
+            "--hidden", "8", "--layers", "2", "--features", "gap", "--out", str(out)]  # fmt: skip
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    model = load_model(out)
+    assert model.meta.cell == "gru" and model.arrays["layer1.W_xz"].shape == (8, 8)
+    assert "layer0.W_xh" not in model.arrays and model.arrays["layer0.b_hn"].shape == (8,)
+    shown = run_cli("model", "show", str(out))
+    assert "cell:          gru, 2 layer(s), hidden 8" in shown.stdout
+    assert "layer0.W_hn" in shown.stdout
+    scored = run_cli("score", "--model", str(out), stdin=jsonl([{"user_id": "u", "type": "view"}]))
+    assert scored.returncode == 0 and 0 < json.loads(scored.stdout)["score"] < 1
+    bad = run_cli("model", "init", "--cell", "lstm", "--event-types", "a", "--out", str(out))
+    assert bad.returncode == 2 and "invalid choice: 'lstm'" in bad.stderr

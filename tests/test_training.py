@@ -15,7 +15,7 @@ from model.artifact import load_model, random_model
 from model.bptt import clip_global_norm, loss_and_gradients, predict
 from model.sessions import DataError, Session, pad, sessionize
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
-from model.train import TrainConfig, train
+from model.train import TrainConfig, TrainingDivergedError, train
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, wait_for
 from worker.connection import connect
@@ -23,10 +23,13 @@ from worker.publisher import publish
 from worker.registry import Registry
 
 
-def float64_params(layers: int, n_features: int, n_types: int = 3, hidden: int = 4, seed: int = 1):
+def float64_params(
+    layers: int, n_features: int, n_types: int = 3, hidden: int = 4, seed: int = 1, cell="rnn"
+):
     model = random_model(
         [f"t{i}" for i in range(n_types)], hidden=hidden, layers=layers,
         features=["gap"] if n_features else [], embedding_dim=3, seed=seed, dtype=np.float64,
+        cell=cell,
     )  # fmt: skip
     return {k: v.astype(np.float64).copy() for k, v in model.arrays.items()}
 
@@ -42,9 +45,10 @@ def random_batch(n_types: int, n_features: int, lengths=(4, 7, 2), seed: int = 0
     return pad(sessions, n_features)
 
 
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
 @pytest.mark.parametrize(("layers", "n_features"), [(1, 0), (1, 1), (2, 0), (2, 1)])
-def test_bptt_gradients_equal_central_differences(layers, n_features):
-    params = float64_params(layers, n_features)
+def test_bptt_gradients_equal_central_differences(layers, n_features, cell):
+    params = float64_params(layers, n_features, cell=cell)
     batch = random_batch(3, n_features)
     _, grads = loss_and_gradients(params, batch, bptt=50)  # no truncation: the exact gradient
     eps = 1e-6
@@ -62,9 +66,10 @@ def test_bptt_gradients_equal_central_differences(layers, n_features):
         assert np.abs(numeric - grads[name]).max() / scale < 1e-6, name
 
 
-def test_truncation_stops_gradients_bptt_steps_back():
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+def test_truncation_stops_gradients_bptt_steps_back(cell):
     # ten steps, each a type of its own: a type's embedding gradient is its step's input gradient
-    params = float64_params(layers=2, n_features=0, n_types=10, hidden=5)
+    params = float64_params(layers=2, n_features=0, n_types=10, hidden=5, cell=cell)
     types = np.arange(10)[None, :]
     mask = np.zeros((1, 10))
     mask[0, 8] = 1.0  # the loss at step 8 only
@@ -80,8 +85,9 @@ def test_truncation_stops_gradients_bptt_steps_back():
     assert np.all(np.abs(full["embedding"]).sum(axis=1)[:9] > 0)
 
 
-def test_hidden_state_is_carried_across_windows_and_reset_between_sessions():
-    params = float64_params(layers=2, n_features=1)
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+def test_hidden_state_is_carried_across_windows_and_reset_between_sessions(cell):
+    params = float64_params(layers=2, n_features=1, cell=cell)
     long = random_batch(3, 1, lengths=(23,), seed=3)
     # the loss does not depend on the window length: the state is carried, only gradients stop
     losses = [loss_and_gradients(params, long, bptt=k)[0] for k in (1, 2, 5, 23, 100)]
@@ -164,6 +170,80 @@ def test_unusable_data_is_a_clear_error(events, message):
         train(events, TrainConfig(hidden=4, epochs=1))
 
 
+class Sabotage:
+    """Wraps the training loop's mini-batches and optimiser: from epoch `at` on, every update
+    is followed by `spoil(params)`, the collapse of issue 14 (or a NaN) made to order."""
+
+    def __init__(self, monkeypatch, at: int, spoil) -> None:
+        import model.train as training
+
+        self.epoch, self.at, self.spoil = 0, at, spoil
+        batches, make = training.minibatches, training.make_optimizer
+
+        def counting_batches(*args, **kwargs):
+            self.epoch += 1
+            return batches(*args, **kwargs)
+
+        def spoiling_optimizer(*args, **kwargs):
+            optimizer = make(*args, **kwargs)
+            step = optimizer.step
+
+            def spoiled_step(params, grads):
+                step(params, grads)
+                if self.epoch >= self.at:
+                    self.spoil(params)
+
+            optimizer.step = spoiled_step
+            return optimizer
+
+        monkeypatch.setattr(training, "minibatches", counting_batches)
+        monkeypatch.setattr(training, "make_optimizer", spoiling_optimizer)
+
+
+def blow_up(params: dict[str, np.ndarray]) -> None:
+    params["w_q"][:] = 30.0 * np.sign(params["w_q"])  # saturated, confident scores: loss jumps
+
+
+def make_nan(params: dict[str, np.ndarray]) -> None:
+    params["W_h0"][0, 0] = np.nan
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+def test_a_run_forced_to_collapse_keeps_the_earlier_epoch(monkeypatch, cell):
+    events = synthetic(4000, 200, seed=1)
+    config = TrainConfig(hidden=8, epochs=6, patience=2, seed=3, cell=cell)
+    first = train(events, config.model_copy(update={"epochs": 1})).model  # epoch 1 alone
+    Sabotage(monkeypatch, at=2, spoil=blow_up)
+    result = train(events, config)
+    epochs = result.report["epochs"]
+    assert len(epochs) == 3  # epoch 1, then two without improvement: stopped early
+    assert epochs[1]["validation_loss"] > epochs[0]["validation_loss"] + 0.1  # it did collapse
+    kept = result.report["kept_epoch"]
+    assert kept["epoch"] == 1 and kept["stopped"] == "patience"
+    assert kept["validation_loss"] == epochs[0]["validation_loss"]
+    assert "kept epoch 1 of 3" in kept["reason"] and "stopped early" in kept["reason"]
+    for name, a in first.arrays.items():  # the artifact holds epoch 1's weights, bit for bit
+        assert result.model.arrays[name].tobytes() == a.tobytes(), name
+    assert result.model.meta.model_extra["kept_epoch"]["epoch"] == 1
+
+
+def test_a_loss_that_turns_nan_never_reaches_the_artifact(monkeypatch):
+    events = synthetic(4000, 200, seed=1)
+    config = TrainConfig(hidden=8, epochs=6, seed=3)
+    Sabotage(monkeypatch, at=3, spoil=make_nan)
+    result = train(events, config)
+    kept = result.report["kept_epoch"]
+    assert len(result.report["epochs"]) == 3 and kept["stopped"] == "diverged"
+    assert kept["epoch"] == 2 and "diverged" in kept["reason"]
+    assert all(np.isfinite(a).all() for a in result.model.arrays.values())
+
+
+def test_a_run_diverged_from_the_first_epoch_writes_nothing(monkeypatch):
+    Sabotage(monkeypatch, at=1, spoil=make_nan)
+    with pytest.raises(TrainingDivergedError, match="diverged in epoch 1"):
+        train(synthetic(4000, 200, seed=1), TrainConfig(hidden=8, epochs=3, seed=3))
+
+
 def write_jsonl(path: Path, events: list[dict], extra_lines: dict[int, str] | None = None) -> None:
     lines = [json.dumps(e) for e in events]
     for at, line in sorted((extra_lines or {}).items()):  # positions in the final file
@@ -177,6 +257,7 @@ def test_train_cli_reports_bad_lines_and_writes_artifact_and_report(tmp_path):
         data, synthetic(6000, 300, seed=2), {3: "{oops", 10: '{"user_id": "", "type": "x"}'}
     )
     args = ["train", "--data", str(data), "--hidden", "8", "--epochs", "2", "--quiet",
+            "--cell", "gru", "--patience", "1",
             "--event-types", "view,search,add_to_cart,coupon,checkout,purchase",
             "--out", str(tmp_path / "m.npz"), "--report", str(tmp_path / "report")]  # fmt: skip
     result = run_cli(*args)
@@ -185,11 +266,14 @@ def test_train_cli_reports_bad_lines_and_writes_artifact_and_report(tmp_path):
     assert f"{data}:11: user_id" in result.stderr
     assert "skipped 2 bad line(s)" in result.stderr
     assert "bag-of-types baseline" in result.stdout
+    assert "kept epoch" in result.stdout
     model = load_model(tmp_path / "m.npz")
     assert model.meta.event_types[-1] == "purchase"
+    assert model.meta.cell == "gru" and "layer0.W_hn" in model.arrays
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["data"]["unknown_type_events"] > 0  # remove_from_cart is not in the list
-    assert len(report["epochs"]) == 2 and "auc_last" in report["baseline"]
+    assert 1 <= len(report["epochs"]) <= 2 and "auc_last" in report["baseline"]
+    assert report["config"]["cell"] == "gru" and report["config"]["patience"] == 1
     png = (tmp_path / "report" / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

@@ -24,6 +24,7 @@ from tempfile import TemporaryDirectory
 
 import numpy as np
 import redis
+from threadpoolctl import threadpool_limits
 
 from model.artifact import Model, random_model, save_model
 from model.bench import machine_line
@@ -92,11 +93,13 @@ def run_worker(
     consumer = Consumer(settings, connect(url), source, metrics)
     consumer.model.warm_up()
     latencies = []
+    limit = threadpool_limits(limits=1, user_api="blas")  # as Consumer.run does
     t0 = time.perf_counter()
     while (before := metrics.count("scored")) < n:
         t = time.perf_counter()
         consumer.tick()
         latencies.append((int(metrics.count("scored") - before), time.perf_counter() - t))
+    limit.restore_original_limits()
     return time.perf_counter() - t0, latencies
 
 
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=200_000)
     p.add_argument("--users", type=int, default=50_000)
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--cell", choices=["rnn", "gru"], default="rnn")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--subset", type=int, default=20_000, help="events for the slow variants d, e")
     p.add_argument("--variants", default="abcde")
@@ -209,14 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     r = connect(url, socket_timeout=30)
     try:
         with TemporaryDirectory() as tmp:
-            model = random_model([*EVENT_TYPES, LABEL_TYPE], hidden=args.hidden, seed=0)
+            model = random_model([*EVENT_TYPES, LABEL_TYPE], hidden=args.hidden, seed=0,
+                                 cell=args.cell)  # fmt: skip
             model_path = Path(tmp) / "bench.npz"
             save_model(model, model_path)
             events = list(synthetic_events(args.events, args.users, seed=1))
             subset = events[: args.subset]
             print(f"machine: {machine_line()}")
             print(f"redis: {r.info('server')['redis_version']} at {url}")
-            print(f"{len(events)} events, {args.users} users, H = {args.hidden}, ", end="")
+            print(
+                f"{len(events)} events, {args.users} users, {args.cell} H = {args.hidden}, ", end=""
+            )
             print(f"batch {args.batch_size}\n")
             results: dict[str, Result] = {}
             b = args.batch_size
@@ -234,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             # Redis allocator and CPU caches, and measured 20% slower in whatever position.
             preload(r, events[: min(len(events), 20_000)])
             run_worker(url, model_path, min(len(events), 20_000), b, False)
-            step = torch_step(model)
+            step = torch_step(model) if args.cell == "rnn" else None  # e: nn.RNNCell
             if step is not None:
                 runs["e"] = (
                     "e torch RNNCell",

@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A,B,...",
         help="event type names; one more row is reserved for unknown types",
     )
+    init.add_argument(
+        "--cell", choices=["rnn", "gru"], default="rnn", help="Elman RNN or GRU (see README)"
+    )
     init.add_argument("--hidden", type=positive_int, default=64, help="H, the state width")
     init.add_argument("--layers", type=positive_int, default=1, help="L, stacked layers")
     init.add_argument(
@@ -391,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--random-model", action="store_true", help="an empty registry gets an untrained model"
     )
     demo.set_defaults(func=_cmd_demo)
+
+    from worker import healthcheck  # the container HEALTHCHECK's command
+
+    healthcheck.add_parser(sub)
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
     bench.set_defaults(func=_cmd_bench)

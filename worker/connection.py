@@ -34,6 +34,9 @@ def connect(
         socket_connect_timeout=min(socket_timeout, 5.0),
         retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries),
         decode_responses=False,
+        # no CLIENT SETINFO at connect: least-privilege ACL users (deploy/redis) lack it
+        lib_name=None,
+        lib_version=None,
     )
     if cluster:
         return redis.RedisCluster.from_url(url, **common)

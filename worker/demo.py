@@ -30,7 +30,7 @@ from model.artifact import Model, random_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.connection import connect
 from worker.consumer import Consumer
-from worker.kernels import compile_in_background, is_cached, one_blas_thread
+from worker.kernels import compile_in_background, is_cached
 from worker.keys import Keys
 from worker.local_redis import LocalRedis, free_port
 from worker.metrics import LATENCY_BUCKETS, Health, WorkerMetrics, serve_metrics
@@ -175,8 +175,7 @@ def first_model(train_first: bool, out: TextIO) -> Model:
           flush=True)  # fmt: skip
     t0 = time.monotonic()
     events = synthetic_events(FIRST_MODEL_EVENTS, FIRST_MODEL_USERS, seed=0)
-    with one_blas_thread():
-        result = train(events, TrainConfig(**FIRST_MODEL_CONFIG))
+    result = train(events, TrainConfig(**FIRST_MODEL_CONFIG))
     m, b = result.report["metrics"], result.report["baseline"]
     print(f"trained: validation AUC {m['auc_last']:.3f}, bag-of-event-types baseline "
           f"{b['auc_last']:.3f} ({time.monotonic() - t0:.0f} s)", file=out)  # fmt: skip

@@ -1,5 +1,4 @@
-"""Numba kernels compiled ahead of use, in a helper process, while the caller does other work;
-BLAS held to one thread while they run.
+"""Numba kernels compiled ahead of use, in a helper process, while the caller does other work.
 
 Kernels compile on first use and are cached on disk (`cache=True`: `model/__pycache__`), so
 only a first run pays. A command compiles only what it calls: the worker and `score` the
@@ -12,11 +11,10 @@ evaluation sets in a second process while it compiles the training set itself.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -67,7 +65,7 @@ def _dispatchers(name: str) -> list:
     return {
         "scoring": [cell.step_batch, features.event_gaps],
         "training": [bptt._forward_backward],
-        "evaluation": [bptt._predict],
+        "evaluation": [bptt._predict_logits],
     }[name]
 
 
@@ -101,27 +99,9 @@ def compile_in_background(names: list[str]) -> subprocess.Popen | None:
     )
 
 
-@contextlib.contextmanager
-def one_blas_thread() -> Iterator[None]:
-    """BLAS (OpenBLAS, behind the kernels' np.dot) limited to one thread meanwhile.
-
-    The kernels multiply small matrices (a mini-batch by H), where BLAS threads gain nothing
-    and, on a machine whose cores are busy, spin: training the demo's first model took 8.4 s
-    with OpenBLAS's two threads and 1.8 s with one, on 2 cores at load 6.
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # an install without it: BLAS keeps its default
-        yield
-        return
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
 def main(names: list[str]) -> int:
-    with one_blas_thread():
-        for name in names:
-            COMPILE[name]()
+    for name in names:
+        COMPILE[name]()
     return 0
 
 

@@ -198,6 +198,11 @@ class WorkerMetrics:
             "Redis maxmemory (0 = no limit), read at the maintenance tick.",
             registry=r,
         )
+        self.partitions = Gauge(
+            "intentstream_partitions",
+            "The partition count this worker runs with (the count in force).",
+            registry=r,
+        )
         self.partitions_owned = Gauge(
             "intentstream_partitions_owned",
             "Partitions whose lease this worker holds.",

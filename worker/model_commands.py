@@ -23,6 +23,7 @@ def cmd_model_init(args: argparse.Namespace) -> int:
         head=args.head,
         session_gap_seconds=args.session_gap,
         seed=args.seed,
+        cell=args.cell,
     )
     digest = save_model(model, args.out)
     print(f"wrote {args.out} ({model.parameter_count()} parameters, sha256 {digest})")

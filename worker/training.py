@@ -10,7 +10,6 @@ import typing
 from model.artifact import save_model
 from worker.cli_args import csv
 from worker.events import EventError, numbered_events
-from worker.kernels import one_blas_thread
 from worker.model_commands import with_registry
 from worker.registry import Registry
 from worker.settings import SettingsError, load_settings
@@ -33,7 +32,10 @@ TRAIN_HELP = {
     "optimizer": "the update rule",
     "lr": "learning rate",
     "batch_size": "sessions per mini-batch",
-    "epochs": "passes over the training sessions",
+    "epochs": "at most this many passes over the training sessions",
+    "patience": "stop after this many epochs without a lower validation loss; the artifact "
+    "holds the epoch with the lowest",
+    "cell": "rnn (Elman) or gru (long sessions; see README 'Choosing a cell')",
     "validation_fraction": "fraction of users held out for validation",
     "seed": "initialisation, split and shuffling",
 }
@@ -170,9 +172,9 @@ def run_train(args: argparse.Namespace) -> int:
         if not args.quiet:
             print("(no progress bar: pip install 'intentstream[train]' for one)", file=sys.stderr)
     progress = None if args.quiet or tqdm is None else tqdm
-    with one_blas_thread():
-        result = train(events, config, progress=progress)
+    result = train(events, config, progress=progress)
     report = result.report
+    print(report["kept_epoch"]["reason"])
     _print_metrics(report)
     _print_left_out(report, config.min_type_count)
     if args.out:
@@ -196,8 +198,7 @@ def run_train(args: argparse.Namespace) -> int:
             return 0
         current = reg.current()
         if current is not None and not args.force:
-            with one_blas_thread():
-                theirs = evaluate_on(reg.load(current), events, config)["auc_last"]
+            theirs = evaluate_on(reg.load(current), events, config)["auc_last"]
             ours = report["metrics"]["auc_last"]
             if not ours >= theirs:  # a NaN AUC never promotes
                 print(

@@ -1,0 +1,307 @@
+"""One forward pass, every path: each case's scores through every path that computes them
+equal the float64 reference's.
+
+Cases: the golden example of seed 004 (and its events in another order), and random Elman
+and GRU models with 1-3 layers, with and without the gap feature, both heads, session resets
+and unknown event types, several users interleaved. Paths: the reference, `step_one`,
+`step_batch`, `ScoringModel.advance`, the training forward pass (and its loss), the installed
+`intentstream score`, and the worker end to end on a private Redis.
+
+The oracle derives each event's inputs (gap, reset, type row) itself from SPEC §2, so a
+mistake in model/features.py cannot hide on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.artifact import Model, random_model, save_model
+from model.bptt import loss_and_gradients, predict
+from model.cell import step_batch, step_one
+from model.reference import reference_step
+from model.scoring import InMemoryScorer, ScoringModel
+from model.sessions import pad, sessionize
+from tests.conftest import run_cli
+from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
+
+TYPES = ["view", "search", "add_to_cart", "coupon", "checkout"]
+UNKNOWN = ["teleport", "warp"]  # in no model's vocabulary
+USERS = ["ann", "bob", "cy", "dee"]
+T0 = 1_700_000_000_000
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: Model
+    events: tuple[tuple[str, str, int], ...]  # (user_id, type, ts epoch ms) in stream order
+    expected: tuple[float, ...] | None = None  # known scores, when the case has them
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Each event's kernel inputs, derived from SPEC §2 by this test, not by model code."""
+
+    slot: np.ndarray
+    type_idx: np.ndarray
+    x_feat: np.ndarray  # (N, F)
+    reset: np.ndarray
+
+
+def golden_cases() -> list[Case]:
+    ordered = tuple(("alice", t, T0 + 1000 * i) for i, t in enumerate(GOLDEN_EVENTS))
+    other = tuple(("alice", t, T0 + 1000 * i) for i, t in enumerate(reversed(GOLDEN_EVENTS)))
+    return [
+        Case("golden", golden_model(), ordered, tuple(GOLDEN_SCORES)),
+        Case("golden-reversed", golden_model(), other),
+    ]
+
+
+def random_case(cell: str, layers: int, hidden: int, gap: bool, head: str, session_gap: float,
+                seed: int) -> Case:  # fmt: skip
+    model = random_model(
+        TYPES, hidden=hidden, layers=layers, features=["gap"] if gap else [],
+        embedding_dim=min(8, hidden), head=head, session_gap_seconds=session_gap, seed=seed,
+        cell=cell,
+    )  # fmt: skip
+    rng = np.random.default_rng(seed)
+    ts = T0 + np.cumsum(rng.integers(1_000, 40_000, 36))
+    events = tuple(
+        (
+            str(rng.choice(USERS)),
+            str(rng.choice(UNKNOWN)) if i % 7 == 3 else str(rng.choice(TYPES)),
+            int(t),
+        )
+        for i, t in enumerate(ts)
+    )
+    name = f"{cell}-L{layers}-H{hidden}-{'gap' if gap else 'nofeat'}-{head}-sg{session_gap:g}"
+    return Case(name, model, events)
+
+
+def random_cases() -> list[Case]:
+    shapes = [  # layers, hidden, gap feature, head, session gap (s)
+        (1, 16, False, "sigmoid", 0),
+        (1, 5, True, "identity", 90),
+        (2, 24, True, "sigmoid", 90),
+        (3, 8, False, "identity", 0),
+        (2, 3, True, "identity", 60),
+    ]
+    return [
+        random_case(cell, *shape, seed=10 * i + (cell == "gru"))
+        for cell in ("rnn", "gru")
+        for i, shape in enumerate(shapes)
+    ]
+
+
+CASES = golden_cases() + random_cases()
+IDS = [c.name for c in CASES]
+
+
+def inputs_of(case: Case) -> Inputs:
+    """Gap feature log1p(seconds since the user's previous event), resets past the gap."""
+    meta = case.model.meta
+    index = {t: i for i, t in enumerate(meta.event_types)}
+    users = list(dict.fromkeys(u for u, _, _ in case.events))
+    last: dict[str, int] = {}
+    feats, reset = [], []
+    for u, _, ts in case.events:
+        gap = (ts - last[u]) / 1000.0 if u in last else 0.0
+        reset.append(u in last and meta.session_gap_seconds > 0 and gap > meta.session_gap_seconds)
+        feats.append([np.log1p(gap)] if meta.features else [])
+        last[u] = ts
+    return Inputs(
+        slot=np.array([users.index(u) for u, _, _ in case.events], np.int64),
+        type_idx=np.array([index.get(t, len(index)) for _, t, _ in case.events], np.int64),
+        x_feat=np.array(feats, np.float32).reshape(len(case.events), len(meta.features)),
+        reset=np.array(reset, np.bool_),
+    )
+
+
+def reference_scores(case: Case) -> np.ndarray:
+    meta, x = case.model.meta, inputs_of(case)
+    h = np.zeros((len(USERS) + 1, meta.layers, meta.hidden))
+    out = []
+    for e, s in enumerate(x.slot):
+        if x.reset[e]:
+            h[s] = 0.0
+        h[s], score = reference_step(
+            case.model.arrays, h[s], int(x.type_idx[e]), x.x_feat[e].astype(np.float64),
+            meta.head, meta.cell,
+        )  # fmt: skip
+        out.append(score)
+    return np.array(out)
+
+
+def via_step_one(case: Case) -> np.ndarray:
+    sm, x = ScoringModel(case.model), inputs_of(case)
+    h = np.zeros((len(USERS), *sm.state_shape), np.float32)
+    return np.array([
+        step_one(sm.weights, h[s], x.type_idx[e], x.x_feat[e], x.reset[e])
+        for e, s in enumerate(x.slot)
+    ])  # fmt: skip
+
+
+def via_step_batch(case: Case) -> np.ndarray:
+    sm, x = ScoringModel(case.model), inputs_of(case)
+    state = np.zeros((len(USERS), *sm.state_shape), np.float32)
+    scores = np.empty(len(x.slot), np.float32)
+    step_batch(sm.kernel_weights, state, x.slot, x.type_idx, x.x_feat, x.reset, scores,
+               sm.scratch(len(x.slot)))  # fmt: skip
+    return scores
+
+
+def via_advance(case: Case) -> np.ndarray:
+    """ScoringModel.advance (through the in-memory scorer), the events in two calls."""
+    scorer = InMemoryScorer(ScoringModel(case.model))
+    users = [u for u, _, _ in case.events]
+    types = [t for _, t, _ in case.events]
+    ts = np.array([t for _, _, t in case.events], np.int64)
+    half = len(users) // 2
+    return np.concatenate([
+        scorer.score(users[:half], types[:half], ts[:half]),
+        scorer.score(users[half:], types[half:], ts[half:]),
+    ])  # fmt: skip
+
+
+def training_batch(case: Case):
+    """The case's events as training sessions (no label event: every session negative), and
+    for each event its (session, step)."""
+    meta = case.model.meta
+    events = [{"user_id": u, "type": t, "ts": ts} for u, t, ts in case.events]
+    sessions = sessionize(events, meta.event_types, meta.features, meta.session_gap_seconds,
+                          label_type="no-such-type")  # fmt: skip
+    # sessionize lists each user's sessions in order, users in order of first appearance
+    where, seen = {}, dict.fromkeys(u for u, _, _ in case.events)
+    row = 0
+    for u in seen:
+        steps = [i for i, (v, _, _) in enumerate(case.events) if v == u]
+        while steps:
+            n = len(sessions[row].types)
+            for k, e in enumerate(steps[:n]):
+                where[e] = (row, k)
+            steps, row = steps[n:], row + 1
+    assert row == len(sessions)
+    return pad(sessions, len(meta.features)), [where[e] for e in range(len(case.events))]
+
+
+def via_training(case: Case, dtype: type = np.float64) -> np.ndarray:
+    """The training forward pass (model/bptt.py's predict): float64 as evaluation runs it,
+    float32 as training runs it."""
+    batch, where = training_batch(case)
+    params = {k: v.astype(dtype) for k, v in case.model.arrays.items()}
+    P = predict(params, batch, head=case.model.meta.head, cell=case.model.meta.cell)
+    return np.array([P[i, k] for i, k in where])
+
+
+IN_PROCESS = {
+    "step_one": (via_step_one, 2e-5),
+    "step_batch": (via_step_batch, 2e-5),
+    "advance": (via_advance, 2e-5),
+    "training": (via_training, 1e-10),
+    "training-float32": (lambda case: via_training(case, np.float32), 2e-5),
+}
+
+
+def test_cases_cover_what_they_claim():
+    kinds = {(c.model.meta.cell, c.model.meta.layers) for c in CASES}
+    assert kinds >= {(cell, n) for cell in ("rnn", "gru") for n in (1, 2, 3)}
+    for cell in ("rnn", "gru"):
+        mine = [c for c in CASES if c.model.meta.cell == cell and "golden" not in c.name]
+        assert {c.model.meta.head for c in mine} == {"sigmoid", "identity"}
+        assert {bool(c.model.meta.features) for c in mine} == {True, False}
+        assert any(inputs_of(c).reset.any() for c in mine)
+        assert all(any(t in UNKNOWN for _, t, _ in c.events) for c in mine)
+        assert all(len({u for u, _, _ in c.events}) > 1 for c in mine)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.expected], ids=lambda c: c.name)
+def test_reference_gives_the_known_scores(case):
+    np.testing.assert_allclose(reference_scores(case), case.expected, atol=1e-5)
+
+
+def test_order_of_events_changes_the_golden_score():
+    ordered, reversed_ = (reference_scores(c)[-1] for c in golden_cases())
+    assert abs(ordered - reversed_) > 1e-3
+
+
+@pytest.mark.parametrize("path", IN_PROCESS)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_path_equals_the_reference(case, path):
+    compute, tol = IN_PROCESS[path]
+    np.testing.assert_allclose(compute(case), reference_scores(case), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.model.meta.head == "sigmoid"], ids=lambda c: c.name
+)
+def test_training_loss_is_the_reference_log_loss(case):
+    """The loss training minimises (and promotion compares) is the reference's per-step BCE,
+    also when the windows are shorter than the sessions (state carried across them)."""
+    batch, _ = training_batch(case)
+    params = {k: v.astype(np.float64) for k, v in case.model.arrays.items()}
+    p = reference_scores(case)  # every session is negative: loss = mean -log(1 - p)
+    for bptt in (2, 35):
+        loss, _ = loss_and_gradients(params, batch, bptt=bptt, cell=case.model.meta.cell)
+        assert loss == pytest.approx(float(np.mean(-np.log1p(-p))), rel=1e-10)
+
+
+def write_model(case: Case, directory: Path) -> Path:
+    path = directory / f"{case.name}.npz"
+    save_model(case.model, path)
+    return path
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_intentstream_score_equals_the_reference(case, tmp_path):
+    lines = [json.dumps({"user_id": u, "type": t, "ts": ts}) for u, t, ts in case.events]
+    out = run_cli("score", "--model", str(write_model(case, tmp_path)), stdin="\n".join(lines))
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["user_id"], r["type"]) for r in rows] == [(u, t) for u, t, _ in case.events]
+    got = np.array([r["score"] for r in rows])
+    np.testing.assert_allclose(got, reference_scores(case), rtol=2e-5, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def shared_redis():
+    """One private redis-server for the worker cases; each case has its own key prefix."""
+    from worker.local_redis import LocalRedis
+
+    server = LocalRedis().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_worker_end_to_end_equals_the_reference(case, shared_redis, tmp_path):
+    from tests.workers import WorkerProcess, score_entries, wait_for
+    from worker.connection import connect
+
+    prefix = f"conf-{case.name}"
+    r = connect(shared_redis.url)
+    for u, t, ts in case.events:  # plain XADD, as a producer would send it
+        r.execute_command("XADD", f"{prefix}:events:{{0}}", "*", "user_id", u, "type", t, "ts", ts)
+    worker = WorkerProcess(shared_redis.url, write_model(case, tmp_path), tmp_path / "w.log",
+                           "--prefix", prefix)  # fmt: skip
+    worker.start()
+    try:
+        wait_for(lambda: r.xlen(f"{prefix}:scores:{{0}}") >= len(case.events), what="scores")
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    rows = score_entries(r, prefix=prefix)
+    assert len(rows) == len(case.events)
+    expected = reference_scores(case)
+    # each user's scores come out in that user's order; match them user by user
+    for user in {u for u, _, _ in case.events}:
+        mine = [i for i, (u, _, _) in enumerate(case.events) if u == user]
+        got = [float(row["score"]) for row in rows if row["user_id"] == user]
+        np.testing.assert_allclose(got, expected[mine], rtol=2e-5, atol=2e-5, err_msg=user)

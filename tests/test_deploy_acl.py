@@ -1,0 +1,241 @@
+"""deploy/redis/users.acl on a real redis-server (started with deploy/redis/redis.conf): the
+worker, a producer and the trainer do their whole jobs under their own users with no ACL
+denial, and each is refused what it must not do."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from model.artifact import random_model, save_model
+from tests.deploy_tools import DEPLOY, clean_env
+from tests.workers import count_scores, wait_for
+from worker.local_redis import free_port, redis_server_binary
+
+ACL = DEPLOY / "redis" / "users.acl"
+CONF = DEPLOY / "redis" / "redis.conf"
+# The development passwords whose SHA-256 users.acl holds (compose.yaml uses them too).
+PASSWORDS = {u: f"intentstream-dev-{u}" for u in ("admin", "worker", "producer", "trainer", "keda")}
+STREAM = "intentstream:events:{0}"
+STATE = "intentstream:state:{0}:user-1"
+
+
+def acl_users() -> dict[str, list[str]]:
+    """users.acl as {user: rules}."""
+    users = {}
+    for line in ACL.read_text().splitlines():
+        if line.strip():
+            word, name, *rules = line.split()
+            assert word == "user", line
+            users[name] = rules
+    return users
+
+
+def test_acl_file_users_and_passwords():
+    users = acl_users()
+    assert set(users) == {"default", "healthcheck", "admin", *PASSWORDS}
+    assert "off" in users["default"] and "-@all" in users["default"]
+    assert users["healthcheck"][-2:] == ["-@all", "+ping"], "healthcheck may only PING"
+    for name, password in PASSWORDS.items():
+        rules = users[name]
+        hashes = [r[1:] for r in rules if r.startswith("#")]
+        assert hashes == [hashlib.sha256(password.encode()).hexdigest()], name
+        assert not any(r.startswith(">") or r == "nopass" for r in rules), f"{name}: plain password"
+        if name != "admin":
+            assert "-@all" in rules and "+@all" not in rules and "~*" not in rules, name
+            assert "resetkeys" in rules and "resetchannels" in rules, name
+
+
+def test_redis_conf_keeps_state():
+    conf = {}
+    for line in CONF.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.strip().partition(" ")
+            conf[key] = value
+    assert conf["maxmemory-policy"] == "noeviction"
+    assert conf["appendonly"] == "yes" and conf["appendfsync"] == "everysec"
+    assert conf["aclfile"].endswith("/users.acl")
+    assert re.fullmatch(r"\d+[kmg]b", conf["maxmemory"])
+
+
+@pytest.fixture
+def acl_redis(tmp_path):
+    """redis-server with the deploy config and ACL file, on a free loopback port."""
+    port = free_port()
+    args = [
+        redis_server_binary(), str(CONF),
+        "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
+        "--aclfile", str(ACL), "--logfile", str(tmp_path / "redis.log"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    probe = redis.Redis(port=port, username="healthcheck", password="x", socket_timeout=2)
+    try:
+        wait_for(lambda: proc.poll() is not None or probe.ping(), 10, "redis-server")
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server refused the deploy config: {proc.stderr.read()}")
+        version = subprocess.run([args[0], "--version"], capture_output=True, text=True).stdout
+        major = int(re.search(r"v=(\d+)", version)[1])
+        assert major >= 7, f"users.acl needs Redis 7 (selectors): {version}"
+        yield port
+    finally:
+        probe.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+def url(port: int, user: str) -> str:
+    return f"redis://{user}:{PASSWORDS[user]}@127.0.0.1:{port}/0"
+
+
+def client(port: int, user: str) -> redis.Redis:
+    return redis.Redis.from_url(url(port, user), socket_timeout=5)
+
+
+def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    exe = str(Path(sys.executable).parent / "intentstream")
+    return subprocess.run(
+        [exe, *args], capture_output=True, text=True, timeout=timeout, env=clean_env()
+    )
+
+
+def refused(call) -> bool:
+    """True when Redis answers NOPERM (or an ACL refusal inside a script)."""
+    try:
+        call()
+    except redis.exceptions.NoPermissionError:
+        return True
+    except redis.ResponseError as exc:
+        return "NOPERM" in str(exc) or "can't access" in str(exc)
+    return False
+
+
+def in_script(client: redis.Redis, body: str, key: str):
+    """Run a script the way the worker does (SCRIPT LOAD, then EVALSHA) on one key."""
+    return client.evalsha(client.script_load(body), 1, key)
+
+
+def shadow_scored(admin: redis.Redis) -> int:
+    return sum(f.get(b"shadow_model") == b"1" for _, f in admin.xrange("intentstream:scores:{0}"))
+
+
+def scored_by(admin: redis.Redis, version: str) -> int:
+    return sum(
+        f.get(b"model") == version.encode() for _, f in admin.xrange("intentstream:scores:{0}")
+    )
+
+
+@pytest.mark.integration
+def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
+    port = acl_redis
+    admin = client(port, "admin")
+    model = tmp_path / "m.npz"
+    save_model(random_model(["view", "add_to_cart", "coupon", "purchase"], hidden=8), model)
+
+    # trainer: registry writes
+    result = cli("model", "publish", str(model), "--promote", "--redis-url", url(port, "trainer"))
+    assert result.returncode == 0, result.stderr
+    result = cli("model", "list", "--redis-url", url(port, "trainer"))
+    assert result.returncode == 0 and result.stdout.count("* ") == 1, result.stderr
+
+    # worker: follows the registry, consumes, commits
+    metrics_port = free_port()
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [str(Path(sys.executable).parent / "intentstream"), "worker",
+         "--redis-url", url(port, "worker"), "--metrics-port", str(metrics_port),
+         "--block-ms", "200", "--model-poll-seconds", "0.5", "--consumer", "w1"],
+        stdout=log, stderr=log, env=clean_env(),
+    )  # fmt: skip
+    try:
+        # producer: events in
+        result = cli("publish", "--synthetic", "3000", "--users", "150",
+                     "--redis-url", url(port, "producer"))  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: count_scores(admin) == 3000, 90, "3000 scores by the worker")
+
+        # trainer: reads the retained history, publishes and promotes; the worker swaps
+        result = cli("train", "--from-redis", "--epochs", "1", "--hidden", "8", "--quiet",
+                     "--promote", "--force", "--redis-url", url(port, "trainer"))  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "promoted version 2" in result.stdout
+        wait_for(lambda: b"model swapped" in (tmp_path / "worker.log").read_bytes(), 30, "swap")
+        result = cli("publish", "--synthetic", "50", "--users", "5", "--seed", "1",
+                     "--redis-url", url(port, "producer"))  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: scored_by(admin, "2") == 50, 60, "scores by the new model")
+
+        # trainer: a shadow challenger; the worker scores with both and writes shadow states
+        result = cli("model", "shadow", "1", "--redis-url", url(port, "trainer"))
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: b"shadow" in (tmp_path / "worker.log").read_bytes(), 30, "the shadow")
+        result = cli("publish", "--synthetic", "50", "--users", "5", "--seed", "2",
+                     "--redis-url", url(port, "producer"))  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: shadow_scored(admin) == 50, 60, "shadow scores")
+        result = cli("model", "shadow", "--off", "--redis-url", url(port, "trainer"))
+        assert result.returncode == 0, result.stderr
+        time.sleep(1)  # a maintenance tick or two (trim, gauges) under the worker's user
+    finally:
+        worker.terminate()
+        code = worker.wait(30)
+        log.close()
+    worker_log = (tmp_path / "worker.log").read_text()
+    assert code == 0, worker_log
+    assert "NOPERM" not in worker_log and "redis unavailable" not in worker_log, worker_log
+    denials = admin.acl_log()
+    assert denials == [], f"the jobs were refused something they need: {denials}"
+
+    keda = client(port, "keda")
+    group = keda.xinfo_groups(STREAM)[0]
+    assert group["name"] == b"intentstream-workers" and group["lag"] == 0
+    assert keda.xpending(STREAM, "intentstream-workers")["pending"] == 0
+    assert keda.xlen(STREAM) > 0
+
+    worker_c, producer, trainer = (client(port, u) for u in ("worker", "producer", "trainer"))
+    denied = {
+        # the worker cannot write events or the registry, nor announce models
+        "worker XADD events": lambda: worker_c.xadd(STREAM, {"user_id": "x", "type": "view"}),
+        "worker XADD events in a script": lambda: in_script(
+            worker_c, "return redis.call('XADD', KEYS[1], '*', 'user_id', 'x')", STREAM
+        ),
+        "worker EVAL": lambda: worker_c.eval("return 1", 0),
+        "worker DEL events": lambda: worker_c.delete(STREAM),
+        "worker SET registry": lambda: worker_c.set("intentstream:model:current", "1"),
+        "worker registry in a script": lambda: in_script(
+            worker_c, "return redis.call('SET', KEYS[1], '9')", "intentstream:model:current"
+        ),
+        "worker PUBLISH": lambda: worker_c.publish("intentstream:model:updates", "9"),
+        "worker FLUSHALL": lambda: worker_c.flushall(),
+        "worker CONFIG": lambda: worker_c.config_set("maxmemory-policy", "allkeys-lru"),
+        # a producer cannot read states, scores, events or the registry
+        "producer HGETALL state": lambda: producer.hgetall(STATE),
+        "producer GET registry": lambda: producer.get("intentstream:model:current"),
+        "producer XRANGE events": lambda: producer.xrange(STREAM, count=1),
+        "producer XRANGE scores": lambda: producer.xrange("intentstream:scores:{0}", count=1),
+        "producer HSET state": lambda: producer.hset(STATE, "h", b"x"),
+        # the trainer cannot write events nor touch states
+        "trainer XADD events": lambda: trainer.xadd(STREAM, {"user_id": "x", "type": "view"}),
+        "trainer HGETALL state": lambda: trainer.hgetall(STATE),
+        "trainer XTRIM events": lambda: trainer.xtrim(STREAM, maxlen=0),
+        # KEDA reads stream and group info only
+        "keda XRANGE events": lambda: keda.xrange(STREAM, count=1),
+        "keda XREADGROUP": lambda: keda.xreadgroup("intentstream-workers", "k", {STREAM: ">"}),
+        "keda XADD": lambda: keda.xadd(STREAM, {"user_id": "x", "type": "view"}),
+        "keda GET registry": lambda: keda.get("intentstream:model:current"),
+        "keda HGETALL state": lambda: keda.hgetall(STATE),
+        "keda KEYS": lambda: keda.keys("*"),
+    }
+    allowed = [name for name, call in denied.items() if not refused(call)]
+    assert allowed == [], f"not refused: {allowed}"
+    anonymous = redis.Redis(port=port, socket_timeout=5)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.get(STATE)
+    assert admin.hget(STATE, "h") is not None, "the worker should have written user-1's state"
+    assert admin.xlen(STREAM) == 3100

@@ -1,0 +1,146 @@
+"""deploy/grafana: the dashboard's PromQL parses, and every metric it (and every alert rule)
+names is one a live worker exports."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import promql_parser
+import pytest
+import redis
+import yaml
+
+from tests.deploy_tools import DEPLOY, metric_names, scrape_text, wait_until
+from tests.workers import WorkerProcess
+from worker.local_redis import free_port
+from worker.publisher import publish
+
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "intentstream.json"
+# Series Prometheus itself makes for every target.
+PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+# What issue 11 asks the dashboard to show, by a metric each panel group must name.
+REQUIRED = {
+    "intentstream_events_total",  # throughput by outcome, dead letters
+    "intentstream_event_latency_seconds_bucket",
+    "intentstream_batch_seconds_bucket",
+    "intentstream_lag_entries",
+    "intentstream_pending_entries",
+    "intentstream_partitions_owned",
+    "intentstream_model_version",
+    "intentstream_model_reloads_total",
+    "intentstream_redis_errors_total",
+    "intentstream_redis_memory_used_bytes",
+    "intentstream_redis_maxmemory_bytes",
+}
+# Grafana's built-in variables, as a query would see them.
+GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
+
+
+def selectors(node) -> set[str]:
+    """Metric names of every vector selector in a parsed PromQL expression."""
+    if isinstance(node, promql_parser.VectorSelector):
+        return {node.name} if node.name else set()
+    if isinstance(node, promql_parser.MatrixSelector):
+        return selectors(node.vector_selector)
+    if isinstance(node, promql_parser.BinaryExpr):
+        return selectors(node.lhs) | selectors(node.rhs)
+    if isinstance(node, promql_parser.Call):
+        return set().union(*(selectors(a) for a in node.args))
+    if isinstance(node, promql_parser.AggregateExpr):
+        return selectors(node.expr) | (selectors(node.param) if node.param else set())
+    if isinstance(node, promql_parser.ParenExpr | promql_parser.UnaryExpr):
+        return selectors(node.expr)
+    if isinstance(node, promql_parser.SubqueryExpr):
+        return selectors(node.expr)
+    return set()
+
+
+def metrics_of(expr: str) -> set[str]:
+    for var, value in GRAFANA_VARS.items():
+        expr = expr.replace(var, value)
+    return selectors(promql_parser.parse(expr))
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    doc = json.loads(DASHBOARD.read_text())
+    return [
+        (panel["title"], target["expr"])
+        for panel in doc["panels"]
+        if panel["type"] != "row"
+        for target in panel["targets"]
+    ]
+
+
+def rule_queries() -> list[tuple[str, str]]:
+    doc = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    return [(r["alert"], r["expr"]) for g in doc["groups"] for r in g["rules"]]
+
+
+def test_selector_walk_finds_every_metric():
+    expr = (
+        'histogram_quantile(0.9, sum by (le) (rate(a_bucket{x="1"}[5m])))'
+        " / on() -(b) + deriv(max(c)[10m:1m])"
+    )
+    assert metrics_of(expr) == {"a_bucket", "b", "c"}
+
+
+def test_dashboard_structure():
+    doc = json.loads(DASHBOARD.read_text())
+    assert doc["uid"] == "intentstream-worker"
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in doc["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_every_query_parses_and_the_required_metrics_are_shown():
+    named = set()
+    for title, expr in dashboard_queries():
+        try:
+            named |= metrics_of(expr)
+        except Exception as exc:  # the parser raises its own error types
+            raise AssertionError(f"panel {title!r}: {expr}: {exc}") from None
+    assert named >= REQUIRED, f"not on the dashboard: {REQUIRED - named}"
+    assert not {n for n in named if not re.match(r"^(intentstream_|up$)", n)}
+
+
+@pytest.mark.integration
+def test_dashboard_and_alerts_name_only_metrics_a_live_worker_exports(
+    redis_server, golden_path, tmp_path
+):
+    """Fails while the worker does not export a metric a panel or an alert reads (e.g. the
+    Redis memory gauges until the worker exports them)."""
+    port = free_port()
+    worker = WorkerProcess(
+        redis_server.url, golden_path, tmp_path / "worker.log", "--metrics-port", str(port)
+    ).start()
+    try:
+        client = redis.Redis.from_url(redis_server.url)
+        publish(client, [{"user_id": f"u{i}", "type": "view"} for i in range(20)])
+        client.xadd("intentstream:events:{0}", {"junk": "no user"})  # a dead letter
+
+        def settled() -> bool:
+            text = scrape_text(port)
+            return "intentstream_lag_entries{" in text and 'outcome="deadletter"} 1.0' in text
+
+        wait_until(settled, 60, "a batch, a dead letter and a maintenance tick")
+        exported = metric_names(scrape_text(port)) | PROMETHEUS_SERIES
+    finally:
+        worker.terminate()
+    missing = {
+        f"{where} {title!r}: {name}"
+        for where, queries in (("panel", dashboard_queries()), ("alert", rule_queries()))
+        for title, expr in queries
+        for name in metrics_of(expr)
+        if name not in exported
+    }
+    assert not missing, "named but not exported:\n" + "\n".join(sorted(missing))
