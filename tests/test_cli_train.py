@@ -63,7 +63,8 @@ def test_the_reports_epoch_axis_has_whole_numbers(tmp_path: Path, monkeypatch):
 
     monkeypatch.setattr(Figure, "savefig", capture)
     epochs = [{"epoch": e, "train_loss": 1 / e, "validation_loss": 1.1 / e} for e in (1, 2, 3)]
-    report = {"epochs": epochs, "metrics": {"auc_last": 0.9}, "baseline": {"auc_last": 0.8}}
+    report = {"epochs": epochs, "metrics": {"auc_last": 0.9}, "baseline": {"auc_last": 0.8},
+              "kept_epoch": {"epoch": 3}}  # fmt: skip
     curve = (np.array([0.0, 0.5, 1.0]), np.array([0.0, 0.8, 1.0]))
     result = TrainResult(model=None, report=report, curves={"rnn": curve, "baseline": curve})
     write_report(result, tmp_path)
