@@ -54,6 +54,9 @@ class TrainConfig(BaseModel):
     patience: int = Field(3, ge=1)  # epochs without a lower validation loss before stopping
     validation_fraction: float = Field(0.2, gt=0, lt=1)
     seed: int = 0
+    # Types seen fewer times in the data take the unknown row: one stray XADD must not
+    # become a vocabulary entry with an untrained embedding.
+    min_type_count: int = Field(10, ge=1)
 
 
 @dataclass
@@ -67,11 +70,13 @@ class TrainResult:
 
 
 def vocabulary(events: list[dict], config: TrainConfig) -> list[str]:
-    """The event types of the model: given, or those in the data, most frequent first."""
+    """The event types of the model: given, or those seen at least `min_type_count` times in
+    the data, most frequent first."""
     if config.event_types:
         return list(config.event_types)
     counts = Counter(e["type"] for e in events)
-    return sorted(counts, key=lambda t: (-counts[t], t))
+    kept = [t for t, n in counts.items() if n >= config.min_type_count]
+    return sorted(kept, key=lambda t: (-counts[t], t))
 
 
 def _summary(events: list[dict], train: list[Session], valid: list[Session], known: set[str]):
@@ -85,6 +90,7 @@ def _summary(events: list[dict], train: list[Session], valid: list[Session], kno
         "validation_positive_rate": float(np.mean([s.label for s in valid])) if valid else 0.0,
         "train_steps": int(sum(len(s.types) for s in train)),
         "unknown_type_events": int(sum(n for t, n in types.items() if t not in known)),
+        "left_out_types": dict([(t, n) for t, n in types.most_common() if t not in known][:100]),
         "event_types": dict(types.most_common()),
     }
 
@@ -113,6 +119,8 @@ def prepare(events: list[dict], config: TrainConfig):
         )
     if len({s.label for s in valid}) < 2:
         raise DataError("the validation users hold a single class; use more data")
+    if not types:
+        raise DataError(f"no event type occurs {config.min_type_count} times (--min-type-count)")
     return types, train, valid
 
 
@@ -300,6 +308,7 @@ def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -312,6 +321,7 @@ def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path
     ax1.plot(x, [e["validation_loss"] for e in epochs], "o-", label="validation")
     ax1.axvline(result.report["kept_epoch"]["epoch"], color="k", linestyle=":", linewidth=0.8)
     ax1.set(xlabel="epoch", ylabel="per-step log loss", title="Loss (dotted: the epoch kept)")
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))  # no epoch 1.5
     ax1.legend()
     for name, (fpr, tpr) in result.curves.items():
         auc = result.report["metrics" if name == "rnn" else "baseline"]["auc_last"]

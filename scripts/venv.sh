@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
 # Makes .venv if missing and installs the project with the extras given ("test", "demo").
 # Sourced by test.sh and demo.sh; run from the repository root.
+#
+# The install is editable, so code changes need no reinstall: only pyproject.toml (the
+# dependencies), the extras asked for or the Python version do. A stamp file keyed on those
+# skips pip (about 3 s, and its output) when none of them changed.
 ensure_venv() {
+    local extras=$1 key stamp=.venv/.intentstream-installed
     if [ ! -x .venv/bin/python ]; then
         python3 -m venv .venv
     fi
-    .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[$1]"
+    key="$extras $(.venv/bin/python -c 'import sys; print(sys.version)' | head -1) $(
+        sha256sum pyproject.toml | cut -d' ' -f1)"
+    if [ -x .venv/bin/intentstream ] && [ -f "$stamp" ] && grep -qxF "$key" "$stamp"; then
+        return 0
+    fi
+    echo "installing intentstream[$extras] into .venv (once; again only when pyproject.toml changes)" >&2
+    # PYTHONWARNINGS quiets setuptools' editable-install banner, which is no news to us.
+    PYTHONWARNINGS=ignore .venv/bin/python -m pip install --quiet --upgrade pip
+    PYTHONWARNINGS=ignore .venv/bin/python -m pip install --quiet -e ".[$extras]"
+    # Another extra installed later keeps this one: record every key seen.
+    echo "$key" >>"$stamp"
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -11,10 +12,11 @@ from collections.abc import Iterable, Iterator
 from typing import TextIO
 
 import numpy as np
-import redis
 
 from model.artifact import ArtifactError, load_model
 from model.features import KNOWN_FEATURES
+from worker.cli_args import Parser, csv, port_number, positive_float, positive_int
+from worker.cli_errors import USAGE_EXIT, explain
 from worker.events import Event, numbered_events
 from worker.model_commands import (
     cmd_model_export,
@@ -28,10 +30,6 @@ from worker.model_commands import (
 )
 from worker.registry import RegistryError
 from worker.settings import SettingsError, add_setting_flags, load_settings
-
-
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def _numbered_events(lines: Iterable[str], errors: TextIO) -> Iterator[Event | None]:
@@ -114,9 +112,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except redis.RedisError as exc:
-        print(f"error: cannot reach Redis: {exc}", file=sys.stderr)
-        return 2
     try:
         if settings.model is not None:
             source = FileModelSource(settings.model)
@@ -124,9 +119,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             source = RegistryModelSource(client, settings.prefix, settings.model_poll_seconds)
     except (ArtifactError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except redis.RedisError as exc:
-        print(f"error: cannot read the model registry: {exc}", file=sys.stderr)
         return 2
     metrics, health = WorkerMetrics(), Health()
     if settings.metrics_port:
@@ -240,100 +232,24 @@ def _cmd_partitions_resize(args: argparse.Namespace) -> int:
 _REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every sub-command."""
-    p = argparse.ArgumentParser(
-        prog="intentstream", description="Real-time purchase-intent scoring on Redis Streams."
-    )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    model = sub.add_parser("model", help="create and inspect model artifacts")
-    msub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    init = msub.add_parser("init", help="write a seeded random model artifact")
-    init.add_argument("--event-types", type=_csv, required=True, help="comma-separated names")
-    init.add_argument("--cell", choices=["rnn", "gru"], default="rnn")
-    init.add_argument("--hidden", type=int, default=64)
-    init.add_argument("--layers", type=int, default=1)
-    init.add_argument(
-        "--features",
-        type=_csv,
-        default=[],
-        help=f"comma-separated; known: {', '.join(KNOWN_FEATURES)}",
-    )
-    init.add_argument("--embedding-dim", type=int, default=None, help="default min(16, hidden)")
-    init.add_argument("--head", choices=["sigmoid", "identity"], default="sigmoid")
-    init.add_argument("--session-gap", type=float, default=1800.0, help="seconds; 0 = never")
-    init.add_argument("--seed", type=int, default=0)
-    init.add_argument("--out", required=True, help="artifact file to write (.npz)")
-    init.set_defaults(func=cmd_model_init)
+    try:
+        return version("intentstream")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
-    def registry_command(name: str, help: str, func) -> argparse.ArgumentParser:
-        cmd = msub.add_parser(name, help=help)
-        add_setting_flags(cmd, _REGISTRY_FLAGS)
-        cmd.set_defaults(func=func)
-        return cmd
 
-    show = registry_command("show", "print a model's config, array shapes, size", cmd_model_show)
-    show.add_argument("file", metavar="FILE|VERSION", help="an artifact file or a registry version")
-    pub = registry_command("publish", "store an artifact as a new version", cmd_model_publish)
-    pub.add_argument("file")
-    pub.add_argument("--promote", action="store_true", help="also make it current")
-    registry_command("list", "list the registry's versions (* = current)", cmd_model_list)
-    pro = registry_command("promote", "make a version current; workers follow", cmd_model_promote)
-    pro.add_argument("version")
-    registry_command("rollback", "make the previous current version current", cmd_model_rollback)
-    sha = registry_command(
-        "shadow", "score every event with a challenger version too (or --off)", cmd_model_shadow
-    )
-    sha.add_argument("version", nargs="?", help="the challenger; none: show the shadow")
-    sha.add_argument("--off", action="store_true", help="stop shadow scoring")
-    exp = registry_command("export", "write a version's artifact to a file", cmd_model_export)
-    exp.add_argument("version")
-    exp.add_argument("--out", required=True)
+def _add_train_flags(tr: argparse.ArgumentParser) -> None:
+    """The `train` flags: data source, TrainConfig's fields, outputs. Built on first use."""
+    from worker.training import add_train_config_flags
 
-    score = sub.add_parser("score", help="score JSON-lines events offline, state in memory")
-    score.add_argument("--model", required=True, help="model artifact file")
-    score.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
-    score.add_argument("--batch-size", type=int, default=1024)
-    score.set_defaults(func=_cmd_score)
-
-    worker = sub.add_parser("worker", help="consume event streams and write scores (the main job)")
-    add_setting_flags(worker)
-    worker.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
-    worker.set_defaults(func=_cmd_worker)
-
-    pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams")
-    pub.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
-    add_setting_flags(pub, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
-    pub.add_argument("--synthetic", type=int, default=None, metavar="N",
-                     help="publish N synthetic shop events instead of reading lines")  # fmt: skip
-    pub.add_argument("--users", type=int, default=1000, help="synthetic users")
-    pub.add_argument("--seed", type=int, default=0, help="synthetic data seed")
-    pub.add_argument("--rate", type=float, default=None, help="events per second (default: max)")
-    pub.set_defaults(func=_cmd_publish)
-
-    tr = sub.add_parser("train", help="train a model with truncated BPTT; report; publish")
     src = tr.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
     src.add_argument("--from-redis", action="store_true", help="the retained event streams")
     add_setting_flags(tr, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
-    tr.add_argument("--hidden", type=int, default=64)
-    tr.add_argument("--layers", type=int, default=1)
-    tr.add_argument("--embedding-dim", type=int, default=16)
-    tr.add_argument("--features", type=_csv, default=["gap"], help="comma-separated; '' for none")
-    tr.add_argument("--session-gap", type=float, default=1800.0, help="seconds; 0 = never split")
-    tr.add_argument("--label-type", default="purchase", help="the event type that is the label")
-    tr.add_argument("--event-types", type=_csv, default=None, help="default: those in the data")
-    tr.add_argument("--bptt", type=int, default=35, help="truncation: steps gradients flow back")
-    tr.add_argument("--clip", type=float, default=1.0, help="global gradient norm bound")
-    tr.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
-    tr.add_argument("--lr", type=float, default=0.005, help="learning rate")
-    tr.add_argument("--batch-size", type=int, default=64, help="sessions per mini-batch")
-    tr.add_argument("--epochs", type=int, default=10)
-    tr.add_argument("--cell", choices=["rnn", "gru"], default="rnn")
-    tr.add_argument("--patience", type=int, default=3, help="epochs without improvement")
-    tr.add_argument("--validation-fraction", type=float, default=0.2, help="of users")
-    tr.add_argument("--seed", type=int, default=0)
+    add_train_config_flags(tr)
     tr.add_argument("--out", help="write the trained artifact here")
     tr.add_argument("--report", metavar="DIR", help="write report.json and report.png here")
     tr.add_argument("--publish", action="store_true", help="register it in the Redis registry")
@@ -343,14 +259,155 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--force", action="store_true", help="promote even if worse")
     tr.add_argument("--pushgateway", metavar="URL", help="push the run's metrics there")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    p = Parser(
+        prog="intentstream",
+        description="Real-time purchase-intent scoring on Redis Streams.",
+        epilog="`intentstream COMMAND --help` lists a command's flags and their defaults.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    model = sub.add_parser("model", help="create and inspect model artifacts; the registry")
+    msub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    init = msub.add_parser("init", help="write a seeded random model artifact")
+    init.add_argument(
+        "--event-types",
+        type=csv,
+        required=True,
+        metavar="A,B,...",
+        help="event type names; one more row is reserved for unknown types",
+    )
+    init.add_argument(
+        "--cell", choices=["rnn", "gru"], default="rnn", help="Elman RNN or GRU (see README)"
+    )
+    init.add_argument("--hidden", type=positive_int, default=64, help="H, the state width")
+    init.add_argument("--layers", type=positive_int, default=1, help="L, stacked layers")
+    init.add_argument(
+        "--features",
+        type=csv,
+        default=[],
+        metavar="A,B,...",
+        help=f"numeric features after the embedding row; known: "
+        f"{', '.join(KNOWN_FEATURES)} (default: none)",
+    )
+    init.add_argument(
+        "--embedding-dim",
+        type=positive_int,
+        default=None,
+        help="D, the width of each type's row (default: min(16, hidden))",
+    )
+    init.add_argument(
+        "--head", choices=["sigmoid", "identity"], default="sigmoid", help="the output function"
+    )
+    init.add_argument(
+        "--session-gap",
+        type=float,
+        default=1800.0,
+        help="seconds; a longer gap starts a new session (0 = never)",
+    )
+    init.add_argument("--seed", type=int, default=0, help="same seed, same bytes")
+    init.add_argument("--out", required=True, help="artifact file to write (.npz)")
+    init.set_defaults(func=cmd_model_init)
+
+    def registry_command(name: str, help: str, func) -> argparse.ArgumentParser:
+        cmd = msub.add_parser(name, help=help, description=help)
+        add_setting_flags(cmd, _REGISTRY_FLAGS)
+        cmd.set_defaults(func=func)
+        return cmd
+
+    show = registry_command("show", "print a model's config, array shapes, size", cmd_model_show)
+    show.add_argument("file", metavar="FILE|VERSION", help="an artifact file or a registry version")
+    pub = registry_command("publish", "store an artifact as a new version", cmd_model_publish)
+    pub.add_argument("file", help="the artifact file (.npz)")
+    pub.add_argument("--promote", action="store_true", help="also make it current")
+    registry_command("list", "list the registry's versions (* = current)", cmd_model_list)
+    pro = registry_command("promote", "make a version current; workers follow", cmd_model_promote)
+    pro.add_argument("version", help="a registry version (see `model list`)")
+    registry_command("rollback", "make the previous current version current", cmd_model_rollback)
+    sha = registry_command(
+        "shadow", "score every event with a challenger version too (or --off)", cmd_model_shadow
+    )
+    sha.add_argument("version", nargs="?", help="the challenger; none: show the shadow")
+    sha.add_argument("--off", action="store_true", help="stop shadow scoring")
+    exp = registry_command("export", "write a version's artifact to a file", cmd_model_export)
+    exp.add_argument("version", help="a registry version (see `model list`)")
+    exp.add_argument("--out", required=True, help="artifact file to write (.npz)")
+
+    score = sub.add_parser("score", help="score JSON-lines events offline, state in memory")
+    score.add_argument("--model", required=True, help="model artifact file")
+    score.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
+    score.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=1024,
+        help="lines per kernel call (a terminal is scored line by line)",
+    )
+    score.set_defaults(func=_cmd_score)
+
+    worker = sub.add_parser("worker", help="consume event streams and write scores (the main job)")
+    add_setting_flags(worker)
+    worker.add_argument(
+        "--max-seconds",
+        type=positive_float,
+        default=None,
+        help="stop after this long (default: run until SIGTERM/SIGINT)",
+    )
+    worker.set_defaults(func=_cmd_worker)
+
+    pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams")
+    pub.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
+    add_setting_flags(pub, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
+    pub.add_argument(
+        "--synthetic",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="publish N synthetic shop events instead of reading lines",
+    )
+    pub.add_argument("--users", type=positive_int, default=1000, help="synthetic users")
+    pub.add_argument("--seed", type=int, default=0, help="synthetic data seed")
+    pub.add_argument(
+        "--rate",
+        type=positive_float,
+        default=None,
+        help="events per second (default: as fast as Redis takes them)",
+    )
+    pub.set_defaults(func=_cmd_publish)
+
+    tr = sub.add_parser(
+        "train",
+        help="train a model with truncated BPTT; report; publish",
+        populate=_add_train_flags,
+    )
     tr.set_defaults(func=_cmd_train)
 
     demo = sub.add_parser("demo", help="the whole loop live, on a private Redis by default")
-    demo.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
-    demo.add_argument("--rate", type=float, default=500.0, help="synthetic events per second")
-    demo.add_argument("--users", type=int, default=200, help="synthetic users")
-    demo.add_argument("--seconds", type=float, default=None, help="stop after this long")
-    demo.add_argument("--metrics-port", type=int, default=9108, help="0 = any free port")
+    demo.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this Redis (redis://, rediss:// or "
+        "unix://) instead of a private one; it gets synthetic events",
+    )
+    demo.add_argument(
+        "--rate", type=positive_float, default=500.0, help="synthetic events per second"
+    )
+    demo.add_argument("--users", type=positive_int, default=200, help="synthetic users")
+    demo.add_argument(
+        "--seconds",
+        type=positive_float,
+        default=None,
+        help="stop after this long (default: until Ctrl-C)",
+    )
+    demo.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=9108,
+        help="the worker's metrics port; 0 = any free port",
+    )
     demo.add_argument(
         "--random-model", action="store_true", help="an empty registry gets an untrained model"
     )
@@ -374,15 +431,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the console script; return its exit code."""
+    """Run the console script; return its exit code.
+
+    Every sub-command's failures a user can fix (bad flags, files, data, an unreachable
+    Redis) end as one line on stderr and exit 2 (see worker/cli_errors.py); a closed stdout
+    pipe (`| head`) exits quietly with 141, as a process killed by SIGPIPE; Ctrl-C exits 130.
+    """
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         args.bench_args = rest  # the benchmark parses its own flags (and --help)
     elif rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return args.func(args)
+        args._parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        line = explain(exc, args)
+        if line is None or os.environ.get("INTENTSTREAM_TRACEBACK"):
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return USAGE_EXIT
 
 
 if __name__ == "__main__":

@@ -7,29 +7,24 @@ import json
 import sys
 from collections.abc import Callable
 
-import redis
-
 from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
 from worker.registry import Registry, RegistryError
-from worker.settings import SettingsError, load_settings
+from worker.settings import load_settings
 
 
 def cmd_model_init(args: argparse.Namespace) -> int:
-    try:
-        model = random_model(
-            event_types=args.event_types,
-            hidden=args.hidden,
-            layers=args.layers,
-            features=args.features,
-            embedding_dim=args.embedding_dim,
-            head=args.head,
-            session_gap_seconds=args.session_gap,
-            seed=args.seed,
-            cell=args.cell,
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # invalid values raise pydantic's ValidationError: main() names the flag in one line
+    model = random_model(
+        event_types=args.event_types,
+        hidden=args.hidden,
+        layers=args.layers,
+        features=args.features,
+        embedding_dim=args.embedding_dim,
+        head=args.head,
+        session_gap_seconds=args.session_gap,
+        seed=args.seed,
+        cell=args.cell,
+    )
     digest = save_model(model, args.out)
     print(f"wrote {args.out} ({model.parameter_count()} parameters, sha256 {digest})")
     return 0
@@ -91,15 +86,9 @@ def registry_of(args: argparse.Namespace) -> Registry:
 
 
 def with_registry(args: argparse.Namespace, action: Callable[[Registry], int]) -> int:
-    """Run action(registry); registry and Redis problems become one line on stderr, exit 2."""
-    try:
-        return action(registry_of(args))
-    except (RegistryError, ArtifactError, SettingsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except redis.RedisError as exc:
-        print(f"error: Redis: {exc}", file=sys.stderr)
-        return 2
+    """Run action(registry). Registry and Redis errors propagate: main() prints them as one
+    line on stderr and exits 2."""
+    return action(registry_of(args))
 
 
 def cmd_model_publish(args: argparse.Namespace) -> int:

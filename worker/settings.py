@@ -29,7 +29,8 @@ class Settings(BaseSettings):
 
     redis_url: str = Field(
         "redis://localhost:6379/0",
-        description="redis:// or rediss:// (TLS) URL; user:password@ for ACL users",
+        description="redis://host:port/db, rediss:// (TLS) or unix:///path.sock?db=0; "
+        "user:password@ for ACL users",
     )
     cluster: bool = Field(
         False, description="the URL names a node of a Redis Cluster (use the cluster client)"
@@ -87,7 +88,9 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text", "auto"] = Field(
         "auto", description="json, text, or auto (json when stderr is not a terminal)"
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="log level: DEBUG, INFO, WARNING or ERROR"
+    )
 
     @field_validator("redis_url")
     @classmethod
@@ -126,11 +129,20 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: list[str] | None =
             continue
         env = f"INTENTSTREAM_{name.upper()}"
         flag = "--" + name.replace("_", "-")
-        help = f"{field.description or name} (env {env})"
+        default = "host name and pid" if field.default_factory else field.default
+        shown = (
+            "none" if default is None else f"{default:g}" if isinstance(default, float) else default
+        )
+        help = (
+            f"{field.description or name} (env {env}"
+            + ("" if "default:" in (field.description or "") else f"; default: {shown}")
+            + ")"
+        ).replace("%", "%%")
         if field.annotation is bool:  # a switch: --cluster, not --cluster true
             parser.add_argument(flag, dest=name, action="store_const", const=True, help=help)
         else:
-            parser.add_argument(flag, dest=name, default=None, help=help)
+            # unset flags stay None: the environment's value stays in force
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help)
 
 
 def load_settings(args: argparse.Namespace | None = None, **overrides: object) -> Settings:

@@ -5,14 +5,80 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-import redis
+import typing
 
 from model.artifact import save_model
+from worker.cli_args import csv
 from worker.events import EventError, numbered_events
 from worker.model_commands import with_registry
 from worker.registry import Registry
 from worker.settings import SettingsError, load_settings
+
+# Flag help of each TrainConfig field; the flags, their types and defaults come from the
+# fields themselves (see add_train_config_flags), so the defaults exist once, in TrainConfig.
+TRAIN_HELP = {
+    "hidden": "H, the state width per layer",
+    "layers": "L, stacked recurrent layers",
+    "embedding_dim": "D, the width of each event type's learned row",
+    "features": "numeric features after the embedding row, comma-separated ('' for none)",
+    "session_gap_seconds": "seconds; a longer gap starts a new session (0 = never split)",
+    "label_type": "the event type that is the label ('will this session end in one')",
+    "event_types": "the vocabulary, comma-separated (default: the types in the data seen at "
+    "least --min-type-count times); others take the unknown row",
+    "min_type_count": "types seen fewer times in the data take the unknown row (listed in "
+    "the report)",
+    "bptt": "truncation: steps gradients flow back",
+    "clip": "global gradient norm bound",
+    "optimizer": "the update rule",
+    "lr": "learning rate",
+    "batch_size": "sessions per mini-batch",
+    "epochs": "at most this many passes over the training sessions",
+    "patience": "stop after this many epochs without a lower validation loss; the artifact "
+    "holds the epoch with the lowest",
+    "cell": "rnn (Elman) or gru (long sessions; see README 'Choosing a cell')",
+    "validation_fraction": "fraction of users held out for validation",
+    "seed": "initialisation, split and shuffling",
+}
+# Fields whose flag is not `--field-name` (kept as the README and users know them).
+TRAIN_FLAG_NAMES = {"session_gap_seconds": "--session-gap"}
+
+
+def _flag_type(annotation: object) -> dict:
+    """argparse keywords (type, choices) for a TrainConfig field's annotation."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if annotation in (int, float, str):
+        return {"type": annotation}
+    if typing.get_origin(annotation) is list or any(typing.get_origin(a) is list for a in args):
+        return {"type": csv, "metavar": "A,B,..."}
+    if len(args) == 1:  # X | None
+        return _flag_type(args[0])
+    raise TypeError(f"no command-line type for {annotation!r}")
+
+
+def add_train_config_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag per TrainConfig field, with its default; a flag already defined is kept."""
+    from model.train import TrainConfig
+
+    for name, field in TrainConfig.model_fields.items():
+        flag = TRAIN_FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+        if flag in parser._option_string_actions:
+            continue
+        default = field.get_default(call_default_factory=True)
+        text = TRAIN_HELP.get(name) or field.description or ""
+        kind = {"metavar": flag[2:].upper().replace("-", "_")} | _flag_type(field.annotation)
+        parser.add_argument(flag, dest=name, default=default, help=text, **kind)
+
+
+def train_config(args: argparse.Namespace):
+    """The TrainConfig of the parsed flags (pydantic checks the values)."""
+    from model.train import TrainConfig
+
+    given = vars(args)
+    return TrainConfig(**{k: given[k] for k in TrainConfig.model_fields if k in given})
 
 
 def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
@@ -55,6 +121,15 @@ def _print_metrics(report: dict) -> None:
         print("{:<24} {:>9.4f} {:>9.4f} {:>13.4f} {:>12.4f}".format(name, *row))
 
 
+def _print_left_out(report: dict, min_count: int) -> None:
+    left_out = report["data"].get("left_out_types") or {}
+    if left_out:
+        shown = ", ".join(f"{t} ({n})" for t, n in list(left_out.items())[:10])
+        more = f" and {len(left_out) - 10} more" if len(left_out) > 10 else ""
+        print(f"\nleft out of the vocabulary (fewer than {min_count} events, or not in "
+              f"--event-types; scored with the unknown row): {shown}{more}")  # fmt: skip
+
+
 def _push_metrics(url: str, report: dict) -> None:
     from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
@@ -77,10 +152,7 @@ def _push_metrics(url: str, report: dict) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """The `intentstream train` command; returns its exit code."""
-    from pydantic import ValidationError
-
-    from model.sessions import DataError
-    from model.train import TrainConfig, evaluate_on, train, write_report
+    from model.train import evaluate_on, train, write_report
 
     if args.report:
         try:
@@ -89,40 +161,22 @@ def run_train(args: argparse.Namespace) -> int:
             print("error: --report needs matplotlib: pip install 'intentstream[train]'",
                   file=sys.stderr)  # fmt: skip
             return 2
+    # Bad flags, data or an unreachable Redis raise; main() prints them as one line, exit 2.
+    settings = load_settings(args, model=None)
+    config = train_config(args)
+    events = read_training_events(args, settings)
     try:
-        settings = load_settings(args, model=None)
-        config = TrainConfig(
-            hidden=args.hidden, layers=args.layers, embedding_dim=args.embedding_dim,
-            features=args.features, session_gap_seconds=args.session_gap,
-            label_type=args.label_type, event_types=args.event_types or None, bptt=args.bptt,
-            clip=args.clip, optimizer=args.optimizer, lr=args.lr, batch_size=args.batch_size,
-            epochs=args.epochs, validation_fraction=args.validation_fraction, seed=args.seed,
-            cell=args.cell, patience=args.patience,
-        )  # fmt: skip
-        events = read_training_events(args, settings)
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            tqdm = None
-            if not args.quiet:
-                print(
-                    "(no progress bar: pip install 'intentstream[train]' for one)", file=sys.stderr
-                )
-        progress = None if args.quiet or tqdm is None else tqdm
-        result = train(events, config, progress=progress)
-    except (DataError, SettingsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ValidationError as exc:
-        print(f"error: invalid training configuration: {exc.errors()[0]['loc'][0]}: "
-              f"{exc.errors()[0]['msg']}", file=sys.stderr)  # fmt: skip
-        return 2
-    except redis.RedisError as exc:
-        print(f"error: reading events from Redis: {exc}", file=sys.stderr)
-        return 2
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+        if not args.quiet:
+            print("(no progress bar: pip install 'intentstream[train]' for one)", file=sys.stderr)
+    progress = None if args.quiet or tqdm is None else tqdm
+    result = train(events, config, progress=progress)
     report = result.report
     print(report["kept_epoch"]["reason"])
     _print_metrics(report)
+    _print_left_out(report, config.min_type_count)
     if args.out:
         digest = save_model(result.model, args.out)
         print(f"wrote {args.out} (sha256 {digest[:16]})")

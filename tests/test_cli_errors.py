@@ -1,0 +1,173 @@
+"""Every sub-command of the installed script: a user error or an unreachable Redis is one line
+on stderr naming what to fix, exit 2; a closed pipe exits quietly; Ctrl-C exits 130."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import console_script, run_cli
+
+pytestmark = pytest.mark.integration
+
+DOWN = "redis://127.0.0.1:1/0"  # port 1: nothing listens there (binding it needs root)
+
+
+def assert_one_line(result: subprocess.CompletedProcess, *needles: str) -> str:
+    """The run failed with exit 2 and exactly one `error: ...` line holding the needles."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["publish", "--synthetic", "10"],
+        ["demo"],
+        ["worker", "--metrics-port", "0"],  # no --model: the registry must answer at start
+        ["train", "--from-redis", "--quiet"],
+        ["model", "list"],
+        ["model", "show", "2"],
+        ["model", "promote", "1"],
+        ["model", "rollback"],
+        ["model", "shadow"],
+        ["model", "export", "1", "--out", "x.npz"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_unreachable_redis_is_one_line_naming_the_url(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run_cli(*argv, "--redis-url", DOWN)
+    assert_one_line(result, "Redis at redis://127.0.0.1:1/0 is unreachable", "--redis-url")
+
+
+def test_unreachable_cluster_is_one_line():
+    result = run_cli("model", "list", "--cluster", "--redis-url", DOWN)
+    assert_one_line(result, "Redis at redis://127.0.0.1:1/0 is unreachable")
+
+
+def test_model_publish_to_unreachable_redis(golden_path):
+    result = run_cli("model", "publish", str(golden_path), "--redis-url", DOWN)
+    assert_one_line(result, "is unreachable")
+
+
+def test_the_password_of_the_url_is_not_printed():
+    result = run_cli("model", "list", "--redis-url", "redis://bob:s3cret@127.0.0.1:1/0")
+    line = assert_one_line(result, "redis://bob:***@127.0.0.1:1/0")
+    assert "s3cret" not in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["publish", "/nonexistent.jsonl", "--redis-url", DOWN],
+         ["/nonexistent.jsonl", "No such file"]),
+        (["score", "--model", "/nonexistent.npz"], ["/nonexistent.npz", "No such file"]),
+        (["score", "--model", "{golden}", "/nonexistent.jsonl"], ["/nonexistent.jsonl"]),
+        (["worker", "--model", "/nonexistent.npz", "--metrics-port", "0"], ["/nonexistent.npz"]),
+        (["train", "--data", "/nonexistent.jsonl", "--quiet"], ["/nonexistent.jsonl"]),
+        (["train", "--data", "/", "--quiet"], ["Is a directory"]),
+        (["model", "show", "/nonexistent.npz"], ["/nonexistent.npz"]),
+        (["model", "publish", "/nonexistent.npz", "--redis-url", DOWN], ["/nonexistent.npz"]),
+        (["model", "init", "--event-types", "view", "--out", "/nonexistent/dir/m.npz"],
+         ["/nonexistent/dir", "No such file"]),
+    ],
+)  # fmt: skip
+def test_missing_files_are_one_line_naming_the_file(argv, needles, golden_path):
+    argv = [a.replace("{golden}", str(golden_path)) for a in argv]
+    assert_one_line(run_cli(*argv), *needles)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--event-types", "view", "--hidden", "0"], ["--hidden", ">= 1"]),
+        (["--event-types", ""], ["--event-types", "at least 1 item"]),
+        (["--event-types", "view", "--features", "foo"], ["--features", "unknown features"]),
+        (["--event-types", "view,view"], ["--event-types", "distinct"]),
+        (["--event-types", "view", "--session-gap", "-1"], ["--session-gap"]),
+    ],
+)
+def test_model_init_bad_values_name_the_flag(flags, needles, tmp_path):
+    result = run_cli("model", "init", *flags, "--out", str(tmp_path / "x.npz"))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "pydantic.dev" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]  # argparse's own checks print usage first
+    for needle in needles:
+        assert needle in last, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--validation-fraction", "1.5"], ["--validation-fraction", "less than 1"]),
+        (["--min-type-count", "0"], ["--min-type-count"]),
+        (["--optimizer", "rmsprop"], ["--optimizer", "invalid choice"]),
+        (["--partitions", "0"], ["partitions", "--partitions"]),
+    ],
+)
+def test_train_bad_values_name_the_flag(flags, needles, tmp_path):
+    data = tmp_path / "e.jsonl"
+    data.write_text(json.dumps({"user_id": "u", "type": "view", "ts": 1}) + "\n")
+    result = run_cli("train", "--data", str(data), "--quiet", *flags)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    for needle in needles:
+        assert needle in last, result.stderr
+
+
+def test_bad_settings_are_one_line():
+    assert_one_line(run_cli("publish", "--synthetic", "5", "--redis-url", "http://x"), "redis_url")
+
+
+def test_a_closed_stdout_pipe_exits_quietly(golden_path):
+    for argv in (["model", "show", str(golden_path)], ["--help"]):
+        proc = subprocess.Popen(
+            [console_script(), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        proc.stdout.close()  # the reader is gone before the first write, as `| head -0`
+        err = proc.stderr.read()
+        code = proc.wait(timeout=60)
+        proc.stderr.close()
+        assert err == b"", err.decode()
+        assert code in (0, 141)  # argparse's --help may fit the pipe buffer before the close
+
+
+def test_a_closed_pipe_mid_stream_exits_quietly(golden_path):
+    # `intentstream score ... | head -1` with more output than a pipe buffer holds
+    lines = "".join(json.dumps({"user_id": f"u{i}", "type": "view"}) + "\n" for i in range(50_000))
+    script = f"{console_script()} score --model {golden_path} | head -1; exit ${{PIPESTATUS[0]}}"
+    result = subprocess.run(
+        ["bash", "-c", script], input=lines, capture_output=True, text=True, timeout=120
+    )
+    assert result.stderr == ""
+    assert result.returncode == 141
+    assert json.loads(result.stdout)["user_id"] == "u0"
+
+
+def test_ctrl_c_exits_130_without_a_traceback(golden_path: Path):
+    proc = subprocess.Popen(
+        [console_script(), "score", "--model", str(golden_path), "--batch-size", "1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        bufsize=1,
+    )  # fmt: skip
+    try:
+        proc.stdin.write(json.dumps({"user_id": "a", "type": "view"}) + "\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["user_id"] == "a"  # start-up is over
+        proc.send_signal(signal.SIGINT)  # while it waits for the next line
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err

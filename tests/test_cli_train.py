@@ -1,0 +1,72 @@
+"""`intentstream train` as a user meets it: the vocabulary keeps junk out, the report says
+what was left out, and the report's plot reads right."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.artifact import load_model
+from model.synthetic import synthetic_events
+from model.train import TrainConfig, TrainResult, vocabulary, write_report
+from tests.conftest import run_cli
+
+
+def test_vocabulary_leaves_out_types_rarer_than_min_type_count():
+    events = [{"type": "view"}] * 12 + [{"type": "cart"}] * 10 + [{"type": "weird"}] * 9
+    assert vocabulary(events, TrainConfig()) == ["view", "cart"]
+    assert vocabulary(events, TrainConfig(min_type_count=1)) == ["view", "cart", "weird"]
+    # an explicit vocabulary is taken as given
+    assert vocabulary(events, TrainConfig(event_types=["weird"])) == ["weird"]
+
+
+@pytest.mark.integration
+def test_one_stray_event_type_goes_to_the_unknown_row_and_the_report_lists_it(tmp_path):
+    events = list(synthetic_events(6000, 300, seed=4))
+    events.insert(100, {"user_id": "user-3", "type": "weird_type", "ts": events[100]["ts"]})
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in events))
+    out, report_dir = tmp_path / "m.npz", tmp_path / "report"
+    result = run_cli("train", "--data", str(data), "--hidden", "8", "--epochs", "1", "--quiet",
+                     "--out", str(out), "--report", str(report_dir))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    model = load_model(out)
+    assert "weird_type" not in model.meta.event_types
+    assert {"view", "add_to_cart", "purchase"} <= set(model.meta.event_types)
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["data"]["left_out_types"] == {"weird_type": 1}
+    assert report["data"]["unknown_type_events"] == 1
+    assert report["config"]["min_type_count"] == 10
+    assert "left out of the vocabulary" in result.stdout and "weird_type (1)" in result.stdout
+
+    # with --min-type-count 1 it is kept, and nothing is reported left out
+    again = run_cli("train", "--data", str(data), "--hidden", "8", "--epochs", "1", "--quiet",
+                    "--min-type-count", "1", "--out", str(out))  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "weird_type" in load_model(out).meta.event_types
+    assert "left out" not in again.stdout
+
+
+def test_the_reports_epoch_axis_has_whole_numbers(tmp_path: Path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    seen = []
+    original = Figure.savefig
+
+    def capture(self, *args, **kwargs):
+        seen.append([t for t in self.axes[0].get_xticks()])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    epochs = [{"epoch": e, "train_loss": 1 / e, "validation_loss": 1.1 / e} for e in (1, 2, 3)]
+    report = {"epochs": epochs, "metrics": {"auc_last": 0.9}, "baseline": {"auc_last": 0.8},
+              "kept_epoch": {"epoch": 3}}  # fmt: skip
+    curve = (np.array([0.0, 0.5, 1.0]), np.array([0.0, 0.8, 1.0]))
+    result = TrainResult(model=None, report=report, curves={"rnn": curve, "baseline": curve})
+    write_report(result, tmp_path)
+    ticks = seen[0]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
