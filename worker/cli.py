@@ -212,6 +212,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_partitions_resize(args: argparse.Namespace) -> int:
+    import redis
+
     from worker.connection import connect_settings
     from worker.keys import Keys
     from worker.resize import ResizeRefusedError, resize
