@@ -275,3 +275,47 @@ def test_live_auc_of_the_current_model_is_exported(redis_server):
         'intentstream_labelled_sessions_total{model="current",outcome="negative"}'
     ] == len(want_l) - sum(want_l)
     assert abs(metrics['intentstream_live_auc{model="current"}'] - roc_auc(want_l, want_s)) < 1e-6
+
+
+def test_model_evaluate_agrees_with_trains_validation_auc_and_fine_tuning_continues_states(
+    redis_server, tmp_path
+):
+    import json
+    import zlib
+
+    from model.synthetic import synthetic_events
+    from tests.conftest import run_cli
+
+    r = connect(redis_server.url)
+    events = list(synthetic_events(12_000, 600, seed=8))
+    publish(r, events)
+    url = ["--redis-url", redis_server.url]
+    trained = run_cli("train", "--from-redis", *url, "--epochs", "3", "--hidden", "16",
+                      "--publish", "--quiet", "--report", str(tmp_path / "rep"))  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+
+    # the validation users of train's split (seed 0, fraction 0.2), as JSON lines
+    valid = [e for e in events if zlib.crc32(b"0" + e["user_id"].encode()) < 0.2 * 2**32]
+    data = tmp_path / "valid.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in valid))
+    out = run_cli("model", "evaluate", "1", "--data", str(data), "--json", *url)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)["1"]
+    assert abs(got["auc_last"] - report["metrics"]["auc_last"]) < 1e-9
+    assert abs(got["logloss_last"] - report["metrics"]["logloss_last"]) < 1e-9
+    assert got["label_type"] == "purchase"  # recorded by training in the meta
+
+    tuned = run_cli("train", "--from-redis", *url, "--init-from", "1", "--epochs", "1",
+                    "--publish", "--quiet")  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    assert "continues state space 1" in tuned.stdout
+    meta = Registry(r).meta("2")
+    assert meta["state_space"] == "1" and meta["hidden"] == 16
+    both = run_cli("model", "evaluate", "1", "2", "--from-redis", "--since", "10000d", *url)
+    assert both.returncode == 0, both.stderr
+    lines = both.stdout.splitlines()
+    assert lines[0].split()[:3] == ["model", "sessions", "positive"]
+    assert [line.split()[0] for line in lines[1:]] == ["1", "2"]
+    bad = run_cli("model", "evaluate", "1", "--from-redis", "--since", "yesterday", *url)
+    assert bad.returncode == 2 and "--since" in bad.stderr

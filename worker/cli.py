@@ -19,6 +19,7 @@ from worker.cli_args import Parser, csv, port_number, positive_float, positive_i
 from worker.cli_errors import USAGE_EXIT, explain
 from worker.events import Event, numbered_events
 from worker.model_commands import (
+    cmd_model_evaluate,
     cmd_model_export,
     cmd_model_init,
     cmd_model_list,
@@ -252,6 +253,12 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
     src.add_argument("--from-redis", action="store_true", help="the retained event streams")
     add_setting_flags(tr, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
     add_train_config_flags(tr)
+    tr.add_argument(
+        "--init-from",
+        metavar="VERSION|FILE",
+        help="fine-tune: start from this registry version's (or artifact's) weights, keep its "
+        "architecture and vocabulary; the new model continues its users' states",
+    )
     tr.add_argument("--out", help="write the trained artifact here")
     tr.add_argument("--report", metavar="DIR", help="write report.json and report.png here")
     tr.add_argument("--publish", action="store_true", help="register it in the Redis registry")
@@ -330,6 +337,21 @@ def build_parser() -> argparse.ArgumentParser:
     pro = registry_command("promote", "make a version current; workers follow", cmd_model_promote)
     pro.add_argument("version", help="a registry version (see `model list`)")
     registry_command("rollback", "make the previous current version current", cmd_model_rollback)
+    ev = registry_command(
+        "evaluate",
+        "versions (or .npz files) side by side on live data: ROC AUC and log loss",
+        cmd_model_evaluate,
+    )
+    ev.add_argument("versions", nargs="+", metavar="VERSION|FILE", help="what to compare")
+    src = ev.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-redis", action="store_true", help="the retained event streams")
+    src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
+    ev.add_argument("--since", metavar="AGE", help="only events this recent: 90m, 24h, 7d")
+    ev.add_argument("--partitions", type=positive_int, default=None,
+                    help="partitions to read (default: the recorded count)")  # fmt: skip
+    ev.add_argument("--label-type", default="purchase", help="for models whose meta names none")
+    ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ev.add_argument("--pushgateway", metavar="URL", help="push the metrics to a Pushgateway")
     sha = registry_command(
         "shadow", "score every event with a challenger version too (or --off)", cmd_model_shadow
     )

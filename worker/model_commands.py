@@ -132,6 +132,29 @@ def cmd_model_promote(args: argparse.Namespace) -> int:
     return with_registry(args, promote)
 
 
+def cmd_model_evaluate(args: argparse.Namespace) -> int:
+    """`intentstream model evaluate`: see worker/evaluation.py."""
+    from worker.evaluation import run_evaluate, since_ms
+    from worker.history import read_history
+    from worker.partitions import recorded_partitions
+
+    cutoff = since_ms(args.since)
+
+    def evaluate(reg: Registry) -> int:
+        if args.from_redis:
+            partitions = args.partitions or recorded_partitions(reg.r, reg.keys) or 1
+            events, _ = read_history(reg.r, reg.prefix, partitions)
+        else:
+            from worker.training import read_event_files
+
+            events = read_event_files(args.data)
+        if cutoff is not None:
+            events = [e for e in events if e["ts"] >= cutoff]
+        return run_evaluate(args, events, reg)
+
+    return with_registry(args, evaluate)
+
+
 def cmd_model_shadow(args: argparse.Namespace) -> int:
     def shadow(reg: Registry) -> int:
         if args.off:

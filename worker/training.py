@@ -92,8 +92,13 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
         if skipped:
             print(f"skipped {skipped} unparseable stream entries", file=sys.stderr)
         return events
+    return read_event_files(args.data)
+
+
+def read_event_files(paths: list[str]) -> list[dict]:
+    """Events of JSON-lines files; bad lines are reported (the first ten) and skipped."""
     events, bad = [], 0
-    for path in args.data:
+    for path in paths:
 
         def report(number: int, exc: EventError, path: str = path) -> None:
             nonlocal bad
@@ -150,6 +155,26 @@ def _push_metrics(url: str, report: dict) -> None:
     push_to_gateway(url, job="intentstream_train", registry=reg)
 
 
+def parent_model(name: str, settings) -> tuple:
+    """The model --init-from names (an artifact file, else a registry version) and the state
+    space its states belong to: its meta's `state_space`, else its version as the worker
+    names it (a file's: file-<sha256 prefix>)."""
+    from pathlib import Path
+
+    from model.artifact import file_sha256, load_model
+
+    if Path(name).is_file():
+        model = load_model(name)
+        version = model.version if model.version != "file" else f"file-{file_sha256(name)[:12]}"
+        declared = (model.meta.model_extra or {}).get("state_space")
+        return model, str(declared or version)
+    from worker.connection import connect_settings
+
+    registry = Registry(connect_settings(settings), settings.prefix)
+    meta = registry.meta(name)
+    return registry.load(name), str(meta.get("state_space") or name)
+
+
 def run_train(args: argparse.Namespace) -> int:
     """The `intentstream train` command; returns its exit code."""
     from model.train import evaluate_on, train, write_report
@@ -164,6 +189,7 @@ def run_train(args: argparse.Namespace) -> int:
     # Bad flags, data or an unreachable Redis raise; main() prints them as one line, exit 2.
     settings = load_settings(args, model=None)
     config = train_config(args)
+    init, space = parent_model(args.init_from, settings) if args.init_from else (None, None)
     events = read_training_events(args, settings)
     try:
         from tqdm import tqdm
@@ -172,7 +198,9 @@ def run_train(args: argparse.Namespace) -> int:
         if not args.quiet:
             print("(no progress bar: pip install 'intentstream[train]' for one)", file=sys.stderr)
     progress = None if args.quiet or tqdm is None else tqdm
-    result = train(events, config, progress=progress)
+    result = train(events, config, progress=progress, init=init, state_space=space)
+    if init is not None:
+        print(f"fine-tuned from {args.init_from}: continues state space {space}")
     report = result.report
     print(report["kept_epoch"]["reason"])
     _print_metrics(report)
