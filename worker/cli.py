@@ -203,6 +203,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         stop,
         sys.stdout,
         train_first=not args.random_model,
+        cluster=args.cluster,
     )
 
 
@@ -415,6 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="use this Redis (redis://, rediss:// or "
         "unix://) instead of a private one; it gets synthetic events",
+    )
+    demo.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the --redis-url names a node of a Redis Cluster (use the cluster client)",
     )
     demo.add_argument(
         "--rate", type=positive_float, default=500.0, help="synthetic events per second"

@@ -28,7 +28,7 @@ import redis
 
 from model.artifact import Model, random_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
-from worker.connection import connect
+from worker.connection import connect, connect_settings
 from worker.consumer import Consumer
 from worker.kernels import compile_in_background, is_cached
 from worker.keys import Keys
@@ -85,10 +85,11 @@ class Publisher(threading.Thread):
     """The synthetic shop: publishes at `rate` events/s until stopped; keeps its error."""
 
     def __init__(self, url: str, rate: float, users: int, user_prefix: str,
-                 stop: threading.Event) -> None:  # fmt: skip
+                 stop: threading.Event, cluster: bool = False) -> None:  # fmt: skip
         super().__init__(name="publisher", daemon=True)
         self.url, self.rate, self.users, self.user_prefix = url, rate, users, user_prefix
         self.stop = stop
+        self.cluster = cluster
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -99,7 +100,7 @@ class Publisher(threading.Thread):
             self.stop.set()
 
     def _publish(self) -> None:
-        client = connect(self.url)
+        client = connect(self.url, cluster=self.cluster)
         events = demo_events(self.users, self.user_prefix)
         # 20 sends a second at most; below 20 events/s, one event per send
         t0, sent, chunk = time.monotonic(), 0, max(1, int(self.rate / 20))
@@ -116,8 +117,8 @@ class ScoreWatch:
     """Follows the score stream from now on; keeps the last scores of this run's first users."""
 
     def __init__(self, url: str, stream: str, user_prefix: str, users: int = 4,
-                 depth: int = 6) -> None:  # fmt: skip
-        self.client = connect(url)
+                 depth: int = 6, cluster: bool = False) -> None:  # fmt: skip
+        self.client = connect(url, cluster=cluster)
         self.stream = stream
         self.user_prefix = user_prefix.encode()
         last = self.client.xrevrange(stream, count=1)  # older scores are not this run's
@@ -223,8 +224,10 @@ def run_demo(
     stop: threading.Event,
     out: TextIO,
     train_first: bool = True,
+    cluster: bool = False,
 ) -> int:
-    """Run the demo until `stop` is set (Ctrl-C) or `seconds` pass; return the exit code."""
+    """Run the demo until `stop` is set (Ctrl-C) or `seconds` pass; return the exit code.
+    With cluster, redis_url names a node of a Redis Cluster."""
     server = None
     if redis_url is None:
         server = LocalRedis().start()
@@ -235,7 +238,7 @@ def run_demo(
     threads: list[threading.Thread] = []
     source = None
     try:
-        client = connect(redis_url)
+        client = connect(redis_url, cluster=cluster)
         holder = lease_holder(client)
         if holder is not None:
             print(f"another worker ({holder}) holds partition {PARTITION}'s lease "
@@ -251,15 +254,17 @@ def run_demo(
             helper.wait()  # its kernels are cached now (or compile at first use if it failed)
         consumer_name = f"demo-{socket.gethostname()}-{os.getpid()}"
         settings = Settings(redis_url=redis_url, prefix=PREFIX, consumer=consumer_name,
-                            block_ms=200, metrics_port=metrics_port, log_format="text")  # fmt: skip
+                            block_ms=200, metrics_port=metrics_port, log_format="text",
+                            cluster=cluster)  # fmt: skip
         metrics, health = WorkerMetrics(), Health()
         port = _start_metrics(metrics, health, settings.metrics_host, metrics_port)
         print(f"metrics: http://{settings.metrics_host}:{port}/metrics", file=out)
         source = RegistryModelSource(client, PREFIX, settings.model_poll_seconds)
         source.current.warm_up()  # compiled (or loaded) before the first event arrives
-        consumer = Consumer(settings, connect(redis_url), source, metrics, health, stop)
-        watch = ScoreWatch(redis_url, Keys(PREFIX).scores(PARTITION), user_prefix)
-        publisher = Publisher(redis_url, rate, users, user_prefix, stop)
+        consumer = Consumer(settings, connect_settings(settings), source, metrics, health, stop)
+        watch = ScoreWatch(redis_url, Keys(PREFIX).scores(PARTITION), user_prefix,
+                           cluster=cluster)  # fmt: skip
+        publisher = Publisher(redis_url, rate, users, user_prefix, stop, cluster=cluster)
         threads = [threading.Thread(target=consumer.run, name="worker", daemon=True), publisher]
         for t in threads:
             t.start()
