@@ -302,3 +302,29 @@ def test_a_user_with_two_states_keeps_the_later_and_other_types_stay(single):
     assert not client.exists(KEYS.state(0, user), KEYS.state(1, user))
     assert client.get(KEYS.state(0, "operator")) == b"not a hash"
     assert "1 keys of another type left in place" in result.stdout
+
+
+def test_a_running_worker_stops_when_a_resize_begins(redis_server, tmp_path):
+    """A worker paused past its lease (or starting) when a resize runs must not come back
+    with the old count: at its next renewal it sees the change and exits 2."""
+    import signal as _signal
+
+    from model.artifact import random_model, save_model
+    from tests.workers import WorkerProcess, wait_for
+    from worker.connection import connect
+
+    model = tmp_path / "m.npz"
+    save_model(random_model(["view"], hidden=4, seed=1), model)
+    r = connect(redis_server.url)
+    r.hset("intentstream:config", "partitions", 2)
+    worker = WorkerProcess(redis_server.url, model, tmp_path / "w.log", "--partitions", "2",
+                           "--lease-ms", "300").start()  # fmt: skip
+    try:
+        wait_for(lambda: r.exists("intentstream:lease:{0}"), what="the worker's leases")
+        r.hset("intentstream:config", "resize_to", 3)  # what resize does first
+        assert worker.proc.wait(60) == 2
+    finally:
+        if worker.proc.poll() is None:
+            worker.proc.send_signal(_signal.SIGKILL)
+    assert "the partition count changed" in worker.log()
+    assert not r.exists("intentstream:lease:{0}") and not r.exists("intentstream:lease:{1}")

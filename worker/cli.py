@@ -135,7 +135,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     consumer = Consumer(settings, client, source, metrics, health, stop)
     consumer.run(max_seconds=args.max_seconds)
     source.close()
-    return 0
+    return consumer.exit_code
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from worker.maintenance import Maintenance
 from worker.metrics import Health, WorkerMetrics
 from worker.model_source import FileModelSource, ModelRejectedError, RegistryModelSource
 from worker.ownership import Ownership
+from worker.partitions import PartitionCountError, check_partitions
 from worker.pipeline import OUTCOMES, Commit, build_commit, distinct_users
 from worker.quality import LiveQuality
 from worker.registry import Registry, RegistryError
@@ -45,6 +46,12 @@ log = logging.getLogger("intentstream.worker")
 
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 MAINTENANCE_SECONDS = 10.0
+
+
+class _PartitionCountChangedError(Exception):
+    """Raised inside a round to leave the loop at once (see _check_partition_count)."""
+
+
 CONFLICT_RETRIES = 5
 
 
@@ -69,6 +76,7 @@ class Consumer:
         self.metrics = metrics or WorkerMetrics()
         self.health = health or Health()
         self._stop = stop_event or threading.Event()
+        self.exit_code = 0  # 2 when it stopped because the partition count changed
         # The lease value: the consumer name plus a token of this process, so two processes
         # started with the same --consumer never both hold a partition.
         self.holder = f"{s.consumer}:{secrets.token_hex(6)}"
@@ -137,6 +145,8 @@ class Consumer:
                     self._recreate_groups()
                 else:
                     self._redis_trouble(f"unexpected redis reply: {exc}")
+            except _PartitionCountChangedError:
+                break
             except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
                 # a cluster failing over or resharding, a refused login, ...: retried
                 self._redis_trouble(f"redis error: {type(exc).__name__}: {exc}")
@@ -287,7 +297,7 @@ class Consumer:
     # ---- ownership ---------------------------------------------------------------------
 
     def _renew_leases(self) -> None:
-        changes = self.ownership.renew()
+        changes = self.ownership.renew(before_taking=self._check_partition_count)
         for p in changes.lost:
             log.warning("lost the lease of a partition", extra={"partition": p})
             self._let_go(p)
@@ -298,6 +308,18 @@ class Consumer:
         for p in changes.gained:
             self._guarded(p, self._take_over, p)
         self.metrics.partitions_owned.set(len(self.ownership.owned))
+
+    def _check_partition_count(self) -> None:
+        """Stop when the partition count in force changed or a resize began since start
+        (`intentstream partitions resize` refuses while workers are announced, and marks
+        its run before checking: one of the two always sees the other)."""
+        try:
+            check_partitions(self.r, self.keys, self.s.partitions)
+        except PartitionCountError as exc:
+            log.error("stopping: the partition count changed", extra={"error": str(exc)})
+            self.exit_code = 2
+            self._stop.set()
+            raise _PartitionCountChangedError from None
 
     def _take_over(self, p: int) -> None:
         """A newly held partition: make sure the group exists, claim all its pending entries.

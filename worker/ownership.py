@@ -14,6 +14,7 @@ command (pipelined), so the same code runs on one Redis and on a Redis Cluster.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from worker.connection import Client
@@ -78,9 +79,14 @@ class Ownership:
         live = max(1, int(pipe.execute()[-1]))
         return -(-self.partitions // live)
 
-    def renew(self) -> LeaseChanges:
-        """Renew held leases, take free ones up to the fair share, hand back any beyond."""
+    def renew(self, before_taking: Callable[[], None] | None = None) -> LeaseChanges:
+        """Renew held leases, take free ones up to the fair share, hand back any beyond.
+        `before_taking` runs once this worker is announced, before any lease is taken: it
+        may raise to stop (so a process that announces itself after a check cannot slip
+        past it)."""
         fair = self.fair_share()
+        if before_taking is not None:
+            before_taking()
         # One call per lease: a cluster client pipelines no scripts, and P is small.
         held = {
             p
