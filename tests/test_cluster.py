@@ -188,9 +188,13 @@ def _replica_of(master_id: str, url: str) -> str:
 def test_paused_workers_past_their_lease_have_their_late_commits_refused(
     redis_server, model_path, tmp_path
 ):
+    # A worker is paused (SIGSTOP) mid-backlog past its lease, the others take its
+    # partitions, and it is resumed: a batch it held when paused must be refused
+    # (not_owned), never applied. Whether it held one at that instant is chance, so the
+    # pause repeats (at least twice) until a refusal shows; each pause is a real test of
+    # "nothing lost or doubled" either way.
     r = connect(redis_server.url)
     events = events_with_ids(24_000, 2000, seed=34)
-    publish(r, events[:4000], partitions=P)
     ports = [free_port() for _ in range(3)]
     workers = [
         start_worker(redis_server.url, model_path, tmp_path / f"w{i}.log", f"w{i}",
@@ -198,23 +202,36 @@ def test_paused_workers_past_their_lease_have_their_late_commits_refused(
         for i, port in enumerate(ports)
     ]  # fmt: skip
     paused = workers[0]
+
+    def holders() -> list[bytes]:
+        return [(r.get(KEYS.lease(p)) or b"-").split(b":")[0] for p in range(P)]
+
+    refused, pauses, sent = 0.0, 0, 0
     try:
-        for k in range(2):
-            wait_for(lambda k=k: count_scores(r, partitions=P) >= 3000 + 8000 * k, timeout=120,
+        while sent < len(events) and (pauses < 2 or not refused):
+            wait_for(lambda: b"w0" in holders(), timeout=60, what="w0 to hold partitions")
+            publish(r, events[sent : sent + 6000], partitions=P)
+            sent += 6000
+            # pause it early in the backlog: it holds a batch then
+            wait_for(lambda s=sent: count_scores(r, partitions=P) >= s - 5500, timeout=120,
                      what="progress")  # fmt: skip
             os.kill(paused.proc.pid, signal.SIGSTOP)
-            publish(r, events[4000 + 10_000 * k : 14_000 + 10_000 * k], partitions=P)
-            held_by_others = lambda: all(  # noqa: E731
-                (r.get(KEYS.lease(p)) or b"w0").split(b":")[0] != b"w0" for p in range(P)
-            )
-            wait_for(held_by_others, timeout=60, what="the others to take its partitions")
+            wait_for(lambda: b"w0" not in holders() and b"-" not in holders(), timeout=60,
+                     what="the others to take its partitions")  # fmt: skip
             os.kill(paused.proc.pid, signal.SIGCONT)
+            pauses += 1
+            wait_for(lambda s=sent: count_scores(r, partitions=P) >= s, timeout=120,
+                     what="the backlog")  # fmt: skip
+            refused = scrape(ports[0]).get(
+                'intentstream_commit_retries_total{reason="not_owned"}', 0
+            )
+        publish(r, events[sent:], partitions=P)
         wait_for(lambda: count_scores(r, partitions=P) >= len(events), timeout=180,
                  what="all scores")  # fmt: skip
-        refused = scrape(ports[0]).get('intentstream_commit_retries_total{reason="not_owned"}', 0)
     finally:
         for w in workers:
             os.kill(w.proc.pid, signal.SIGCONT)
             assert w.terminate() == 0
     assert assert_each_event_scored_and_states_equal(r, events, model_path) == 0
-    assert refused > 0, "the paused worker's late commits should have been refused"
+    assert pauses >= 2
+    assert refused > 0, f"no late commit refused in {pauses} pauses"

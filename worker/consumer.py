@@ -192,6 +192,11 @@ class Consumer:
             self.r.script_load(self.committer.script.script)
             self._scripts_loaded = True
         if self.ownership.due(now):
+            # Batches read with the last commit are committed first: their commit checks the
+            # lease itself, so after a pause past the lease it is refused (not_owned), never
+            # applied; renewing first would only drop them unseen.
+            for batch in self._take_prefetched(self._readable()):
+                self._guarded(batch.partition, self.process, batch)
             self._renew_leases()
         self._follow_model_source()
         self._settle()

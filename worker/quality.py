@@ -16,7 +16,6 @@ import threading
 
 import numpy as np
 
-from model.evaluate import roc_auc
 from worker.recent import Recent
 
 WINDOW = 10_000  # samples kept per role for the windowed AUC
@@ -85,6 +84,8 @@ class LiveQuality:
 
     def auc(self, role: str) -> float:
         """ROC AUC of the role's window; NaN until it holds both outcomes."""
+        from model.evaluate import roc_auc  # scipy.stats: loaded at the first scrape only
+
         with self._lock:
             scores, labels = self._samples.get(role, (np.zeros(0), np.zeros(0, bool)))
         return roc_auc(labels, scores)

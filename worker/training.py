@@ -163,7 +163,7 @@ def parent_model(name: str, settings) -> tuple:
 
     from model.artifact import file_sha256, load_model
 
-    if Path(name).is_file():
+    if Path(name).is_file() or name.endswith(".npz") or "/" in name:  # a file, even a missing one
         model = load_model(name)
         version = model.version if model.version != "file" else f"file-{file_sha256(name)[:12]}"
         declared = (model.meta.model_extra or {}).get("state_space")
