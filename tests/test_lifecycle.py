@@ -128,13 +128,13 @@ def test_a_long_session_replays_its_last_history_events(redis_server):
 
 
 def test_recent_events_pack_and_cut_at_session_gaps():
-    recent = Recent(-1, [1000, 2000], ["view", "ü-type"])
+    recent = Recent.of(-1, [1000, 2000], ["view", "ü-type"])
     assert unpack(pack(recent)) == recent
     assert unpack(b"garbage") == Recent() and unpack(None) == Recent()
     grown = extended(recent, [3000, 9_000_000], ["a", "b"], keep=32, session_gap_ms=60_000)
-    assert grown == Recent(3000, [9_000_000], ["b"])  # a new session started at b
+    assert grown == Recent.of(3000, [9_000_000], ["b"])  # a new session started at b
     capped = extended(recent, [3000, 4000], ["a", "b"], keep=3, session_gap_ms=0)
-    assert capped == Recent(1000, [2000, 3000, 4000], ["ü-type", "a", "b"])
+    assert capped == Recent.of(1000, [2000, 3000, 4000], ["ü-type", "a", "b"])
 
 
 def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
@@ -142,7 +142,7 @@ def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
 
     model = ScoringModel(random_model(SMALL, hidden=8, features=["gap"], seed=3), version="9")
     states = UserStates.empty(["u"], model.state_shape)
-    states.recent[0] = Recent(500, [1000, 2000], ["view", "search"])
+    states.recent[0] = Recent.of(500, [1000, 2000], ["view", "search"])
     states.replay.append(0)
     states.h[0] = 7.0  # another model's state: never read
     batch = parse_batch(0, [[b"3000-0", [b"user_id", b"u", b"type", b"add_to_cart",
@@ -156,7 +156,7 @@ def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
     scorer._state["u"][:] = 0.0  # ... and a zero state, as the replay starts
     want = scorer.score(["u"] * 3, [e["type"] for e in full], np.array([e["ts"] for e in full]))
     assert len(c.scores) == 1 and abs(float(c.scores[0]) - want[-1]) < 1e-6
-    assert unpack(c.recent[0][1]) == Recent(500, [1000, 2000, 3000],
+    assert unpack(c.recent[0][1]) == Recent.of(500, [1000, 2000, 3000],
                                             ["view", "search", "add_to_cart"])  # fmt: skip
 
 

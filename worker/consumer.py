@@ -20,6 +20,7 @@ import threading
 import time
 from contextlib import suppress
 
+import hiredis
 import numpy as np
 import redis
 from threadpoolctl import threadpool_limits
@@ -459,10 +460,13 @@ class Consumer:
         cursors = [self.cursors[p] for p in parts]
         read = self.reader.read_command(cursors, self.s.batch_size, None)
         evalsha = ("EVALSHA", self.committer.sha, len(keys), *keys, *args)
+        # hiredis packs the thousands of plain arguments in C; redis-py's packer would
+        # first inspect each one (~0.2 µs apiece)
+        packed = hiredis.pack_command(read) + hiredis.pack_command(evalsha)
         pool = self.r.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_commands([read, evalsha]))
+            conn.send_packed_command([packed])
             # a stream of another type fails the read alone: the next plain read stops it
             with suppress(redis.ResponseError):
                 self._prefetched = self.reader.batches(conn.read_response(), cursors)

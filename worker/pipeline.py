@@ -22,6 +22,8 @@ from worker.recent import Recent, extended, pack
 # a producer's retry comes right after its first attempt, so a handful is plenty.
 RECENT_EVENT_IDS = 8
 
+NO_HISTORY = Recent()
+
 OUTCOMES = ("scored", "duplicate", "deadletter", "misrouted", "lost")
 
 
@@ -65,7 +67,7 @@ class UserStates:
             event_ids=[[] for _ in range(n)],
             seq=seq,
             score=np.full(n, np.nan),
-            recent=[Recent() for _ in range(n)],
+            recent=[NO_HISTORY] * n,  # never mutated: extended() makes new ones
         )
 
 
@@ -178,13 +180,17 @@ def _recent_after(
     """The `recent` of each written row, and its field: its history plus this batch's."""
     if keep == 0:
         return [(Recent(), b"")] * len(rows)
-    new: dict[int, tuple[list[int], list[str]]] = {r: ([], []) for r in rows}
+    new_ts: dict[int, list[int]] = {}
+    new_types: dict[int, list[str]] = {}
     for s, t, name in zip(k_slot.tolist(), ts.tolist(), types, strict=True):
-        new[s][0].append(t)
-        new[s][1].append(name)
+        if s in new_ts:
+            new_ts[s].append(t)
+            new_types[s].append(name)
+        else:
+            new_ts[s], new_types[s] = [t], [name]
     out = []
     for r in rows:
-        recent = extended(states.recent[r], new[r][0], new[r][1], keep, session_gap_ms)
+        recent = extended(states.recent[r], new_ts[r], new_types[r], keep, session_gap_ms)
         out.append((recent, pack(recent)))
     return out
 

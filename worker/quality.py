@@ -39,7 +39,7 @@ def label_samples(
     """
     prev_score = last_score.astype(np.float64)  # copies: advanced per row below
     prev_ts = last_ts.copy()
-    labelled = {r for r, rec in enumerate(recent) if label_type in rec.types}
+    labelled = {r for r, rec in enumerate(recent) if rec.has(label_type)}
     out_scores: list[float] = []
     out_labels: list[bool] = []
     for r, name, t, s in zip(k_slot.tolist(), types, ts.tolist(), scores.tolist(), strict=True):
