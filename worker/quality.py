@@ -37,6 +37,13 @@ def label_samples(
     last_score and last_ts hold each row's state before the batch; `recent` tells whether
     the row's current session already had its label.
     """
+    rows = _rows_with_outcomes(k_slot, types, ts, last_ts, label_type, gap_ms)
+    if not rows:
+        return np.zeros(0), np.zeros(0, bool)
+    mine = np.isin(k_slot, np.fromiter(rows, np.int64, len(rows)))
+    keep = np.flatnonzero(mine)
+    k_slot, ts, scores = k_slot[keep], ts[keep], scores[keep]
+    types = [types[i] for i in keep.tolist()]
     prev_score = last_score.astype(np.float64)  # copies: advanced per row below
     prev_ts = last_ts.copy()
     labelled = {r for r, rec in enumerate(recent) if rec.has(label_type)}
@@ -57,6 +64,26 @@ def label_samples(
         prev_score[r] = s
         prev_ts[r] = max(prev_ts[r], t)
     return np.asarray(out_scores, np.float64), np.asarray(out_labels, bool)
+
+
+def _rows_with_outcomes(
+    k_slot: np.ndarray, types: list[str], ts: np.ndarray, last_ts: np.ndarray,
+    label_type: str, gap_ms: float,
+) -> set[int]:  # fmt: skip
+    """The rows with a label event or a session end in the batch (the only ones that can
+    give a sample), found without a Python step per event."""
+    rows = {int(k_slot[i]) for i, t in enumerate(types) if t == label_type}
+    if gap_ms > 0 and len(k_slot):
+        order = np.argsort(k_slot, kind="stable")
+        slots, times = k_slot[order], ts[order]
+        first = np.ones(len(slots), bool)
+        first[1:] = slots[1:] != slots[:-1]
+        prev = np.empty(len(slots), np.int64)
+        prev[1:] = times[:-1]
+        prev[first] = last_ts[slots[first]]
+        ended = (prev >= 0) & (times - prev > gap_ms)
+        rows.update(np.unique(slots[ended]).tolist())
+    return rows
 
 
 class LiveQuality:
