@@ -12,8 +12,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-import numpy as np
-
 
 @dataclass
 class Recent:
@@ -28,10 +26,29 @@ class Recent:
         return len(self.ts)
 
 
+# Each type name's length-prefixed bytes, made once: a commit packs thousands of `recent`s
+# over a handful of types (bounded: type names come from producers).
+_NAMES: dict[str, bytes] = {}
+_MAX_NAMES = 4096
+
+
+def _name(t: str) -> bytes:
+    packed = _NAMES.get(t)
+    if packed is None:
+        raw = t.encode("utf-8")
+        packed = bytes([len(raw)]) + raw
+        if len(_NAMES) < _MAX_NAMES:
+            _NAMES[t] = packed
+    return packed
+
+
 def pack(recent: Recent) -> bytes:
     """The `recent` field's bytes."""
     n = len(recent.ts)
-    names = b"".join(bytes([len(b)]) + b for b in (t.encode("utf-8") for t in recent.types))
+    try:  # a C-level lookup per name while every name is known
+        names = b"".join(map(_NAMES.__getitem__, recent.types))
+    except KeyError:
+        names = b"".join(map(_name, recent.types))
     return struct.pack(f"<qH{n}q", recent.prev_ts, n, *recent.ts) + names
 
 
@@ -59,15 +76,17 @@ def extended(
 ) -> Recent:
     """`recent` followed by a user's newly applied events (in order), cut where a gap
     exceeds the session gap (0 = never) and to the last `keep` events."""
-    all_ts = [*recent.ts, *ts]
-    all_types = [*recent.types, *types]
-    start = 0
-    if session_gap_ms > 0 and len(all_ts) > 1:
-        gaps = np.diff(np.asarray(all_ts, np.int64))
-        cuts = np.flatnonzero(gaps > session_gap_ms)
-        if len(cuts):
-            start = int(cuts[-1]) + 1
-    start = max(start, len(all_ts) - keep)
+    all_ts = recent.ts + ts
+    all_types = recent.types + types
+    n = len(all_ts)
+    start = max(0, n - keep)
+    if session_gap_ms > 0:
+        # the last gap within the kept tail, scanned in plain Python: a numpy call per user
+        # cost more than the few dozen comparisons
+        for i in range(n - 1, start, -1):
+            if all_ts[i] - all_ts[i - 1] > session_gap_ms:
+                start = i
+                break
     if start == 0:
         return Recent(recent.prev_ts, all_ts, all_types)
     return Recent(all_ts[start - 1], all_ts[start:], all_types[start:])
