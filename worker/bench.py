@@ -44,7 +44,7 @@ from model.reference import reference_step
 from model.scoring import ScoringModel
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.connection import connect
-from worker.consumer import Consumer
+from worker.consumer import Consumer, tune_gc
 from worker.local_redis import LocalRedis
 from worker.metrics import WorkerMetrics
 from worker.model_source import FileModelSource
@@ -131,6 +131,7 @@ def run_worker(
     metrics = WorkerMetrics()
     consumer = Consumer(settings, connect(url), source, metrics)
     consumer.model.warm_up()
+    tune_gc()  # as Consumer.run does
     latencies = []
     limit = threadpool_limits(limits=1, user_api="blas")  # as Consumer.run does
     t0 = time.perf_counter()
@@ -371,10 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             results: dict[str, list[tuple[Result, RedisCost]]] = {}
             for k in range(args.repeat):
                 # later repeats rotate the order, so no variant always runs first
-                order = (
-                    args.variants[k % len(args.variants) :]
-                    + args.variants[: k % len(args.variants)]
-                )
+                shift = k % max(1, len(args.variants))
+                order = args.variants[shift:] + args.variants[:shift]
                 for key in order:
                     if key not in runs:
                         continue
@@ -387,8 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                     results.setdefault(key, []).append((res, cost))
                     print(f"  {name:<24} {res.rate:>10,.0f} ev/s  redis {cost.cpu_us:5.1f} µs/ev",
                           flush=True)  # fmt: skip
-            print()
-            print_table({k: results[k] for k in args.variants if k in results})
+            if results:
+                print()
+                print_table({k: results[k] for k in args.variants if k in results})
             if args.latency:
                 from worker.load_bench import run_load_bench
 
