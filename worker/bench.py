@@ -331,11 +331,16 @@ def main(argv: list[str] | None = None) -> int:
                    "producer at --loads of it, memory per state and per event")  # fmt: skip
     p.add_argument("--loads", default="0.5,0.9", help="producer rates, fractions of the max")
     p.add_argument("--latency-seconds", type=float, default=10.0)
+    p.add_argument("--hash-max-listpack-value", type=int, default=None,
+                   help="CONFIG SET on the bench's Redis first (states with h above 64 bytes are "
+                   "hashtables at Redis's default)")  # fmt: skip
     args = p.parse_args(argv)
 
     server = None if args.redis_url else LocalRedis().start()
     url = args.redis_url or server.url
     r = connect(url, socket_timeout=30)
+    if args.hash_max_listpack_value is not None:
+        r.config_set("hash-max-listpack-value", args.hash_max_listpack_value)
     try:
         with TemporaryDirectory() as tmp:
             model = random_model([*EVENT_TYPES, LABEL_TYPE], hidden=args.hidden, seed=0,
@@ -346,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
             events = list(synthetic_events(args.events, args.users, seed=1))
             subset = events[: args.subset]
             print(f"machine: {machine_line()}, load average {os.getloadavg()[0]:.2f} at start")
-            print(f"redis: {r.info('server')['redis_version']} at {url}")
+            listpack = r.config_get("hash-max-listpack-value")["hash-max-listpack-value"]
+            print(f"redis: {r.info('server')['redis_version']} at {url}, "
+                  f"hash-max-listpack-value {listpack}")  # fmt: skip
             print(
                 f"{len(events)} events, {args.users} users, {args.cell} H = {args.hidden}, ", end=""
             )
