@@ -34,6 +34,7 @@ def start_worker(url: str, model: Path, batch: int, history: int, log) -> subpro
     cmd = [exe, "worker", "--redis-url", url, "--model", str(model), "--metrics-port", "0",
            "--consumer", "bench-load", "--block-ms", "100", "--batch-size", str(batch),
            "--retention-seconds", "0", "--history-events", str(history),
+           "--scores-maxlen", "100000000",  # XLEN counts every score of the run
            "--log-format", "json"]  # fmt: skip
     return subprocess.Popen(cmd, stdout=log, stderr=log)
 
