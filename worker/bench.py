@@ -339,8 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     server = None if args.redis_url else LocalRedis().start()
     url = args.redis_url or server.url
     r = connect(url, socket_timeout=30)
+    # Redis 7 calls it listpack; before 7 (or an alias) ziplist
+    options = r.config_get("hash-max-*-value")
+    option = "hash-max-listpack-value" if "hash-max-listpack-value" in options else None
+    option = option or next(iter(options), "hash-max-ziplist-value")
     if args.hash_max_listpack_value is not None:
-        r.config_set("hash-max-listpack-value", args.hash_max_listpack_value)
+        r.config_set(option, args.hash_max_listpack_value)
     try:
         with TemporaryDirectory() as tmp:
             model = random_model([*EVENT_TYPES, LABEL_TYPE], hidden=args.hidden, seed=0,
@@ -351,9 +355,9 @@ def main(argv: list[str] | None = None) -> int:
             events = list(synthetic_events(args.events, args.users, seed=1))
             subset = events[: args.subset]
             print(f"machine: {machine_line()}, load average {os.getloadavg()[0]:.2f} at start")
-            listpack = r.config_get("hash-max-listpack-value")["hash-max-listpack-value"]
+            listpack = r.config_get(option).get(option, "?")
             print(f"redis: {r.info('server')['redis_version']} at {url}, "
-                  f"hash-max-listpack-value {listpack}")  # fmt: skip
+                  f"{option} {listpack}")  # fmt: skip
             print(
                 f"{len(events)} events, {args.users} users, {args.cell} H = {args.hidden}, ", end=""
             )
