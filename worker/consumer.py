@@ -23,6 +23,7 @@ from contextlib import suppress
 
 import numpy as np
 import redis
+from hiredis import pack_command  # redis-py's wrapper adds a Python step per argument
 from threadpoolctl import threadpool_limits
 
 from model.scoring import ScoringModel
@@ -449,7 +450,7 @@ class Consumer:
         pool = self.r.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_commands([read, evalsha]))
+            conn.send_packed_command([pack_command(read), pack_command(evalsha)])
             # a stream of another type fails the read alone: the next plain read stops it
             with suppress(redis.ResponseError):
                 self._prefetched = self.reader.batches(conn.read_response(), cursors)
