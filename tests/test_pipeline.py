@@ -111,3 +111,25 @@ def test_an_event_of_another_partitions_user_is_dead_lettered_as_misrouted():
     model = ScoringModel(golden_model(), version="7")
     c = build_commit(batch, UserStates.empty([], model.state_shape), model)
     assert c.outcomes["misrouted"] == 1 and c.outcomes["deadletter"] == 0
+
+
+def test_recent_extension_matches_its_definition_on_random_histories():
+    """`extended` keeps the events after the last gap above the session gap, at most `keep`
+    of them (checked against that definition written with numpy)."""
+    from worker.recent import Recent, extended
+
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        old = np.cumsum(rng.integers(0, 100, rng.integers(0, 6))).tolist()
+        new = np.cumsum(rng.integers(0, 100, rng.integers(0, 6))) + (old[-1] if old else 0)
+        new = new.tolist()
+        keep, gap = int(rng.integers(1, 8)), float(rng.choice([0, 30, 60]))
+        got = extended(Recent.of(-1, old, ["o"] * len(old)), new, ["n"] * len(new), keep, gap)
+        all_ts, start = old + new, 0
+        if gap > 0 and len(all_ts) > 1:
+            cuts = np.flatnonzero(np.diff(all_ts) > gap)
+            start = int(cuts[-1]) + 1 if len(cuts) else 0
+        start = max(start, len(all_ts) - keep)
+        assert got.ts == all_ts[start:]
+        assert got.prev_ts == (all_ts[start - 1] if start else -1)
+        assert got.types == (["o"] * len(old) + ["n"] * len(new))[start:]

@@ -12,14 +12,23 @@ end. Variants:
   c  redis-py       XREADGROUP, then pipelines of HGET, HSET, XADD, XACK per event; no model
   d  naive          one round trip per command per event, numpy reference step per event
   e  torch          pipelines as in c, PyTorch nn.RNNCell stepped per event (if installed)
+  f  competent      redis-py as a competent user writes it, with exactly the worker's outputs
+                    (users deduplicated per batch, one pipeline of HMGETs, one pipeline of an
+                    HSET per user with every state field + an XADD per event + XACK); no model
 The slow variants (d, e) run on the first --subset events. Latency is per event, from the
 start of its batch's read to the end of its batch's commit (the backlog's queueing time is
 not counted: every variant starts with the whole backlog waiting).
+
+Redis CPU per event: `used_cpu_user` + `used_cpu_sys` (INFO cpu) over the variant's run, and
+INFO commandstats (reset before each variant; commands run by a script are counted inside
+its EVALSHA and again under their own names). `--latency` adds the real worker process under
+a fixed-rate producer and the memory per state and per retained event (worker/load_bench.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,10 +44,12 @@ from model.reference import reference_step
 from model.scoring import ScoringModel
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.connection import connect
-from worker.consumer import Consumer
+from worker.consumer import Consumer, tune_gc
 from worker.local_redis import LocalRedis
 from worker.metrics import WorkerMetrics
 from worker.model_source import FileModelSource
+from worker.pipeline import RECENT_EVENT_IDS
+from worker.recent import extended, pack, unpack
 from worker.settings import Settings
 
 STREAM = "intentstream:events:{0}"
@@ -64,17 +75,41 @@ class Result:
 
 
 def preload(r: redis.Redis, events: list[dict]) -> None:
-    """Flush the database and XADD the events to partition 0, pipelined."""
+    """Flush the database and XADD the events to partition 0, pipelined, each with a
+    producer event_id as `publish` sets one."""
     r.flushdb()
     pipe = r.pipeline(transaction=False)
-    for e in events:
-        pipe.execute_command(
-            "XADD", STREAM, "*", "user_id", e["user_id"], "type", e["type"], "ts", e["ts"]
-        )
+    for i, e in enumerate(events):
+        pipe.execute_command("XADD", STREAM, "*", "user_id", e["user_id"], "type", e["type"],
+                             "ts", e["ts"], "event_id", f"bench-{i}")  # fmt: skip
         if len(pipe) >= 5000:
             pipe.execute()
     pipe.execute()
     r.xgroup_create(STREAM, GROUP, id="0")
+
+
+class RedisCost:
+    """Redis's CPU and per-command time over one variant's run."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+        r.config_resetstat()
+        self.cpu0 = self._cpu()
+
+    def _cpu(self) -> float:
+        info = self.r.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    def stop(self, events: int) -> None:
+        """Per-event figures: CPU µs, and µs per command (calls inside scripts included)."""
+        self.cpu_us = (self._cpu() - self.cpu0) / events * 1e6
+        stats = self.r.info("commandstats")
+        self.commands = {name.removeprefix("cmdstat_"): v["usec"] / events
+                         for name, v in stats.items() if v["usec"] / events >= 0.05}  # fmt: skip
+
+    def top(self, k: int = 6) -> str:
+        best = sorted(self.commands.items(), key=lambda kv: -kv[1])[:k]
+        return ", ".join(f"{name} {us:.1f}" for name, us in best)
 
 
 class _NoModel(ScoringModel):
@@ -85,16 +120,18 @@ class _NoModel(ScoringModel):
 
 
 def run_worker(
-    url: str, model_path: Path, n: int, batch: int, no_model: bool
+    url: str, model_path: Path, n: int, batch: int, no_model: bool, history_events: int = 32
 ) -> tuple[float, list]:
     settings = Settings(redis_url=url, model=model_path, batch_size=batch, consumer="bench",
-                        metrics_port=0, block_ms=100, retention_seconds=0)  # fmt: skip
+                        metrics_port=0, block_ms=100, retention_seconds=0,
+                        history_events=history_events)  # fmt: skip
     source = FileModelSource(model_path)
     if no_model:
         source.current = _NoModel(source.current.model, source.current.version)
     metrics = WorkerMetrics()
     consumer = Consumer(settings, connect(url), source, metrics)
     consumer.model.warm_up()
+    tune_gc()  # as Consumer.run does
     latencies = []
     limit = threadpool_limits(limits=1, user_api="blas")  # as Consumer.run does
     t0 = time.perf_counter()
@@ -128,6 +165,49 @@ def run_pipelined(r: redis.Redis, n: int, batch: int, step: Callable | None) -> 
             pipe.hset(f"intentstream:state:{{0}}:{user}", mapping={"h": h_new, "last_id": eid})
             pipe.xadd("intentstream:scores:{0}", {"user_id": user, "score": score, "event_id": eid})
             pipe.xack(STREAM, GROUP, eid)
+        pipe.execute()
+        done += len(entries)
+        latencies.append((len(entries), time.perf_counter() - t))
+    return time.perf_counter() - t0, latencies
+
+
+def run_competent(
+    r: redis.Redis, n: int, batch: int, model: Model, version: str, history: int
+) -> tuple[float, list]:
+    """Variant f: a competent redis-py consumer writing exactly the worker's outputs (every
+    state field, every score entry field; states pass through, every score is 0): users
+    deduplicated per batch, one pipeline of HMGETs, one pipeline of HSETs, XADDs, XACK."""
+    gap_ms = model.meta.session_gap_seconds * 1000.0
+    zero_h = bytes(4 * model.meta.layers * model.meta.hidden)
+    done, latencies = 0, []
+    t0 = time.perf_counter()
+    while done < n:
+        t = time.perf_counter()
+        entries = _read_batch(r, batch)
+        by_user: dict[str, list] = {}
+        for eid, f in entries:
+            ts = int(f[b"ts"]) if b"ts" in f else int(eid.split(b"-")[0])
+            event = (eid, f[b"type"].decode(), ts, f.get(b"event_id") or eid)
+            by_user.setdefault(f[b"user_id"].decode(), []).append(event)
+        pipe = r.pipeline(transaction=False)
+        for user in by_user:
+            pipe.hmget(f"intentstream:state:{{0}}:{user}", "h", "n", "recent", "event_ids")
+        for (user, evs), (h, count, raw, ids) in zip(by_user.items(), pipe.execute(), strict=True):
+            recent = extended(unpack(raw), [e[2] for e in evs], [e[1] for e in evs],
+                              history, gap_ms)  # fmt: skip
+            ids = [*(ids or b"").split(), *(e[3] for e in evs)][-RECENT_EVENT_IDS:]
+            fields = {"h": h or zero_h, "score": "0", "last_id": evs[-1][0],
+                      "last_ts": evs[-1][2], "model": version, "n": int(count or 0) + len(evs),
+                      "recent": pack(recent) if history else b"",
+                      "event_ids": b" ".join(ids)}  # fmt: skip
+            pipe.hset(f"intentstream:state:{{0}}:{user}", mapping=fields)
+        for eid, f in entries:
+            ts = f[b"ts"] if b"ts" in f else eid.split(b"-")[0]
+            pipe.xadd("intentstream:scores:{0}", {"user_id": f[b"user_id"], "score": "0",
+                      "event_id": f.get(b"event_id") or eid, "type": f[b"type"], "ts": ts,
+                      "model": version}, maxlen=1_000_000, approximate=True)  # fmt: skip
+        if entries:
+            pipe.xack(STREAM, GROUP, *(eid for eid, _ in entries))
         pipe.execute()
         done += len(entries)
         latencies.append((len(entries), time.perf_counter() - t))
@@ -196,6 +276,37 @@ def torch_step(model: Model) -> Callable | None:
     return step
 
 
+def median_result(runs: list[tuple[Result, RedisCost]]) -> tuple[Result, RedisCost]:
+    """The repeat with the median rate (its latency and Redis figures go with it)."""
+    ordered = sorted(runs, key=lambda rc: rc[0].rate)
+    return ordered[len(ordered) // 2]
+
+
+def print_table(results: dict[str, list[tuple[Result, RedisCost]]]) -> None:
+    print(f"{'variant':<26} {'events':>8} {'events/s':>10} {'p50 ms':>8} {'p99 ms':>8}", end="")
+    print(f" {'a / x':>7} {'redis µs/ev':>11}  runs (events/s)")
+    a = median_result(results["a"])[0] if "a" in results else None
+    for runs in results.values():
+        res, cost = median_result(runs)
+        ratio = f"{a.rate / res.rate:7.2f}" if a else "      -"
+        print(f"{res.name:<26} {res.events:>8} {res.rate:>10,.0f}", end="")
+        print(f" {res.p50 * 1e3:>8.2f} {res.p99 * 1e3:>8.2f} {ratio} {cost.cpu_us:>11.1f}", end="")
+        print("  " + " ".join(f"{r.rate:,.0f}" for r, _ in runs))
+    print("\nRedis time per event by command, µs (median run; calls inside a script are also")
+    print("counted in its evalsha):")
+    for runs in results.values():
+        res, cost = median_result(runs)
+        print(f"  {res.name:<24} {cost.top()}")
+    ratios = [("a / f (worker / competent consumer)", "a", "f", "2.0"),
+              ("a / b (model on / I/O path)", "a", "b", "0.9")]  # fmt: skip
+    for label, x, y, goal in ratios:
+        if x in results and y in results and len(results[x]) == len(results[y]):
+            same = sorted(rx.rate / ry.rate for (rx, _), (ry, _) in
+                          zip(results[x], results[y], strict=True))  # fmt: skip
+            print(f"{label}: {np.median(same):.2f} median of same-repeat ratios "
+                  f"({', '.join(f'{v:.2f}' for v in same)}); goal >= {goal}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every variant and print the table (or the scaling benchmark, see above)."""
     if any(a == "--workers" or a.startswith("--workers=") for a in argv or []):
@@ -212,69 +323,90 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cell", choices=["rnn", "gru"], default="rnn")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--subset", type=int, default=20_000, help="events for the slow variants d, e")
-    p.add_argument("--variants", default="abcde")
+    p.add_argument("--variants", default="afbcde", help="run in this order, each repeat")
+    p.add_argument("--repeat", type=int, default=1, help="rounds over the variants (medians)")
+    p.add_argument("--history-events", type=int, default=32, help="as the worker's setting")
+    p.add_argument("--latency", action="store_true",
+                   help="also the real worker process: backlog rate, latency under a fixed-rate "
+                   "producer at --loads of it, memory per state and per event")  # fmt: skip
+    p.add_argument("--loads", default="0.5,0.9", help="producer rates, fractions of the max")
+    p.add_argument("--latency-seconds", type=float, default=10.0)
+    p.add_argument("--hash-max-listpack-value", type=int, default=None,
+                   help="CONFIG SET on the bench's Redis first (states with h above 64 bytes are "
+                   "hashtables at Redis's default)")  # fmt: skip
     args = p.parse_args(argv)
 
     server = None if args.redis_url else LocalRedis().start()
     url = args.redis_url or server.url
     r = connect(url, socket_timeout=30)
+    # Redis 7 calls it listpack; before 7 (or an alias) ziplist
+    options = r.config_get("hash-max-*-value")
+    option = "hash-max-listpack-value" if "hash-max-listpack-value" in options else None
+    option = option or next(iter(options), "hash-max-ziplist-value")
+    if args.hash_max_listpack_value is not None:
+        r.config_set(option, args.hash_max_listpack_value)
     try:
         with TemporaryDirectory() as tmp:
             model = random_model([*EVENT_TYPES, LABEL_TYPE], hidden=args.hidden, seed=0,
                                  cell=args.cell)  # fmt: skip
             model_path = Path(tmp) / "bench.npz"
             save_model(model, model_path)
+            version = FileModelSource(model_path).current.version
             events = list(synthetic_events(args.events, args.users, seed=1))
             subset = events[: args.subset]
-            print(f"machine: {machine_line()}")
-            print(f"redis: {r.info('server')['redis_version']} at {url}")
+            print(f"machine: {machine_line()}, load average {os.getloadavg()[0]:.2f} at start")
+            listpack = r.config_get(option).get(option, "?")
+            print(f"redis: {r.info('server')['redis_version']} at {url}, "
+                  f"{option} {listpack}")  # fmt: skip
             print(
                 f"{len(events)} events, {args.users} users, {args.cell} H = {args.hidden}, ", end=""
             )
-            print(f"batch {args.batch_size}\n")
-            results: dict[str, Result] = {}
-            b = args.batch_size
+            print(f"batch {args.batch_size}, history-events {args.history_events}\n")
+            b, hist = args.batch_size, args.history_events
             runs = {
-                "a": ("a worker", events, lambda n: run_worker(url, model_path, n, b, False)),
-                "b": (
-                    "b worker, no model",
-                    events,
-                    lambda n: run_worker(url, model_path, n, b, True),
-                ),
+                "a": ("a worker", events,
+                      lambda n: run_worker(url, model_path, n, b, False, hist)),
+                "b": ("b worker, no model", events,
+                      lambda n: run_worker(url, model_path, n, b, True, hist)),
                 "c": ("c redis-py pipelines", events, lambda n: run_pipelined(r, n, b, None)),
                 "d": ("d naive + numpy", subset, lambda n: run_naive(r, model, n, b)),
-            }
+                "f": ("f competent redis-py", events,
+                      lambda n: run_competent(r, n, b, model, version, hist)),
+            }  # fmt: skip
             # Warm-up (not reported): the first variant of a run otherwise pays for a cold
             # Redis allocator and CPU caches, and measured 20% slower in whatever position.
             preload(r, events[: min(len(events), 20_000)])
-            run_worker(url, model_path, min(len(events), 20_000), b, False)
+            run_worker(url, model_path, min(len(events), 20_000), b, False, hist)
             step = torch_step(model) if args.cell == "rnn" else None  # e: nn.RNNCell
             if step is not None:
-                runs["e"] = (
-                    "e torch RNNCell",
-                    subset,
-                    lambda n: run_pipelined(r, n, args.batch_size, step),
-                )
-            for key in args.variants:
-                if key not in runs:
-                    continue
-                name, data, run = runs[key]
-                preload(r, data)
-                seconds, latencies = run(len(data))
-                results[key] = Result(name, len(data), seconds, latencies)
-                res = results[key]
-                print(f"  {name:<24} {res.rate:>10,.0f} ev/s")
-            print()
-            print(
-                f"{'variant':<24} {'events':>8} {'events/s':>10} {'p50 ms':>8} {'p99 ms':>8}",
-                end="",
-            )
-            print(f" {'a / x':>7}")
-            a = results.get("a")
-            for res in results.values():
-                ratio = f"{a.rate / res.rate:7.2f}" if a else "      -"
-                print(f"{res.name:<24} {res.events:>8} {res.rate:>10,.0f}", end="")
-                print(f" {res.p50 * 1e3:>8.2f} {res.p99 * 1e3:>8.2f} {ratio}")
+                runs["e"] = ("e torch RNNCell", subset, lambda n: run_pipelined(r, n, b, step))
+            results: dict[str, list[tuple[Result, RedisCost]]] = {}
+            for k in range(args.repeat):
+                # later repeats rotate the order, so no variant always runs first
+                shift = k % max(1, len(args.variants))
+                order = args.variants[shift:] + args.variants[:shift]
+                for key in order:
+                    if key not in runs:
+                        continue
+                    name, data, run = runs[key]
+                    preload(r, data)
+                    cost = RedisCost(r)
+                    seconds, latencies = run(len(data))
+                    cost.stop(len(data))
+                    res = Result(name, len(data), seconds, latencies)
+                    results.setdefault(key, []).append((res, cost))
+                    print(f"  {name:<24} {res.rate:>10,.0f} ev/s  redis {cost.cpu_us:5.1f} µs/ev",
+                          flush=True)  # fmt: skip
+            if results:
+                print()
+                print_table({k: results[k] for k in args.variants if k in results})
+            if args.latency:
+                from worker.load_bench import run_load_bench
+
+                print()
+                loads = [float(x) for x in args.loads.split(",") if x.strip()]
+                f_rate = median_result(results["f"])[0].rate if "f" in results else None
+                run_load_bench(r, url, model_path, events, args, loads, f_rate)
     finally:
         r.close()
         if server:

@@ -1,0 +1,72 @@
+"""`intentstream bench`: the competent consumer (variant f) writes exactly what the worker
+writes, and the command reports every figure of issue 10 (a smoke run; its figures are
+measured by hand, never asserted)."""
+
+from __future__ import annotations
+
+import re
+
+from model.artifact import random_model, save_model
+from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from tests.conftest import run_cli
+from worker.bench import preload, run_competent, run_worker
+from worker.connection import connect
+from worker.model_source import FileModelSource
+
+SCORES = "intentstream:scores:{0}"
+
+
+def outputs(r) -> tuple[list, dict]:
+    """Every score entry's fields (minus the score), and every state hash minus h and score."""
+    entries = [{k: v for k, v in f.items() if k != b"score"} for _, f in r.xrange(SCORES)]
+    states = {}
+    for key in r.scan_iter(match="intentstream:state:{0}:*"):
+        states[key] = {k: v for k, v in r.hgetall(key).items() if k not in (b"h", b"score")}
+    return entries, states
+
+
+def test_the_competent_consumer_writes_exactly_the_workers_fields(redis_server, tmp_path):
+    model = random_model([*EVENT_TYPES, LABEL_TYPE], hidden=8, seed=0)
+    path = tmp_path / "m.npz"
+    save_model(model, path)
+    version = FileModelSource(path).current.version
+    events = list(synthetic_events(600, 40, seed=1))
+    r = connect(redis_server.url)
+    preload(r, events)
+    run_worker(redis_server.url, path, len(events), 128, no_model=False)
+    by_worker = outputs(r)
+    preload(r, events)
+    run_competent(r, len(events), 128, model, version, history=32)
+    by_competent = outputs(r)
+    assert len(by_worker[0]) == len(events) and len(by_worker[1]) == 40
+    # the same entries with the same fields and values (the ids are new: a new preload)
+    assert [sorted(e) for e in by_competent[0]] == [sorted(e) for e in by_worker[0]]
+    assert [e[b"event_id"] for e in by_competent[0]] == [e[b"event_id"] for e in by_worker[0]]
+    assert sorted(next(iter(by_worker[1].values()))) == sorted(
+        [b"last_id", b"last_ts", b"model", b"n", b"recent", b"event_ids"]
+    )
+    for key, state in by_worker[1].items():
+        other = by_competent[1][key]
+        assert sorted(other) == sorted(state)
+        for field in (b"last_ts", b"model", b"n", b"recent", b"event_ids"):
+            assert other[field] == state[field], (key, field)
+
+
+def test_bench_reports_ratios_redis_cpu_latency_and_memory():
+    result = run_cli(
+        "bench", "--events", "3000", "--users", "300", "--variants", "afb", "--repeat", "2",
+        "--latency", "--latency-seconds", "0.5", "--loads", "0.5", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for name in ("a worker", "f competent redis-py", "b worker, no model"):
+        assert re.search(rf"^{name} +3000 +[\d,]+ .* [\d.]+ +[\d,]+ [\d,]+$", out, re.M), name
+    assert re.search(r"a / f \(worker / competent consumer\): [\d.]+ median", out)
+    assert re.search(r"a / b \(model on / I/O path\): [\d.]+ median", out)
+    assert re.search(r"a worker +evalsha [\d.]+", out)
+    assert re.search(r"real worker process, history-events 32: [\d,]+ events/s .* Redis CPU "
+                     r"[\d.]+ µs/event, worker CPU [\d.]+ µs/event; / f = [\d.]+", out)  # fmt: skip
+    assert re.search(r"^ +50% +[\d,]+ +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M)
+    for history in (32, 0):
+        assert re.search(rf"history-events +{history}: state \d+ B .* = [\d.]+x raw; retained "
+                         r"event \d+ B", out)  # fmt: skip
