@@ -88,19 +88,20 @@ def extended(
 ) -> Recent:
     """`recent` followed by a user's newly applied events (in order), cut where a gap
     exceeds the session gap (0 = never) and to the last `keep` events."""
+    old = len(recent.names)
     new_raw = _ONE.pack(ts[0]) if len(ts) == 1 else struct.pack(f"<{len(ts)}q", *ts)
     ts_raw = recent.ts_raw + new_raw
     names = recent.names + tuple(map(_name, types))
-    n = len(names)
-    start = max(0, n - keep)
-    if session_gap_ms > 0 and n > 1:
-        # the last gap above the session gap within the kept tail (a model with a shorter
-        # gap than the one that wrote `recent` may find one inside the old part too)
-        times = struct.unpack(f"<{n}q", ts_raw)
-        for i in range(n - 1, start, -1):
-            if times[i] - times[i - 1] > session_gap_ms:
-                start = i
-                break
+    start = max(0, len(names) - keep)
+    if session_gap_ms > 0 and ts:
+        # `recent` is one session already: a new one can start only at a new event. (Were
+        # there an older gap inside it, a replay would still be exact: the kernel restarts
+        # the state there.)
+        prev = _ONE.unpack_from(recent.ts_raw, 8 * (old - 1))[0] if old else None
+        for k, t in enumerate(ts):
+            if prev is not None and t - prev > session_gap_ms:
+                start = max(start, old + k)
+            prev = t
     if start == 0:
         return Recent(recent.prev_ts, ts_raw, names)
     prev_ts = _ONE.unpack_from(ts_raw, 8 * (start - 1))[0]
