@@ -11,6 +11,7 @@ import itertools
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 
 import redis
@@ -40,6 +41,21 @@ def event_ids() -> Iterator[str]:
     return (f"{prefix}-{n}" for n in itertools.count())
 
 
+# When each client last found the partition count in force: a producer calling publish() per
+# event must not pay two more round trips per call, yet must notice a resize soon.
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+RECHECK_SECONDS = 10.0
+
+
+def _check_partitions_now_and_then(client: redis.Redis, keys: Keys, partitions: int) -> None:
+    """check_partitions, at most once per RECHECK_SECONDS per client, prefix and count."""
+    seen = _CHECKED.setdefault(client, {})
+    now = time.monotonic()
+    if now - seen.get((keys.prefix, partitions), -RECHECK_SECONDS) >= RECHECK_SECONDS:
+        check_partitions(client, keys, partitions)
+        seen[(keys.prefix, partitions)] = now
+
+
 def publish(
     client: redis.Redis,
     events: Iterable[Event | Mapping],
@@ -56,7 +72,7 @@ def publish(
     backoff): the worker drops the copies whose event_id it already applied.
     """
     keys = Keys(prefix)
-    check_partitions(client, keys, partitions)
+    _check_partitions_now_and_then(client, keys, partitions)
     fresh = event_ids()
     ids: list[bytes] = []
     chunk: list[tuple[str, dict]] = []
