@@ -62,6 +62,18 @@ def golden_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def model_path(tmp_path: Path) -> Path:
+    """A seeded Elman model (H = 16, the gap feature) over the synthetic shop's types; a
+    module may define its own."""
+    from model.artifact import random_model
+
+    path = tmp_path / "model.npz"
+    types = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]
+    save_model(random_model(types, hidden=16, features=["gap"], seed=3), path)
+    return path
+
+
+@pytest.fixture
 def redis_server():
     """A private redis-server on a free loopback port, stopped after the test."""
     from worker.local_redis import LocalRedis

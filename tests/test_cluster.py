@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 import redis
 
-from model.artifact import load_model, random_model, save_model
-from model.scoring import InMemoryScorer, ScoringModel
 from model.synthetic import synthetic_events
 from tests.test_worker import scrape
+from tests.test_worker_faults import uninterrupted, with_event_ids
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
 from worker.connection import connect
 from worker.keys import Keys, partition_of
@@ -44,18 +43,6 @@ def cluster_url(cluster) -> str:
     return cluster.url
 
 
-@pytest.fixture
-def model_path(tmp_path: Path) -> Path:
-    path = tmp_path / "model.npz"
-    types = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]
-    save_model(random_model(types, hidden=16, features=["gap"], seed=3), path)
-    return path
-
-
-def events_with_ids(n: int, users: int, seed: int) -> list[dict]:
-    return [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(n, users, seed=seed))]
-
-
 def start_worker(url: str, model: Path, log: Path, name: str, *extra: str) -> WorkerProcess:
     return WorkerProcess(
         url, model, log, "--partitions", str(P), "--batch-size", "100", "--lease-ms", "1000",
@@ -70,10 +57,8 @@ def assert_each_event_scored_and_states_equal(r, events, model_path) -> int:
     seen = Counter((row["partition"], row["event_id"]) for row in rows)
     wanted = {(partition_of(e["user_id"], P), e["event_id"]) for e in events}
     assert set(seen) == wanted, "an event was not scored, or scored on another partition"
-    scorer = InMemoryScorer(ScoringModel(load_model(model_path)))
-    scorer.score([e["user_id"] for e in events], [e["type"] for e in events],
-                 np.array([e["ts"] for e in events]))  # fmt: skip
-    for user, h in scorer._state.items():
+    _, states = uninterrupted(model_path, events)
+    for user, h in states.items():
         stored = r.hget(KEYS.state(partition_of(user, P), user), "h")
         np.testing.assert_allclose(np.frombuffer(stored, "<f4").reshape(h.shape), h, atol=1e-5)
     for p in range(P):
@@ -83,7 +68,7 @@ def assert_each_event_scored_and_states_equal(r, events, model_path) -> int:
 
 def test_two_workers_on_the_cluster_survive_kill_9_twice(cluster_url, model_path, tmp_path):
     r = connect(cluster_url, cluster=True)
-    events = events_with_ids(20_000, 2000, seed=31)
+    events = with_event_ids(synthetic_events(20_000, 2000, seed=31))
     publish(r, events, partitions=P)
     log = tmp_path / "w.log"
     a = start_worker(cluster_url, model_path, log, "a", "--cluster")
@@ -120,7 +105,7 @@ def test_a_slot_migration_while_workers_run_loses_and_doubles_nothing(
     cluster_url, model_path, tmp_path
 ):
     r = connect(cluster_url, cluster=True)
-    events = events_with_ids(15_000, 1500, seed=32)
+    events = with_event_ids(synthetic_events(15_000, 1500, seed=32))
     log = tmp_path / "w.log"
     workers = [start_worker(cluster_url, model_path, log, n, "--cluster") for n in "ab"]
     masters = masters_of(cluster_url)
@@ -151,7 +136,7 @@ def test_a_failover_while_workers_run_loses_nothing_and_states_agree(
     cluster, cluster_url, model_path, tmp_path
 ):
     r = connect(cluster_url, cluster=True)
-    events = events_with_ids(15_000, 1500, seed=33)
+    events = with_event_ids(synthetic_events(15_000, 1500, seed=33))
     log = tmp_path / "w.log"
     workers = [start_worker(cluster_url, model_path, log, n, "--cluster") for n in "ab"]
     try:
@@ -194,7 +179,7 @@ def test_paused_workers_past_their_lease_have_their_late_commits_refused(
     # pause repeats (at least twice) until a refusal shows; each pause is a real test of
     # "nothing lost or doubled" either way.
     r = connect(redis_server.url)
-    events = events_with_ids(24_000, 2000, seed=34)
+    events = with_event_ids(synthetic_events(24_000, 2000, seed=34))
     ports = [free_port() for _ in range(3)]
     workers = [
         start_worker(redis_server.url, model_path, tmp_path / f"w{i}.log", f"w{i}",

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.artifact import load_model, random_model, save_model
+from model.artifact import load_model
 from model.scoring import InMemoryScorer, ScoringModel
 from model.synthetic import synthetic_events
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
@@ -22,14 +22,6 @@ from worker.publisher import publish
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 2
-
-
-@pytest.fixture
-def model_path(tmp_path: Path) -> Path:
-    path = tmp_path / "model.npz"
-    types = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]
-    save_model(random_model(types, hidden=16, features=["gap"], seed=3), path)
-    return path
 
 
 def uninterrupted(model_path: Path, events: list[dict]):
