@@ -6,12 +6,9 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,26 +17,24 @@ DEPLOY = ROOT / "deploy"
 TOOLS_BIN = ROOT / ".cache" / "deploy-tools" / "usr" / "bin"
 
 
-def venv_tool(name: str) -> str:
-    """A console script installed beside this interpreter (hadolint, check-jsonschema, ...)."""
-    path = Path(sys.executable).parent / name
-    if path.exists():
-        return str(path)
+def _tool(beside: Path, name: str, hint: str) -> str:
+    """`name` from the directory `beside`, else from PATH; RuntimeError with `hint`."""
+    if (beside / name).exists():
+        return str(beside / name)
     found = shutil.which(name)
     if not found:
-        raise RuntimeError(f"{name} is not installed: pip install -e '.[test]'")
+        raise RuntimeError(f"{name} not found: {hint}")
     return found
+
+
+def venv_tool(name: str) -> str:
+    """A console script installed beside this interpreter (hadolint, check-jsonschema, ...)."""
+    return _tool(Path(sys.executable).parent, name, "pip install -e '.[test]'")
 
 
 def prometheus_tool(name: str) -> str:
     """promtool or prometheus: from scripts/deploy_tools.sh's cache, else PATH."""
-    path = TOOLS_BIN / name
-    if path.exists():
-        return str(path)
-    found = shutil.which(name)
-    if not found:
-        raise RuntimeError(f"{name} not found: run `bash scripts/deploy_tools.sh` (CI does)")
-    return found
+    return _tool(TOOLS_BIN, name, "run `bash scripts/deploy_tools.sh` (CI does)")
 
 
 def run(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
@@ -64,16 +59,3 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTENTSTREAM_")}
     env.update(extra)
     return env
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 60, what: str = "it") -> None:
-    """Poll until condition() is truthy, treating connection errors as not yet."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except (OSError, redis.RedisError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -11,8 +11,8 @@ import pytest
 import redis
 import yaml
 
-from tests.deploy_tools import DEPLOY, metric_names, scrape_text, wait_until
-from tests.workers import WorkerProcess
+from tests.deploy_tools import DEPLOY, metric_names, scrape_text
+from tests.workers import WorkerProcess, wait_for
 from worker.local_redis import free_port
 from worker.publisher import publish
 
@@ -132,7 +132,7 @@ def test_dashboard_and_alerts_name_only_metrics_a_live_worker_exports(
             text = scrape_text(port)
             return "intentstream_lag_entries{" in text and 'outcome="deadletter"} 1.0' in text
 
-        wait_until(settled, 60, "a batch, a dead letter and a maintenance tick")
+        wait_for(settled, 60, "a batch, a dead letter and a maintenance tick")
         exported = metric_names(scrape_text(port)) | PROMETHEUS_SERIES
     finally:
         worker.terminate()

@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from tests.deploy_tools import DEPLOY, ROOT, prometheus_tool, run, scrape_text
-from tests.deploy_tools import wait_until as wait_for
-from tests.workers import WorkerProcess
+from tests.workers import WorkerProcess, wait_for
 from worker.local_redis import free_port
 
 PROM = DEPLOY / "prometheus"

@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from model.artifact import random_model
-from tests.deploy_tools import DEPLOY, clean_env, run, wait_until
+from tests.deploy_tools import DEPLOY, clean_env, run
+from tests.workers import wait_for
 from worker.cli import build_parser
 from worker.local_redis import free_port
 from worker.registry import Registry
@@ -98,7 +99,7 @@ def test_instance_runs_as_systemd_would_start_it(redis_server, tmp_path):
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
     try:
         health = [argv[0], "healthcheck", "--metrics-port", instance]
-        wait_until(lambda: run(*health, env=clean_env()).returncode == 0, 60, "healthy")
+        wait_for(lambda: run(*health, env=clean_env()).returncode == 0, 60, "healthy")
 
         def consumers() -> set[str]:
             return {
@@ -107,7 +108,7 @@ def test_instance_runs_as_systemd_would_start_it(redis_server, tmp_path):
             }
 
         client.xadd("intentstream:events:{0}", {"user_id": "u", "type": "view"})
-        wait_until(lambda: f"{socket.gethostname()}-{instance}" in consumers(), 30, "consumer")
+        wait_for(lambda: f"{socket.gethostname()}-{instance}" in consumers(), 30, "consumer")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:

@@ -27,13 +27,6 @@ pytestmark = pytest.mark.integration
 KEYS = Keys()
 
 
-def answers(url: str) -> bool:
-    try:
-        return http_status(url) == 200
-    except OSError:  # not listening yet
-        return False
-
-
 def tick_until(consumer, condition, what: str) -> None:
     wait_for(lambda: consumer.tick() or condition(), what=what)
 
@@ -104,7 +97,7 @@ def test_every_log_line_is_json_even_when_scrapers_hang_up_early(
         redis_server.url, golden_path, tmp_path / "w.log", "--metrics-port", str(port)
     ).start()
     try:
-        wait_for(lambda: answers(f"http://127.0.0.1:{port}/healthz"), what="the metrics server")
+        wait_for(lambda: http_status(f"http://127.0.0.1:{port}/healthz") == 200, what="up")
         for _ in range(50):  # request, then reset the connection before the reply
             s = socket.create_connection(("127.0.0.1", port))
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")

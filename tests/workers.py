@@ -52,13 +52,14 @@ class WorkerProcess:
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
-    """Poll until condition() is true; fail with `what` after timeout seconds."""
+    """Poll until condition() is true; fail with `what` after timeout seconds. Connection
+    errors (Redis, or an HTTP endpoint not listening yet) count as not yet."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             if condition():
                 return
-        except redis.RedisError:
+        except (OSError, redis.RedisError):
             pass
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
