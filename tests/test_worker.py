@@ -237,7 +237,7 @@ def test_a_commit_sent_twice_applies_once_and_counts_once(redis_server, golden_p
         assert {k: r.hgetall(k) for k in keys} == state_after_first
         return results[-1]
 
-    consumer._send = lambda commit, prefetch_for: sent_twice(commit)
+    consumer._send = lambda commit, *_: sent_twice(commit)
     for t in GOLDEN_EVENTS:
         r.xadd(STREAM0, {"user_id": "alice", "type": t})
     r.xadd(STREAM0, {"user_id": "", "type": "view"})

@@ -20,6 +20,7 @@ import secrets
 import threading
 import time
 from contextlib import suppress
+from dataclasses import dataclass
 
 import hiredis
 import numpy as np
@@ -28,7 +29,14 @@ from threadpoolctl import threadpool_limits
 
 from model.scoring import ScoringModel
 from worker.batch import Batch
-from worker.commit import CommitLimits, CommitRefusedError, CommitResult, CommitScript, settle
+from worker.commit import (
+    CommitLimits,
+    CommitRefusedError,
+    CommitResult,
+    CommitScript,
+    PreparedCommit,
+    settle,
+)
 from worker.connection import is_cluster
 from worker.keys import Keys
 from worker.maintenance import Maintenance
@@ -36,12 +44,12 @@ from worker.metrics import Health, WorkerMetrics
 from worker.model_source import FileModelSource, ModelRejectedError, RegistryModelSource
 from worker.ownership import Ownership
 from worker.partitions import PartitionCountError, check_partitions
-from worker.pipeline import OUTCOMES, Commit, build_commit, distinct_users
+from worker.pipeline import OUTCOMES, Commit, UserStates, build_commit, distinct_users
 from worker.quality import LiveQuality
 from worker.registry import Registry, RegistryError
 from worker.settings import Settings
-from worker.state_cache import StateCache
-from worker.states import PartitionDataError, StateReader
+from worker.state_cache import CachedState, StateCache
+from worker.states import PartitionDataError, StateReader, StateRequest, written
 from worker.streams import Cursor, StreamReader
 
 log = logging.getLogger("intentstream.worker")
@@ -61,6 +69,37 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The read of an upcoming batch's states, sent in front of a commit."""
+
+    batch: Batch
+    request: StateRequest
+    command: tuple
+
+
+@dataclass
+class _Ahead:
+    """A batch computed while the commit before it ran: its states as read ahead (and as
+    that commit wrote them), its Commit, packed but for the head, and the stage times."""
+
+    batch: Batch
+    states: UserStates
+    commit: Commit
+    prepared: PreparedCommit
+    model: ScoringModel
+    seconds: tuple[float, float]  # reading states, computing the commit
+
+
+def _reply_or_error(conn: redis.connection.Connection):
+    """The next reply on a connection, or the error it holds (the replies behind it are
+    still read)."""
+    try:
+        return conn.read_response()
+    except redis.ResponseError as exc:
+        return exc
 
 
 class _PartitionCountChangedError(Exception):
@@ -108,7 +147,12 @@ class Consumer:
             self.metrics.live_auc.labels(role).set_function(lambda r=role: self.quality.auc(r))
         self.cursors = {p: Cursor(p) for p in range(s.partitions)}
         self._blocked: dict[int, tuple[float, float]] = {}  # p -> (until, backoff seconds)
-        self._prefetched: list[Batch] = []
+        # Batches read and not yet processed, in stream order per partition. The commit of
+        # one travels with a read ahead while fewer than two are queued, so the next batch
+        # is always known and can be computed while Redis runs the commit (see _Ahead).
+        self._queue: list[Batch] = []
+        self._ahead: _Ahead | None = None
+        self._written: tuple[Commit, dict[str, CachedState]] | None = None
         # Commits whose reply was lost: counted once Redis shows they applied (see _settle).
         self._unsettled: dict[int, tuple[bytes, Commit]] = {}
         self._scripts_loaded = False
@@ -176,7 +220,8 @@ class Consumer:
 
     def _rewind(self) -> None:
         """Re-read own pending entries first: they may hold a batch that did not commit."""
-        self._prefetched = []
+        self._queue = []
+        self._ahead = None
         self.cache.drop()
         for cursor in self.cursors.values():
             cursor.rewind()
@@ -184,8 +229,7 @@ class Consumer:
     def _shutdown(self) -> None:
         """Commit the batches already read (no new reads), then release the leases."""
         try:
-            for batch in self._take_prefetched(self._readable()):
-                self.process(batch)
+            self._process_queued()
             self._settle()
         except (redis.RedisError, PartitionDataError) as exc:
             log.warning("read entries left pending at stop", extra={"error": str(exc)})
@@ -203,13 +247,13 @@ class Consumer:
         if not self._scripts_loaded:
             # EVALSHA without a fallback (the prefetching commit) needs them in place
             self.r.script_load(self.committer.script.script)
+            self.r.script_load(self.states.script.script)
             self._scripts_loaded = True
         if self.ownership.due(now):
-            # Batches read with the last commit are committed first: their commit checks the
-            # lease itself, so after a pause past the lease it is refused (not_owned), never
-            # applied; renewing first would only drop them unseen.
-            for batch in self._take_prefetched(self._readable()):
-                self._guarded(batch.partition, self.process, batch)
+            # Batches read ahead are committed first: their commit checks the lease itself,
+            # so after a pause past the lease it is refused (not_owned), never applied;
+            # renewing first would only drop them unseen.
+            self._process_queued()
             self._renew_leases()
         self._follow_model_source()
         self._settle()
@@ -220,21 +264,28 @@ class Consumer:
         for p in parts:
             self._guarded(p, self._claim_idle, p, now)
         parts = self._readable()
-        batches = self._take_prefetched(parts) or self._read(parts)
+        self._queue = [b for b in self._queue if b.partition in parts]
+        if not self._queue:
+            self._queue = self._read(parts)
         if self.cluster:
-            self._wait_when_idle(batches)
-        for k, batch in enumerate(batches):
-            # The last batch's commit travels with a read of the next round, which is parsed
-            # while Redis runs the commit (new entries only: pending ones are read in order).
-            last = k == len(batches) - 1
+            self._wait_when_idle(self._queue)
+        for _ in range(len(self._queue)):  # what is queued now; reads ahead wait a round
+            if not self._queue:
+                break  # a failure dropped the rest
+            batch = self._queue.pop(0)
             still = self._readable()
-            prefetch = (
-                last
+            # A commit travels with a read ahead while at most one batch is queued (new
+            # entries only: pending ones are read in order), and the next queued batch is
+            # computed while Redis runs it.
+            read_ahead = (
+                len(self._queue) <= 1
                 and not self.cluster  # there the next read goes to other nodes
                 and bool(still)
                 and not any(self.cursors[p].draining for p in still)
             )
-            self._guarded(batch.partition, self.process, batch, still if prefetch else None)
+            upcoming = self._queue[0] if self._queue else None
+            self._guarded(batch.partition, self.process, batch,
+                          still if read_ahead else None, upcoming)  # fmt: skip
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
             self.maintenance.run(self._readable())
             self._last_maintenance = now
@@ -296,13 +347,17 @@ class Consumer:
         self._stop.wait(self._idle)
 
     def _drop_prefetched(self, p: int) -> None:
-        """Forget p's batches read ahead: they stay pending for us and are read again."""
-        self._prefetched = [b for b in self._prefetched if b.partition != p]
+        """Forget p's queued batches: they stay pending for us and are read again."""
+        self._queue = [b for b in self._queue if b.partition != p]
+        if self._ahead is not None and self._ahead.batch.partition == p:
+            self._ahead = None
 
-    def _take_prefetched(self, parts: list[int]) -> list[Batch]:
-        """The batches read with the last commit, for partitions still readable."""
-        batches, self._prefetched = self._prefetched, []
-        return [b for b in batches if b.partition in parts]
+    def _process_queued(self) -> None:
+        """Process the queued batches of readable partitions, in order, reading no more."""
+        while self._queue:
+            batch = self._queue.pop(0)
+            if batch.partition in self._readable():
+                self._guarded(batch.partition, self.process, batch)
 
     def _claim_idle(self, p: int, now: float) -> None:
         cursor = self.cursors[p]
@@ -371,12 +426,19 @@ class Consumer:
 
     # ---- one partition batch -----------------------------------------------------------
 
-    def process(self, batch: Batch, prefetch_for: list[int] | None = None) -> None:
-        """Score one partition's batch and commit it; recompute on a state conflict."""
+    def process(
+        self, batch: Batch, prefetch_for: list[int] | None = None, upcoming: Batch | None = None
+    ) -> None:
+        """Score one partition's batch and commit it; recompute on a state conflict. The
+        commit reads ahead for the partitions prefetch_for, and computes `upcoming` (the
+        next batch to process) while Redis runs it."""
         p = batch.partition
         for attempt in range(CONFLICT_RETRIES):
             try:
-                self._process_once(batch, prefetch_for if attempt == 0 else None)
+                if attempt == 0:
+                    self._process_once(batch, prefetch_for, upcoming)
+                else:
+                    self._process_once(batch, None, None)
                 return
             except CommitRefusedError as exc:
                 self.cache.drop(p)
@@ -410,20 +472,31 @@ class Consumer:
             log.info("batch no longer pending for this consumer", extra={"partition": p})
         return False
 
-    def _process_once(self, batch: Batch, prefetch_for: list[int] | None) -> None:
-        t1 = time.perf_counter()
-        p, model = batch.partition, self.model
-        shadow = self.shadow
-        states = self.states.read(
-            p, distinct_users(batch), model.state_shape, state_space(model),
-            (shadow.state_shape, state_space(shadow)) if shadow is not None else None,
-        )  # fmt: skip
-        t2 = time.perf_counter()
-        commit = build_commit(batch, states, model, self.s.history_events, shadow)
+    def _process_once(
+        self, batch: Batch, prefetch_for: list[int] | None, upcoming: Batch | None
+    ) -> None:
+        p = batch.partition
+        ahead = self._take_ahead(batch)
+        if ahead is not None:
+            states, commit, prepared = ahead.states, ahead.commit, ahead.prepared
+            state_s, model_s = ahead.seconds
+        else:
+            t1 = time.perf_counter()
+            model, shadow = self.model, self.shadow
+            states = self.states.read(
+                p, distinct_users(batch), model.state_shape, state_space(model),
+                (shadow.state_shape, state_space(shadow)) if shadow is not None else None,
+            )  # fmt: skip
+            t2 = time.perf_counter()
+            commit = build_commit(batch, states, model, self.s.history_events, shadow)
+            prepared = None
+            state_s, model_s = t2 - t1, time.perf_counter() - t2
         t3 = time.perf_counter()
-        result = self._send(commit, prefetch_for)
+        result = self._send(commit, prefetch_for, upcoming, prepared)
         t4 = time.perf_counter()
-        self.states.remember(p, result.seq, commit)
+        done, self._written = self._written, None
+        entries = done[1] if done is not None and done[0] is commit else written(commit)
+        self.states.remember(p, result.seq, entries)
         self._settle_by_previous(p, result)
         for reason, n in states.resets.items():
             self.metrics.state_resets.labels(reason).inc(n)
@@ -432,7 +505,7 @@ class Consumer:
         if unseen > 0:
             self.metrics.state_resets.labels("wrong_type").inc(unseen)
         self._count(commit)
-        stages = {"parse": batch.parse_seconds, "state": t2 - t1, "model": t3 - t2,
+        stages = {"parse": batch.parse_seconds, "state": state_s, "model": model_s,
                   "commit": t4 - t3}  # fmt: skip
         for stage, seconds in stages.items():
             self.metrics.batch_seconds.labels(stage).observe(seconds)
@@ -457,35 +530,56 @@ class Consumer:
             log.info("dead-lettered entries",
                      extra={"partition": commit.partition, "count": len(commit.dead)})  # fmt: skip
 
-    def _send(self, commit: Commit, prefetch_for: list[int] | None) -> CommitResult:
-        """Apply a Commit, with a read of the next round behind it when prefetch_for is
-        given. A reply lost on the way leaves the commit unsettled: counted if it applied."""
+    def _send(
+        self, commit: Commit, prefetch_for: list[int] | None, upcoming: Batch | None = None,
+        prepared: PreparedCommit | None = None,
+    ) -> CommitResult:  # fmt: skip
+        """Apply a Commit, pipelined with a read ahead (prefetch_for) and the states of the
+        upcoming batch when given. A reply lost on the way leaves the commit unsettled:
+        counted if it applied."""
+        self._ahead = None
         try:
-            if prefetch_for:
-                return self._commit_and_prefetch(commit, prefetch_for)
+            if prefetch_for or (upcoming is not None and self._may_compute_ahead()):
+                return self._commit_and_prefetch(commit, prefetch_for or [], upcoming, prepared)
             return self.committer.run(commit)
         except _REDIS_DOWN:
             self._unsettled[commit.partition] = (self.committer.token(commit), commit)
             raise
 
-    def _commit_and_prefetch(self, commit: Commit, parts: list[int]) -> CommitResult:
-        """Send COMMIT behind a non-blocking read of new entries on one connection; parse the
-        read's reply while Redis runs the commit. Any failure drops the read (its entries
-        stay pending for us) and rewinds, so they are read again in order."""
-        keys, args = self.committer.pack(commit)
+    def _may_compute_ahead(self) -> bool:
+        # a shadow's states bypass the cache and each commit; a cluster's partitions are
+        # on different nodes, with no one connection to pipeline on
+        return self.shadow is None and not self.cluster
+
+    def _commit_and_prefetch(
+        self, commit: Commit, parts: list[int], upcoming: Batch | None = None,
+        prepared: PreparedCommit | None = None,
+    ) -> CommitResult:  # fmt: skip
+        """Send, on one connection: the read of the upcoming batch's states, a non-blocking
+        read of new entries of `parts`, and the COMMIT. While Redis runs the commit, parse
+        the read and compute the upcoming batch (kept as self._ahead when the commit
+        applied). Any failure drops the read (its entries stay pending for us) and
+        rewinds, so they are read again in order."""
+        entries = written(commit)
+        self._written = (commit, entries)
+        plan = self._plan_ahead(commit, entries, upcoming) if upcoming is not None else None
         cursors = [self.cursors[p] for p in parts]
-        read = self.reader.read_command(cursors, self.s.batch_size, None)
-        evalsha = ("EVALSHA", self.committer.sha, len(keys), *keys, *args)
-        # hiredis packs the thousands of plain arguments in C; redis-py's packer would
-        # first inspect each one (~0.2 µs apiece)
-        packed = hiredis.pack_command(read) + hiredis.pack_command(evalsha)
+        count = self.s.batch_size * (1 if self._queue else 2)  # keep two batches known
+        commands = [hiredis.pack_command(plan.command)] if plan is not None else []
+        if cursors:
+            commands.append(hiredis.pack_command(self.reader.read_command(cursors, count, None)))
+        commands.append(self.committer.command(commit, prepared))
         pool = self.r.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([packed])
-            # a stream of another type fails the read alone: the next plain read stops it
-            with suppress(redis.ResponseError):
-                self._prefetched = self.reader.batches(conn.read_response(), cursors)
+            conn.send_packed_command([b"".join(commands)])
+            state_reply = _reply_or_error(conn) if plan is not None else None
+            if cursors:
+                # a stream of another type fails the read alone: the next plain read stops it
+                read_reply = _reply_or_error(conn)
+                if not isinstance(read_reply, Exception):
+                    self._queue += self.reader.batches(read_reply, cursors, self.s.batch_size)
+            ahead = self._compute_ahead(plan, state_reply) if plan is not None else None
             reply = conn.read_response()
         except redis.exceptions.NoScriptError:
             self._scripts_loaded = False  # the server lost its scripts (restart, SCRIPT FLUSH)
@@ -497,7 +591,60 @@ class Consumer:
             raise
         finally:
             pool.release(conn)
-        return settle(reply)
+        result = settle(reply)
+        if ahead is not None and not result.resent:
+            if ahead.batch.partition == commit.partition:
+                # read at the commit's sequence: it holds from the one the commit moved to
+                ahead.commit.seq = ahead.states.seq = result.seq
+            self._ahead = ahead
+        return result
+
+    def _plan_ahead(
+        self, commit: Commit, entries: dict[str, CachedState], upcoming: Batch
+    ) -> _Plan | None:
+        """How to read the upcoming batch's states in front of `commit`, which applies
+        before it: the commit's users are known from `entries`, what it writes."""
+        if not self._may_compute_ahead() or upcoming.partition not in self.ownership.owned:
+            return None
+        users = distinct_users(upcoming)
+        if upcoming.partition == commit.partition:
+            request = self.states.request(upcoming.partition, users, overlay=entries,
+                                          overlay_seq=commit.seq)  # fmt: skip
+        else:
+            request = self.states.request(upcoming.partition, users)
+        command = self.states.command(request)
+        if command is None:  # all known; reading the sequence checks they still hold
+            command = ("GET", self.keys.commit_seq(upcoming.partition))
+        return _Plan(upcoming, request, command)
+
+    def _compute_ahead(self, plan: _Plan, reply) -> _Ahead | None:
+        """The upcoming batch computed from its states read ahead; None when the read failed
+        or the states moved (it is then computed the usual way, in its turn)."""
+        if isinstance(reply, Exception):
+            return None
+        t1 = time.perf_counter()
+        model = self.model
+        if plan.command[0] == "EVALSHA":
+            flat = reply
+        elif (reply or b"") == plan.request.seq:
+            flat = None
+        else:
+            return None
+        states = self.states.complete(plan.request, flat, model.state_shape, state_space(model))
+        if states is None:
+            return None
+        t2 = time.perf_counter()
+        commit = build_commit(plan.batch, states, model, self.s.history_events)
+        prepared = self.committer.prepare(commit)
+        return _Ahead(plan.batch, states, commit, prepared, model,
+                      (t2 - t1, time.perf_counter() - t2))  # fmt: skip
+
+    def _take_ahead(self, batch: Batch) -> _Ahead | None:
+        """The batch as computed ahead, if it was and still holds (same model, no shadow)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead.batch is not batch or ahead.model is not self.model:
+            return None
+        return ahead if self._may_compute_ahead() else None
 
     # ---- commits whose reply was lost --------------------------------------------------
 

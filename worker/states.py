@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import redis
 
 from worker.batch import entry_id
 from worker.keys import Keys
-from worker.pipeline import RECENT_EVENT_IDS, ShadowStates, UserStates
+from worker.pipeline import RECENT_EVENT_IDS, Commit, ShadowStates, UserStates
 from worker.recent import Recent, unpack
-from worker.state_cache import StateCache
+from worker.state_cache import CachedState, StateCache
 
 FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
           "shadow_model", "score", "shadow_score")  # fmt: skip
@@ -68,6 +69,18 @@ class PartitionDataError(Exception):
         self.partition = partition
 
 
+@dataclass(frozen=True)
+class StateRequest:
+    """A batch's users of one partition: the states known without a read (cache or a
+    commit in flight), the rows to read, and the sequence the known ones hold at."""
+
+    partition: int
+    users: list[str]
+    known: list[CachedState | None]
+    misses: list[int]
+    seq: bytes | None  # None: nothing known, the read's sequence decides
+
+
 SpaceOf = Callable[[str], str]  # model version -> its state space
 
 
@@ -93,34 +106,73 @@ class StateReader:
         """The states of `users` of partition p for a model of state shape `shape` and state
         space `space`, and for a shadow model of (shape, space) when one runs. The cache
         holds only the current model's states: with a shadow, every state is read."""
-        states = UserStates.empty(users, shape)
-        seq = self.cache.seq(p) if shadow is None else None
+        while True:
+            request = self.request(p, users, use_cache=shadow is None)
+            command = self.command(request)
+            flat = self._run(p, command) if command is not None else None
+            states = self.complete(request, flat, shape, space, shadow)
+            if states is not None:
+                return states
+            # another commit landed since ours: nothing cached for this partition holds
+            self.cache.drop(p)
+
+    def request(
+        self, p: int, users: list[str], use_cache: bool = True,
+        overlay: dict[str, CachedState] | None = None, overlay_seq: bytes | None = None,
+    ) -> StateRequest:  # fmt: skip
+        """Which of `users` are known without a read: from `overlay` (the states a commit
+        in flight writes; they hold from `overlay_seq`, its read sequence) or the cache."""
+        seq = self.cache.seq(p) if use_cache else None
+        if overlay_seq is not None and seq != overlay_seq:
+            seq = None  # the cache is of another sequence: only the overlay holds
         cached = self.cache.lookup(p, users) if seq is not None else [None] * len(users)
+        if overlay:
+            cached = [overlay.get(u, c) for u, c in zip(users, cached, strict=True)]
+            seq = overlay_seq
         misses = [i for i, c in enumerate(cached) if c is None]
-        if misses or seq is None:
-            flat = self._read(p, [users[i] for i in misses])
+        return StateRequest(p, users, cached, misses, seq)
+
+    def command(self, request: StateRequest) -> tuple | None:
+        """The read script's EVALSHA for a request's misses (None when all are known)."""
+        if not request.misses and request.seq is not None:
+            return None
+        p, users = request.partition, request.users
+        keys = [self.keys.commit_seq(p), *(self.keys.state(p, users[i]) for i in request.misses)]
+        return ("EVALSHA", self.script.sha, len(keys), *keys)
+
+    def _run(self, p: int, command: tuple) -> list:
+        try:
+            return self.script(keys=list(command[3:]))
+        except redis.ResponseError as exc:
+            raise self.reply_error(p, exc) from None
+
+    @staticmethod
+    def reply_error(p: int, exc: redis.ResponseError) -> Exception:
+        """The exception a failed read script reply stands for."""
+        if str(exc).startswith(("BADKEY", "WRONGTYPE")):
+            return PartitionDataError(p, f"{exc}; fix or delete that key")
+        return exc
+
+    def complete(
+        self, request: StateRequest, flat: list | None, shape: tuple[int, int], space: str,
+        shadow: tuple[tuple[int, int], str] | None = None,
+    ) -> UserStates | None:  # fmt: skip
+        """UserStates from a request and the read script's reply (None when no read was
+        needed); None when the known states no longer hold at the sequence read."""
+        states = UserStates.empty(request.users, shape)
+        seq = request.seq
+        if flat is not None:
             if seq is not None and (flat[0] or b"") != seq:
-                # another commit landed since ours: nothing cached for this partition holds
-                self.cache.drop(p)
-                return self.read(p, users, shape, space, shadow)
+                return None
             seq = flat[0] or b""
-            self._fill(states, misses, flat, shape, space, shadow)
-        for i, c in enumerate(cached):
+            self._fill(states, request.misses, flat, shape, space, shadow)
+        for i, c in enumerate(request.known):
             if c is not None:
                 states.h[i], states.last_ts[i], states.last_id[i], states.n[i] = c[:4]
                 states.event_ids[i], states.score[i] = list(c[4]), c[6]
                 states.recent[i] = Recent(*c[5])
         states.seq = seq
         return states
-
-    def _read(self, p: int, users: list[str]) -> list:
-        keys = [self.keys.commit_seq(p), *(self.keys.state(p, u) for u in users)]
-        try:
-            return self.script(keys=keys)
-        except redis.ResponseError as exc:
-            if str(exc).startswith(("BADKEY", "WRONGTYPE")):
-                raise PartitionDataError(p, f"{exc}; fix or delete that key") from None
-            raise
 
     def _fill(
         self, states: UserStates, rows: list[int], flat: list, shape, space: str, shadow
@@ -200,24 +252,26 @@ class StateReader:
         else:
             states.resets[reason] += 1
 
-    def remember(self, p: int, seq: bytes, commit) -> None:
-        """Cache the states a commit wrote (at the sequence it moved the partition to).
+    def remember(self, p: int, seq: bytes, written: dict[str, CachedState]) -> None:
+        """Cache the states a commit wrote (see `written`), at the sequence it moved the
+        partition to."""
+        self.cache.store(p, seq, written)
 
-        Entries hold only tuples, numbers, bytes, str and array views, which the garbage
-        collector stops tracking: a cache of lists and dataclasses made every full collection
-        walk ~6 objects per cached user (measured: 31% of the worker's time, pauses of 0.2 s
-        at 50,000 users)."""
-        stamp = time.monotonic()
-        self.cache.store(
-            p,
-            seq,
-            {
-                u: (h, lts, key, n, tuple(eids),
-                    (recent.prev_ts, recent.ts_raw, recent.names), score, stamp)
-                for u, h, lts, key, n, eids, (recent, _), score in zip(
-                    commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
-                    commit.n.tolist(), commit.event_ids, commit.recent,
-                    commit.user_scores.tolist(), strict=True,
-                )
-            },
-        )  # fmt: skip
+
+def written(commit: Commit) -> dict[str, CachedState]:
+    """The states a commit writes, as the cache holds them.
+
+    Entries hold only tuples, numbers, bytes, str and array views, which the garbage
+    collector stops tracking: a cache of lists and dataclasses made every full collection
+    walk ~6 objects per cached user (measured: 31% of the worker's time, pauses of 0.2 s at
+    50,000 users)."""
+    stamp = time.monotonic()
+    return {
+        u: (h, lts, key, n, tuple(eids), (recent.prev_ts, recent.ts_raw, recent.names),
+            score, stamp)
+        for u, h, lts, key, n, eids, (recent, _), score in zip(
+            commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
+            commit.n.tolist(), commit.event_ids, commit.recent, commit.user_scores.tolist(),
+            strict=True,
+        )
+    }  # fmt: skip

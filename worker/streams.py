@@ -85,9 +85,10 @@ class StreamReader:
             batches += self.batches(reply, [c])
         return batches
 
-    def batches(self, reply, cursors: list[Cursor]) -> list[Batch]:
-        """Parse an XREADGROUP reply into one Batch per partition that has entries, and
-        move the draining cursors past what it returned."""
+    def batches(self, reply, cursors: list[Cursor], size: int | None = None) -> list[Batch]:
+        """Parse an XREADGROUP reply into Batches of at most `size` entries (one per
+        partition that has entries when None), and move the draining cursors past what it
+        returned."""
         # RESP3 (redis-py 8's default) answers a map, RESP2 a list of [stream, entries]
         pairs = reply.items() if isinstance(reply, dict) else reply or []
         by_stream = {name.decode(): entries for name, entries in pairs}
@@ -96,8 +97,9 @@ class StreamReader:
             entries = by_stream.get(self.keys.events(c.partition), [])
             if c.draining:
                 c.position = entries[-1][0] if entries else b">"
-            if entries:
-                out.append(parse_batch(c.partition, entries, self.partitions))
+            step = size or len(entries) or 1
+            for i in range(0, len(entries), step):
+                out.append(parse_batch(c.partition, entries[i : i + step], self.partitions))
         return out
 
     def claim(self, cursor: Cursor, min_idle_ms: int) -> int:
