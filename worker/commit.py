@@ -49,13 +49,14 @@ local scores_maxlen, dead_maxlen, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
 local n_ack, n_scores = tonumber(ARGV[10]), tonumber(ARGV[11])
 local shadow = ARGV[12]           -- the shadow model's version, '' = none
 local SH = shadow ~= '' and 1 or 0
--- Then, each a run of plain arguments (nothing to parse here):
+-- Then runs of plain arguments (nothing to parse here), a column at a time:
 local ACK = 13                    -- the batch's entry ids, stream order
--- per state key: h, score, last_id, last_ts, n, recent, event_ids[, shadow_h, shadow_score]
-local STATE = ACK + n_ack
-local SCORE = STATE + (7 + 2 * SH) * U -- per score entry: user_id, score, event_id, type, ts
-local DEAD = SCORE + (5 + SH) * n_scores -- [, shadow_score]; then per dead letter: pair
-                                         -- count, source_id, error, pairs...
+local STATE = ACK + n_ack         -- U each: h, score, last_id, last_ts, n, recent, event_ids
+                                  --   [, shadow_h, shadow_score]
+local SCORE = STATE + (7 + 2 * SH) * U -- n_scores each: user_id, score, event_id, type, ts
+                                       --   [, shadow_score]
+local DEAD = SCORE + (5 + SH) * n_scores -- per dead letter: pair count, source_id, error,
+                                         -- pairs...
 local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
 
 -- ---- checks: nothing is written above this line ----
@@ -83,16 +84,17 @@ for _, key in ipairs({scores_key, dead_key}) do
 end
 
 -- ---- writes ----
-for b = SCORE, DEAD - 1, 5 + SH do
+local S = n_scores
+for b = SCORE, SCORE + S - 1 do
   if SH == 0 then
     redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
-               'user_id', ARGV[b], 'score', ARGV[b + 1], 'event_id', ARGV[b + 2],
-               'type', ARGV[b + 3], 'ts', ARGV[b + 4], 'model', model)
+               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
+               'type', ARGV[b + 3 * S], 'ts', ARGV[b + 4 * S], 'model', model)
   else
     redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
-               'user_id', ARGV[b], 'score', ARGV[b + 1], 'event_id', ARGV[b + 2],
-               'type', ARGV[b + 3], 'ts', ARGV[b + 4], 'model', model,
-               'shadow_score', ARGV[b + 5], 'shadow_model', shadow)
+               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
+               'type', ARGV[b + 3 * S], 'ts', ARGV[b + 4 * S], 'model', model,
+               'shadow_score', ARGV[b + 5 * S], 'shadow_model', shadow)
   end
 end
 
@@ -130,17 +132,18 @@ local function write_state(key, ...)
   if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
 end
 for i = 1, U do
-  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + (7 + 2 * SH) * (i - 1)
-  if ARGV[b + 6] == '' then
-    write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
-                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4], 'recent', ARGV[b + 5])
+  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + i - 1
+  if ARGV[b + 6 * U] == '' then
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
+                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
+                'recent', ARGV[b + 5 * U])
   else
-    write_state(key, 'h', ARGV[b], 'score', ARGV[b + 1], 'last_id', ARGV[b + 2],
-                'last_ts', ARGV[b + 3], 'model', model, 'n', ARGV[b + 4], 'recent', ARGV[b + 5],
-                'event_ids', ARGV[b + 6])
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
+                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
+                'recent', ARGV[b + 5 * U], 'event_ids', ARGV[b + 6 * U])
   end
   if SH == 1 then
-    redis.call('HSET', key, 'shadow_h', ARGV[b + 7], 'shadow_score', ARGV[b + 8],
+    redis.call('HSET', key, 'shadow_h', ARGV[b + 7 * U], 'shadow_score', ARGV[b + 8 * U],
                'shadow_model', shadow)
   end
 end
@@ -205,25 +208,19 @@ def decimals(values: np.ndarray) -> list[str]:
     return list(map("{:.9g}".format, values.tolist()))
 
 
-def interleaved(*columns: list) -> list:
-    """Columns of equal length as one flat list, row by row (numpy does the copying)."""
-    out = np.empty(len(columns[0]) * len(columns), object)
-    for k, column in enumerate(columns):
-        out[k :: len(columns)] = column
-    return out.tolist()
-
-
-def state_args(c: Commit) -> list:
-    """Per state row: h, score, last_id, last_ts, n, recent, event_ids (space-separated),
-    and shadow_h, shadow_score when a shadow model runs."""
+def state_columns(c: Commit) -> list:
+    """The state rows' columns: h, score, last_id, last_ts, n, recent, event_ids
+    (space-separated), and shadow_h, shadow_score when a shadow model runs. The h columns
+    are arrays (one row per state), the others lists."""
     if not c.users:
         return []
+    recent = [packed for _, packed in c.recent]
     event_ids = [b" ".join(ids) for ids in c.event_ids]
-    columns = [rows_of(c.h), decimals(c.user_scores), c.last_ids, c.last_ts.tolist(),
-               c.n.tolist(), [packed for _, packed in c.recent], event_ids]  # fmt: skip
+    columns = [c.h, decimals(c.user_scores), c.last_ids, c.last_ts.tolist(), c.n.tolist(),
+               recent, event_ids]  # fmt: skip
     if c.shadow_h is not None:
-        columns += [rows_of(c.shadow_h), decimals(c.shadow_user_scores)]
-    return interleaved(*columns)
+        columns += [c.shadow_h, decimals(c.shadow_user_scores)]
+    return columns
 
 
 def rows_of(h: np.ndarray) -> list[bytes]:
@@ -233,15 +230,47 @@ def rows_of(h: np.ndarray) -> list[bytes]:
     return [blob[i : i + size] for i in range(0, len(blob), size)]
 
 
-def score_args(c: Commit) -> list:
-    """Per score entry: user_id, score, event_id, type, ts."""
+def score_columns(c: Commit) -> list[list]:
+    """The score entries' columns: user_id, score, event_id, type, ts[, shadow_score]."""
     if not len(c.scores):
         return []
     users = [c.users[i] for i in c.score_user.tolist()]
     columns = [users, decimals(c.scores), c.score_event_ids, c.score_types, c.score_ts.tolist()]
     if c.shadow_scores is not None:
         columns.append(decimals(c.shadow_scores))
-    return interleaved(*columns)
+    return columns
+
+
+def resp_rows(h: np.ndarray) -> bytes:
+    """Each row of h (little-endian float32 bytes) as a RESP bulk string, framed by numpy:
+    thousands of equal-sized blobs cost one copy."""
+    rows = np.ascontiguousarray(h, "<f4").reshape(len(h), -1).view(np.uint8)
+    prefix = b"$%d\r\n" % rows.shape[1]
+    out = np.empty((len(h), len(prefix) + rows.shape[1] + 2), np.uint8)
+    out[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
+    out[:, len(prefix) : -2] = rows
+    out[:, -2:] = np.frombuffer(b"\r\n", np.uint8)
+    return out.tobytes()
+
+
+def resp_blobs(values: list[bytes]) -> bytes:
+    """Byte strings as RESP bulk strings; for long values this beats hiredis, which
+    copies byte by byte."""
+    return b"".join([b"$%d\r\n%b\r\n" % (len(v), v) for v in values])
+
+
+def resp_column(column) -> bytes:
+    """A column of arguments as RESP bulk strings, by the fastest packer for its kind."""
+    if isinstance(column, np.ndarray):
+        return resp_rows(column)
+    if column and isinstance(column[0], bytes) and len(column[0]) > 64:
+        return resp_blobs(column)
+    return resp_args(column)
+
+
+def plain(column) -> list:
+    """A column as plain script arguments."""
+    return rows_of(column) if isinstance(column, np.ndarray) else column
 
 
 def cut(value: bytes, limit: int) -> bytes:
@@ -299,7 +328,10 @@ class CommitScript:
 
     def pack(self, c: Commit) -> tuple[list[str], list]:
         """KEYS and ARGV of the script for a Commit: plain values, one argument each."""
-        return self._keys(c), [*self._head(c), *self._body(c)]
+        return self._keys(c), [
+            *self._head(c),
+            *(x for column in self._body(c) for x in plain(column)),
+        ]
 
     def _keys(self, c: Commit) -> list[str]:
         p, keys = c.partition, self.keys
@@ -317,17 +349,21 @@ class CommitScript:
             len(c.ack_ids), len(c.scores), c.shadow_model,
         ]  # fmt: skip
 
-    def _body(self, c: Commit) -> list:
+    def _body(self, c: Commit) -> list[list]:
+        """The arguments after the head, as columns: ack ids, the state columns, the score
+        columns, the dead letters."""
         limit = self.limits.deadletter_max_value_bytes
         dead = [x for d in c.dead for x in dead_letter_items(d, limit)]
-        return [*c.ack_ids, *state_args(c), *score_args(c), *dead]
+        return [c.ack_ids, *state_columns(c), *score_columns(c), dead]
 
     def prepare(self, c: Commit) -> PreparedCommit:
         """The EVALSHA of a Commit packed but for its head (which holds the read sequence,
         known only once the commit before it replied)."""
         keys, body = self._keys(c), self._body(c)
-        return PreparedCommit(resp_args(("EVALSHA", self.sha, len(keys), *keys)), len(keys) + 3,
-                              resp_args(body), len(body))  # fmt: skip
+        return PreparedCommit(
+            resp_args(("EVALSHA", self.sha, len(keys), *keys)), len(keys) + 3,
+            b"".join(map(resp_column, body)), sum(map(len, body)),
+        )  # fmt: skip
 
     def command(self, c: Commit, prepared: PreparedCommit | None = None) -> bytes:
         """The EVALSHA of a Commit as RESP bytes, from its prepared parts when given."""
