@@ -142,7 +142,7 @@ def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
 
     model = ScoringModel(random_model(SMALL, hidden=8, features=["gap"], seed=3), version="9")
     states = UserStates.empty(["u"], model.state_shape)
-    states.recent[0] = Recent.of(500, [1000, 2000], ["view", "search"])
+    states.recent[0] = pack(Recent.of(500, [1000, 2000], ["view", "search"]))
     states.replay.append(0)
     states.h[0] = 7.0  # another model's state: never read
     batch = parse_batch(0, [[b"3000-0", [b"user_id", b"u", b"type", b"add_to_cart",
@@ -156,7 +156,7 @@ def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
     scorer._state["u"][:] = 0.0  # ... and a zero state, as the replay starts
     want = scorer.score(["u"] * 3, [e["type"] for e in full], np.array([e["ts"] for e in full]))
     assert len(c.scores) == 1 and abs(float(c.scores[0]) - want[-1]) < 1e-6
-    assert unpack(c.recent[0][1]) == Recent.of(500, [1000, 2000, 3000],
+    assert unpack(c.recent[0]) == Recent.of(500, [1000, 2000, 3000],
                                             ["view", "search", "add_to_cart"])  # fmt: skip
 
 
@@ -221,7 +221,7 @@ def test_label_samples_take_the_last_score_before_the_label_or_the_sessions_end(
     slot = np.array([e[0] for e in events])
     scores = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
     got = label_samples(slot, [e[1] for e in events], np.array([e[2] for e in events]), scores,
-                        np.full(2, np.nan), np.full(2, -1), [Recent(), Recent()], "purchase",
+                        np.full(2, np.nan), np.full(2, -1), [b"", b""], "purchase",
                         gap_ms=60_000)  # fmt: skip
     assert got[0].tolist() == [0.2, 0.5] and got[1].tolist() == [True, False]
 

@@ -214,10 +214,9 @@ def state_columns(c: Commit) -> list:
     are arrays (one row per state), the others lists."""
     if not c.users:
         return []
-    recent = [packed for _, packed in c.recent]
     event_ids = [b" ".join(ids) for ids in c.event_ids]
     columns = [c.h, decimals(c.user_scores), c.last_ids, c.last_ts.tolist(), c.n.tolist(),
-               recent, event_ids]  # fmt: skip
+               c.recent, event_ids]  # fmt: skip
     if c.shadow_h is not None:
         columns += [c.shadow_h, decimals(c.shadow_user_scores)]
     return columns

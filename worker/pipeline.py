@@ -16,13 +16,13 @@ import numpy as np
 from model.scoring import ScoringModel
 from worker.batch import Batch, DeadLetter
 from worker.quality import label_samples
-from worker.recent import Recent, extended, pack
+from worker.recent import extend_packed, names_of, unpack
 
 # A user's last applied producer event ids kept in the state (SPEC §3 "the last few"):
 # a producer's retry comes right after its first attempt, so a handful is plenty.
 RECENT_EVENT_IDS = 8
 
-NO_HISTORY = Recent()
+NO_HISTORY = b""  # a packed history with no events (worker/recent.py)
 
 OUTCOMES = ("scored", "duplicate", "deadletter", "misrouted", "lost")
 
@@ -49,7 +49,7 @@ class UserStates:
     event_ids: list[list[bytes]]  # last applied producer event ids, oldest first
     seq: bytes  # the partition's commit sequence the states were read at
     score: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (U,) last score, NaN = none
-    recent: list[Recent] = field(default_factory=list)  # the users' recent session events
+    recent: list[bytes] = field(default_factory=list)  # the users' recent events, packed
     replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
     resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
     shadow: ShadowStates | None = None  # when a shadow model scores beside the current
@@ -67,7 +67,7 @@ class UserStates:
             event_ids=[[] for _ in range(n)],
             seq=seq,
             score=np.full(n, np.nan),
-            recent=[NO_HISTORY] * n,  # never mutated: extended() makes new ones
+            recent=[NO_HISTORY] * n,
         )
 
 
@@ -88,7 +88,7 @@ class Commit:
     last_ts: np.ndarray  # (K,) int64
     n: np.ndarray  # (K,) int64
     event_ids: list[list[bytes]]  # the user's last applied producer event ids
-    recent: list[tuple[Recent, bytes]]  # the user's recent session events, and packed
+    recent: list[bytes]  # the user's recent session events, packed (worker/recent.py)
     shadow_h: np.ndarray | None  # (K, L', H') the shadow model's states, when one runs
     # one row per score entry, in stream order
     score_user: np.ndarray  # (S,) int64 index into the state rows above
@@ -150,23 +150,24 @@ def _drop_producer_retries(
 
 
 def _advance(
-    model: ScoringModel, h: np.ndarray, last_ts: np.ndarray, recent: list[Recent],
+    model: ScoringModel, h: np.ndarray, last_ts: np.ndarray, recent: list[bytes],
     replay: list[int], slot: np.ndarray, type_idx: np.ndarray, ts: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
     """Advance the states h (and last_ts) over the events in one kernel call; return their
     scores. Rows in `replay` first restart from zero at the time before their recent events
     and replay them (their scores are not returned)."""
-    rows = [r for r in replay if len(recent[r])]
+    rows = [r for r in replay if recent[r]]
     r_slot: list[int] = []
     if rows:
         r_types: list[str] = []
         r_ts: list[int] = []
         for r in rows:
+            events = unpack(recent[r])
             h[r] = 0.0
-            last_ts[r] = recent[r].prev_ts
-            r_slot += [r] * len(recent[r])
-            r_types += recent[r].types
-            r_ts += recent[r].ts
+            last_ts[r] = events.prev_ts
+            r_slot += [r] * len(events)
+            r_types += events.types
+            r_ts += events.ts
         slot = np.concatenate([np.asarray(r_slot, np.int64), slot])
         type_idx = np.concatenate([model.type_indices(r_types), type_idx])
         ts = np.concatenate([np.asarray(r_ts, np.int64), ts])
@@ -176,23 +177,20 @@ def _advance(
 def _recent_after(
     states: UserStates, rows: list[int], k_slot: np.ndarray, types: list[str],
     ts: np.ndarray, keep: int, session_gap_ms: float,
-) -> list[tuple[Recent, bytes]]:  # fmt: skip
-    """The `recent` of each written row, and its field: its history plus this batch's."""
+) -> list[bytes]:  # fmt: skip
+    """The packed `recent` of each written row: its history plus this batch's events."""
     if keep == 0:
-        return [(Recent(), b"")] * len(rows)
+        return [NO_HISTORY] * len(rows)
     new_ts: dict[int, list[int]] = {}
-    new_types: dict[int, list[str]] = {}
-    for s, t, name in zip(k_slot.tolist(), ts.tolist(), types, strict=True):
+    new_names: dict[int, list[bytes]] = {}
+    for s, t, name in zip(k_slot.tolist(), ts.tolist(), names_of(types), strict=True):
         if s in new_ts:
             new_ts[s].append(t)
-            new_types[s].append(name)
+            new_names[s].append(name)
         else:
-            new_ts[s], new_types[s] = [t], [name]
-    out = []
-    for r in rows:
-        recent = extended(states.recent[r], new_ts[r], new_types[r], keep, session_gap_ms)
-        out.append((recent, pack(recent)))
-    return out
+            new_ts[s], new_names[s] = [t], [name]
+    old = states.recent
+    return [extend_packed(old[r], new_ts[r], new_names[r], keep, session_gap_ms) for r in rows]
 
 
 def gap_ms(model: ScoringModel) -> float:

@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from worker.recent import Recent
+from worker.recent import has
 
 WINDOW = 10_000  # samples kept per role for the windowed AUC
 
@@ -28,7 +28,7 @@ def label_samples(
     scores: np.ndarray,
     last_score: np.ndarray,
     last_ts: np.ndarray,
-    recent: list[Recent],
+    recent: list[bytes],
     label_type: str,
     gap_ms: float,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -46,7 +46,7 @@ def label_samples(
     types = [types[i] for i in keep.tolist()]
     prev_score = last_score.astype(np.float64)  # copies: advanced per row below
     prev_ts = last_ts.copy()
-    labelled = {r for r, rec in enumerate(recent) if rec.has(label_type)}
+    labelled = {r for r in rows if has(recent[r], label_type)}
     out_scores: list[float] = []
     out_labels: list[bool] = []
     for r, name, t, s in zip(k_slot.tolist(), types, ts.tolist(), scores.tolist(), strict=True):

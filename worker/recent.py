@@ -6,9 +6,9 @@ the same to every model. Layout (little-endian): int64 time of the event before 
 kept one (-1 = none), uint16 count n, n int64 times (epoch ms), then n type names, each a
 uint8 length and its UTF-8 bytes (types are at most 128 bytes).
 
-Every batch extends the history of each user it scores, so a Recent keeps its parts packed
-(times as bytes, names as length-prefixed bytes): extending one is a few concatenations, and
-only a replay unpacks it.
+Every batch extends the history of each user it scores, so the worker keeps histories packed
+(the field's bytes) and extends them in place with a few slices and concatenations
+(`extend_packed`); only a replay or a live-quality check unpacks one (`unpack`, `has`).
 """
 
 from __future__ import annotations
@@ -83,26 +83,67 @@ def unpack(raw: bytes | None) -> Recent:
     return Recent(prev_ts, ts_raw, tuple(names))
 
 
+def valid(raw: bytes | None) -> bytes:
+    """A `recent` field as read from Redis if it is well-formed and holds events, else b""."""
+    recent = unpack(raw)
+    return raw if len(recent) else b""  # type: ignore[return-value]
+
+
+def has(raw: bytes, type_: str) -> bool:
+    """Whether a packed history holds an event of this type."""
+    return bool(raw) and _name(type_) in unpack(raw).names
+
+
 def extended(
     recent: Recent, ts: list[int], types: list[str], keep: int, session_gap_ms: float
 ) -> Recent:
     """`recent` followed by a user's newly applied events (in order), cut where a gap
     exceeds the session gap (0 = never) and to the last `keep` events."""
-    old = len(recent.names)
-    new_raw = _ONE.pack(ts[0]) if len(ts) == 1 else struct.pack(f"<{len(ts)}q", *ts)
-    ts_raw = recent.ts_raw + new_raw
-    names = recent.names + tuple(map(_name, types))
-    start = max(0, len(names) - keep)
-    if session_gap_ms > 0 and ts:
-        # `recent` is one session already: a new one can start only at a new event. (Were
-        # there an older gap inside it, a replay would still be exact: the kernel restarts
-        # the state there.)
-        prev = _ONE.unpack_from(recent.ts_raw, 8 * (old - 1))[0] if old else None
+    names = [_name(t) for t in types]
+    return unpack(extend_packed(pack(recent) if len(recent) else b"", ts, names, keep,
+                                session_gap_ms))  # fmt: skip
+
+
+def names_of(types: list[str]) -> list[bytes]:
+    """Type names as stored (see extend_packed)."""
+    return [_name(t) for t in types]
+
+
+def extend_packed(
+    raw: bytes, ts: list[int], names: list[bytes], keep: int, session_gap_ms: float
+) -> bytes:
+    """`extended` on packed histories (b"" = none): the field's bytes after the new events
+    (times `ts`, stored names `names`). The worker's per-user path: slices, no unpacking."""
+    prev_ts, n_old = _HEAD.unpack_from(raw) if raw else (-1, 0)
+    n_new = len(ts)
+    total = n_old + n_new
+    start = total - keep if total > keep else 0  # the first event kept
+    ts_end = _HEAD.size + 8 * n_old
+    if session_gap_ms > 0:
+        # `raw` is one session already: a new one can start only at a new event. (Were there
+        # an older gap inside it, a replay would still be exact: the kernel restarts there.)
+        last = _ONE.unpack_from(raw, ts_end - 8)[0] if n_old else None
         for k, t in enumerate(ts):
-            if prev is not None and t - prev > session_gap_ms:
-                start = max(start, old + k)
-            prev = t
+            if last is not None and t - last > session_gap_ms and n_old + k > start:
+                start = n_old + k
+            last = t
+    new_ts = _ONE.pack(ts[0]) if n_new == 1 else struct.pack(f"<{n_new}q", *ts)
+    new_names = names[0] if n_new == 1 else b"".join(names)
     if start == 0:
-        return Recent(recent.prev_ts, ts_raw, names)
-    prev_ts = _ONE.unpack_from(ts_raw, 8 * (start - 1))[0]
-    return Recent(prev_ts, ts_raw[8 * start :], names[start:])
+        return (
+            _HEAD.pack(prev_ts, total)
+            + raw[_HEAD.size : ts_end]
+            + new_ts
+            + raw[ts_end:]
+            + new_names
+        )
+    if start >= n_old:  # only new events are kept
+        k = start - n_old
+        before = ts[k - 1] if k else _ONE.unpack_from(raw, ts_end - 8)[0]
+        return _HEAD.pack(before, total - start) + new_ts[8 * k :] + b"".join(names[k:])
+    before = _ONE.unpack_from(raw, _HEAD.size + 8 * (start - 1))[0]
+    pos = ts_end
+    for _ in range(start):  # skip the names of the dropped events
+        pos += 1 + raw[pos]
+    kept_ts = raw[_HEAD.size + 8 * start : ts_end]
+    return _HEAD.pack(before, total - start) + kept_ts + new_ts + raw[pos:] + new_names

@@ -20,10 +20,10 @@ import numpy as np
 
 # One user's state as last committed: h (L, H) float32 (a view of the batch's state array,
 # which nothing writes after its commit), last_ts ms, last_id (ms, seq), n, recent producer
-# event ids, recent events (worker/recent.py's fields as a tuple), last score, commit time
+# event ids, recent events (packed, worker/recent.py), last score, commit time
 # (monotonic). Plain tuples: thousands are made per batch, and the garbage collector stops
 # tracking tuples of atoms (see StateReader.remember).
-CachedState = tuple[np.ndarray, int, tuple[int, int], int, tuple[bytes, ...], tuple, float, float]
+CachedState = tuple[np.ndarray, int, tuple[int, int], int, tuple[bytes, ...], bytes, float, float]
 
 
 class StateCache:

@@ -24,7 +24,7 @@ import redis
 from worker.batch import entry_id
 from worker.keys import Keys
 from worker.pipeline import RECENT_EVENT_IDS, Commit, ShadowStates, UserStates
-from worker.recent import Recent, unpack
+from worker.recent import valid
 from worker.state_cache import CachedState, StateCache
 
 FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
@@ -170,7 +170,7 @@ class StateReader:
             if c is not None:
                 states.h[i], states.last_ts[i], states.last_id[i], states.n[i] = c[:4]
                 states.event_ids[i], states.score[i] = list(c[4]), c[6]
-                states.recent[i] = Recent(*c[5])
+                states.recent[i] = c[5]
         states.seq = seq
         return states
 
@@ -200,7 +200,7 @@ class StateReader:
                 continue
             if eids:
                 states.event_ids[i] = eids.split()[-RECENT_EVENT_IDS:]
-            states.recent[i] = unpack(recent)
+            states.recent[i] = valid(recent)
             stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
             mine.append((i, self._blob_of(stored, space)))
             states.score[i] = _number(score)
@@ -215,7 +215,7 @@ class StateReader:
             states.shadow = ShadowStates(np.zeros((len(states.users), *shadow[0]), np.float32),
                                          states.last_ts.copy(), score=shadow_scores)  # fmt: skip
             missing, invalid = self._load(states.shadow.h, theirs, shadow[0])
-            states.shadow.replay = [i for i in missing + invalid if len(states.recent[i])]
+            states.shadow.replay = [i for i in missing + invalid if states.recent[i]]
 
     def _blob_of(self, stored: list, space: str) -> bytes | None:
         """The stored h (main or shadow field) written by a model of `space`, if any."""
@@ -246,7 +246,7 @@ class StateReader:
     def _rebuild(states: UserStates, i: int, reason: str) -> None:
         """Row i has no usable h: replayed from its recent events when it has any (counted
         `replayed`), else it restarts from zero (counted by `reason`)."""
-        if len(states.recent[i]):
+        if states.recent[i]:
             states.replay.append(i)
             states.resets["replayed"] += 1
         else:
@@ -267,9 +267,8 @@ def written(commit: Commit) -> dict[str, CachedState]:
     50,000 users)."""
     stamp = time.monotonic()
     return {
-        u: (h, lts, key, n, tuple(eids), (recent.prev_ts, recent.ts_raw, recent.names),
-            score, stamp)
-        for u, h, lts, key, n, eids, (recent, _), score in zip(
+        u: (h, lts, key, n, tuple(eids), recent, score, stamp)
+        for u, h, lts, key, n, eids, recent, score in zip(
             commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
             commit.n.tolist(), commit.event_ids, commit.recent, commit.user_scores.tolist(),
             strict=True,
