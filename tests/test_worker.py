@@ -489,3 +489,37 @@ def test_long_idle_consumers_without_pending_entries_are_forgotten(
     consumer.maintenance.run(sorted(consumer.ownership.owned))
     names = {c["name"] for c in r.xinfo_consumers(STREAM0, "intentstream-workers")}
     assert names == {b"c1", b"host-456"} or names == {"c1", "host-456"}
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_them(
+    redis_server, model_path, partitions
+):
+    """The loop computes the next batch while Redis runs the commit before it: of the same
+    partition (its users' states partly from that commit) or of another. Sequence bumps
+    between rounds, as another writer's commit would make, refuse some of those batches:
+    they are computed again, and every score still equals offline scoring."""
+    events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(2400, 120, seed=9))]
+    r = connect(redis_server.url)
+    publish(r, events, partitions=partitions)
+    consumer = in_process_consumer(
+        redis_server.url, model_path, partitions=partitions, batch_size=60
+    )
+    used = []
+    take = consumer._take_ahead
+    consumer._take_ahead = lambda batch: used.append(take(batch)) or used[-1]
+    keys = Keys("intentstream")
+    ticks = 0
+    while consumer.metrics.count("scored") < len(events):
+        consumer.tick()
+        ticks += 1
+        if ticks % 5 == 0:
+            r.incr(keys.commit_seq(ticks % partitions))  # another writer moved it on
+        assert ticks < 10_000, "stuck"
+    assert sum(a is not None for a in used) > 10  # most batches were computed ahead
+    assert consumer.metrics.value("intentstream_commit_retries_total", reason="conflict") > 0
+    rows = score_entries(r, partitions=partitions)
+    assert len(rows) == len(events) and consumer.metrics.count("scored") == len(events)
+    by_id = {row["event_id"]: float(row["score"]) for row in rows}
+    want = offline_scores(model_path, events)
+    np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
