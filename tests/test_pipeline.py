@@ -74,11 +74,11 @@ def test_a_producer_retry_in_the_same_batch_or_a_later_one_is_a_duplicate():
     np.testing.assert_allclose(c.scores, [GOLDEN_SCORES[0], GOLDEN_SCORES[0], GOLDEN_SCORES[1]],
                                atol=1e-4)  # fmt: skip
     assert c.score_event_ids == [b"e1", b"e1", b"e2"]
-    assert dict(zip(c.users, c.event_ids, strict=True)) == {"alice": [b"e1", b"e2"], "bob": [b"e1"]}
+    assert dict(zip(c.users, c.event_ids, strict=True)) == {"alice": b"e1 e2", "bob": b"e1"}
 
     later = entries({"user_id": "alice", "type": "coupon", "event_id": "e2"}, start=10)
     states = UserStates.empty(["alice"], (1, 2))
-    states.event_ids[0] = [b"e1", b"e2"]
+    states.event_ids[0] = b"e1 e2"
     c2 = build_commit(parse_batch(0, later), states, model)
     assert c2.outcomes["duplicate"] == 1 and c2.users == []
 
@@ -86,7 +86,7 @@ def test_a_producer_retry_in_the_same_batch_or_a_later_one_is_a_duplicate():
 def test_recent_event_ids_are_bounded():
     raw = entries(*({"user_id": "a", "type": "view", "event_id": f"e{i}"} for i in range(20)))
     c = commit_of(raw)
-    assert c.event_ids[0] == [f"e{i}".encode() for i in range(20 - RECENT_EVENT_IDS, 20)]
+    assert c.event_ids[0].split() == [f"e{i}".encode() for i in range(20 - RECENT_EVENT_IDS, 20)]
 
 
 def test_states_continue_from_what_was_read():

@@ -208,15 +208,14 @@ def decimals(values: np.ndarray) -> list[str]:
     return list(map("{:.9g}".format, values.tolist()))
 
 
-def state_columns(c: Commit) -> list:
+def state_columns(c: Commit, score_text: list[str]) -> list:
     """The state rows' columns: h, score, last_id, last_ts, n, recent, event_ids
     (space-separated), and shadow_h, shadow_score when a shadow model runs. The h columns
-    are arrays (one row per state), the others lists."""
+    are arrays (one row per state), the others lists. `score_text`: the scores' decimals."""
     if not c.users:
         return []
-    event_ids = [b" ".join(ids) for ids in c.event_ids]
-    columns = [c.h, decimals(c.user_scores), c.last_ids, c.last_ts.tolist(), c.n.tolist(),
-               c.recent, event_ids]  # fmt: skip
+    scores = [score_text[i] for i in c.last_scored.tolist()]  # each user's last score
+    columns = [c.h, scores, c.last_ids, c.last_ts.tolist(), c.n.tolist(), c.recent, c.event_ids]
     if c.shadow_h is not None:
         columns += [c.shadow_h, decimals(c.shadow_user_scores)]
     return columns
@@ -229,12 +228,12 @@ def rows_of(h: np.ndarray) -> list[bytes]:
     return [blob[i : i + size] for i in range(0, len(blob), size)]
 
 
-def score_columns(c: Commit) -> list[list]:
+def score_columns(c: Commit, score_text: list[str]) -> list[list]:
     """The score entries' columns: user_id, score, event_id, type, ts[, shadow_score]."""
     if not len(c.scores):
         return []
     users = [c.users[i] for i in c.score_user.tolist()]
-    columns = [users, decimals(c.scores), c.score_event_ids, c.score_types, c.score_ts.tolist()]
+    columns = [users, score_text, c.score_event_ids, c.score_types, c.score_ts.tolist()]
     if c.shadow_scores is not None:
         columns.append(decimals(c.shadow_scores))
     return columns
@@ -353,7 +352,8 @@ class CommitScript:
         columns, the dead letters."""
         limit = self.limits.deadletter_max_value_bytes
         dead = [x for d in c.dead for x in dead_letter_items(d, limit)]
-        return [c.ack_ids, *state_columns(c), *score_columns(c), dead]
+        text = decimals(c.scores)
+        return [c.ack_ids, *state_columns(c, text), *score_columns(c, text), dead]
 
     def prepare(self, c: Commit) -> PreparedCommit:
         """The EVALSHA of a Commit packed but for its head (which holds the read sequence,

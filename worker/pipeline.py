@@ -46,7 +46,7 @@ class UserStates:
     last_ts: np.ndarray  # (U,) int64 epoch ms of the last applied event; -1 = none
     last_id: list[tuple[int, int]]  # entry id of the last applied event; (-1, -1) = none
     n: np.ndarray  # (U,) int64 events applied
-    event_ids: list[list[bytes]]  # last applied producer event ids, oldest first
+    event_ids: list[bytes]  # last applied producer event ids, oldest first, space-separated
     seq: bytes  # the partition's commit sequence the states were read at
     score: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (U,) last score, NaN = none
     recent: list[bytes] = field(default_factory=list)  # the users' recent events, packed
@@ -64,7 +64,7 @@ class UserStates:
             last_ts=np.full(n, -1, np.int64),
             last_id=[(-1, -1)] * n,
             n=np.zeros(n, np.int64),
-            event_ids=[[] for _ in range(n)],
+            event_ids=[b""] * n,
             seq=seq,
             score=np.full(n, np.nan),
             recent=[NO_HISTORY] * n,
@@ -83,11 +83,12 @@ class Commit:
     users: list[str]
     h: np.ndarray  # (K, L, H) float32
     user_scores: np.ndarray  # (K,) float32: the score of the user's last event
+    last_scored: np.ndarray  # (K,) int64: that event's index in the score rows below
     last_ids: list[bytes]  # entry id of the user's last applied event
     last_keys: list[tuple[int, int]]  # the same as (ms, seq)
     last_ts: np.ndarray  # (K,) int64
     n: np.ndarray  # (K,) int64
-    event_ids: list[list[bytes]]  # the user's last applied producer event ids
+    event_ids: list[bytes]  # the user's last applied producer event ids, space-separated
     recent: list[bytes]  # the user's recent session events, packed (worker/recent.py)
     shadow_h: np.ndarray | None  # (K, L', H') the shadow model's states, when one runs
     # one row per score entry, in stream order
@@ -130,22 +131,28 @@ def _applied_before(batch: Batch, states: UserStates, slot: np.ndarray) -> np.nd
 
 def _drop_producer_retries(
     batch: Batch, states: UserStates, slot: np.ndarray, keep: np.ndarray
-) -> dict[int, list[bytes]]:
+) -> dict[int, bytes]:
     """Unmark events whose producer event id is among their user's recent ones; return the
-    updated recent ids of the users whose list changed."""
-    recent: dict[int, list[bytes]] = {}
+    updated recent ids of the users whose list changed.
+
+    The ids stay one space-separated bytes string (event ids hold no spaces), so a lookup
+    is one substring test and an append one concatenation."""
+    recent: dict[int, bytes] = {}
+    slots = slot.tolist()
     for i, event_id in enumerate(batch.event_ids):
         if event_id is None or not keep[i]:
             continue
-        s = int(slot[i])
+        s = slots[i]
         seen = recent.get(s)
         if seen is None:
-            seen = recent[s] = list(states.event_ids[s])
-        if event_id in seen:
+            seen = states.event_ids[s]
+        if seen and b" " + event_id + b" " in b" " + seen + b" ":
             keep[i] = False
-        else:
-            seen.append(event_id)
-            del seen[:-RECENT_EVENT_IDS]
+            continue
+        seen = seen + b" " + event_id if seen else event_id
+        if seen.count(b" ") >= RECENT_EVENT_IDS:
+            seen = seen[seen.index(b" ") + 1 :]
+        recent[s] = seen
     return recent
 
 
@@ -277,6 +284,7 @@ def build_commit(
         users=[states.users[s] for s in touched_list],
         h=states.h[touched],
         user_scores=scores[last_event[touched]],
+        last_scored=last_event[touched],
         last_ids=[batch.entry_ids[i] for i in last_of_user.tolist()],
         last_keys=[batch.entry_keys[i] for i in last_of_user.tolist()],
         last_ts=states.last_ts[touched],

@@ -23,7 +23,7 @@ import numpy as np
 # event ids, recent events (packed, worker/recent.py), last score, commit time
 # (monotonic). Plain tuples: thousands are made per batch, and the garbage collector stops
 # tracking tuples of atoms (see StateReader.remember).
-CachedState = tuple[np.ndarray, int, tuple[int, int], int, tuple[bytes, ...], bytes, float, float]
+CachedState = tuple[np.ndarray, int, tuple[int, int], int, bytes, bytes, float, float]
 
 
 class StateCache:

@@ -53,6 +53,18 @@ return out
 """
 
 
+def _copy_known(states: UserStates, rows: list[int], known: list[CachedState]) -> None:
+    """Copy known states into their rows, a column at a time."""
+    h, last_ts, last_id, n, event_ids, recent, score, _ = zip(*known, strict=True)
+    idx = np.asarray(rows)
+    states.h[idx] = np.stack(h)
+    states.last_ts[idx] = last_ts
+    states.n[idx] = n
+    states.score[idx] = score
+    for i, lid, eids, rec in zip(rows, last_id, event_ids, recent, strict=True):
+        states.last_id[i], states.event_ids[i], states.recent[i] = lid, eids, rec
+
+
 def _number(raw: bytes | None) -> float:
     """A stored score, NaN when absent or not a number."""
     try:
@@ -166,11 +178,9 @@ class StateReader:
                 return None
             seq = flat[0] or b""
             self._fill(states, request.misses, flat, shape, space, shadow)
-        for i, c in enumerate(request.known):
-            if c is not None:
-                states.h[i], states.last_ts[i], states.last_id[i], states.n[i] = c[:4]
-                states.event_ids[i], states.score[i] = list(c[4]), c[6]
-                states.recent[i] = c[5]
+        rows = [i for i, c in enumerate(request.known) if c is not None]
+        if rows:
+            _copy_known(states, rows, [request.known[i] for i in rows])
         states.seq = seq
         return states
 
@@ -199,7 +209,7 @@ class StateReader:
                 states.resets["invalid"] += 1
                 continue
             if eids:
-                states.event_ids[i] = eids.split()[-RECENT_EVENT_IDS:]
+                states.event_ids[i] = b" ".join(eids.split()[-RECENT_EVENT_IDS:])
             states.recent[i] = valid(recent)
             stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
             mine.append((i, self._blob_of(stored, space)))
@@ -267,7 +277,7 @@ def written(commit: Commit) -> dict[str, CachedState]:
     50,000 users)."""
     stamp = time.monotonic()
     return {
-        u: (h, lts, key, n, tuple(eids), recent, score, stamp)
+        u: (h, lts, key, n, eids, recent, score, stamp)
         for u, h, lts, key, n, eids, recent, score in zip(
             commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
             commit.n.tolist(), commit.event_ids, commit.recent, commit.user_scores.tolist(),
