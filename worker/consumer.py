@@ -565,20 +565,23 @@ class Consumer:
         plan = self._plan_ahead(commit, entries, upcoming) if upcoming is not None else None
         cursors = [self.cursors[p] for p in parts]
         count = self.s.batch_size * (1 if self._queue else 2)  # keep two batches known
-        commands = [hiredis.pack_command(plan.command)] if plan is not None else []
+        reads = [hiredis.pack_command(plan.command)] if plan is not None else []
         if cursors:
-            commands.append(hiredis.pack_command(self.reader.read_command(cursors, count, None)))
-        commands.append(self.committer.command(commit, prepared))
+            reads.append(hiredis.pack_command(self.reader.read_command(cursors, count, None)))
+        packed_commit = self.committer.command(commit, prepared)
         pool = self.r.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([b"".join(commands)])
+            # The reads go first, on their own: Redis sends the replies of the commands it
+            # read together only after running them all, so reads sent with the commit would
+            # come back only after it. Then the commit runs while this process computes.
+            conn.send_packed_command([b"".join(reads)])
             state_reply = _reply_or_error(conn) if plan is not None else None
-            if cursors:
+            read_reply = _reply_or_error(conn) if cursors else None
+            conn.send_packed_command([packed_commit])
+            if cursors and not isinstance(read_reply, Exception):
                 # a stream of another type fails the read alone: the next plain read stops it
-                read_reply = _reply_or_error(conn)
-                if not isinstance(read_reply, Exception):
-                    self._queue += self.reader.batches(read_reply, cursors, self.s.batch_size)
+                self._queue += self.reader.batches(read_reply, cursors, self.s.batch_size)
             ahead = self._compute_ahead(plan, state_reply) if plan is not None else None
             reply = conn.read_response()
         except redis.exceptions.NoScriptError:
