@@ -44,16 +44,13 @@ class StateCache:
         region = self._users.get(p)
         if not region or self.max_users == 0:
             return [None] * len(users)
-        now = time.monotonic()
-        out: list[CachedState | None] = []
-        for u in users:
-            hit = region.get(u)
-            if hit is not None and now - hit[-1] < self.max_age:
-                region.move_to_end(u)
-                out.append(hit)
-            else:
-                out.append(None)
-        return out
+        hits = [region.get(u) for u in users]
+        if self.max_age != float("inf"):
+            oldest = time.monotonic() - self.max_age
+            hits = [h if h is not None and h[-1] > oldest else None for h in hits]
+        # no move to the end here: `store` moves the users a commit writes, and only those
+        # stay in use (a user read but not written had only repeated events)
+        return hits
 
     def store(self, p: int, seq: bytes, entries: dict[str, CachedState]) -> None:
         """Record the states committed at sequence `seq` (the cache moves to it)."""
