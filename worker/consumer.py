@@ -3,8 +3,10 @@
 One round (`tick`): renew leases (worker/ownership.py), follow the model source, read a
 batch per held partition (worker/streams.py), and per batch: read the users' states
 (worker/states.py), build the Commit with one kernel call (worker/pipeline.py), and apply it
-atomically and conditionally (worker/commit.py). The next round's read travels with the
-last commit of a round and is parsed while Redis runs the commit.
+atomically and conditionally (worker/commit.py). Two batches are kept known: a commit goes
+out behind the read of the next batch's states and a read of new entries, and while Redis
+runs it the worker computes the next batch (`_Ahead`), which is used only if the commit
+applied.
 
 A commit that applied nothing never loses an entry: the entries stay pending for this
 consumer and are read again, in order, before new ones. Redis outages back off and retry;
@@ -560,9 +562,7 @@ class Consumer:
         the read and compute the upcoming batch (kept as self._ahead when the commit
         applied). Any failure drops the read (its entries stay pending for us) and
         rewinds, so they are read again in order."""
-        entries = written(commit)
-        self._written = (commit, entries)
-        plan = self._plan_ahead(commit, entries, upcoming) if upcoming is not None else None
+        plan = self._plan_ahead(commit, upcoming) if upcoming is not None else None
         cursors = [self.cursors[p] for p in parts]
         count = self.s.batch_size * (1 if self._queue else 2)  # keep two batches known
         reads = [hiredis.pack_command(plan.command)] if plan is not None else []
@@ -576,6 +576,7 @@ class Consumer:
             # read together only after running them all, so reads sent with the commit would
             # come back only after it. Then the commit runs while this process computes.
             conn.send_packed_command([b"".join(reads)])
+            self._written = (commit, written(commit))  # while Redis runs the reads
             state_reply = _reply_or_error(conn) if plan is not None else None
             read_reply = _reply_or_error(conn) if cursors else None
             conn.send_packed_command([packed_commit])
@@ -602,17 +603,16 @@ class Consumer:
             self._ahead = ahead
         return result
 
-    def _plan_ahead(
-        self, commit: Commit, entries: dict[str, CachedState], upcoming: Batch
-    ) -> _Plan | None:
+    def _plan_ahead(self, commit: Commit, upcoming: Batch) -> _Plan | None:
         """How to read the upcoming batch's states in front of `commit`, which applies
-        before it: the commit's users are known from `entries`, what it writes."""
+        before it: the states of the commit's users are the ones it writes."""
         if not self._may_compute_ahead() or upcoming.partition not in self.ownership.owned:
             return None
         users = distinct_users(upcoming)
         if upcoming.partition == commit.partition:
-            request = self.states.request(upcoming.partition, users, overlay=entries,
-                                          overlay_seq=commit.seq)  # fmt: skip
+            request = self.states.request(
+                upcoming.partition, users, in_flight=set(commit.users), in_flight_seq=commit.seq
+            )
         else:
             request = self.states.request(upcoming.partition, users)
         command = self.states.command(request)
@@ -633,7 +633,8 @@ class Consumer:
             flat = None
         else:
             return None
-        states = self.states.complete(plan.request, flat, model.state_shape, state_space(model))
+        states = self.states.complete(plan.request, flat, model.state_shape, state_space(model),
+                                      in_flight=self._written[1])  # fmt: skip
         if states is None:
             return None
         t2 = time.perf_counter()

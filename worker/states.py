@@ -15,7 +15,7 @@ partition's reads (PartitionDataError), never the other partitions.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +91,7 @@ class StateRequest:
     known: list[CachedState | None]
     misses: list[int]
     seq: bytes | None  # None: nothing known, the read's sequence decides
+    pending: list[int]  # rows whose states a commit in flight writes
 
 
 SpaceOf = Callable[[str], str]  # model version -> its state space
@@ -130,19 +131,22 @@ class StateReader:
 
     def request(
         self, p: int, users: list[str], use_cache: bool = True,
-        overlay: dict[str, CachedState] | None = None, overlay_seq: bytes | None = None,
+        in_flight: Collection[str] = (), in_flight_seq: bytes | None = None,
     ) -> StateRequest:  # fmt: skip
-        """Which of `users` are known without a read: from `overlay` (the states a commit
-        in flight writes; they hold from `overlay_seq`, its read sequence) or the cache."""
+        """Which of `users` are known without a read: the cache's, and `in_flight`, the
+        users of a commit sent before the read (their states are the ones it writes, given
+        to `complete`). With `in_flight_seq`, that commit's read sequence, the read must
+        find the partition at it, and cached states count only if they hold at it."""
         seq = self.cache.seq(p) if use_cache else None
-        if overlay_seq is not None and seq != overlay_seq:
-            seq = None  # the cache is of another sequence: only the overlay holds
+        if in_flight_seq is not None and seq != in_flight_seq:
+            seq = None  # the cache is of another sequence
         cached = self.cache.lookup(p, users) if seq is not None else [None] * len(users)
-        if overlay:
-            cached = [overlay.get(u, c) for u, c in zip(users, cached, strict=True)]
-            seq = overlay_seq
-        misses = [i for i, c in enumerate(cached) if c is None]
-        return StateRequest(p, users, cached, misses, seq)
+        pending = [i for i, u in enumerate(users) if u in in_flight] if in_flight else []
+        if in_flight_seq is not None:
+            seq = in_flight_seq
+        taken = set(pending)
+        misses = [i for i, c in enumerate(cached) if c is None and i not in taken]
+        return StateRequest(p, users, cached, misses, seq, pending)
 
     def command(self, request: StateRequest) -> tuple | None:
         """The read script's EVALSHA for a request's misses (None when all are known)."""
@@ -168,19 +172,27 @@ class StateReader:
     def complete(
         self, request: StateRequest, flat: list | None, shape: tuple[int, int], space: str,
         shadow: tuple[tuple[int, int], str] | None = None,
+        in_flight: dict[str, CachedState] | None = None,
     ) -> UserStates | None:  # fmt: skip
-        """UserStates from a request and the read script's reply (None when no read was
-        needed); None when the known states no longer hold at the sequence read."""
+        """UserStates from a request, the read script's reply (None when no read was
+        needed) and the states the commit in flight writes (for `request.pending`); None
+        when the known states no longer hold at the sequence read."""
         states = UserStates.empty(request.users, shape)
         seq = request.seq
+        pending = set(request.pending)
         if flat is not None:
             if seq is not None and (flat[0] or b"") != seq:
                 return None
             seq = flat[0] or b""
             self._fill(states, request.misses, flat, shape, space, shadow)
-        rows = [i for i, c in enumerate(request.known) if c is not None]
+        rows = [i for i, c in enumerate(request.known) if c is not None and i not in pending]
+        known = [request.known[i] for i in rows]
+        if request.pending:
+            assert in_flight is not None, "pending rows need the states of the commit in flight"
+            rows += request.pending
+            known += [in_flight[request.users[i]] for i in request.pending]
         if rows:
-            _copy_known(states, rows, [request.known[i] for i in rows])
+            _copy_known(states, rows, known)
         states.seq = seq
         return states
 
