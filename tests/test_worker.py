@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -523,3 +524,39 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
     by_id = {row["event_id"]: float(row["score"]) for row in rows}
     want = offline_scores(model_path, events)
     np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
+
+
+BLAS_PROBE = """
+import json, sys, threadpoolctl
+from worker.connection import connect
+from worker.consumer import Consumer
+from worker.metrics import WorkerMetrics
+from worker.model_source import FileModelSource
+from worker.settings import Settings
+
+s = Settings(redis_url=sys.argv[1], model=sys.argv[2], metrics_port=0, block_ms=10)
+consumer = Consumer(s, connect(sys.argv[1]), FileModelSource(s.model), WorkerMetrics())
+seen = []
+
+def tick():
+    seen.extend(threadpoolctl.threadpool_info())
+    consumer.stop()
+
+consumer.tick = tick
+consumer.run()
+print(json.dumps([(i["internal_api"], i["filepath"], i["num_threads"]) for i in seen
+                  if i["user_api"] == "blas"]))
+"""
+
+
+def test_the_running_loop_has_one_blas_thread_in_every_blas_library(redis_server, model_path):
+    """A fresh process: the kernels load SciPy's OpenBLAS at their first call (the warm-up),
+    so a limit set before it would miss that library, whose spinning thread took a core."""
+    result = subprocess.run(
+        [sys.executable, "-c", BLAS_PROBE, redis_server.url, str(model_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    libraries = json.loads(result.stdout.splitlines()[-1])
+    assert any("scipy" in path for _, path, _ in libraries), libraries  # the kernels' BLAS
+    assert {threads for _, _, threads in libraries} == {1}, libraries

@@ -36,7 +36,6 @@ from tempfile import TemporaryDirectory
 
 import numpy as np
 import redis
-from threadpoolctl import threadpool_limits
 
 from model.artifact import Model, random_model, save_model
 from model.bench import machine_line
@@ -44,7 +43,7 @@ from model.reference import reference_step
 from model.scoring import ScoringModel
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.connection import connect
-from worker.consumer import Consumer, tune_gc
+from worker.consumer import Consumer, pin_blas, tune_gc
 from worker.local_redis import LocalRedis
 from worker.metrics import WorkerMetrics
 from worker.model_source import FileModelSource
@@ -131,15 +130,14 @@ def run_worker(
     metrics = WorkerMetrics()
     consumer = Consumer(settings, connect(url), source, metrics)
     consumer.model.warm_up()
-    tune_gc()  # as Consumer.run does
+    pin_blas()  # as Consumer.run does
+    tune_gc()
     latencies = []
-    limit = threadpool_limits(limits=1, user_api="blas")  # as Consumer.run does
     t0 = time.perf_counter()
     while (before := metrics.count("scored")) < n:
         t = time.perf_counter()
         consumer.tick()
         latencies.append((int(metrics.count("scored") - before), time.perf_counter() - t))
-    limit.restore_original_limits()
     return time.perf_counter() - t0, latencies
 
 

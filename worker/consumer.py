@@ -64,6 +64,16 @@ CONFLICT_RETRIES = 5
 GC_THRESHOLDS = (20_000, 20, 20)
 
 
+def pin_blas() -> None:
+    """One thread for every BLAS library loaded so far, for the rest of the process.
+
+    The kernel's products are small: a second OpenBLAS thread gains nothing and its
+    busy-waiting takes the core that Redis and this loop need (2.5-3x slower measured). The
+    limit reaches only libraries already loaded, and a kernel loads SciPy's at its first
+    call: so call this after warming up."""
+    threadpool_limits(limits=1, user_api="blas")
+
+
 def tune_gc() -> None:
     """Freeze the objects made at start (numba, scipy, pydantic: ~170,000, never garbage),
     which every full collection walked: at 50,000 users that was 25% of the loop's time and
@@ -170,15 +180,13 @@ class Consumer:
 
     def run(self, max_seconds: float | None = None) -> None:
         """Consume until stopped (or for max_seconds), surviving Redis outages."""
-        # The kernel's products are small: a second OpenBLAS thread gains nothing and its
-        # busy-waiting takes the core that Redis and this loop need (2.5-3x slower measured).
-        with threadpool_limits(limits=1, user_api="blas"):
-            self._run(max_seconds)
-
-    def _run(self, max_seconds: float | None) -> None:
         self.model.warm_up()
         if self.shadow is not None:
             self.shadow.warm_up()
+        pin_blas()
+        self._run(max_seconds)
+
+    def _run(self, max_seconds: float | None) -> None:
         self.health.model_ok = True
         self._set_model_metrics()
         tune_gc()
@@ -686,6 +694,7 @@ class Consumer:
         the old one's state space; else each user's state is rebuilt at their next event
         from their recent events (or restarts from zero without them), counted."""
         newer.warm_up()
+        pin_blas()
         old = self.model
         self._spaces[old.version] = state_space(old)
         if state_space(newer) != state_space(old):
@@ -700,6 +709,7 @@ class Consumer:
         """Start, change or stop the shadow model between batches."""
         if shadow is not None:
             shadow.warm_up()
+            pin_blas()
         old, self.shadow = self.shadow, shadow
         self.cache.drop()  # the cache holds no shadow states
         self.quality.forget("shadow")
