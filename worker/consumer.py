@@ -320,7 +320,7 @@ class Consumer:
     def _block(self, p: int, detail: str) -> None:
         backoff = min(60.0, max(1.0, self._blocked.get(p, (0, 0.5))[1] * 2))
         self._blocked[p] = (time.monotonic() + backoff, backoff)
-        self._drop_prefetched(p)
+        self._drop_queued(p)
         self.cursors[p].rewind()
         self.cache.drop(p)
         self.metrics.bad_keys.inc()
@@ -356,7 +356,7 @@ class Consumer:
         self._idle = min(max(0.001, self._idle * 2), min(0.05, self.s.block_ms / 1000))
         self._stop.wait(self._idle)
 
-    def _drop_prefetched(self, p: int) -> None:
+    def _drop_queued(self, p: int) -> None:
         """Forget p's queued batches: they stay pending for us and are read again."""
         self._queue = [b for b in self._queue if b.partition != p]
         if self._ahead is not None and self._ahead.batch.partition == p:
@@ -423,7 +423,7 @@ class Consumer:
         """Forget a partition this worker no longer holds (its gauges are another's now)."""
         self.ownership.forget(p)
         self.cache.drop(p)
-        self._drop_prefetched(p)
+        self._drop_queued(p)
         for gauge in (self.metrics.lag, self.metrics.pending):
             with suppress(KeyError):  # never set: nothing to remove
                 gauge.remove(str(p))
@@ -456,7 +456,7 @@ class Consumer:
                 if not self._refusal_retries(p, exc) or attempt == CONFLICT_RETRIES - 1:
                     # Not applied: the batch, and any newer one read behind it, stay pending
                     # for us and are read again in order.
-                    self._drop_prefetched(p)
+                    self._drop_queued(p)
                     self.cursors[p].rewind()
                     return
 
