@@ -498,8 +498,9 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
 ):
     """The loop computes the next batch while Redis runs the commit before it: of the same
     partition (its users' states partly from that commit) or of another. Sequence bumps
-    between rounds, as another writer's commit would make, refuse some of those batches:
-    they are computed again, and every score still equals offline scoring."""
+    between rounds, as another writer's commit would make, refuse some of those batches, and
+    a SCRIPT FLUSH (as after a restart) fails the pipelined reads and commit: those batches
+    are computed again, and every score still equals offline scoring."""
     events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(2400, 120, seed=9))]
     r = connect(redis_server.url)
     publish(r, events, partitions=partitions)
@@ -516,9 +517,13 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
         ticks += 1
         if ticks % 5 == 0:
             r.incr(keys.commit_seq(ticks % partitions))  # another writer moved it on
+        if ticks % 7 == 0:
+            r.script_flush()
         assert ticks < 10_000, "stuck"
     assert sum(a is not None for a in used) > 10  # most batches were computed ahead
-    assert consumer.metrics.value("intentstream_commit_retries_total", reason="conflict") > 0
+    retries = consumer.metrics.value
+    assert retries("intentstream_commit_retries_total", reason="conflict") > 0
+    assert retries("intentstream_commit_retries_total", reason="noscript") > 0
     rows = score_entries(r, partitions=partitions)
     assert len(rows) == len(events) and consumer.metrics.count("scored") == len(events)
     by_id = {row["event_id"]: float(row["score"]) for row in rows}
