@@ -102,6 +102,7 @@ class _Ahead:
     commit: Commit
     prepared: PreparedCommit
     model: ScoringModel
+    shadow: ScoringModel | None
     seconds: tuple[float, float]  # reading states, computing the commit
 
 
@@ -557,9 +558,9 @@ class Consumer:
             raise
 
     def _may_compute_ahead(self) -> bool:
-        # a shadow's states bypass the cache and each commit; a cluster's partitions are
-        # on different nodes, with no one connection to pipeline on
-        return self.shadow is None and not self.cluster
+        # a cluster's partitions are on different nodes, with no one connection to
+        # pipeline on
+        return not self.cluster
 
     def _commit_and_prefetch(
         self, commit: Commit, parts: list[int], upcoming: Batch | None = None,
@@ -634,29 +635,32 @@ class Consumer:
         if isinstance(reply, Exception):
             return None
         t1 = time.perf_counter()
-        model = self.model
+        model, shadow = self.model, self.shadow
         if plan.command[0] == "EVALSHA":
             flat = reply
         elif (reply or b"") == plan.request.seq:
             flat = None
         else:
             return None
-        states = self.states.complete(plan.request, flat, model.state_shape, state_space(model),
-                                      in_flight=self._written[1])  # fmt: skip
+        states = self.states.complete(
+            plan.request, flat, model.state_shape, state_space(model),
+            (shadow.state_shape, state_space(shadow)) if shadow is not None else None,
+            in_flight=self._written[1],
+        )  # fmt: skip
         if states is None:
             return None
         t2 = time.perf_counter()
-        commit = build_commit(plan.batch, states, model, self.s.history_events)
+        commit = build_commit(plan.batch, states, model, self.s.history_events, shadow)
         prepared = self.committer.prepare(commit)
-        return _Ahead(plan.batch, states, commit, prepared, model,
+        return _Ahead(plan.batch, states, commit, prepared, model, shadow,
                       (t2 - t1, time.perf_counter() - t2))  # fmt: skip
 
     def _take_ahead(self, batch: Batch) -> _Ahead | None:
-        """The batch as computed ahead, if it was and still holds (same model, no shadow)."""
+        """The batch as computed ahead, if it was and still holds (same models)."""
         ahead, self._ahead = self._ahead, None
         if ahead is None or ahead.batch is not batch or ahead.model is not self.model:
             return None
-        return ahead if self._may_compute_ahead() else None
+        return ahead if ahead.shadow is self.shadow else None
 
     # ---- commits whose reply was lost --------------------------------------------------
 
@@ -711,7 +715,7 @@ class Consumer:
             shadow.warm_up()
             pin_blas()
         old, self.shadow = self.shadow, shadow
-        self.cache.drop()  # the cache holds no shadow states
+        self.cache.drop()  # cached states hold the old shadow's states (or none)
         self.quality.forget("shadow")
         self._set_model_metrics()
         versions = {"old": old and old.version, "new": shadow and shadow.version}

@@ -20,10 +20,13 @@ import numpy as np
 
 # One user's state as last committed: h (L, H) float32 (a view of the batch's state array,
 # which nothing writes after its commit), last_ts ms, last_id (ms, seq), n, recent producer
-# event ids, recent events (packed, worker/recent.py), last score, commit time
-# (monotonic). Plain tuples: thousands are made per batch, and the garbage collector stops
-# tracking tuples of atoms (see StateReader.remember).
-CachedState = tuple[np.ndarray, int, tuple[int, int], int, bytes, bytes, float, float]
+# event ids, recent events (packed, worker/recent.py), last score, the shadow model's h and
+# last score (None and NaN without one), commit time (monotonic; always last). Plain tuples:
+# thousands are made per batch, and the garbage collector stops tracking tuples of atoms
+# (see worker/states.py: written).
+CachedState = tuple[
+    np.ndarray, int, tuple[int, int], int, bytes, bytes, float, np.ndarray | None, float, float
+]
 
 
 class StateCache:

@@ -54,8 +54,9 @@ return out
 
 
 def _copy_known(states: UserStates, rows: list[int], known: list[CachedState]) -> None:
-    """Copy known states into their rows, a column at a time."""
-    h, last_ts, last_id, n, event_ids, recent, score, _ = zip(*known, strict=True)
+    """Copy known states into their rows, a column at a time (and the shadow model's, when
+    `states.shadow` is set)."""
+    h, last_ts, last_id, n, event_ids, recent, score, sh_h, sh_score, _ = zip(*known, strict=True)
     idx = np.asarray(rows)
     states.h[idx] = np.stack(h)
     states.last_ts[idx] = last_ts
@@ -63,6 +64,17 @@ def _copy_known(states: UserStates, rows: list[int], known: list[CachedState]) -
     states.score[idx] = score
     for i, lid, eids, rec in zip(rows, last_id, event_ids, recent, strict=True):
         states.last_id[i], states.event_ids[i], states.recent[i] = lid, eids, rec
+    shadow = states.shadow
+    if shadow is None:
+        return
+    shadow.last_ts[idx] = last_ts
+    have = [k for k, x in enumerate(sh_h) if x is not None and x.shape == shadow.h.shape[1:]]
+    if have:
+        shadow.h[idx[have]] = np.stack([sh_h[k] for k in have])
+        shadow.score[idx[have]] = [sh_score[k] for k in have]
+    kept = set(have)
+    # written without the shadow (it started since): rebuilt from the recent events
+    shadow.replay += [i for k, i in enumerate(rows) if k not in kept and states.recent[i]]
 
 
 def _number(raw: bytes | None) -> float:
@@ -117,10 +129,9 @@ class StateReader:
         shadow: tuple[tuple[int, int], str] | None = None,
     ) -> UserStates:
         """The states of `users` of partition p for a model of state shape `shape` and state
-        space `space`, and for a shadow model of (shape, space) when one runs. The cache
-        holds only the current model's states: with a shadow, every state is read."""
+        space `space`, and for a shadow model of (shape, space) when one runs."""
         while True:
-            request = self.request(p, users, use_cache=shadow is None)
+            request = self.request(p, users)
             command = self.command(request)
             flat = self._run(p, command) if command is not None else None
             states = self.complete(request, flat, shape, space, shadow)
@@ -185,6 +196,10 @@ class StateReader:
                 return None
             seq = flat[0] or b""
             self._fill(states, request.misses, flat, shape, space, shadow)
+        if shadow is not None and states.shadow is None:  # all known: nothing was read
+            n = len(request.users)
+            h = np.zeros((n, *shadow[0]), np.float32)
+            states.shadow = ShadowStates(h, states.last_ts.copy(), score=np.full(n, np.nan))
         rows = [i for i, c in enumerate(request.known) if c is not None and i not in pending]
         known = [request.known[i] for i in rows]
         if request.pending:
@@ -288,11 +303,16 @@ def written(commit: Commit) -> dict[str, CachedState]:
     walk ~6 objects per cached user (measured: 31% of the worker's time, pauses of 0.2 s at
     50,000 users)."""
     stamp = time.monotonic()
+    k = len(commit.users)
+    if commit.shadow_h is not None and commit.shadow_user_scores is not None:
+        sh_h, sh_scores = commit.shadow_h, commit.shadow_user_scores.tolist()
+    else:
+        sh_h, sh_scores = [None] * k, [float("nan")] * k
     return {
-        u: (h, lts, key, n, eids, recent, score, stamp)
-        for u, h, lts, key, n, eids, recent, score in zip(
+        u: (h, lts, key, n, eids, recent, score, shh, shs, stamp)
+        for u, h, lts, key, n, eids, recent, score, shh, shs in zip(
             commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
             commit.n.tolist(), commit.event_ids, commit.recent, commit.user_scores.tolist(),
-            strict=True,
+            sh_h, sh_scores, strict=True,
         )
     }  # fmt: skip
