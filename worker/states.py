@@ -141,14 +141,14 @@ class StateReader:
             self.cache.drop(p)
 
     def request(
-        self, p: int, users: list[str], use_cache: bool = True,
-        in_flight: Collection[str] = (), in_flight_seq: bytes | None = None,
+        self, p: int, users: list[str], in_flight: Collection[str] = (),
+        in_flight_seq: bytes | None = None,
     ) -> StateRequest:  # fmt: skip
         """Which of `users` are known without a read: the cache's, and `in_flight`, the
         users of a commit sent before the read (their states are the ones it writes, given
         to `complete`). With `in_flight_seq`, that commit's read sequence, the read must
         find the partition at it, and cached states count only if they hold at it."""
-        seq = self.cache.seq(p) if use_cache else None
+        seq = self.cache.seq(p)
         if in_flight_seq is not None and seq != in_flight_seq:
             seq = None  # the cache is of another sequence
         cached = self.cache.lookup(p, users) if seq is not None else [None] * len(users)
