@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from model.artifact import random_model, save_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import run_cli
@@ -25,30 +27,39 @@ def outputs(r) -> tuple[list, dict]:
     return entries, states
 
 
-def test_the_competent_consumer_writes_exactly_the_workers_fields(redis_server, tmp_path):
+@pytest.mark.parametrize("event_ids", [True, False])
+def test_the_competent_consumer_writes_exactly_the_workers_fields(
+    redis_server, tmp_path, event_ids
+):
     model = random_model([*EVENT_TYPES, LABEL_TYPE], hidden=8, seed=0)
     path = tmp_path / "m.npz"
     save_model(model, path)
     version = FileModelSource(path).current.version
     events = list(synthetic_events(600, 40, seed=1))
     r = connect(redis_server.url)
-    preload(r, events)
+    preload(r, events, event_ids)
+    entry_ids = [eid for eid, _ in r.xrange("intentstream:events:{0}")]
     run_worker(redis_server.url, path, len(events), 128, no_model=False)
     by_worker = outputs(r)
-    preload(r, events)
+    preload(r, events, event_ids)
+    entry_ids_again = [eid for eid, _ in r.xrange("intentstream:events:{0}")]
     run_competent(r, len(events), 128, model, version, history=32)
     by_competent = outputs(r)
+    if not event_ids:  # a score's event_id is then its entry id
+        assert [e[b"event_id"] for e in by_worker[0]] == entry_ids
+        assert [e[b"event_id"] for e in by_competent[0]] == entry_ids_again
     assert len(by_worker[0]) == len(events) and len(by_worker[1]) == 40
     # the same entries with the same fields and values (the ids are new: a new preload)
     assert [sorted(e) for e in by_competent[0]] == [sorted(e) for e in by_worker[0]]
-    assert [e[b"event_id"] for e in by_competent[0]] == [e[b"event_id"] for e in by_worker[0]]
-    assert sorted(next(iter(by_worker[1].values()))) == sorted(
-        [b"last_id", b"last_ts", b"model", b"n", b"recent", b"event_ids"]
-    )
+    if event_ids:
+        assert [e[b"event_id"] for e in by_competent[0]] == [e[b"event_id"] for e in by_worker[0]]
+    fields = [b"last_id", b"last_ts", b"model", b"n", b"recent"]
+    fields += [b"event_ids"] if event_ids else []
+    assert sorted(next(iter(by_worker[1].values()))) == sorted(fields)
     for key, state in by_worker[1].items():
         other = by_competent[1][key]
         assert sorted(other) == sorted(state)
-        for field in (b"last_ts", b"model", b"n", b"recent", b"event_ids"):
+        for field in fields[1:]:
             assert other[field] == state[field], (key, field)
 
 

@@ -73,14 +73,15 @@ class Result:
         return self.events / self.seconds
 
 
-def preload(r: redis.Redis, events: list[dict]) -> None:
+def preload(r: redis.Redis, events: list[dict], event_ids: bool = True) -> None:
     """Flush the database and XADD the events to partition 0, pipelined, each with a
-    producer event_id as `publish` sets one."""
+    producer event_id as `publish` sets one (unless event_ids is False)."""
     r.flushdb()
     pipe = r.pipeline(transaction=False)
     for i, e in enumerate(events):
+        extra = ("event_id", f"bench-{i}") if event_ids else ()
         pipe.execute_command("XADD", STREAM, "*", "user_id", e["user_id"], "type", e["type"],
-                             "ts", e["ts"], "event_id", f"bench-{i}")  # fmt: skip
+                             "ts", e["ts"], *extra)  # fmt: skip
         if len(pipe) >= 5000:
             pipe.execute()
     pipe.execute()
@@ -185,7 +186,7 @@ def run_competent(
         by_user: dict[str, list] = {}
         for eid, f in entries:
             ts = int(f[b"ts"]) if b"ts" in f else int(eid.split(b"-")[0])
-            event = (eid, f[b"type"].decode(), ts, f.get(b"event_id") or eid)
+            event = (eid, f[b"type"].decode(), ts, f.get(b"event_id"))
             by_user.setdefault(f[b"user_id"].decode(), []).append(event)
         pipe = r.pipeline(transaction=False)
         for user in by_user:
@@ -193,11 +194,12 @@ def run_competent(
         for (user, evs), (h, count, raw, ids) in zip(by_user.items(), pipe.execute(), strict=True):
             recent = extended(unpack(raw), [e[2] for e in evs], [e[1] for e in evs],
                               history, gap_ms)  # fmt: skip
-            ids = [*(ids or b"").split(), *(e[3] for e in evs)][-RECENT_EVENT_IDS:]
+            ids = [*(ids or b"").split(), *(e[3] for e in evs if e[3])][-RECENT_EVENT_IDS:]
             fields = {"h": h or zero_h, "score": "0", "last_id": evs[-1][0],
                       "last_ts": evs[-1][2], "model": version, "n": int(count or 0) + len(evs),
-                      "recent": pack(recent) if history else b"",
-                      "event_ids": b" ".join(ids)}  # fmt: skip
+                      "recent": pack(recent) if history else b""}  # fmt: skip
+            if ids:  # as the worker: no field without producer ids
+                fields["event_ids"] = b" ".join(ids)
             pipe.hset(f"intentstream:state:{{0}}:{user}", mapping=fields)
         for eid, f in entries:
             ts = f[b"ts"] if b"ts" in f else eid.split(b"-")[0]
@@ -324,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="afbcde", help="run in this order, each repeat")
     p.add_argument("--repeat", type=int, default=1, help="rounds over the variants (medians)")
     p.add_argument("--history-events", type=int, default=32, help="as the worker's setting")
+    p.add_argument("--no-event-ids", dest="event_ids", action="store_false",
+                   help="publish the backlog without producer event ids (as before they "
+                   "existed: the workload of older versions' bench)")  # fmt: skip
     p.add_argument("--latency", action="store_true",
                    help="also the real worker process: backlog rate, latency under a fixed-rate "
                    "producer at --loads of it, memory per state and per event")  # fmt: skip
@@ -373,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             }  # fmt: skip
             # Warm-up (not reported): the first variant of a run otherwise pays for a cold
             # Redis allocator and CPU caches, and measured 20% slower in whatever position.
-            preload(r, events[: min(len(events), 20_000)])
+            preload(r, events[: min(len(events), 20_000)], args.event_ids)
             run_worker(url, model_path, min(len(events), 20_000), b, False, hist)
             step = torch_step(model) if args.cell == "rnn" else None  # e: nn.RNNCell
             if step is not None:
@@ -387,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                     if key not in runs:
                         continue
                     name, data, run = runs[key]
-                    preload(r, data)
+                    preload(r, data, args.event_ids)
                     cost = RedisCost(r)
                     seconds, latencies = run(len(data))
                     cost.stop(len(data))

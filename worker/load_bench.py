@@ -147,7 +147,7 @@ def run_load_bench(
     mem: dict[int, dict[str, float]] = {}
     with open(Path(model).parent / "worker-load.log", "ab") as log:
         for history in dict.fromkeys([args.history_events, 0]):
-            preload(r, events)
+            preload(r, events, args.event_ids)
             proc = start_worker(url, model, args.batch_size, history, log)
             try:
                 rate, redis_us, worker_us = backlog(r, proc, len(events))
