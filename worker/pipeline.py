@@ -183,27 +183,21 @@ def _advance(
 
 def _recent_after(
     states: UserStates, rows: list[int], k_slot: np.ndarray, types: list[str],
-    ts: np.ndarray, keep: int, session_gap_ms: float, applied: np.ndarray,
-    last_event: np.ndarray,
+    ts: np.ndarray, keep: int, session_gap_ms: float,
 ) -> list[bytes]:  # fmt: skip
-    """The packed `recent` of each written row: its history plus this batch's events.
-    `applied[k]` counts row k's events here, `last_event[k]` is its last one's index."""
+    """The packed `recent` of each written row: its history plus this batch's events."""
     if keep == 0:
         return [NO_HISTORY] * len(rows)
-    ts_list, names = ts.tolist(), names_of(types)
-    several: dict[int, list[int]] = {}  # row -> its events, for rows with more than one
-    if (applied > 1).any():
-        for i, s in enumerate(k_slot.tolist()):
-            several.setdefault(s, []).append(i)
-    old, out = states.recent, []
-    for r, count, j in zip(rows, applied.tolist(), last_event.tolist(), strict=True):
-        if count == 1:  # the usual case: one event of the user in the batch
-            out.append(extend_packed(old[r], [ts_list[j]], [names[j]], keep, session_gap_ms))
+    new_ts: dict[int, list[int]] = {}
+    new_names: dict[int, list[bytes]] = {}
+    for s, t, name in zip(k_slot.tolist(), ts.tolist(), names_of(types), strict=True):
+        if s in new_ts:
+            new_ts[s].append(t)
+            new_names[s].append(name)
         else:
-            mine = several[r]
-            out.append(extend_packed(old[r], [ts_list[i] for i in mine],
-                                     [names[i] for i in mine], keep, session_gap_ms))  # fmt: skip
-    return out
+            new_ts[s], new_names[s] = [t], [name]
+    old = states.recent
+    return [extend_packed(old[r], new_ts[r], new_names[r], keep, session_gap_ms) for r in rows]
 
 
 def gap_ms(model: ScoringModel) -> float:
@@ -304,8 +298,6 @@ def build_commit(
             ts,
             history_events,
             gap_ms(model),
-            applied,
-            last_event[touched],
         ),
         score_user=row_of_slot[k_slot],
         score_types=types,

@@ -99,9 +99,8 @@ def extended(
 ) -> Recent:
     """`recent` followed by a user's newly applied events (in order), cut where a gap
     exceeds the session gap (0 = never) and to the last `keep` events."""
-    names = [_name(t) for t in types]
-    return unpack(extend_packed(pack(recent) if len(recent) else b"", ts, names, keep,
-                                session_gap_ms))  # fmt: skip
+    raw = pack(recent) if len(recent) else b""
+    return unpack(extend_packed(raw, ts, names_of(types), keep, session_gap_ms))
 
 
 def names_of(types: list[str]) -> list[bytes]:

@@ -133,7 +133,7 @@ class StateReader:
         while True:
             request = self.request(p, users)
             command = self.command(request)
-            flat = self._run(p, command) if command is not None else None
+            flat = self._run(p, self._keys(request)) if command is not None else None
             states = self.complete(request, flat, shape, space, shadow)
             if states is not None:
                 return states
@@ -163,13 +163,17 @@ class StateReader:
         """The read script's EVALSHA for a request's misses (None when all are known)."""
         if not request.misses and request.seq is not None:
             return None
-        p, users = request.partition, request.users
-        keys = [self.keys.commit_seq(p), *(self.keys.state(p, users[i]) for i in request.misses)]
+        keys = self._keys(request)
         return ("EVALSHA", self.script.sha, len(keys), *keys)
 
-    def _run(self, p: int, command: tuple) -> list:
+    def _keys(self, request: StateRequest) -> list[str]:
+        """The read script's KEYS: the partition's sequence, then the misses' state keys."""
+        p, users = request.partition, request.users
+        return [self.keys.commit_seq(p), *(self.keys.state(p, users[i]) for i in request.misses)]
+
+    def _run(self, p: int, keys: list[str]) -> list:
         try:
-            return self.script(keys=list(command[3:]))
+            return self.script(keys=keys)
         except redis.ResponseError as exc:
             raise self.reply_error(p, exc) from None
 
