@@ -6,7 +6,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.events import MAX_TS_MS, EventError, event_from_fields, parse_entry, parse_flat_entry
+from worker.events import (
+    DEFAULT_MAX_TS_SKEW_MS as SKEW,
+)
+from worker.events import (
+    MAX_TS_MS,
+    EventError,
+    event_from_fields,
+    parse_entry,
+    parse_flat_entry,
+    ts_problem,
+)
+
+T7 = 1_700_000_000_007  # a plausible event time (epoch ms)
 
 NAMES = st.sampled_from([b"user_id", b"type", b"ts", b"event_id", b"json", b"other"]) | st.binary(
     max_size=8
@@ -38,6 +50,8 @@ def outcome(fn, fields):
 def test_fast_parser_agrees_with_the_schema_on_arbitrary_fields(fields, entry_ms):
     fast = outcome(lambda f: parse_entry(f, entry_ms), fields)
     slow = outcome(lambda f: event_from_fields(f, entry_ms), fields)
+    if not isinstance(slow, tuple) and (problem := ts_problem(slow.ts, entry_ms, SKEW)):
+        slow = ("error", problem)  # valid by the schema, refused by the timestamp rule
     if isinstance(slow, tuple) and slow[0] == "error":
         assert fast == slow  # same rejection, same reason
     else:
@@ -65,8 +79,8 @@ def test_json_field_never_raises_anything_but_event_error(doc):
     ("fields", "expected"),
     [
         ({b"user_id": b"a", b"type": b"view"}, ("a", "view", 42, None)),
-        ({b"user_id": b"a", b"type": b"view", b"ts": b"7"}, ("a", "view", 7, None)),
-        ({b"json": b'{"user_id": "a", "type": "view", "ts": 9}'}, ("a", "view", 9, None)),
+        ({b"user_id": b"a", b"type": b"view", b"ts": b"%d" % T7}, ("a", "view", T7, None)),
+        ({b"json": b'{"user_id": "a", "type": "view", "ts": %d}' % T7}, ("a", "view", T7, None)),
         ({b"json": b'{"user_id": "a", "type": "view"}'}, ("a", "view", 42, None)),
         ({b"user_id": "ü".encode(), b"type": b"view", b"x": b"\xff"}, ("ü", "view", 42, None)),
         ({b"user_id": b"a", b"type": b"v", b"event_id": b"o-1"}, ("a", "v", 42, b"o-1")),
@@ -74,7 +88,43 @@ def test_json_field_never_raises_anything_but_event_error(doc):
     ],
 )
 def test_valid_entries(fields, expected):
-    assert parse_entry(fields, 42) == expected
+    # an entry without ts takes its id's time (42 here: ids may be set by hand)
+    assert parse_entry(fields, 42 if expected[2] == 42 else T7 + 5) == expected
+
+
+NOW = 1_764_000_000_000  # an entry id's time: late 2025
+
+
+@pytest.mark.parametrize(
+    ("ts", "entry_ms", "reason"),
+    [
+        (1_764_000_000, NOW, "before 2000-01-01 .*not seconds"),  # seconds, not ms
+        (0, NOW, "before 2000-01-01"),
+        (NOW + SKEW + 1, NOW, f"ahead of the entry id's time {NOW}; at most {SKEW} ms"),
+        (MAX_TS_MS, NOW, "ahead of the entry id's time"),
+    ],
+)
+def test_the_timestamp_rule_refuses_a_ts_far_from_its_entry(ts, entry_ms, reason):
+    for fields in ({b"user_id": b"u", b"type": b"view", b"ts": b"%d" % ts},
+                   {b"json": b'{"user_id": "u", "type": "view", "ts": %d}' % ts}):  # fmt: skip
+        with pytest.raises(EventError, match=reason):
+            parse_entry(fields, entry_ms)
+
+
+def test_the_timestamp_rule_keeps_late_and_slightly_early_events():
+    for ts in (946_684_800_000, NOW - 86_400_000 * 365, NOW + SKEW):
+        assert parse_entry({b"user_id": b"u", b"type": b"v", b"ts": b"%d" % ts}, NOW)[2] == ts
+    # the skew is a setting
+    late = {b"user_id": b"u", b"type": b"v", b"ts": b"%d" % (NOW + 3_600_000)}
+    assert parse_entry(late, NOW, max_skew_ms=3_600_000)[2] == NOW + 3_600_000
+
+
+@pytest.mark.parametrize("entry_ms", [2**63, 2**64 - 1, MAX_TS_MS + 1])
+def test_an_entry_id_past_the_epoch_ms_range_without_ts_is_refused(entry_ms):
+    with pytest.raises(EventError, match="past year 9999 and no ts is given"):
+        parse_entry({b"user_id": b"m", b"type": b"view"}, entry_ms)
+    # with a ts of its own, the event keeps that time
+    assert parse_entry({b"user_id": b"m", b"type": b"view", b"ts": b"%d" % NOW}, entry_ms)[2] == NOW
 
 
 @pytest.mark.parametrize(
@@ -128,7 +178,7 @@ def test_hostile_json_is_an_event_error_not_a_crash(fields, reason):
 def test_a_parser_gap_becomes_a_dead_letter(monkeypatch):
     from worker import batch
 
-    def broken(fields, ms):
+    def broken(*args):
         raise RuntimeError("surprise")
 
     monkeypatch.setattr(batch, "parse_flat_entry", broken)

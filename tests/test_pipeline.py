@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
 from worker.batch import parse_batch
+from worker.events import MAX_TS_MS
 from worker.pipeline import RECENT_EVENT_IDS, UserStates, build_commit, distinct_users
 
 
@@ -134,3 +137,50 @@ def test_recent_extension_matches_its_definition_on_random_histories():
         assert got.ts == all_ts[start:]
         assert got.prev_ts == (all_ts[start - 1] if start else -1)
         assert got.types == (["o"] * len(old) + ["n"] * len(new))[start:]
+
+
+FIELD_NAMES = st.sampled_from([b"user_id", b"type", b"ts", b"event_id", b"json", b"x"])
+FIELD_VALUES = (
+    st.binary(max_size=40)
+    | st.sampled_from([b"view", b"add_to_cart", b"alice", b"bob", b"", b"\xff\xfe", b"e 1"])
+    | st.integers(-(2**70), 2**70).map(lambda i: str(i).encode())
+    | st.integers(0, 2**64 - 1).map(lambda i: str(i).encode())
+    | st.just(b'{"user_id": "alice", "type": "view", "ts": 1700000000000}')
+)
+ENTRY_IDS = st.tuples(
+    st.integers(0, 2**64 - 1) | st.sampled_from([0, 2**63 - 1, 2**63, 2**64 - 1]),
+    st.integers(0, 2**64 - 1) | st.just(0),
+).map(lambda t: b"%d-%d" % t)
+ENTRIES = st.lists(
+    st.tuples(
+        ENTRY_IDS,
+        st.none() | st.lists(st.tuples(FIELD_NAMES, FIELD_VALUES), max_size=5),
+    ).map(lambda e: [e[0], None if e[1] is None else [x for kv in e[1] for x in kv]]),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=ENTRIES, partitions=st.sampled_from([1, 3]))
+def test_any_entry_gets_exactly_one_outcome_and_nothing_raises(raw, partitions):
+    """Whatever a stream entry holds (ids at the id space's edges, fields missing, huge,
+    non-UTF-8, of the wrong type), parsing and build_commit decide one outcome for it."""
+    model = ScoringModel(golden_model(), version="7")
+    batch = parse_batch(0, raw, partitions)
+    states = UserStates.empty(distinct_users(batch), model.state_shape, b"1")
+    c = build_commit(batch, states, model, history_events=8)
+    assert sum(c.outcomes.values()) == len(c.ack_ids) == len(raw)
+    assert np.isfinite(c.scores).all() and (c.score_ts <= MAX_TS_MS).all()
+    assert len(c.dead) == c.outcomes["deadletter"] + c.outcomes["misrouted"]
+
+
+def test_an_entry_id_at_2_63_ms_without_ts_is_a_dead_letter_beside_normal_events():
+    raw = [
+        [b"1764000000000-0", [b"user_id", b"a", b"type", b"view"]],
+        [b"9223372036854775808-0", [b"user_id", b"m", b"type", b"view"]],
+        [b"9223372036854775808-1", [b"user_id", b"m", b"type", b"view", b"ts", b"1764000000000"]],
+    ]
+    c = commit_of(raw)
+    assert c.outcomes["scored"] == 2 and c.outcomes["deadletter"] == 1
+    assert "past year 9999" in c.dead[0].error and c.dead[0].source_id == raw[1][0]

@@ -29,6 +29,7 @@ from worker.publisher import publish
 from worker.settings import Settings
 
 STREAM0 = "intentstream:events:{0}"
+FUTURE_MS = int(time.time() * 1000) + 86_400_000  # a day ahead: past the 10-minute skew
 
 
 @pytest.fixture
@@ -162,6 +163,8 @@ def test_each_bad_input_is_dead_lettered_and_good_events_around_it_are_scored(
         "malformed json": {"json": '{"user_id": "bob", '},
         "json not an object": {"json": "[1, 2]"},
         "json missing type": {"json": '{"user_id": "bob"}'},
+        "ts in seconds": {"user_id": "bob", "type": "view", "ts": str(int(time.time()))},
+        "far-future ts": {"user_id": "bob", "type": "view", "ts": str(FUTURE_MS)},
     }
     expected_error = {
         "missing user_id": "user_id: Field required",
@@ -177,6 +180,8 @@ def test_each_bad_input_is_dead_lettered_and_good_events_around_it_are_scored(
         "malformed json": "not valid JSON",
         "json not an object": "expected a JSON object",
         "json missing type": "type: Field required",
+        "ts in seconds": "before 2000-01-01 (epoch milliseconds expected, not seconds)",
+        "far-future ts": "ms ahead of the entry id's time",
     }
     good_ids, bad_ids = [], {}
     for i, (kind, fields) in enumerate(bad.items()):
@@ -565,3 +570,32 @@ def test_the_running_loop_has_one_blas_thread_in_every_blas_library(redis_server
     libraries = json.loads(result.stdout.splitlines()[-1])
     assert any("scipy" in path for _, path, _ in libraries), libraries  # the kernels' BLAS
     assert {threads for _, _, threads in libraries} == {1}, libraries
+
+
+def test_a_real_worker_dead_letters_an_entry_at_2_63_ms_and_scores_the_rest(
+    redis_server, golden_path, tmp_path
+):
+    """The entry that crash-looped partitions (an id at 2^63 ms, no ts): one dead letter,
+    the worker goes on, the events beside it are scored."""
+    r = connect(redis_server.url)
+    before = [r.xadd(STREAM0, {"user_id": f"u{i}", "type": "view"}) for i in range(5)]
+    poison = r.execute_command("XADD", STREAM0, "9223372036854775808-0", "user_id", "m",
+                               "type", "view")  # fmt: skip
+    # every later id is above it: an event with its own ts is scored, one without is not
+    after = r.xadd(STREAM0, {"user_id": "m", "type": "view", "ts": str(int(time.time() * 1000))})
+    bare = r.xadd(STREAM0, {"user_id": "m", "type": "add_to_cart"})
+    worker = WorkerProcess(redis_server.url, golden_path, tmp_path / "w.log").start()
+    try:
+        wait_for(lambda: count_scores(r) == 6 and r.xlen("intentstream:deadletter:{0}") == 2,
+                 what="6 scores and 2 dead letters")  # fmt: skip
+        dead = {f[b"source_id"]: f[b"error"].decode() for _, f in
+                r.xrange("intentstream:deadletter:{0}")}  # fmt: skip
+        assert set(dead) == {poison, bare}
+        assert "past year 9999 and no ts is given" in dead[poison]
+        scored = {row["event_id"] for row in score_entries(r)}
+        assert scored == {i.decode() for i in [*before, after]}
+        wait_for(lambda: r.xpending(STREAM0, "intentstream-workers")["pending"] == 0,
+                 what="everything acknowledged")  # fmt: skip
+        assert worker.proc.poll() is None, worker.log()
+    finally:
+        assert worker.terminate() == 0, worker.log()

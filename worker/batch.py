@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from worker.events import EventError, parse_flat_entry
+from worker.events import DEFAULT_MAX_TS_SKEW_MS, EventError, parse_flat_entry
 from worker.keys import partition_of
 
 
@@ -49,9 +49,12 @@ class Batch:
         return len(self.ids)
 
 
-def parse_batch(partition: int, entries: list, partitions: int = 1) -> Batch:
+def parse_batch(
+    partition: int, entries: list, partitions: int = 1, max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS
+) -> Batch:
     """Parse raw XREADGROUP entries ([id, [field, value, ...] or nil]) of one partition of
-    `partitions`; an event whose user belongs to another partition is a dead letter."""
+    `partitions`; an event whose user belongs to another partition, or whose time breaks
+    the timestamp rule (`max_skew_ms`), is a dead letter."""
     t0 = time.perf_counter()
     b = Batch(partition)
     for raw_id, entry in entries:
@@ -63,7 +66,7 @@ def parse_batch(partition: int, entries: list, partitions: int = 1) -> Batch:
         # a cluster client's replies hold a dict per entry
         fields = entry if isinstance(entry, list) else [x for kv in entry.items() for x in kv]
         try:
-            user, type_, ts, event_id = parse_flat_entry(fields, key[0])
+            user, type_, ts, event_id = parse_flat_entry(fields, key[0], max_skew_ms)
         except EventError as exc:
             b.dead.append(DeadLetter(raw_id, str(exc), fields))
             continue

@@ -145,7 +145,9 @@ class Consumer:
         # started with the same --consumer never both hold a partition.
         self.holder = f"{s.consumer}:{secrets.token_hex(6)}"
         self.ownership = Ownership(client, self.keys, self.holder, s.partitions, s.lease_ms)
-        self.reader = StreamReader(client, self.keys, s.group, s.consumer, s.partitions)
+        self.reader = StreamReader(
+            client, self.keys, s.group, s.consumer, s.partitions, s.max_ts_skew_ms
+        )
         self.cluster = is_cluster(client)
         self._idle = 0.0  # how long the last empty round waited (cluster mode)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)

@@ -20,6 +20,11 @@ _EVENT_ID = re.compile(rb"[\x21-\x7e]{1,%d}" % MAX_EVENT_ID_BYTES)
 # Epoch milliseconds up to year 9999: rejects seconds-vs-ms mix-ups far in the future only
 # loosely, but keeps every value inside int64 and datetime range.
 MAX_TS_MS = 253_402_300_799_999
+# The timestamp rule for stream entries, whose id tells when Redis received them (docs in
+# README "Timestamps"): a ts before 2000 is a unit mix-up (seconds for milliseconds), and a
+# ts far ahead of its receipt would hold a user's session open until that time.
+MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+DEFAULT_MAX_TS_SKEW_MS = 600_000
 
 
 class EventError(ValueError):
@@ -134,6 +139,25 @@ def _decode_field(name: bytes, value: bytes) -> str:
         raise EventError(f"{name.decode()}: not valid UTF-8") from None
 
 
+def ts_problem(ts: int, entry_ms: int, max_skew_ms: int) -> str | None:
+    """Why a stream entry's event time breaks the timestamp rule, or None when it holds.
+
+    A `ts` must be from 2000 on and at most `max_skew_ms` ahead of the entry id's time; an
+    entry without `ts` takes its id's time, which must fit in epoch milliseconds."""
+    if ts == entry_ms:  # no ts given (or the same): the id's time, range-checked only
+        if ts > MAX_TS_MS:
+            return f"the entry id's time {entry_ms} ms is past year 9999 and no ts is given"
+        return None
+    if ts < MIN_TS_MS:
+        return f"ts: {ts} is before 2000-01-01 (epoch milliseconds expected, not seconds)"
+    if ts - entry_ms > max_skew_ms:
+        return (
+            f"ts: {ts} is {ts - entry_ms} ms ahead of the entry id's time {entry_ms}; "
+            f"at most {max_skew_ms} ms allowed (max-ts-skew-ms)"
+        )
+    return None
+
+
 def event_from_fields(fields: dict[bytes, bytes], entry_ms: int) -> Event:
     """Parse a stream entry's fields: user_id, type, optional ts and event_id, or one `json`
     field holding them.
@@ -175,24 +199,37 @@ def _fast(uid: bytes, typ: bytes, ts: bytes | None, eid: bytes | None, entry_ms:
     return None
 
 
-def parse_entry(fields: dict[bytes, bytes], entry_ms: int) -> ParsedEntry:
+def _checked(entry: ParsedEntry, entry_ms: int, max_skew_ms: int) -> ParsedEntry:
+    """The entry, if its time keeps the timestamp rule; else EventError."""
+    problem = ts_problem(entry[2], entry_ms, max_skew_ms)
+    if problem is not None:
+        raise EventError(problem)
+    return entry
+
+
+def parse_entry(
+    fields: dict[bytes, bytes], entry_ms: int, max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS
+) -> ParsedEntry:
     """The event of a stream entry; raises EventError with the reason.
 
     The worker's per-entry path: plain field/value entries that are obviously valid skip
     pydantic (~4 µs each); anything else goes through `event_from_fields`, the one
-    definition of validity. Tests check both paths agree on arbitrary input.
+    definition of validity. Tests check both paths agree on arbitrary input. Either way
+    the event's time must keep the timestamp rule (`ts_problem`).
     """
     uid, typ = fields.get(b"user_id"), fields.get(b"type")
     if uid is not None and typ is not None:
         fast = _fast(uid, typ, fields.get(b"ts"), fields.get(b"event_id"), entry_ms)
         if fast is not None:
-            return fast
+            return _checked(fast, entry_ms, max_skew_ms)
     event = event_from_fields(fields, entry_ms)
     eid = event.event_id.encode("utf-8") if event.event_id is not None else None
-    return event.user_id, event.type, event.ts, eid
+    return _checked((event.user_id, event.type, event.ts, eid), entry_ms, max_skew_ms)
 
 
-def parse_flat_entry(flat: list[bytes], entry_ms: int) -> ParsedEntry:
+def parse_flat_entry(
+    flat: list[bytes], entry_ms: int, max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS
+) -> ParsedEntry:
     """`parse_entry` for a raw reply's field list [field, value, field, value, ...].
 
     The layout `publish()` sends (user_id, type[, ts[, event_id]], in that order) is checked
@@ -210,5 +247,5 @@ def parse_flat_entry(flat: list[bytes], entry_ms: int) -> ParsedEntry:
             elif n == 8 and flat[6] == b"event_id":
                 fast = _fast(flat[1], flat[3], flat[5], flat[7], entry_ms)
         if fast is not None:
-            return fast
-    return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms)
+            return _checked(fast, entry_ms, max_skew_ms)
+    return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms, max_skew_ms)

@@ -5,16 +5,18 @@ from __future__ import annotations
 import redis
 
 from worker.batch import entry_id
-from worker.events import EventError, parse_flat_entry
+from worker.events import DEFAULT_MAX_TS_SKEW_MS, EventError, parse_flat_entry
 from worker.keys import Keys
 
 
 def read_history(
-    client: redis.Redis, prefix: str, partitions: int, page: int = 10_000
-) -> tuple[list[dict], int]:
+    client: redis.Redis, prefix: str, partitions: int, page: int = 10_000,
+    max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS,
+) -> tuple[list[dict], int]:  # fmt: skip
     """Every parseable event of the partition streams, in stream order, with XRANGE pages;
-    and the number of entries skipped as unparseable (the worker dead-letters those) or as
-    a producer's retry of an event already read (same user and event_id)."""
+    and the number of entries skipped as unparseable or out of the timestamp rule (the
+    worker dead-letters those) or as a producer's retry of an event already read (same
+    user and event_id)."""
     keys = Keys(prefix)
     events: list[dict] = []
     skipped = 0
@@ -29,7 +31,7 @@ def read_history(
                     fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
                 )
                 try:
-                    user, type_, ts, event_id = parse_flat_entry(flat, ms)
+                    user, type_, ts, event_id = parse_flat_entry(flat, ms, max_skew_ms)
                 except EventError:
                     skipped += 1
                     continue

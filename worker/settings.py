@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         description="recent events of a user's session kept with the state, replayed to "
         "rebuild it under a new model; 0 = off",
     )
+    max_ts_skew_ms: int = Field(
+        600_000,
+        ge=0,
+        description="dead-letter an event whose ts is more than this many ms ahead of its "
+        "entry id's time (README 'Timestamps')",
+    )
     retention_max_entries: int = Field(
         1_000_000,
         ge=0,

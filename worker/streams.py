@@ -21,6 +21,7 @@ import redis
 
 from worker.batch import Batch, parse_batch
 from worker.connection import Client, is_cluster, raw_replies
+from worker.events import DEFAULT_MAX_TS_SKEW_MS
 
 log = logging.getLogger("intentstream.worker")
 
@@ -45,12 +46,16 @@ class Cursor:
 class StreamReader:
     """Reads and claims one consumer's entries of the partition streams."""
 
-    def __init__(self, client: Client, keys, group: str, consumer: str, partitions: int) -> None:
+    def __init__(
+        self, client: Client, keys, group: str, consumer: str, partitions: int,
+        max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS,
+    ) -> None:  # fmt: skip
         self.r = client
         self.keys = keys
         self.group = group
         self.consumer = consumer
         self.partitions = partitions  # the count in force: an entry of another is misrouted
+        self.max_skew_ms = max_skew_ms  # the timestamp rule's allowance (worker/events.py)
         self.cluster = is_cluster(client)
         self._raw()
 
@@ -99,7 +104,11 @@ class StreamReader:
                 c.position = entries[-1][0] if entries else b">"
             step = size or len(entries) or 1
             for i in range(0, len(entries), step):
-                out.append(parse_batch(c.partition, entries[i : i + step], self.partitions))
+                out.append(
+                    parse_batch(
+                        c.partition, entries[i : i + step], self.partitions, self.max_skew_ms
+                    )
+                )
         return out
 
     def claim(self, cursor: Cursor, min_idle_ms: int) -> int:

@@ -88,7 +88,9 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
         from worker.history import read_history
 
         client = connect_settings(settings)
-        events, skipped = read_history(client, settings.prefix, settings.partitions)
+        events, skipped = read_history(
+            client, settings.prefix, settings.partitions, max_skew_ms=settings.max_ts_skew_ms
+        )
         if skipped:
             print(f"skipped {skipped} unparseable stream entries", file=sys.stderr)
         return events
