@@ -37,7 +37,7 @@ def test_readme_sizing_matches_redis(redis_server, tmp_path):
     client = redis.Redis.from_url(redis_server.url)
     n, users = 20_000, 1_000
     publish(
-        client, synthetic_events(n, users, seed=0, start_ms=int(time.time() * 1000) - 3_600_000)
+        client, synthetic_events(n, users, seed=0, start_ms=int(time.time() * 1000) - 86_400_000)
     )
     worker = WorkerProcess(redis_server.url, model, tmp_path / "worker.log").start()
     try:

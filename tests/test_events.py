@@ -20,14 +20,31 @@ from worker.events import (
 
 T7 = 1_700_000_000_007  # a plausible event time (epoch ms)
 
-NAMES = st.sampled_from([b"user_id", b"type", b"ts", b"event_id", b"json", b"other"]) | st.binary(
-    max_size=8
-)
+NAMES = st.sampled_from(
+    [b"user_id", b"type", b"ts", b"event_id", b"producer", b"json", b"other"]
+) | st.binary(max_size=8)
 VALUES = (
     st.binary(max_size=300)
     | st.text(max_size=300).map(str.encode)
     | st.integers(-(10**16), 10**16).map(lambda i: str(i).encode())
-    | st.sampled_from([b"view", b"alice", b"", b"1700000000000", b"12.5", b"\xff", b"e 1", b"e-1"])
+    | st.sampled_from(
+        [
+            b"view",
+            b"alice",
+            b"",
+            b"1700000000000",
+            b"12.5",
+            b"\xff",
+            b"e 1",
+            b"e-1",
+            b"p:1",
+            b"ab12:99",
+            b"p:x",
+            b"a:b:3",
+            b":4",
+            b"p:" + b"9" * 19,
+        ]
+    )
 )
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -56,7 +73,11 @@ def test_fast_parser_agrees_with_the_schema_on_arbitrary_fields(fields, entry_ms
         assert fast == slow  # same rejection, same reason
     else:
         eid = slow.event_id.encode() if slow.event_id is not None else None
-        assert fast == (slow.user_id, slow.type, slow.ts, eid)
+        stamp = None
+        if slow.producer is not None:
+            pid, _, seq = slow.producer.encode().rpartition(b":")
+            stamp = (pid, int(seq))
+        assert fast == (slow.user_id, slow.type, slow.ts, eid, stamp)
         assert 1 <= len(slow.user_id.encode()) <= 256
         assert 0 <= slow.ts <= MAX_TS_MS
 
@@ -89,7 +110,29 @@ def test_json_field_never_raises_anything_but_event_error(doc):
 )
 def test_valid_entries(fields, expected):
     # an entry without ts takes its id's time (42 here: ids may be set by hand)
-    assert parse_entry(fields, 42 if expected[2] == 42 else T7 + 5) == expected
+    assert parse_entry(fields, 42 if expected[2] == 42 else T7 + 5) == (*expected, None)
+
+
+@pytest.mark.parametrize(
+    ("value", "stamp"),
+    [
+        (b"3f2a:17", (b"3f2a", 17)),
+        (b"a-b.c_d:0", (b"a-b.c_d", 0)),
+        (b"x" * 64 + b":1", (b"x" * 64, 1)),
+    ],
+)
+def test_producer_stamps(value, stamp):
+    fields = {b"user_id": b"a", b"type": b"v", b"producer": value}
+    assert parse_entry(fields, 42) == ("a", "v", 42, None, stamp)
+    assert parse_flat_entry([b"user_id", b"a", b"type", b"v", b"producer", value], 42)[4] == stamp
+
+
+@pytest.mark.parametrize(
+    "value", [b"nocolon", b"a:b:3", b":4", b"p:-1", b"p:1x", b"x" * 65 + b":1"]
+)
+def test_a_malformed_producer_stamp_is_an_error(value):
+    with pytest.raises(EventError, match="producer: must be <producer id>:<sequence>"):
+        parse_entry({b"user_id": b"a", b"type": b"v", b"producer": value}, 42)
 
 
 NOW = 1_764_000_000_000  # an entry id's time: late 2025

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from worker.dedup import Producer
 from worker.events import DEFAULT_MAX_TS_SKEW_MS, EventError, parse_flat_entry
 from worker.keys import partition_of
 
@@ -40,6 +41,7 @@ class Batch:
     entry_ids: list[bytes] = field(default_factory=list)  # stream id of each valid event
     entry_keys: list[tuple[int, int]] = field(default_factory=list)  # the same, as (ms, seq)
     event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
+    producers: list[Producer | None] = field(default_factory=list)  # publish()'s stamps
     dead: list[DeadLetter] = field(default_factory=list)  # invalid and misrouted entries
     misrouted: int = 0  # of the dead letters: users of another partition (SPEC §3)
     lost: int = 0  # deleted while pending (nil fields)
@@ -66,7 +68,7 @@ def parse_batch(
         # a cluster client's replies hold a dict per entry
         fields = entry if isinstance(entry, list) else [x for kv in entry.items() for x in kv]
         try:
-            user, type_, ts, event_id = parse_flat_entry(fields, key[0], max_skew_ms)
+            user, type_, ts, event_id, producer = parse_flat_entry(fields, key[0], max_skew_ms)
         except EventError as exc:
             b.dead.append(DeadLetter(raw_id, str(exc), fields))
             continue
@@ -87,5 +89,6 @@ def parse_batch(
         b.entry_ids.append(raw_id)
         b.entry_keys.append(key)
         b.event_ids.append(event_id)
+        b.producers.append(producer)
     b.parse_seconds = time.perf_counter() - t0
     return b

@@ -44,10 +44,10 @@ from model.scoring import ScoringModel
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.connection import connect
 from worker.consumer import Consumer, pin_blas, tune_gc
+from worker.dedup import DEFAULT_WINDOW
 from worker.local_redis import LocalRedis
 from worker.metrics import WorkerMetrics
 from worker.model_source import FileModelSource
-from worker.pipeline import RECENT_EVENT_IDS
 from worker.recent import extended, pack, unpack
 from worker.settings import Settings
 
@@ -194,7 +194,7 @@ def run_competent(
         for (user, evs), (h, count, raw, ids) in zip(by_user.items(), pipe.execute(), strict=True):
             recent = extended(unpack(raw), [e[2] for e in evs], [e[1] for e in evs],
                               history, gap_ms)  # fmt: skip
-            ids = [*(ids or b"").split(), *(e[3] for e in evs if e[3])][-RECENT_EVENT_IDS:]
+            ids = [*(ids or b"").split(), *(e[3] for e in evs if e[3])][-DEFAULT_WINDOW:]
             fields = {"h": h or zero_h, "score": "0", "last_id": evs[-1][0],
                       "last_ts": evs[-1][2], "model": version, "n": int(count or 0) + len(evs),
                       "recent": pack(recent) if history else b""}  # fmt: skip

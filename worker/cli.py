@@ -153,10 +153,11 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     client = connect_settings(settings)
     bad = 0
     if args.synthetic is not None:
-        start = int(time.time() * 1000) if args.rate else 1_700_000_000_000
         events: Iterable[Event | dict] = synthetic_events(
-            args.synthetic, args.users, seed=args.seed, start_ms=start
+            args.synthetic, args.users, seed=args.seed, start_ms=1_700_000_000_000
         )
+        if args.rate:  # live: dated by Redis as they arrive (the timestamp rule, README)
+            events = ({k: v for k, v in e.items() if k != "ts"} for e in events)
     else:
         source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
         parsed = list(_numbered_events(source, sys.stderr))

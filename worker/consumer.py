@@ -501,7 +501,9 @@ class Consumer:
                 (shadow.state_shape, state_space(shadow)) if shadow is not None else None,
             )  # fmt: skip
             t2 = time.perf_counter()
-            commit = build_commit(batch, states, model, self.s.history_events, shadow)
+            commit = build_commit(
+                batch, states, model, self.s.history_events, shadow, self.s.event_id_window
+            )
             prepared = None
             state_s, model_s = t2 - t1, time.perf_counter() - t2
         t3 = time.perf_counter()
@@ -652,7 +654,9 @@ class Consumer:
         if states is None:
             return None
         t2 = time.perf_counter()
-        commit = build_commit(plan.batch, states, model, self.s.history_events, shadow)
+        commit = build_commit(
+            plan.batch, states, model, self.s.history_events, shadow, self.s.event_id_window
+        )
         prepared = self.committer.prepare(commit)
         return _Ahead(plan.batch, states, commit, prepared, model, shadow,
                       (t2 - t1, time.perf_counter() - t2))  # fmt: skip

@@ -17,6 +17,9 @@ MAX_USER_ID_BYTES = 256
 MAX_TYPE_BYTES = 128
 MAX_EVENT_ID_BYTES = 128
 _EVENT_ID = re.compile(rb"[\x21-\x7e]{1,%d}" % MAX_EVENT_ID_BYTES)
+# A producer stamp `<producer id>:<sequence>` (worker/dedup.py): printable ASCII without
+# spaces or colons, then a decimal below 10^18.
+_PRODUCER = re.compile(rb"([\x21-\x39\x3b-\x7e]{1,64}):([0-9]{1,18})")
 # Epoch milliseconds up to year 9999: rejects seconds-vs-ms mix-ups far in the future only
 # loosely, but keeps every value inside int64 and datetime range.
 MAX_TS_MS = 253_402_300_799_999
@@ -41,6 +44,7 @@ class Event(BaseModel):
     type: str
     ts: int | None = None
     event_id: str | None = None
+    producer: str | None = None  # `<producer id>:<sequence>`, stamped by publish()
 
     @field_validator("user_id")
     @classmethod
@@ -65,6 +69,16 @@ class Event(BaseModel):
         if v is not None and not _EVENT_ID.fullmatch(v.encode("utf-8")):
             raise ValueError(
                 f"must be 1-{MAX_EVENT_ID_BYTES} printable ASCII characters without spaces"
+            )
+        return v
+
+    @field_validator("producer")
+    @classmethod
+    def _producer_stamp(cls, v: str | None) -> str | None:
+        if v is not None and not _PRODUCER.fullmatch(v.encode("utf-8")):
+            raise ValueError(
+                "must be <producer id>:<sequence> (1-64 printable ASCII characters without "
+                "spaces or colons, then 1-18 digits)"
             )
         return v
 
@@ -129,7 +143,7 @@ def numbered_events(
             yield None
 
 
-_FIELDS = (b"user_id", b"type", b"ts", b"event_id")
+_FIELDS = (b"user_id", b"type", b"ts", b"event_id", b"producer")
 
 
 def _decode_field(name: bytes, value: bytes) -> str:
@@ -178,24 +192,39 @@ def event_from_fields(fields: dict[bytes, bytes], entry_ms: int) -> Event:
 
 
 # What the worker keeps of a valid entry: user_id, type, ts (epoch ms), the producer's
-# event_id (None when absent). A plain tuple: one is made per event.
-ParsedEntry = tuple[str, str, int, "bytes | None"]
+# event_id (None when absent), its producer stamp (id, sequence; None when absent). A plain
+# tuple: one is made per event.
+ParsedEntry = tuple[str, str, int, "bytes | None", "tuple[bytes, int] | None"]
 
 
-def _fast(uid: bytes, typ: bytes, ts: bytes | None, eid: bytes | None, entry_ms: int):
+def _stamp(raw: bytes | None) -> tuple[bytes, int] | None:
+    """A valid producer stamp as (id, sequence)."""
+    if raw is None:
+        return None
+    m = _PRODUCER.fullmatch(raw)
+    return (m[1], int(m[2])) if m else None
+
+
+def _fast(
+    uid: bytes, typ: bytes, ts: bytes | None, eid: bytes | None, prod: bytes | None,
+    entry_ms: int,
+) -> ParsedEntry | None:  # fmt: skip
     """The entry when it is obviously valid, else None (the schema then decides)."""
     if not (0 < len(uid) <= MAX_USER_ID_BYTES and 0 < len(typ) <= MAX_TYPE_BYTES):
         return None
     if eid is not None and not _EVENT_ID.fullmatch(eid):
+        return None
+    stamp = _stamp(prod)
+    if prod is not None and stamp is None:
         return None
     try:
         user_id, type_ = uid.decode("utf-8"), typ.decode("utf-8")
     except UnicodeDecodeError:
         return None
     if ts is None:
-        return user_id, type_, entry_ms, eid
+        return user_id, type_, entry_ms, eid, stamp
     if 0 < len(ts) <= 15 and ts.isdigit() and int(ts) <= MAX_TS_MS:
-        return user_id, type_, int(ts), eid
+        return user_id, type_, int(ts), eid, stamp
     return None
 
 
@@ -219,12 +248,14 @@ def parse_entry(
     """
     uid, typ = fields.get(b"user_id"), fields.get(b"type")
     if uid is not None and typ is not None:
-        fast = _fast(uid, typ, fields.get(b"ts"), fields.get(b"event_id"), entry_ms)
+        get = fields.get
+        fast = _fast(uid, typ, get(b"ts"), get(b"event_id"), get(b"producer"), entry_ms)
         if fast is not None:
             return _checked(fast, entry_ms, max_skew_ms)
     event = event_from_fields(fields, entry_ms)
     eid = event.event_id.encode("utf-8") if event.event_id is not None else None
-    return _checked((event.user_id, event.type, event.ts, eid), entry_ms, max_skew_ms)
+    stamp = _stamp(event.producer.encode()) if event.producer is not None else None
+    return _checked((event.user_id, event.type, event.ts, eid, stamp), entry_ms, max_skew_ms)
 
 
 def parse_flat_entry(
@@ -232,20 +263,29 @@ def parse_flat_entry(
 ) -> ParsedEntry:
     """`parse_entry` for a raw reply's field list [field, value, field, value, ...].
 
-    The layout `publish()` sends (user_id, type[, ts[, event_id]], in that order) is checked
-    in place; anything else becomes a dict first (the last of repeated fields wins, as in
-    HGETALL).
+    A short list without a `json` field is read in place (the last of repeated fields
+    wins, as in HGETALL); anything else becomes a dict first.
     """
     n = len(flat)
-    if n >= 4 and flat[0] == b"user_id" and flat[2] == b"type":
-        fast = None
-        if n == 4:
-            fast = _fast(flat[1], flat[3], None, None, entry_ms)
-        elif flat[4] == b"ts":
-            if n == 6:
-                fast = _fast(flat[1], flat[3], flat[5], None, entry_ms)
-            elif n == 8 and flat[6] == b"event_id":
-                fast = _fast(flat[1], flat[3], flat[5], flat[7], entry_ms)
-        if fast is not None:
-            return _checked(fast, entry_ms, max_skew_ms)
+    if n <= 12 and not n % 2:
+        uid = typ = ts = eid = prod = None
+        for i in range(0, n, 2):
+            name = flat[i]
+            if name == b"user_id":
+                uid = flat[i + 1]
+            elif name == b"type":
+                typ = flat[i + 1]
+            elif name == b"ts":
+                ts = flat[i + 1]
+            elif name == b"event_id":
+                eid = flat[i + 1]
+            elif name == b"producer":
+                prod = flat[i + 1]
+            elif name == b"json":
+                uid = None
+                break
+        if uid is not None and typ is not None:
+            fast = _fast(uid, typ, ts, eid, prod, entry_ms)
+            if fast is not None:
+                return _checked(fast, entry_ms, max_skew_ms)
     return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms, max_skew_ms)

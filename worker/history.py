@@ -5,6 +5,7 @@ from __future__ import annotations
 import redis
 
 from worker.batch import entry_id
+from worker.dedup import MAX_WINDOW, Memory, Producer
 from worker.events import DEFAULT_MAX_TS_SKEW_MS, EventError, parse_flat_entry
 from worker.keys import Keys
 
@@ -20,7 +21,15 @@ def read_history(
     keys = Keys(prefix)
     events: list[dict] = []
     skipped = 0
-    seen: set[tuple[str, bytes]] = set()
+    memory: dict[str, Memory] = {}
+
+    def admit(user: str, event_id: bytes | None, producer: Producer | None) -> bool:
+        if event_id is None and producer is None:
+            return True
+        if user not in memory:
+            memory[user] = Memory(b"", MAX_WINDOW)
+        return memory[user].admit(event_id, producer)
+
     for p in range(partitions):
         stream, start = keys.events(p), "-"
         while True:
@@ -31,15 +40,13 @@ def read_history(
                     fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
                 )
                 try:
-                    user, type_, ts, event_id = parse_flat_entry(flat, ms, max_skew_ms)
+                    user, type_, ts, event_id, producer = parse_flat_entry(flat, ms, max_skew_ms)
                 except EventError:
                     skipped += 1
                     continue
-                if event_id is not None:
-                    if (user, event_id) in seen:
-                        skipped += 1
-                        continue
-                    seen.add((user, event_id))
+                if not admit(user, event_id, producer):
+                    skipped += 1
+                    continue
                 events.append({"user_id": user, "type": type_, "ts": ts})
             if len(entries) < page:
                 break

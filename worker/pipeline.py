@@ -15,12 +15,9 @@ import numpy as np
 
 from model.scoring import ScoringModel
 from worker.batch import Batch, DeadLetter
+from worker.dedup import DEFAULT_WINDOW, Memory
 from worker.quality import label_samples
 from worker.recent import extend_packed, names_of, unpack
-
-# A user's last applied producer event ids kept in the state (SPEC §3 "the last few"):
-# a producer's retry comes right after its first attempt, so a handful is plenty.
-RECENT_EVENT_IDS = 8
 
 NO_HISTORY = b""  # a packed history with no events (worker/recent.py)
 
@@ -130,30 +127,22 @@ def _applied_before(batch: Batch, states: UserStates, slot: np.ndarray) -> np.nd
 
 
 def _drop_producer_retries(
-    batch: Batch, states: UserStates, slot: np.ndarray, keep: np.ndarray
+    batch: Batch, states: UserStates, slot: np.ndarray, keep: np.ndarray, window: int
 ) -> dict[int, bytes]:
-    """Unmark events whose producer event id is among their user's recent ones; return the
-    updated recent ids of the users whose list changed.
-
-    The ids stay one space-separated bytes string (event ids hold no spaces), so a lookup
-    is one substring test and an append one concatenation."""
-    recent: dict[int, bytes] = {}
+    """Unmark events that are a producer's resend (worker/dedup.py); return the updated
+    memory (`event_ids`) of the users whose memory changed."""
+    memory: dict[int, Memory] = {}
     slots = slot.tolist()
-    for i, event_id in enumerate(batch.event_ids):
-        if event_id is None or not keep[i]:
+    for i, (event_id, producer) in enumerate(zip(batch.event_ids, batch.producers, strict=True)):
+        if (event_id is None and producer is None) or not keep[i]:
             continue
         s = slots[i]
-        seen = recent.get(s)
-        if seen is None:
-            seen = states.event_ids[s]
-        if seen and b" " + event_id + b" " in b" " + seen + b" ":
+        m = memory.get(s)
+        if m is None:
+            m = memory[s] = Memory(states.event_ids[s], window)
+        if not m.admit(event_id, producer):
             keep[i] = False
-            continue
-        seen = seen + b" " + event_id if seen else event_id
-        if seen.count(b" ") >= RECENT_EVENT_IDS:
-            seen = seen[seen.index(b" ") + 1 :]
-        recent[s] = seen
-    return recent
+    return {s: m.packed() for s, m in memory.items()}
 
 
 def _advance(
@@ -216,19 +205,21 @@ def build_commit(
     model: ScoringModel,
     history_events: int = 0,
     shadow: ScoringModel | None = None,
+    event_id_window: int = DEFAULT_WINDOW,
 ) -> Commit:
     """Decide every entry's outcome, advance the states, and return what to commit.
 
     `states` must hold the batch's distinct users (see `distinct_users`); their h and
     last_ts are advanced in place. Rows in `states.replay` are rebuilt first from their
     recent events (no score entries for those steps). Each written state keeps its last
-    `history_events` events of the current session (0 = none). A shadow model (with
-    `states.shadow`) scores the same events from its own states.
+    `history_events` events of the current session (0 = none), and remembers its last
+    `event_id_window` producer event ids. A shadow model (with `states.shadow`) scores the
+    same events from its own states.
     """
     slot = user_slots(batch, states.users)
     ts_before = states.last_ts.copy()  # the advances move last_ts
     keep = _applied_before(batch, states, slot)
-    recent = _drop_producer_retries(batch, states, slot, keep)
+    recent = _drop_producer_retries(batch, states, slot, keep, event_id_window)
     idx = np.flatnonzero(keep)
     k_slot = slot[idx]
     types = [batch.types[i] for i in idx]

@@ -1,8 +1,9 @@
 """Producer side: put events on the right partition stream, pipelined (SPEC §3).
 
-Every event gets an `event_id` (the producer's own when given, else a fresh one), so a send
-retried after a lost reply or a dropped connection is recognised by the worker as a
-duplicate and never counted twice.
+Every event is stamped `producer: <id>:<seq>`, an id per publish() call and a sequence
+rising in send order, and gets an `event_id` (the caller's own when given, else
+`<id>-<seq>`). A pipeline resent after a lost reply or a dropped connection repeats the
+stamps, so the worker recognises every copy, whatever the resend's size (worker/dedup.py).
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ def entry_fields(event: Event) -> dict[str, str | int]:
         fields["ts"] = event.ts
     if event.event_id is not None:
         fields["event_id"] = event.event_id
+    if event.producer is not None:
+        fields["producer"] = event.producer
     return fields
 
 
-def event_ids() -> Iterator[str]:
-    """Unique event ids: a random prefix per call, then a counter (cheaper than uuid4)."""
-    prefix = secrets.token_hex(8)
-    return (f"{prefix}-{n}" for n in itertools.count())
+def stamps() -> Iterator[tuple[str, str]]:
+    """(producer stamp, generated event id) pairs: a random producer id per call, then a
+    rising sequence (cheaper than uuid4)."""
+    producer = secrets.token_hex(8)
+    return ((f"{producer}:{n}", f"{producer}-{n}") for n in itertools.count(1))
 
 
 # When each client last found the partition count in force: a producer calling publish() per
@@ -66,20 +70,24 @@ def publish(
 ) -> list[bytes]:
     """XADD each event to its user's partition stream; return the entry ids in order.
 
-    Events are validated first (EventError names a bad one) and given an event_id when they
-    have none; sends go in pipelines of `pipeline_size` commands, one round trip each. A
-    pipeline that fails on a connection error is sent again (up to `retries` times, with
-    backoff): the worker drops the copies whose event_id it already applied.
+    Events are validated first (EventError names a bad one), stamped with this call's
+    producer id and sequence, and given an event_id when they have none; sends go in
+    pipelines of `pipeline_size` commands, one round trip each. A pipeline that fails on a
+    connection error is sent again (up to `retries` times, with backoff): the worker drops
+    every copy it already applied, by the stamps. Concurrent calls use different producer
+    ids, so they may share a client.
     """
     keys = Keys(prefix)
     _check_partitions_now_and_then(client, keys, partitions)
-    fresh = event_ids()
+    fresh = stamps()
     ids: list[bytes] = []
     chunk: list[tuple[str, dict]] = []
     for item in events:
         event = item if isinstance(item, Event) else event_from_mapping(dict(item))
-        if event.event_id is None:
-            event = event.model_copy(update={"event_id": next(fresh)})
+        stamp, generated = next(fresh)
+        event = event.model_copy(
+            update={"producer": stamp, "event_id": event.event_id or generated}
+        )
         chunk.append((keys.events(partition_of(event.user_id, partitions)), entry_fields(event)))
         if len(chunk) >= pipeline_size:
             ids.extend(_send(client, chunk, retries))

@@ -71,6 +71,13 @@ class Settings(BaseSettings):
         description="recent events of a user's session kept with the state, replayed to "
         "rebuild it under a new model; 0 = off",
     )
+    event_id_window: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description="producer event_ids remembered per user to recognise a resend "
+        "(events stamped by publish() need none: README 'Retries')",
+    )
     max_ts_skew_ms: int = Field(
         600_000,
         ge=0,

@@ -22,8 +22,9 @@ import numpy as np
 import redis
 
 from worker.batch import entry_id
+from worker.dedup import bounded
 from worker.keys import Keys
-from worker.pipeline import RECENT_EVENT_IDS, Commit, ShadowStates, UserStates
+from worker.pipeline import Commit, ShadowStates, UserStates
 from worker.recent import valid
 from worker.state_cache import CachedState, StateCache
 
@@ -240,7 +241,7 @@ class StateReader:
                 states.resets["invalid"] += 1
                 continue
             if eids:
-                states.event_ids[i] = b" ".join(eids.split()[-RECENT_EVENT_IDS:])
+                states.event_ids[i] = bounded(eids)
             states.recent[i] = valid(recent)
             stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
             mine.append((i, self._blob_of(stored, space)))
