@@ -1,0 +1,89 @@
+"""Retries of any size are scored once: a resent pipeline, and publish() through a stall."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+
+import redis
+
+from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+from worker.connection import connect
+from worker.events import Event
+from worker.keys import Keys
+from worker.publisher import entry_fields, publish, stamps
+
+STREAM0 = Keys().events(0)
+
+
+def states_n(r: redis.Redis, users: set[str]) -> dict[str, int]:
+    return {u: int(r.hget(Keys().state(0, u), "n") or 0) for u in users}
+
+
+def drained(r: redis.Redis) -> bool:
+    """Every entry delivered to the group and acknowledged (acks commit with the scores)."""
+    groups = r.xinfo_groups(STREAM0)
+    return bool(groups) and groups[0]["lag"] == 0 and groups[0]["pending"] == 0
+
+
+def test_a_resent_1000_event_pipeline_with_a_busy_user_is_scored_once(
+    redis_server, model_path, tmp_path
+):
+    """The same pipeline XADDed twice, as publish() resends it after a lost reply: the
+    user with 50 events among the 1,000 is applied 50 times, not 100 (the event-id window
+    of 32 alone would double 18 of them and then slide past the rest)."""
+    r = connect(redis_server.url)
+    users = ["busy"] * 50 + [f"u{i % 97}" for i in range(950)]
+    users = users[::2] + users[1::2]  # the busy user's events spread through the pipeline
+    fresh = stamps()
+    chunk = []
+    for u in users:
+        stamp, event_id = next(fresh)
+        chunk.append(entry_fields(Event(user_id=u, type="view", event_id=event_id,
+                                        producer=stamp)))  # fmt: skip
+    for _ in range(2):
+        pipe = r.pipeline(transaction=False)
+        for fields in chunk:
+            pipe.xadd(STREAM0, fields)
+        pipe.execute()
+    worker = WorkerProcess(redis_server.url, model_path, tmp_path / "w.log",
+                           "--batch-size", "128").start()  # fmt: skip
+    try:
+        wait_for(lambda: drained(r), what="all 2,000 entries acked")
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    assert count_scores(r) == 1000
+    assert states_n(r, set(users)) == Counter(users)
+    rows = score_entries(r)
+    assert len({row["event_id"] for row in rows}) == 1000
+
+
+def test_publish_through_a_redis_stall_past_its_socket_timeout_doubles_nothing(
+    redis_server, model_path, tmp_path
+):
+    """Redis stopped for 2.5 s under a 1 s socket timeout: publish() resends its pipeline
+    while the first copy still sits in Redis's socket buffer, and both land."""
+    r = connect(redis_server.url)
+    producer = redis.Redis.from_url(redis_server.url, socket_timeout=1)
+    users = ["n40"] * 20 + [f"u{i}" for i in range(21)]
+    events = [{"user_id": u, "type": "view"} for u in users]
+    publish(producer, events[:1])  # connected, and the partition count checked
+    users, events = users + users[:1], events + events[:1]
+    os.kill(redis_server.process.pid, signal.SIGSTOP)
+    resume = threading.Timer(2.5, os.kill, (redis_server.process.pid, signal.SIGCONT))
+    resume.start()
+    try:
+        publish(producer, events[:-1], pipeline_size=100)
+    finally:
+        resume.join()
+    landed = r.xlen(STREAM0)
+    assert landed > len(events), "the stall did not make publish() resend"
+    worker = WorkerProcess(redis_server.url, model_path, tmp_path / "w.log").start()
+    try:
+        wait_for(lambda: drained(r), what="every copy acked")
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    assert count_scores(r) == len(events), f"{landed} entries landed for {len(events)} events"
+    assert states_n(r, set(users)) == Counter(users)
