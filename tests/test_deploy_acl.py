@@ -220,6 +220,15 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
         "producer XRANGE events": lambda: producer.xrange(STREAM, count=1),
         "producer XRANGE scores": lambda: producer.xrange("intentstream:scores:{0}", count=1),
         "producer HSET state": lambda: producer.hset(STATE, "h", b"x"),
+        # nor write what stops or reconfigures the workers
+        "producer HSETNX config resize_to": lambda: producer.hsetnx(
+            "intentstream:config", "resize_to", 16
+        ),
+        "producer HSET config": lambda: producer.hset("intentstream:config", "partitions", 3),
+        "producer DEL config": lambda: producer.delete("intentstream:config"),
+        "producer SET lease": lambda: producer.set("intentstream:lease:{0}", "x"),
+        "producer XTRIM events": lambda: producer.xtrim(STREAM, maxlen=0),
+        "producer XDEL events": lambda: producer.xdel(STREAM, b"1-1"),
         # the trainer cannot write events nor touch states
         "trainer XADD events": lambda: trainer.xadd(STREAM, {"user_id": "x", "type": "view"}),
         "trainer HGETALL state": lambda: trainer.hgetall(STATE),

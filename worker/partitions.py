@@ -3,7 +3,8 @@
 Users are spread over partitions by crc32(user_id) mod P. A worker or producer with another P
 would put a user's events on another stream and split their state, so every process that
 reads or writes the streams checks the recorded count at start and refuses another one;
-the first one records it.
+the first worker records it (producers only read it: a producer credential must not be able
+to write what stops the workers).
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ def recorded_partitions(client: Client, keys: Keys) -> int | None:
     return int(raw) if raw is not None else None
 
 
-def check_partitions(client: Client, keys: Keys, partitions: int) -> None:
-    """Record `partitions` if nothing is recorded yet; refuse another count, or any count
-    while `intentstream partitions resize` is unfinished."""
-    client.hsetnx(keys.config, "partitions", partitions)
+def check_partitions(client: Client, keys: Keys, partitions: int, record: bool = True) -> None:
+    """Record `partitions` if nothing is recorded yet (unless `record` is False: a producer
+    then goes on unchecked); refuse another count, or any count while `intentstream
+    partitions resize` is unfinished."""
+    if record:
+        client.hsetnx(keys.config, "partitions", partitions)
     config = client.hgetall(keys.config)
+    if b"partitions" not in config:
+        return  # only a producer gets here: the first worker records its count
     recorded = int(config[b"partitions"])
     if b"resize_to" in config:
         raise PartitionCountError(

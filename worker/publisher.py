@@ -56,7 +56,7 @@ def _check_partitions_now_and_then(client: redis.Redis, keys: Keys, partitions: 
     seen = _CHECKED.setdefault(client, {})
     now = time.monotonic()
     if now - seen.get((keys.prefix, partitions), -RECHECK_SECONDS) >= RECHECK_SECONDS:
-        check_partitions(client, keys, partitions)
+        check_partitions(client, keys, partitions, record=False)
         seen[(keys.prefix, partitions)] = now
 
 
