@@ -11,6 +11,7 @@ a version string or artifact should be) raises RegistryError naming the key and 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from model.artifact import ArtifactError, Model, model_from_bytes, model_to_byte
 from worker.keys import Keys
 
 T = TypeVar("T")
+log = logging.getLogger("intentstream.models")
 
 
 class RegistryError(Exception):
@@ -43,6 +45,7 @@ class Registry:
         self.r = client
         self.prefix = prefix
         self.keys = Keys(prefix)
+        self._strlen_allowed = True
 
     @property
     def channel(self) -> str:
@@ -112,14 +115,22 @@ class Registry:
         return doc
 
     def artifact_size(self, version: str) -> int | None:
-        """The artifact's length in bytes (STRLEN; 0 when absent), or None when this Redis
-        user may not run STRLEN: then the size recorded in its meta, if any."""
-        key = self.keys.model_artifact(version)
-        try:
-            return int(self._read(key, self.r.strlen))
-        except redis.exceptions.NoPermissionError:
-            size = self.meta(version).get("size")
-            return size if isinstance(size, int) else None
+        """The artifact's length in bytes (STRLEN; 0 when absent). A Redis user that may
+        not run STRLEN gets the size recorded in the meta (None without one); it is asked
+        once per Registry, so its ACL log shows one denial, not one per load."""
+        if self._strlen_allowed:
+            key = self.keys.model_artifact(version)
+            try:
+                return int(self._read(key, self.r.strlen))
+            except redis.exceptions.NoPermissionError as exc:
+                self._strlen_allowed = False
+                log.warning(
+                    "this Redis user may not run STRLEN: model sizes are checked against "
+                    "the size their meta records, and once read (grant it +strlen)",
+                    extra={"error": str(exc)},
+                )
+        size = self.meta(version).get("size")
+        return size if isinstance(size, int) else None
 
     def check_size(self, version: str, max_bytes: int) -> None:
         """Refuse a version whose artifact is over max_bytes, before reading it."""
