@@ -117,7 +117,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         if settings.model is not None:
             source = FileModelSource(settings.model)
         else:
-            source = RegistryModelSource(client, settings.prefix, settings.model_poll_seconds)
+            source = RegistryModelSource(
+                client, settings.prefix, settings.model_poll_seconds, settings.max_model_bytes
+            )
     except (ArtifactError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -261,7 +261,9 @@ def run_demo(
         metrics, health = WorkerMetrics(), Health()
         port = _start_metrics(metrics, health, settings.metrics_host, metrics_port)
         print(f"metrics: http://{settings.metrics_host}:{port}/metrics", file=out)
-        source = RegistryModelSource(client, PREFIX, settings.model_poll_seconds)
+        source = RegistryModelSource(
+            client, PREFIX, settings.model_poll_seconds, settings.max_model_bytes
+        )
         source.current.warm_up()  # compiled (or loaded) before the first event arrives
         consumer = Consumer(settings, connect_settings(settings), source, metrics, health, stop)
         watch = ScoreWatch(redis_url, Keys(PREFIX).scores(PARTITION), user_prefix,

@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     model_poll_seconds: float = Field(
         2.0, gt=0, description="how often to check the registry's current model"
     )
+    max_model_bytes: int = Field(
+        64 * 2**20,
+        ge=1,
+        description="refuse registry model artifacts larger than this, in bytes (measured "
+        "with STRLEN before they are read)",
+    )
     batch_size: int = Field(512, ge=1, le=100_000, description="max entries per read")
     block_ms: int = Field(1000, ge=1, description="blocking read time in ms")
     socket_timeout: float = Field(5.0, gt=0, description="Redis socket timeout in seconds")
