@@ -355,3 +355,25 @@ def test_the_users_do_their_jobs_on_a_cluster(acl_cluster, tmp_path):
         assert direct.info("server")["redis_version"]
     keda.close()
     assert acl_denials(acl_cluster) == {}, "a job was refused something it needs"
+
+
+@pytest.mark.integration
+def test_the_worker_corrects_a_phantom_lag_under_its_user(acl_redis):
+    # XGROUP SETID (to the group's own last id, in REPAIR_SCRIPT): the worker could skip or
+    # replay with it, as it can already skip by acknowledging unscored entries
+    from worker.maintenance import Maintenance
+    from worker.metrics import WorkerMetrics
+    from worker.settings import Settings
+
+    admin, worker_c = client(acl_redis, "admin"), client(acl_redis, "worker")
+    for i in range(5):
+        admin.xadd(STREAM, {"user_id": f"u{i}", "type": "view"})
+    admin.xgroup_create(STREAM, "intentstream-workers", id="0")
+    admin.xreadgroup("intentstream-workers", "c", {STREAM: ">"})
+    admin.execute_command("XGROUP", "SETID", STREAM, "intentstream-workers", "$", "ENTRIESREAD", 1)
+    metrics = WorkerMetrics()
+    settings = Settings(redis_url="redis://x", metrics_port=0, consumer="c")
+    Maintenance(worker_c, Keys(), settings, metrics).run([0])
+    assert metrics.registry.get_sample_value("intentstream_lag_entries", {"partition": "0"}) == 0
+    assert admin.xinfo_groups(STREAM)[0]["lag"] == 0, "the worker's tick should repair it"
+    assert admin.acl_log() == []
