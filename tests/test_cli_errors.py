@@ -55,6 +55,23 @@ def test_unreachable_cluster_is_one_line():
     assert_one_line(result, "Redis at redis://127.0.0.1:1/0 is unreachable")
 
 
+@pytest.mark.parametrize("cluster", [False, True], ids=["one redis", "cluster client"])
+def test_an_acl_refusal_says_which_permission_is_missing(redis_server, cluster):
+    # redis-py's cluster client reports a refused CLUSTER SLOTS as "Cluster mode is not
+    # enabled on this node": the line must name the refusal instead (ACL checks come before
+    # the command runs, so a plain server refuses it the same way a cluster node does).
+    import redis
+
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.acl_setuser("scant", enabled=True, passwords=["+pw"], commands=["-@all", "+ping"])
+    admin.close()
+    url = redis_server.url.replace("redis://", "redis://scant:pw@")
+    result = run_cli("model", "list", *(["--cluster"] if cluster else []), "--redis-url", url)
+    line = assert_one_line(result, "refused a command", "ACL user 'scant' lacks a permission")
+    assert ("'cluster|slots'" if cluster else "no permissions to run the") in line
+    assert "Cluster mode is not enabled" not in line and "unreachable" not in line
+
+
 def test_model_publish_to_unreachable_redis(golden_path):
     result = run_cli("model", "publish", str(golden_path), "--redis-url", DOWN)
     assert_one_line(result, "is unreachable")

@@ -15,9 +15,13 @@ import pytest
 import redis
 
 from model.artifact import random_model, save_model
+from model.synthetic import synthetic_events
 from tests.deploy_tools import DEPLOY, clean_env
 from tests.workers import count_scores, wait_for
-from worker.local_redis import free_port, redis_server_binary
+from worker.connection import connect
+from worker.keys import Keys
+from worker.local_redis import LocalCluster, free_port, redis_server_binary
+from worker.publisher import publish
 
 ACL = DEPLOY / "redis" / "users.acl"
 CONF = DEPLOY / "redis" / "redis.conf"
@@ -197,6 +201,9 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
     assert group["name"] == b"intentstream-workers" and group["lag"] == 0
     assert keda.xpending(STREAM, "intentstream-workers")["pending"] == 0
     assert keda.xlen(STREAM) > 0
+    # KEDA's redis-streams scaler reads the Redis version (INFO) whenever lagCount is set
+    assert keda.info("server")["redis_version"]
+    assert admin.acl_log() == [], "KEDA's reads were refused"
 
     worker_c, producer, trainer = (client(port, u) for u in ("worker", "producer", "trainer"))
     denied = {
@@ -248,3 +255,134 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
         anonymous.get(STATE)
     assert admin.hget(STATE, "h") is not None, "the worker should have written user-1's state"
     assert admin.xlen(STREAM) == 3100
+
+
+# What redis-py's cluster client (8.1) sends on connect and on each refresh of the slot map,
+# beyond a job's own commands: CLUSTER SLOTS, COMMAND (the key positions of every command),
+# and COMMAND GETKEYS for commands whose keys move (XREADGROUP, FCALL). No READONLY: no
+# client reads from replicas. KEDA's cluster scaler (go-redis) sends CLUSTER SLOTS and COMMAND.
+CLUSTER_CLIENT = [["CLUSTER", "SLOTS"], ["COMMAND"], ["COMMAND", "GETKEYS", "GET", "k"]]
+CHANGES_THE_CLUSTER = [
+    ["CLUSTER", "FAILOVER"], ["CLUSTER", "RESET"], ["CLUSTER", "FORGET", "x"],
+    ["CLUSTER", "MEET", "127.0.0.1", "1"], ["CLUSTER", "ADDSLOTS", "1"],
+    ["CLUSTER", "SETSLOT", "1", "STABLE"], ["READWRITE"], ["CONFIG", "SET", "save", ""],
+]  # fmt: skip
+
+
+@pytest.mark.integration
+def test_cluster_client_rights_and_nothing_that_changes_the_cluster(acl_redis):
+    admin = client(acl_redis, "admin")
+
+    def dryrun(user: str, command: list[str]) -> bool:
+        return admin.execute_command("ACL", "DRYRUN", user, *command) == b"OK"
+
+    for user in ("worker", "trainer", "keda"):
+        missing = [c for c in CLUSTER_CLIENT if not dryrun(user, c)]
+        assert missing == [], f"{user} cannot connect with --cluster: lacks {missing}"
+        allowed = [c for c in CHANGES_THE_CLUSTER if dryrun(user, c)]
+        assert allowed == [], f"{user} may change the cluster: {allowed}"
+    assert dryrun("keda", ["INFO"]) and dryrun("keda", ["INFO", "server"])
+
+
+ADMIN = ("admin", PASSWORDS["admin"])
+CLUSTER_P = 4
+
+
+@pytest.fixture(scope="module")
+def acl_cluster():
+    """A local cluster (3 masters, 3 replicas) with users.acl loaded on every node."""
+    with LocalCluster(extra=("--aclfile", str(ACL)), auth=ADMIN) as cluster:
+        yield cluster
+
+
+def node_url(port: int, user: str) -> str:
+    return f"redis://{user}:{PASSWORDS[user]}@127.0.0.1:{port}/0"
+
+
+def acl_denials(cluster: LocalCluster) -> dict[int, list]:
+    """ACL LOG of every node that has one: port -> entries."""
+    logs = {n.port: n.client().acl_log() for n in cluster.nodes}
+    return {port: log for port, log in logs.items() if log}
+
+
+@pytest.mark.integration
+def test_the_users_do_their_jobs_on_a_cluster(acl_cluster, tmp_path):
+    port = acl_cluster.nodes[0].port
+    admin = connect(node_url(port, "admin"), cluster=True)
+    model = tmp_path / "m.npz"
+    save_model(random_model(["view", "add_to_cart", "coupon", "purchase"], hidden=8), model)
+
+    # trainer: registry writes and reads through the cluster client
+    trainer_url = node_url(port, "trainer")
+    result = cli("model", "publish", str(model), "--promote", "--cluster", "--redis-url",
+                 trainer_url)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    result = cli("model", "list", "--cluster", "--redis-url", trainer_url)
+    assert result.returncode == 0 and result.stdout.count("* ") == 1, result.stderr
+
+    # the events: published as admin (the producer user's rights are being redesigned)
+    events = list(synthetic_events(2000, 200, seed=5))
+    publish(admin, events, partitions=CLUSTER_P)
+    keys = Keys()
+    nodes = {admin.get_node_from_key(keys.events(p)).name for p in range(CLUSTER_P)}
+    assert len(nodes) > 1, "the partitions should spread over the masters"
+
+    # worker: follows the registry, consumes and commits on every master
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            [str(Path(sys.executable).parent / "intentstream"), "worker", "--cluster",
+             "--redis-url", node_url(port, "worker"), "--partitions", str(CLUSTER_P),
+             "--metrics-port", "0", "--block-ms", "200", "--consumer", "w1"],
+            stdout=log, stderr=log, env=clean_env(),
+        )  # fmt: skip
+    try:
+        wait_for(lambda: count_scores(admin, partitions=CLUSTER_P) == len(events), 120,
+                 "every event scored by the worker user")  # fmt: skip
+        time.sleep(1)  # a maintenance tick (gauges, trim) under the worker's user
+    finally:
+        worker.terminate()
+        code = worker.wait(30)
+    worker_log = log_path.read_text()
+    assert code == 0, worker_log
+    assert "NOPERM" not in worker_log and "redis unavailable" not in worker_log, worker_log
+
+    # keda: what the scaler reads, through the cluster client and on each node directly
+    keda = connect(node_url(port, "keda"), cluster=True)
+    for p in range(CLUSTER_P):
+        stream = keys.events(p)
+        group = keda.xinfo_groups(stream)[0]
+        assert group["name"] == b"intentstream-workers" and group["lag"] == 0, group
+        assert keda.xpending(stream, "intentstream-workers")["pending"] == 0
+        assert keda.xlen(stream) > 0
+        owner = admin.get_node_from_key(stream)
+        direct = redis.Redis.from_url(node_url(owner.port, "keda"), socket_timeout=5)
+        assert direct.xlen(stream) == keda.xlen(stream)
+        assert direct.xinfo_groups(stream)[0]["lag"] == 0
+    for node in acl_cluster.nodes:
+        direct = redis.Redis.from_url(node_url(node.port, "keda"), socket_timeout=5)
+        assert direct.info("server")["redis_version"]
+    keda.close()
+    assert acl_denials(acl_cluster) == {}, "a job was refused something it needs"
+
+
+@pytest.mark.integration
+def test_the_worker_corrects_a_phantom_lag_under_its_user(acl_redis):
+    # XGROUP SETID (to the group's own last id, in REPAIR_SCRIPT): the worker could skip or
+    # replay with it, as it can already skip by acknowledging unscored entries
+    from worker.maintenance import Maintenance
+    from worker.metrics import WorkerMetrics
+    from worker.settings import Settings
+
+    admin, worker_c = client(acl_redis, "admin"), client(acl_redis, "worker")
+    for i in range(5):
+        admin.xadd(STREAM, {"user_id": f"u{i}", "type": "view"})
+    admin.xgroup_create(STREAM, "intentstream-workers", id="0")
+    admin.xreadgroup("intentstream-workers", "c", {STREAM: ">"})
+    admin.execute_command("XGROUP", "SETID", STREAM, "intentstream-workers", "$", "ENTRIESREAD", 1)
+    metrics = WorkerMetrics()
+    settings = Settings(redis_url="redis://x", metrics_port=0, consumer="c")
+    Maintenance(worker_c, Keys(), settings, metrics).run([0])
+    assert metrics.registry.get_sample_value("intentstream_lag_entries", {"partition": "0"}) == 0
+    assert admin.xinfo_groups(STREAM)[0]["lag"] == 0, "the worker's tick should repair it"
+    assert admin.acl_log() == []

@@ -64,10 +64,30 @@ def validation_line(exc: ValidationError, parser: argparse.ArgumentParser | None
     return "; ".join(problems)
 
 
+def _refusal(exc: BaseException) -> redis.exceptions.NoPermissionError | None:
+    """The ACL refusal (NOPERM) behind a failure, if any. redis-py's cluster client turns a
+    refused CLUSTER SLOTS into "Cluster mode is not enabled on this node" (and that into
+    "cannot be connected"), keeping the NOPERM reply only as the exceptions' cause."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     """One line for a failure the user can fix, or None for a bug (keep the traceback)."""
     parser = getattr(args, "_parser", None)
     url = _redis_url(args)
+    refusal = _refusal(exc)
+    if refusal is not None:
+        user = urlsplit(url).username or "default"
+        return (
+            f"Redis at {url} refused a command: the ACL user {user!r} lacks a permission "
+            f"({refusal}; see deploy/redis/users.acl)"
+        )
     if isinstance(exc, redis.AuthenticationError):
         return f"Redis at {url} refused the login: {exc} (user:password@ in --redis-url)"
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, RedisClusterException)):

@@ -51,9 +51,11 @@ class LocalRedis:
         dir: str | None = None,
         tls: tuple[str, str, str] | None = None,
         extra: tuple[str, ...] = (),
+        auth: tuple[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.extra = extra  # more redis-server arguments
+        self.auth = auth  # (user, password) to probe with, when `extra` loads an ACL file
         self.appendonly = appendonly
         self.tls = tls  # (certificate, key, CA certificate) files: serve TLS only
         self._own_dir = dir is None
@@ -86,7 +88,7 @@ class LocalRedis:
                      "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
-        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
+        client = self.client(socket_timeout=1, socket_connect_timeout=1)
         try:
             while True:
                 if self.process.poll() is not None:
@@ -107,6 +109,11 @@ class LocalRedis:
                 time.sleep(0.02)
         finally:
             client.close()
+
+    def client(self, **kwargs) -> redis.Redis:
+        """A plain client of this server, logged in as `auth` when given."""
+        user, password = self.auth or (None, None)
+        return redis.Redis.from_url(self.url, username=user, password=password, **kwargs)
 
     def stop(self, kill: bool = False) -> None:
         """Stop the server (SIGKILL if kill, else SIGTERM and wait)."""
@@ -161,12 +168,25 @@ def free_cluster_port() -> int:
 
 class LocalCluster:
     """A Redis Cluster of `masters` masters with `replicas` replicas each, on loopback ports,
-    made with `redis-cli --cluster create`: for tests and `bench --cluster`."""
+    made with `redis-cli --cluster create`: for tests and `bench --cluster`.
 
-    def __init__(self, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 2000) -> None:
+    `extra` goes to every node (e.g. `--aclfile`); with an ACL that turns the default user
+    off, `auth` is an (user, password) allowed everything: the cluster is created, probed
+    and replicated (masteruser) as that user."""
+
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = 2000,
+        extra: tuple[str, ...] = (),
+        auth: tuple[str, str] | None = None,
+    ) -> None:
         self.masters = masters
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
+        self.extra = extra
+        self.auth = auth
         self.nodes: list[LocalRedis] = []
 
     @property
@@ -178,19 +198,22 @@ class LocalCluster:
         cli = shutil.which("redis-cli")
         if cli is None:
             raise RuntimeError("redis-cli is needed to create a local cluster; none on PATH")
+        login = ("--masteruser", self.auth[0], "--masterauth", self.auth[1]) if self.auth else ()
         for _ in range(self.masters * (1 + self.replicas)):
             node = LocalRedis(
                 port=free_cluster_port(),
                 appendonly=True,
                 extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                        "--cluster-node-timeout", str(self.node_timeout_ms),
-                       "--appendfsync", "everysec"),
+                       "--appendfsync", "everysec", *login, *self.extra),
+                auth=self.auth,
             )  # fmt: skip
             self.nodes.append(node.start())
         addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        cli_login = ["--user", self.auth[0], "--pass", self.auth[1]] if self.auth else []
         subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas),
-             "--cluster-yes"],
+            [cli, *cli_login, "--cluster", "create", *addresses,
+             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
             check=True, capture_output=True, timeout=timeout,
         )  # fmt: skip
         self.wait_ok(timeout)
@@ -207,7 +230,7 @@ class LocalCluster:
 
     @staticmethod
     def _node_ok(node: LocalRedis) -> bool:
-        client = redis.Redis(port=node.port, socket_timeout=1)
+        client = node.client(socket_timeout=1)
         try:
             info = client.cluster("info")
             return (

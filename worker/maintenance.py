@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import time
 from collections import deque
 
@@ -17,6 +18,7 @@ import redis
 
 from worker.batch import entry_id
 from worker.keys import Keys
+from worker.lag import REPAIR_SCRIPT, undelivered
 from worker.metrics import WorkerMetrics
 from worker.settings import Settings
 
@@ -64,6 +66,7 @@ class Maintenance:
         self.s = settings
         self.metrics = metrics
         self.positions: dict[int, Positions] = {}
+        self._repair = client.register_script(REPAIR_SCRIPT)
 
     def run(self, partitions: list[int]) -> None:
         """One tick over the partitions this worker holds."""
@@ -89,10 +92,11 @@ class Maintenance:
             pending = int(_field(g, "pending") or 0)
             last = entry_id(_text(_field(g, "last-delivered-id") or "0-0").encode())
             if name == self.s.group:
-                lag = _field(g, "lag")
-                if lag is not None:
-                    self.metrics.lag.labels(str(p)).set(int(lag))
+                lag = undelivered(self.r, stream, g)
+                self.metrics.lag.labels(str(p)).set(math.nan if lag is None else lag)
                 self.metrics.pending.labels(str(p)).set(pending)
+                if lag == 0 and _field(g, "lag") not in (0, None):
+                    self._repair_counter(p, stream, _field(g, "lag"))
                 read = _field(g, "entries-read")
                 if read is not None:
                     self.positions.setdefault(p, Positions()).add(int(read), last)
@@ -101,6 +105,16 @@ class Maintenance:
                 keep_from = min(keep_from, entry_id(self.r.xpending(stream, name)["min"]))
             bound = keep_from if bound is None else min(bound, keep_from)
         return bound
+
+    def _repair_counter(self, p: int, stream: str, said: int) -> None:
+        """Nothing is undelivered but Redis counts `said` entries of lag: the group's
+        entries-read is wrong (a promoted replica's stale counter). Correct it, for KEDA and
+        anyone else reading XINFO GROUPS (see worker/lag.py)."""
+        if self._repair(keys=[stream], args=[self.s.group]):
+            log.warning(
+                "corrected the group's entries-read (Redis counted a lag with nothing undelivered)",
+                extra={"partition": p, "lag_said": int(said)},
+            )
 
     def _history_cut(
         self, p: int, stream: str, bound: tuple[int, int] | None

@@ -110,7 +110,8 @@ class WorkerMetrics:
         )
         self.lag = Gauge(
             "intentstream_lag_entries",
-            "Entries in the partition's stream not yet delivered to the group.",
+            "Entries in the partition's stream not yet delivered to the group (counted when "
+            "XINFO GROUPS' lag is nil or contradicted; NaN when unknown).",
             ["partition"],
             registry=r,
         )

@@ -25,6 +25,7 @@ import redis
 from worker.batch import entry_id
 from worker.connection import Client, is_cluster
 from worker.keys import Keys
+from worker.lag import COUNT_CAP, count_after, undelivered
 
 MAX_PARTITIONS = 4096  # the bound of the `partitions` setting
 CHUNK = 500  # state keys read and written per pipeline
@@ -87,18 +88,6 @@ def _field(info: dict, name: str):
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _count_after(client: Client, stream: str, after: str, cap: int = 100_000) -> int:
-    """Entries of a stream after an id (counted by XRANGE pages, up to `cap`)."""
-    count, start = 0, after
-    while count < cap:
-        entries = client.xrange(stream, f"({start}", "+", count=10_000)
-        if not entries:
-            break
-        count += len(entries)
-        start = entries[-1][0].decode()
-    return count
-
-
 def undrained(client: Client, keys: Keys, group: str, partitions: int) -> list[str]:
     """Per partition with entries the group has not finished: how many are undelivered
     (the group's lag) and pending (delivered, not acknowledged)."""
@@ -114,14 +103,14 @@ def undrained(client: Client, keys: Keys, group: str, partitions: int) -> list[s
         info = next((g for g in client.xinfo_groups(stream) if _field(g, "name") == group), None)
         if info is None:  # no group yet: a worker would create it after the last acknowledged
             acked = client.get(keys.acked(p))
-            lag = _count_after(client, stream, acked.decode()) if acked else client.xlen(stream)
+            lag = count_after(client, stream, acked.decode()) if acked else client.xlen(stream)
             pending = 0
         else:
             pending = int(_field(info, "pending"))
-            lag = _field(info, "lag")
-            if lag is None:  # Redis cannot tell after deletions: count what is after
-                lag = _count_after(client, stream, _field(info, "last-delivered-id"))
-        if lag or pending:
+            lag = undelivered(client, stream, info)  # not XINFO's lag alone: see worker/lag.py
+        if lag is None:
+            problems.append(f"partition {p}: more than {COUNT_CAP} undelivered, {pending} pending")
+        elif lag or pending:
             problems.append(f"partition {p}: {lag} undelivered, {pending} pending")
     return problems
 
