@@ -5,6 +5,7 @@ denial, and each is refused what it must not do."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import subprocess
 import sys
@@ -21,7 +22,6 @@ from tests.workers import count_scores, wait_for
 from worker.connection import connect
 from worker.keys import Keys
 from worker.local_redis import LocalCluster, free_port, redis_server_binary
-from worker.publisher import publish
 
 ACL = DEPLOY / "redis" / "users.acl"
 CONF = DEPLOY / "redis" / "redis.conf"
@@ -320,9 +320,13 @@ def test_the_users_do_their_jobs_on_a_cluster(acl_cluster, tmp_path):
     result = cli("model", "list", "--cluster", "--redis-url", trainer_url)
     assert result.returncode == 0 and result.stdout.count("* ") == 1, result.stderr
 
-    # the events: published as admin (the producer user's rights are being redesigned)
+    # producer: events in, through the cluster client
     events = list(synthetic_events(2000, 200, seed=5))
-    publish(admin, events, partitions=CLUSTER_P)
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in events))
+    result = cli("publish", str(data), "--cluster", "--partitions", str(CLUSTER_P),
+                 "--redis-url", node_url(port, "producer"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
     keys = Keys()
     nodes = {admin.get_node_from_key(keys.events(p)).name for p in range(CLUSTER_P)}
     assert len(nodes) > 1, "the partitions should spread over the masters"
