@@ -92,7 +92,7 @@ def test_json_field_never_raises_anything_but_event_error(doc):
     fields = {b"json": json.dumps(doc).encode()}
     result = outcome(lambda f: parse_entry(f, 5), fields)
     if not (isinstance(result, tuple) and result[0] == "error"):
-        user_id, type_, _ts, _event_id = result
+        user_id, type_, _ts, _event_id, _producer = result
         assert user_id == doc["user_id"] and type_ == doc["type"]
 
 
