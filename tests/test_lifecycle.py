@@ -47,7 +47,7 @@ def run_until(consumer: Consumer, condition, what: str) -> None:
     wait_for(lambda: consumer.tick() or condition(), what=what)
 
 
-def session(user: str, types: list[str], start: int = 1_000_000) -> list[dict]:
+def session(user: str, types: list[str], start: int = 1_700_000_000_000) -> list[dict]:
     return [{"user_id": user, "type": t, "ts": start + 1000 * i} for i, t in enumerate(types)]
 
 
@@ -281,7 +281,7 @@ def test_live_auc_of_the_current_model_is_exported(redis_server):
     port = free_port()
     serve_metrics(consumer.metrics, consumer.health, "127.0.0.1", port)
     rng = np.random.default_rng(0)
-    events, t = [], 1_000_000
+    events, t = [], 1_700_000_000_000
     for s in range(60):  # sessions 2 h apart (the gap is 30 min): each ends at the next one
         for _ in range(int(rng.integers(1, 5))):
             events.append({"user_id": f"u{s % 3}", "type": str(rng.choice(SMALL[:3])), "ts": t})

@@ -5,6 +5,7 @@ by a second one."""
 from __future__ import annotations
 
 import json
+import subprocess
 import zlib
 from pathlib import Path
 
@@ -14,10 +15,10 @@ import redis
 
 from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
-from tests.conftest import run_cli
+from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, wait_for
 from worker.connection import Client, connect
-from worker.keys import Keys
+from worker.keys import Keys, partition_of
 from worker.local_redis import LocalCluster, LocalRedis
 from worker.partitions import PartitionCountError, check_partitions
 from worker.publisher import publish
@@ -233,26 +234,74 @@ def test_refuses_while_a_worker_runs(single, model_path, tmp_path):
     assert client.hgetall(KEYS.config) == {b"partitions": b"2"}  # nothing recorded
 
 
-def test_refuses_while_entries_are_undelivered_or_pending(single, model_path):
+def unacked(client: Client, p: int) -> list[tuple[bytes, dict]]:
+    """The entries of partition p after its last acknowledged one."""
+    acked = client.get(KEYS.acked(p))
+    return client.xrange(KEYS.events(p), "(" + acked.decode() if acked else "-", "+")
+
+
+def test_undelivered_and_pending_entries_move_with_their_users(single, model_path, tmp_path):
     url, client, _ = single
     events = shop_events(300, 30)
     publish(client, events, partitions=2)
-    lengths = [client.xlen(KEYS.events(p)) for p in range(2)]
-    result = run_cli("partitions", "resize", "--to", "3", "--redis-url", url)
-    assert result.returncode == 2
-    assert len(result.stderr.splitlines()) == 1
-    assert f"partition 0: {lengths[0]} undelivered, 0 pending" in result.stderr
-    assert f"partition 1: {lengths[1]} undelivered, 0 pending" in result.stderr
-
-    # a group that read 5 entries of partition 1 and acknowledged none
+    check_partitions(client, KEYS, 2)
+    # a group that read 5 entries of partition 1 and acknowledged none (a killed worker)
     for p in range(2):
         client.xgroup_create(KEYS.events(p), GROUP, id="0")
     client.xreadgroup(GROUP, "c", {KEYS.events(1): ">"}, count=5)
     result = run_cli("partitions", "resize", "--to", "3", "--redis-url", url)
-    assert result.returncode == 2
-    assert f"partition 1: {lengths[1] - 5} undelivered, 5 pending" in result.stderr
-    assert client.hgetall(KEYS.config) == {b"partitions": b"2"}
-    assert not client.exists(KEYS.events(2))  # nothing created
+    assert result.returncode == 0, result.stderr
+    staying = sum(partition_of(e["user_id"], 3) == partition_of(e["user_id"], 2) for e in events)
+    assert f"{len(events) - staying} unacknowledged entries and" in result.stdout
+    for q in range(3):
+        for _, fields in unacked(client, q):
+            assert partition_of(fields[b"user_id"].decode(), 3) == q
+    assert sum(len(unacked(client, q)) for q in range(3)) == len(events)
+    # each entry once, all scored by a worker with the new count, none dead-lettered
+    run_worker_until(url, model_path, tmp_path / "w.log", (), 3, client, len(events))
+    rows = [f for q in range(3) for _, f in client.xrange(KEYS.scores(q))]
+    assert sorted(f[b"event_id"].decode() for f in rows) == sorted(e["event_id"] for e in events)
+    assert not any(client.xlen(KEYS.deadletter(q)) for q in range(3))
+    # the moved entries kept their time: each score's ts is the event's
+    ts = {e["event_id"]: e["ts"] for e in events}
+    assert all(int(f[b"ts"]) == ts[f[b"event_id"].decode()] for f in rows)
+
+
+def test_a_producer_publishing_across_a_resize_loses_nothing(backend, model_path, tmp_path):
+    """`intentstream publish` runs the whole time: before, during and after the resize.
+    Every event is scored exactly once and none is dead-lettered (misrouted)."""
+    url, client, flags = backend
+    check_partitions(client, KEYS, 2)
+    worker = WorkerProcess(url, model_path, tmp_path / "w1.log", "--partitions", "2",
+                           "--lease-ms", "2000", *flags).start()  # fmt: skip
+    wait_for(lambda: client.exists(KEYS.lease(0), KEYS.lease(1)) == 2, what="leases")
+    producer = subprocess.Popen(
+        [console_script(), "publish", "--synthetic", "4000", "--users", "300", "--rate", "200",
+         "--partitions", "2", "--redis-url", url, *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: total_scores(client, 2) >= 800, 60, "scores before the resize")
+        assert worker.terminate() == 0, worker.log()[-2000:]
+        result = run_cli("partitions", "resize", "--to", "3", "--redis-url", url, *flags)
+        assert result.returncode == 0, result.stderr
+        assert producer.poll() is None, "the producer should still be running"
+        run_worker_until(url, model_path, tmp_path / "w2.log", flags, 3, client, 4000)
+        _, err = producer.communicate(timeout=60)
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+    assert producer.returncode == 0, err
+    rows = [f for q in range(3) for _, f in client.xrange(KEYS.scores(q))]
+    ids = [f[b"event_id"] for f in rows]
+    assert len(ids) == len(set(ids)) == 4000
+    assert not any(client.xlen(KEYS.deadletter(q)) for q in range(3))
+    for _, fields in unacked(client, 0) + unacked(client, 1) + unacked(client, 2):
+        raise AssertionError(f"left unscored: {fields}")
+    # partition 2 got both: entries the resize moved (it dates them: `ts` added) and entries
+    # the producer re-routed there itself after its stale count was refused (no `ts`)
+    new = [f for _, f in client.xrange(KEYS.events(2))]
+    assert any(b"ts" in f for f in new) and any(b"ts" not in f for f in new)
 
 
 def test_refuses_without_a_recorded_count_and_a_same_count_is_a_no_op(single):

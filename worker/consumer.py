@@ -30,6 +30,8 @@ import redis
 from threadpoolctl import threadpool_limits
 
 from model.scoring import ScoringModel
+from worker.append_function import ROUTE_SCRIPT
+from worker.append_function import install as install_function
 from worker.batch import Batch
 from worker.commit import (
     CommitLimits,
@@ -171,6 +173,8 @@ class Consumer:
         # Commits whose reply was lost: counted once Redis shows they applied (see _settle).
         self._unsettled: dict[int, tuple[bytes, Commit]] = {}
         self._scripts_loaded = False
+        self._may_install = True  # the producers' function (worker/append_function.py)
+        self._route = client.register_script(ROUTE_SCRIPT)
         self._last_maintenance = 0.0
         self._backoff = 0.0
         self._spaces: dict[str, str] = {}  # state space by model version
@@ -261,6 +265,9 @@ class Consumer:
             # EVALSHA without a fallback (the prefetching commit) needs them in place
             self.r.script_load(self.committer.script.script)
             self.r.script_load(self.states.script.script)
+            self.r.script_load(self._route.script)
+            if self._may_install:  # a flushed or new server has none either
+                self._may_install = install_function(self.r)
             self._scripts_loaded = True
         if self.ownership.due(now):
             # Batches read ahead are committed first: their commit checks the lease itself,
@@ -416,6 +423,7 @@ class Consumer:
         Cached states are dropped: others may have committed while we did not hold it."""
         self.cache.drop(p)
         self.reader.ensure_group(p)
+        self._route(keys=[self.keys.route(p)], args=[self.s.partitions])
         self.health.group_ok = True
         cursor = self.cursors[p]
         self._count_deleted(p, self.reader.claim(cursor, min_idle_ms=0))

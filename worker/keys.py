@@ -53,6 +53,16 @@ class Keys:
         """The token of the partition's last commit: settles a commit whose reply was lost."""
         return f"{self.prefix}:lastcommit:{{{p}}}"
 
+    def route(self, p: int) -> str:
+        """The partition count producers must route with to write to p (or `resizing`):
+        checked by the producers' function (worker/append_function.py)."""
+        return f"{self.prefix}:route:{{{p}}}"
+
+    def moved(self, q: int) -> str:
+        """Hash: old partition -> the last of its entries a resize copied into q's stream
+        (so a resize run again copies none twice)."""
+        return f"{self.prefix}:moved:{{{q}}}"
+
     # ---- worker coordination -------------------------------------------------------------
 
     @property

@@ -1,5 +1,5 @@
 """How many entries of a partition's stream are not yet delivered to a consumer group: the
-`intentstream_lag_entries` gauge (maintenance) and the drained check of `partitions resize`.
+`intentstream_lag_entries` gauge (maintenance).
 
 XINFO GROUPS' `lag` is the stream's entries-added minus the group's entries-read. Redis gives
 nil after deletions in the undelivered range, and it can be wrong: a replica promoted after

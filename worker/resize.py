@@ -1,15 +1,20 @@
 """Changing the partition count: `intentstream partitions resize --to N`.
 
 A user's partition is crc32(user_id) mod P, so a new P moves most users: their state hash
-must follow them, or their next event would start from zero on the new partition. With every
-worker stopped and the streams drained, the resize records `resize_to` in `{prefix}:config`
-(workers and producers refuse to start while it is there), moves each state hash to its new
-partition, bumps the moved partitions' commit sequences, creates the new partitions' streams
-and groups, and finally records the new count and removes `resize_to`.
+and their events not yet applied must follow them, or their next event would start from zero
+on the new partition. With every worker stopped (producers may keep running), the resize
+records `resize_to` in `{prefix}:config` (workers refuse to start while it is there), holds
+the producers back (each partition's route key says `resizing`: the producers' function
+makes them wait), moves every unacknowledged entry whose user changes partition to the end
+of its new partition's stream, moves each state hash, bumps the moved partitions' commit
+sequences, creates the new partitions' streams and groups, records the new count, removes
+`resize_to`, and lets the producers go with the new count (they re-route what they hold).
 
-Every step can be repeated: a state is copied whole (fields and TTL) to its new key before
-the old key is deleted, and a run that finds both keys equal only deletes the old one. So a
-run interrupted anywhere and run again finishes the job without losing or duplicating a state.
+Every step can be repeated: an entry is copied into its new stream together with a marker of
+the last entry copied from its old partition, then acknowledged and deleted there; a state is
+copied whole (fields and TTL) to its new key before the old key is deleted, and a run that
+finds both keys equal only deletes the old one. So a run interrupted anywhere and run again
+finishes the job without losing or duplicating an entry or a state.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from dataclasses import dataclass, field
 
 import redis
 
+from worker.append_function import RESIZING, set_routes
+from worker.append_function import install as install_function
 from worker.batch import entry_id
 from worker.connection import Client, is_cluster
-from worker.keys import Keys
-from worker.lag import COUNT_CAP, count_after, undelivered
+from worker.events import EventError, parse_flat_entry
+from worker.keys import Keys, partition_of
 
 MAX_PARTITIONS = 4096  # the bound of the `partitions` setting
 CHUNK = 500  # state keys read and written per pipeline
@@ -36,6 +43,63 @@ redis.call('HSET', KEYS[1], 'partitions', ARGV[1])
 redis.call('HDEL', KEYS[1], 'resize_to')
 return 1
 """
+
+
+# KEYS: the new partition's stream and its `moved` marker hash. ARGV: the old partition,
+# then per entry: its old id, its field count n, n pairs. Copies, in order, the entries not
+# copied before (ids above the marker), and moves the marker: one atomic step per slot.
+MOVE_IN_SCRIPT = """
+local stream, marker_key = KEYS[1], KEYS[2]
+local from = ARGV[1]
+local function ms_seq(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return ms, seq
+end
+local function above(a, b) -- entry id a > b, compared as decimal strings (ids reach 2^64)
+  if not b then return true end
+  local am, as = ms_seq(a)
+  local bm, bs = ms_seq(b)
+  if #am ~= #bm then return #am > #bm end
+  if am ~= bm then return am > bm end
+  if #as ~= #bs then return #as > #bs end
+  return as > bs
+end
+local last = redis.call('HGET', marker_key, from)
+if not last then last = nil end
+local copied = 0
+local i = 2
+while i <= #ARGV do
+  local id, pairs = ARGV[i], tonumber(ARGV[i + 1])
+  if above(id, last) then
+    redis.call('XADD', stream, '*', unpack(ARGV, i + 2, i + 1 + 2 * pairs))
+    last = id
+    copied = copied + 1
+  end
+  i = i + 2 + 2 * pairs
+end
+if last then redis.call('HSET', marker_key, from, last) end
+return copied
+"""
+
+# KEYS: the old partition's stream. ARGV: the group, then the ids copied away. Acknowledged
+# (they may be pending) and deleted, so the old partition's group never delivers them.
+MOVE_OUT_SCRIPT = """
+local stream, group = KEYS[1], ARGV[1]
+local has_group = false
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+  for k = 1, #g, 2 do
+    if g[k] == 'name' and g[k + 1] == group then has_group = true end
+  end
+end
+for i = 2, #ARGV, 1000 do
+  local j = math.min(i + 999, #ARGV)
+  if has_group then redis.call('XACK', stream, group, unpack(ARGV, i, j)) end
+  redis.call('XDEL', stream, unpack(ARGV, i, j))
+end
+return #ARGV - 1
+"""
+
+PAGE = 1000  # entries read and moved per step
 
 
 class ResizeRefusedError(Exception):
@@ -49,6 +113,7 @@ class ResizeReport:
     old: int
     new: int
     moved: int = 0  # state hashes moved to their new partition
+    entries: int = 0  # unacknowledged entries moved to their new partition's stream
     finished: int = 0  # moves an interrupted run had copied; only the old key was left
     conflicts: int = 0  # a user with a state in two partitions: the later one was kept
     skipped: int = 0  # keys where a state should be that hold another type: left in place
@@ -57,7 +122,8 @@ class ResizeReport:
     def summary(self) -> str:
         created = ", ".join(map(str, self.created)) or "none"
         line = (
-            f"partitions {self.old} -> {self.new}: {self.moved} user states moved"
+            f"partitions {self.old} -> {self.new}: {self.entries} unacknowledged entries and "
+            f"{self.moved} user states moved"
             f" ({self.finished} finished from an interrupted run), consumer groups created"
             f" on partitions: {created}"
         )
@@ -83,36 +149,61 @@ def live_workers(client: Client, keys: Keys, partitions: int) -> tuple[int, list
     return int(live), leased
 
 
-def _field(info: dict, name: str):
-    value = info.get(name, info.get(name.encode()))
-    return value.decode() if isinstance(value, bytes) else value
+# ---- moving the entries not yet applied -------------------------------------------------
 
 
-def undrained(client: Client, keys: Keys, group: str, partitions: int) -> list[str]:
-    """Per partition with entries the group has not finished: how many are undelivered
-    (the group's lag) and pending (delivered, not acknowledged)."""
-    problems = []
-    for p in range(partitions):
+def _home(fields: list[bytes], entry_ms: int, p: int, to: int) -> int:
+    """The partition an entry belongs to under `to`; an unparseable entry stays at p, or
+    goes to p mod `to` when p is dropped (its worker there dead-letters it)."""
+    try:
+        user = parse_flat_entry(fields, entry_ms, max_skew_ms=2**62)[0]
+    except EventError:
+        return p if p < to else p % to
+    return partition_of(user, to)
+
+
+def _flat(fields) -> list[bytes]:
+    return fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
+
+
+def move_entries(
+    client: Client, keys: Keys, group: str, span: int, to: int, report: ResizeReport
+) -> None:
+    """Move every unacknowledged entry of partitions 0..span-1 whose user belongs elsewhere
+    under `to` to the end of its new partition's stream, keeping its fields (and its time:
+    an entry without `ts` gets its old id's)."""
+    move_in = client.register_script(MOVE_IN_SCRIPT)
+    move_out = client.register_script(MOVE_OUT_SCRIPT)
+    for p in range(span):
         stream = keys.events(p)
-        kind = client.type(stream)
-        if kind == b"none":
+        if client.type(stream) != b"stream":
             continue
-        if kind != b"stream":
-            problems.append(f"partition {p}: {stream} holds a {kind.decode()}, not a stream")
-            continue
-        info = next((g for g in client.xinfo_groups(stream) if _field(g, "name") == group), None)
-        if info is None:  # no group yet: a worker would create it after the last acknowledged
-            acked = client.get(keys.acked(p))
-            lag = count_after(client, stream, acked.decode()) if acked else client.xlen(stream)
-            pending = 0
-        else:
-            pending = int(_field(info, "pending"))
-            lag = undelivered(client, stream, info)  # not XINFO's lag alone: see worker/lag.py
-        if lag is None:
-            problems.append(f"partition {p}: more than {COUNT_CAP} undelivered, {pending} pending")
-        elif lag or pending:
-            problems.append(f"partition {p}: {lag} undelivered, {pending} pending")
-    return problems
+        acked = client.get(keys.acked(p))
+        start = "(" + acked.decode() if acked else "-"  # commits acknowledge in stream order
+        while True:
+            page = client.xrange(stream, start, "+", count=PAGE)
+            if not page:
+                break
+            start = "(" + page[-1][0].decode()
+            by_target: dict[int, list] = {}
+            for raw_id, fields in page:
+                flat = _flat(fields)
+                ms = entry_id(raw_id)[0]
+                q = _home(flat, ms, p, to)
+                if q == p:
+                    continue
+                if b"ts" not in flat[::2] and b"json" not in flat[::2]:
+                    flat = [*flat, b"ts", str(ms).encode()]
+                by_target.setdefault(q, []).append((raw_id, flat))
+            gone = []
+            for q, entries in sorted(by_target.items()):
+                args: list = [p]
+                for raw_id, flat in entries:
+                    args += [raw_id, len(flat) // 2, *flat]
+                report.entries += move_in(keys=[keys.events(q), keys.moved(q)], args=args)
+                gone += [raw_id for raw_id, _ in entries]
+            if gone:
+                move_out(keys=[stream], args=[group, *gone])
 
 
 # ---- moving the states ----------------------------------------------------------------------
@@ -248,7 +339,7 @@ def create_groups(client: Client, keys: Keys, group: str, to: int) -> list[int]:
 # ---- the whole job --------------------------------------------------------------------------
 
 
-def _refuse_if_busy(client: Client, keys: Keys, group: str, partitions: int) -> None:
+def _refuse_if_busy(client: Client, keys: Keys, partitions: int) -> None:
     live, leased = live_workers(client, keys, partitions)
     if live or leased:
         raise ResizeRefusedError(
@@ -256,17 +347,11 @@ def _refuse_if_busy(client: Client, keys: Keys, group: str, partitions: int) -> 
             f"{keys.workers}, leases held on partitions {leased or 'none'}): stop every "
             "worker, then run it again (a killed worker's lease lasts until lease-ms passes)"
         )
-    problems = undrained(client, keys, group, partitions)
-    if problems:
-        raise ResizeRefusedError(
-            f"the streams of group {group!r} are not drained ({'; '.join(problems)}): run the "
-            "workers until the lag and pending entries are 0, stop them, then run it again"
-        )
 
 
 def resize(client: Client, keys: Keys, group: str, to: int) -> ResizeReport:
     """Change the partition count to `to` (see the module docstring); ResizeRefusedError
-    when workers run, the streams are not drained, or no count is recorded."""
+    when workers run or no count is recorded."""
     if not 1 <= to <= MAX_PARTITIONS:
         raise ResizeRefusedError(f"--to must be between 1 and {MAX_PARTITIONS}, got {to}")
     config = client.hgetall(keys.config)
@@ -280,22 +365,28 @@ def resize(client: Client, keys: Keys, group: str, to: int) -> ResizeReport:
     if old == to and unfinished is None:
         return ResizeReport(old, to)
     span = max(old, to, unfinished or 0)  # every partition that may hold streams or leases
-    _refuse_if_busy(client, keys, group, span)
+    _refuse_if_busy(client, keys, span)
     client.hset(keys.config, "resize_to", to)
     # A worker that started just before resize_to was recorded is announced by now or soon:
     # look again before the first state moves.
     try:
-        _refuse_if_busy(client, keys, group, span)
+        _refuse_if_busy(client, keys, span)
     except ResizeRefusedError:
         if unfinished is None:
             client.hdel(keys.config, "resize_to")
         else:
             client.hset(keys.config, "resize_to", unfinished)
         raise
+    install_function(client)  # producers that fell back to XADD take the checked path now
+    set_routes(client, keys, span, RESIZING)  # producers wait from here on
     report = ResizeReport(old, to)
+    move_entries(client, keys, group, span, to, report)
     changed = move_states(client, keys, to, report)
     # A run finishing an interrupted one may move nothing itself: bump every partition then.
     bump_sequences(client, keys, set(range(span)) if unfinished is not None else changed)
     report.created = create_groups(client, keys, group, to)
     client.register_script(FINISH_SCRIPT)(keys=[keys.config], args=[to])
+    set_routes(client, keys, span, to)  # waiting producers re-route what they hold
+    for q in range(span):
+        client.delete(keys.moved(q))
     return report
