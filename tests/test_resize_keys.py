@@ -27,9 +27,10 @@ def test_of_two_states_the_later_entry_wins():
 
 
 def test_summary_names_what_was_done():
-    report = ResizeReport(2, 4, moved=10, finished=3, created=[2, 3])
+    report = ResizeReport(2, 4, moved=10, finished=3, entries=7, created=[2, 3])
     assert report.summary() == (
-        "partitions 2 -> 4: 10 user states moved (3 finished from an interrupted run), "
+        "partitions 2 -> 4: 7 unacknowledged entries and 10 user states moved "
+        "(3 finished from an interrupted run), "
         "consumer groups created on partitions: 2, 3"
     )
     assert "kept the later" in ResizeReport(2, 3, conflicts=1).summary()
