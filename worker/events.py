@@ -263,29 +263,23 @@ def parse_flat_entry(
 ) -> ParsedEntry:
     """`parse_entry` for a raw reply's field list [field, value, field, value, ...].
 
-    A short list without a `json` field is read in place (the last of repeated fields
-    wins, as in HGETALL); anything else becomes a dict first.
+    The layout `publish()` sends (user_id, type[, ts][, event_id][, producer], in that
+    order) is checked in place; anything else becomes a dict first (the last of repeated
+    fields wins, as in HGETALL).
     """
     n = len(flat)
-    if n <= 12 and not n % 2:
-        uid = typ = ts = eid = prod = None
-        for i in range(0, n, 2):
-            name = flat[i]
-            if name == b"user_id":
-                uid = flat[i + 1]
-            elif name == b"type":
-                typ = flat[i + 1]
-            elif name == b"ts":
-                ts = flat[i + 1]
-            elif name == b"event_id":
-                eid = flat[i + 1]
-            elif name == b"producer":
-                prod = flat[i + 1]
-            elif name == b"json":
-                uid = None
-                break
-        if uid is not None and typ is not None:
-            fast = _fast(uid, typ, ts, eid, prod, entry_ms)
+    if n >= 4 and flat[0] == b"user_id" and flat[2] == b"type":
+        # the layouts publish() and most producers send, checked in place
+        ts = eid = prod = None
+        i = 4
+        if i < n and flat[i] == b"ts":
+            ts, i = flat[i + 1], i + 2
+        if i < n and flat[i] == b"event_id":
+            eid, i = flat[i + 1], i + 2
+        if i < n and flat[i] == b"producer":
+            prod, i = flat[i + 1], i + 2
+        if i == n:
+            fast = _fast(flat[1], flat[3], ts, eid, prod, entry_ms)
             if fast is not None:
                 return _checked(fast, entry_ms, max_skew_ms)
     return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms, max_skew_ms)
