@@ -17,6 +17,7 @@ import redis
 from tests.golden import GOLDEN_SCORES
 from tests.test_worker import http_status, in_process_consumer, scrape
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+from worker.append_function import install
 from worker.connection import connect
 from worker.keys import Keys, partition_of
 from worker.local_redis import free_port
@@ -198,13 +199,15 @@ def test_a_producer_retry_is_acknowledged_as_a_duplicate(redis_server, golden_pa
     rows = score_entries(r)
     assert [row["event_id"] for row in rows] == [e["event_id"] for e in events]
     np.testing.assert_allclose([float(x["score"]) for x in rows], GOLDEN_SCORES, atol=1e-4)
-    assert r.hget(KEYS.state(0, "alice"), "event_ids").split() == [
-        e["event_id"].encode() for e in events
-    ]
+    ids, _, producers = r.hget(KEYS.state(0, "alice"), "event_ids").partition(b"\n")
+    assert ids.split() == [e["event_id"].encode() for e in events]
+    # the first call's producer, at its third event; the resend (another call) applied nothing
+    assert len(producers.split()) == 1 and producers.endswith(b":3")
 
 
 class LosingRedis(redis.Redis):
-    """A real client whose first pipeline reply is lost after Redis applied it."""
+    """A real client whose first pipeline reply without errors (the first that appended
+    events) is lost after Redis applied it."""
 
     lost = 0
 
@@ -214,7 +217,7 @@ class LosingRedis(redis.Redis):
 
         def execute_and_lose(*a, **k):
             result = execute(*a, **k)
-            if LosingRedis.lost == 0:
+            if LosingRedis.lost == 0 and not any(isinstance(x, Exception) for x in result):
                 LosingRedis.lost += 1
                 raise redis.ConnectionError("reply lost")
             return result
@@ -223,10 +226,16 @@ class LosingRedis(redis.Redis):
         return pipe
 
 
-def test_publish_resends_after_a_lost_reply_and_nothing_counts_twice(redis_server, golden_path):
+@pytest.mark.parametrize("through", ["function", "xadd"])
+def test_publish_resends_after_a_lost_reply_and_nothing_counts_twice(
+    redis_server, golden_path, through
+):
+    r = connect(redis_server.url)
+    if through == "function":
+        install(r)  # as the first worker does
+    LosingRedis.lost = 0
     client = LosingRedis.from_url(redis_server.url)
     publish(client, [{"user_id": "alice", "type": t} for t in ("view", "add_to_cart", "coupon")])
-    r = connect(redis_server.url)
     assert LosingRedis.lost == 1 and r.xlen(KEYS.events(0)) == 6  # sent twice
     consumer = in_process_consumer(redis_server.url, golden_path)
     tick_until(consumer, lambda: consumer.metrics.count("duplicate") == 3, "the duplicates")
