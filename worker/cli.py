@@ -148,7 +148,8 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     from worker.publisher import publish
 
     try:
-        settings = load_settings(args, model=None)
+        # a producer never blocks on a read: the worker's block_ms rule is not its concern
+        settings = load_settings(args, model=None, block_ms=1)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
