@@ -475,7 +475,7 @@ def test_group_recreated_after_the_last_acknowledged_entry(redis_server, golden_
     for _ in range(3):
         try:
             consumer.tick()
-        except redis.ResponseError as exc:  # the loop in run() handles NOGROUP like this
+        except redis.ResponseError as exc:  # run() recreates the group in its next round
             assert "NOGROUP" in str(exc)
             consumer._recreate_groups()
     assert r.xlen("intentstream:deadletter:{0}") == 1  # not replayed

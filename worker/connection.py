@@ -6,15 +6,25 @@ reply was lost. The worker's commit script is idempotent, so a resend is safe; b
 stay below the socket timeout (see Settings). The cluster client follows MOVED and ASK
 redirections and retries TRYAGAIN itself; every script and transaction of ours touches one
 slot only.
+
+A cluster client's slot map is refreshed by redis-py only on some paths: a plain command's
+connection error re-reads it, but a transaction pipeline re-reads it at every fifth error
+counted on that pipeline (ours are made fresh, so never) and a pub/sub connection never.
+After a master dies and its replica is promoted, those paths keep dialling the dead node:
+every retry loop of ours calls `refresh_topology` after a Redis error.
 """
 
 from __future__ import annotations
+
+import logging
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from worker.settings import Settings
+
+log = logging.getLogger("intentstream.worker")
 
 Client = redis.Redis | redis.RedisCluster
 
@@ -54,6 +64,22 @@ def connect_settings(settings: Settings) -> Client:
 
 def is_cluster(client: Client) -> bool:
     return isinstance(client, redis.RedisCluster)
+
+
+def refresh_topology(client: Client) -> bool:
+    """After a connection error, timeout or cluster error in cluster mode: re-read the slot
+    map and the node list (CLUSTER SLOTS) from the nodes that still answer, so the next
+    retry goes to the node that holds each slot now (a promoted replica) rather than the
+    one cached. True if refreshed. One Redis: nothing to do (False). Never raises: with no
+    node answering, the next retry fails and calls this again."""
+    if not is_cluster(client):
+        return False
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        log.debug("cluster topology not refreshed", extra={"error": str(exc)})
+        return False
+    return True
 
 
 def raw_replies(client: Client, *commands: str) -> None:

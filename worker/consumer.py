@@ -41,7 +41,7 @@ from worker.commit import (
     PreparedCommit,
     settle,
 )
-from worker.connection import is_cluster
+from worker.connection import is_cluster, refresh_topology
 from worker.keys import Keys
 from worker.maintenance import Maintenance
 from worker.metrics import Health, WorkerMetrics
@@ -175,6 +175,7 @@ class Consumer:
         self._scripts_loaded = False
         self._may_install = True  # the producers' function (worker/append_function.py)
         self._route = client.register_script(ROUTE_SCRIPT)
+        self._groups_missing = False  # a read found a group gone (NOGROUP)
         self._last_maintenance = 0.0
         self._backoff = 0.0
         self._spaces: dict[str, str] = {}  # state space by model version
@@ -216,7 +217,7 @@ class Consumer:
                     log.warning("consumer group or stream is gone; recreating it",
                                 extra={"error": str(exc)})  # fmt: skip
                     self.health.group_ok = False
-                    self._recreate_groups()
+                    self._groups_missing = True  # recreated in the next round, retried
                 else:
                     self._redis_trouble(f"unexpected redis reply: {exc}")
             except _PartitionCountChangedError:
@@ -234,6 +235,12 @@ class Consumer:
         log.warning(message + f"; retrying in {self._backoff:.2f} s")
         self._rewind()
         self._stop.wait(self._backoff)
+        # Cluster: the next round must reach the nodes that hold the slots now. redis-py
+        # re-reads its slot map after a plain command's connection error, but not after a
+        # transaction's (the lease renewal's) or a pipeline's write: after kill -9 of a
+        # master those would dial it forever, past its replica's promotion (see
+        # worker/connection.py). After the wait, so the map read is the newest.
+        refresh_topology(self.r)
 
     def _rewind(self) -> None:
         """Re-read own pending entries first: they may hold a batch that did not commit."""
@@ -261,6 +268,9 @@ class Consumer:
     def tick(self) -> None:
         """Leases, model, maintenance, one read, and the processing of what it returned."""
         now = time.monotonic()
+        if self._groups_missing:
+            self._recreate_groups()
+            self._groups_missing = False
         if not self._scripts_loaded:
             # EVALSHA without a fallback (the prefetching commit) needs them in place
             self.r.script_load(self.committer.script.script)

@@ -217,7 +217,32 @@ class LocalCluster:
             check=True, capture_output=True, timeout=timeout,
         )  # fmt: skip
         self.wait_ok(timeout)
+        self.wait_replicas(timeout)
         return self
+
+    def wait_replicas(self, timeout: float = 60.0) -> None:
+        """Wait until every running master has `replicas` replicas online (after
+        `--cluster create` they attach and sync a moment later; a master killed before
+        then has no replica to fail over to)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self._replicas_online(n) for n in self.nodes if n.process is not None):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the local cluster's replicas did not come online in time")
+
+    def _replicas_online(self, node: LocalRedis) -> bool:
+        client = node.client(socket_timeout=1)
+        try:
+            info = client.info("replication")
+            if info.get("role") != "master":
+                return info.get("master_link_status") == "up"
+            replicas = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+            return sum(v.get("state") == "online" for v in replicas) >= self.replicas
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
 
     def wait_ok(self, timeout: float = 60.0) -> None:
         """Wait until every running node reports cluster_state:ok and agrees on the slots."""

@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from contextlib import suppress
 from pathlib import Path
 
 import redis
 
 from model.artifact import file_sha256, load_model
 from model.scoring import ScoringModel
+from worker.connection import refresh_topology
 from worker.registry import NoSuchVersionError, Registry, RegistryError
 
 log = logging.getLogger("intentstream.models")
@@ -176,14 +178,20 @@ class RegistryModelSource:
 
     def _listen(self, client: redis.Redis) -> None:
         while not self._closed.is_set():
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(self.registry.channel)
                 while not self._closed.is_set():
                     if pubsub.get_message(timeout=1.0) is not None:
                         self._wake.set()
             except redis.RedisError:
                 self._closed.wait(1.0)  # polling covers the gap
+                # a cluster's pub/sub dials the channel's slot's node as the client maps
+                # it, and redis-py never re-reads that map on a pub/sub error
+                refresh_topology(client)
+            finally:
+                with suppress(redis.RedisError):
+                    pubsub.close()
 
     def _follow(self) -> None:
         while not self._closed.is_set():
@@ -206,6 +214,7 @@ class RegistryModelSource:
                 if not self._trouble:
                     log.warning("cannot check the model registry", extra={"error": str(exc)})
                 self._trouble = True
+                refresh_topology(self.registry.r)  # cluster: the slots' nodes now
             except Exception:  # never let the thread die: the worker would stop following
                 log.exception("model registry check failed")
             self.checks += 1
