@@ -61,6 +61,7 @@ class _Route:
     partitions: int | None = None  # the count in force, once a refusal named it
     function: bool = True  # the producers' function answers (else plain XADD)
     checked: float = 0.0  # when it last found no function (and checked the count instead)
+    reached: bool = False  # Redis answered this client once: later failures are retried
 
 
 class PublishError(Exception):
@@ -94,6 +95,9 @@ def publish(
     """
     keys = Keys(prefix)
     route = _route_of(client, prefix)
+    if not route.reached:  # an unreachable Redis at the start is an error, not a retry
+        client.ping()
+        route.reached = True
     fresh = stamps()
     ids: list[bytes] = []
     chunk: list[tuple[str, dict]] = []
