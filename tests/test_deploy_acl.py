@@ -343,6 +343,16 @@ def test_the_users_do_their_jobs_on_a_cluster(acl_cluster, tmp_path):
     try:
         wait_for(lambda: count_scores(admin, partitions=CLUSTER_P) == len(events), 120,
                  "every event scored by the worker user")  # fmt: skip
+        # the worker installed the producers' function on every master: now it is FCALL
+        assert all(n.client().function_list() for n in acl_cluster.nodes[:3])
+        more = tmp_path / "more.jsonl"
+        more.write_text("".join(json.dumps(e) + "\n" for e in synthetic_events(300, 30, seed=6)))
+        result = cli("publish", str(more), "--cluster", "--partitions", str(CLUSTER_P),
+                     "--redis-url", node_url(port, "producer"))  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "falls back" not in result.stderr
+        wait_for(lambda: count_scores(admin, partitions=CLUSTER_P) == len(events) + 300, 120,
+                 "the events sent through the function scored")  # fmt: skip
         time.sleep(1)  # a maintenance tick (gauges, trim) under the worker's user
     finally:
         worker.terminate()
