@@ -57,16 +57,22 @@ redis.register_function('intentstream_append_v1', append)
 
 def install(client: Client) -> bool:
     """Load (or replace) the library on every primary; False, with a warning, when this
-    user may not (an admin then runs `intentstream partitions resize` or loads it)."""
+    user may not (an admin then runs `intentstream partitions resize` or loads it) or
+    Redis is older than 7.0 (no functions: producers then XADD)."""
     try:
         client.function_load(CODE, replace=True)
     except redis.ResponseError as exc:
-        if "NOPERM" not in str(exc) and "no permissions" not in str(exc):
+        if not unavailable(exc) and "no permissions" not in str(exc):
             raise
         log.warning("cannot install the producers' function; producers fall back to XADD",
                     extra={"error": str(exc)})  # fmt: skip
         return False
     return True
+
+
+def unavailable(exc: redis.ResponseError) -> bool:
+    """The reply of a server without the function: not loaded yet, or Redis before 7.0."""
+    return "Function not found" in str(exc) or "unknown command" in str(exc)
 
 
 # KEYS[1] a route key, ARGV[1] the count: a worker taking a partition over records the count

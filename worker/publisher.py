@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
-from worker.append_function import call_args
+from worker.append_function import call_args, unavailable
 from worker.events import Event, event_from_mapping
 from worker.keys import Keys, partition_of
 from worker.partitions import check_partitions
@@ -176,7 +176,7 @@ def _send(
                 route.partitions = int(message.split()[1])
             elif message.startswith("RESIZING"):
                 resizing = True
-            elif "Function not found" in message:
+            elif unavailable(reply):
                 if route.function:  # from now on XADD, checking the count now and then
                     check_partitions(client, keys, count, record=False)
                     route.function, route.checked = False, time.monotonic()

