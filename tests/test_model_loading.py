@@ -202,8 +202,8 @@ def test_wrong_type_registry_keys_are_refused_once_per_change_of_current(redis_s
         run_until(consumer, lambda: source.checks >= seen + 10, "ten more registry checks")
 
     with caplog.at_level(logging.ERROR, logger="intentstream"):
-        r.delete(CURRENT)
-        r.hset(CURRENT, "version", "1")  # a hash where the version string belongs
+        with r.pipeline() as swap:  # MULTI: the checker never sees `current` absent
+            swap.delete(CURRENT).hset(CURRENT, "version", "1").execute()  # a hash, not a string
         run_until(consumer, lambda: rejected() == 1, "the hash to be refused")
         many_checks_later()
         assert rejected() == 1
@@ -211,8 +211,8 @@ def test_wrong_type_registry_keys_are_refused_once_per_change_of_current(redis_s
         v2 = registry.publish_model(a_model(2))
         r.delete(f"intentstream:model:{v2}")
         r.rpush(f"intentstream:model:{v2}", "a", "list")  # a list where the artifact belongs
-        r.delete(CURRENT)
-        r.set(CURRENT, v2)  # a change of current: counted again, once
+        with r.pipeline() as swap:
+            swap.delete(CURRENT).set(CURRENT, v2).execute()  # a change of current: counted once
         run_until(consumer, lambda: rejected() == 2, "the list to be refused")
         many_checks_later()
         assert rejected() == 2
