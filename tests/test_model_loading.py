@@ -194,35 +194,42 @@ def test_wrong_type_registry_keys_are_refused_once_per_change_of_current(redis_s
     registry.publish_model(a_model(1), promote=True)
     consumer = consumer_of(redis_server.url)
     source = consumer.source
-    rejected = lambda: consumer.metrics.value("intentstream_model_reloads_total",  # noqa: E731
-                                              result="rejected")  # fmt: skip
+    counted = lambda: consumer.metrics.value("intentstream_model_reloads_total",  # noqa: E731
+                                             result="rejected")  # fmt: skip
+
+    def once_each(n: int) -> bool:
+        """n refusals counted: once per change of `current`. A check that fails on Redis
+        leaves the change unseen and retried, so its refusal may count once more (seen
+        once in CI under load; the log line says why)."""
+        outages = sum("cannot check the model registry" in r.getMessage() for r in caplog.records)
+        return n <= counted() <= n + outages
 
     def many_checks_later() -> None:
         seen = source.checks
         run_until(consumer, lambda: source.checks >= seen + 10, "ten more registry checks")
 
-    with caplog.at_level(logging.ERROR, logger="intentstream"):
+    with caplog.at_level(logging.WARNING, logger="intentstream"):
         with r.pipeline() as swap:  # MULTI: the checker never sees `current` absent
             swap.delete(CURRENT).hset(CURRENT, "version", "1").execute()  # a hash, not a string
-        run_until(consumer, lambda: rejected() == 1, "the hash to be refused")
+        run_until(consumer, lambda: once_each(1), "the hash to be refused")
         many_checks_later()
-        assert rejected() == 1
+        assert once_each(1)
 
         v2 = registry.publish_model(a_model(2))
         r.delete(f"intentstream:model:{v2}")
         r.rpush(f"intentstream:model:{v2}", "a", "list")  # a list where the artifact belongs
         with r.pipeline() as swap:
             swap.delete(CURRENT).set(CURRENT, v2).execute()  # a change of current: counted once
-        run_until(consumer, lambda: rejected() == 2, "the list to be refused")
+        run_until(consumer, lambda: once_each(2), "the list to be refused")
         many_checks_later()
-        assert rejected() == 2
+        assert once_each(2)
 
         r.delete(SHADOW)
         r.hset(SHADOW, "version", "1")  # a shadow of the wrong type: logged once, skipped
         many_checks_later()
         r.set(CURRENT, "1")  # back to the running version: nothing to refuse
         many_checks_later()
-    assert rejected() == 2 and consumer.model.version == "1" and consumer.shadow is None
+    assert once_each(2) and consumer.model.version == "1" and consumer.shadow is None
     assert consumer.metrics.value("intentstream_redis_errors_total") == 0
     errors = [getattr(rec, "error", "") for rec in caplog.records]
     assert sum("intentstream:model:current holds a hash" in e for e in errors) == 1, errors
