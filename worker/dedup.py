@@ -77,18 +77,34 @@ class Memory:
         )
         if own_id and self._seen_id(event_id):
             return False
-        if producer is not None:
-            producers = self.producers()
-            pid, seq = producer
-            last = producers.pop(pid, None)
-            if last is not None and seq <= last:
-                producers[pid] = last
-                return False
-            producers[pid] = seq
-            while len(producers) > MAX_PRODUCERS:
-                del producers[next(iter(producers))]
+        if producer is not None and not self._admit_producer(*producer):
+            return False
         if own_id:
             self._remember_id(event_id)
+        return True
+
+    def _admit_producer(self, pid: bytes, seq: int) -> bool:
+        """Whether (pid, seq) is above what pid applied; if so it becomes pid's mark."""
+        if self._producers is None:
+            # most users hear from one producer at a time: decided on the packed marks
+            marks = self._marks
+            if not marks:
+                self._marks = b"%b:%d" % (pid, seq)
+                return True
+            if b" " not in marks and marks.startswith(pid + b":"):
+                last = marks[len(pid) + 1 :]
+                if last.isdigit() and seq <= int(last):
+                    return False
+                self._marks = b"%b:%d" % (pid, seq)
+                return True
+        producers = self.producers()
+        last = producers.pop(pid, None)
+        if last is not None and seq <= last:
+            producers[pid] = last
+            return False
+        producers[pid] = seq
+        while len(producers) > MAX_PRODUCERS:
+            del producers[next(iter(producers))]
         return True
 
     def packed(self) -> bytes:

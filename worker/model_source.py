@@ -212,7 +212,8 @@ class RegistryModelSource:
             except redis.RedisError as exc:  # an outage: the next check retries
                 self._seen_shadow = None  # a shadow loaded above was not handed over
                 if not self._trouble:
-                    log.warning("cannot check the model registry: %s", exc, extra={"error": str(exc)})
+                    log.warning("cannot check the model registry: %s", exc,
+                                extra={"error": str(exc)})  # fmt: skip
                 self._trouble = True
                 refresh_topology(self.registry.r)  # cluster: the slots' nodes now
             except Exception:  # never let the thread die: the worker would stop following
