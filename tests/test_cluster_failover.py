@@ -7,15 +7,14 @@ surviving nodes reaches the promoted replica."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import redis
 
 from model.synthetic import synthetic_events
 from tests.test_cluster import KEYS, P, start_worker
 from tests.test_worker import scrape
-from tests.test_worker_faults import uninterrupted, with_event_ids
-from tests.workers import count_scores, score_entries, wait_for
+from tests.test_worker_faults import assert_exactly_once_and_equal, with_event_ids
+from tests.workers import count_scores, wait_for
 from worker.connection import connect
 from worker.consumer import Consumer
 from worker.keys import partition_of
@@ -75,19 +74,7 @@ def assert_held_scored_once_and_states_equal(r, held: list[dict], model_path) ->
     states of one uninterrupted run over those events; nothing pending. (A commit the old
     master acknowledged but did not replicate is lost whole, its scores and its XACK
     together, so on the new master its entries are scored once, again.)"""
-    rows = score_entries(r, partitions=P)
-    keys = [(partition_of(e["user_id"], P), e["event_id"]) for e in held]
-    by_key = {(row["partition"], row["event_id"]): row for row in rows}
-    assert len(rows) == len(held), "an event was scored twice or not at all"
-    assert set(by_key) == set(keys)
-    want_scores, want_states = uninterrupted(model_path, held)
-    got = np.array([float(by_key[k]["score"]) for k in keys])
-    np.testing.assert_allclose(got, want_scores, atol=1e-5)
-    for user, h in want_states.items():
-        stored = r.hget(KEYS.state(partition_of(user, P), user), "h")
-        np.testing.assert_allclose(np.frombuffer(stored, "<f4").reshape(h.shape), h, atol=1e-5)
-    for p in range(P):
-        assert r.xpending(KEYS.events(p), GROUP)["pending"] == 0
+    assert_exactly_once_and_equal(r, held, model_path, partitions=P)
 
 
 def true_undelivered(r, p: int) -> int:
