@@ -224,12 +224,9 @@ class LocalCluster:
         """Wait until every running master has `replicas` replicas online (after
         `--cluster create` they attach and sync a moment later; a master killed before
         then has no replica to fail over to)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(self._replicas_online(n) for n in self.nodes if n.process is not None):
-                return
-            time.sleep(0.1)
-        raise RuntimeError("the local cluster's replicas did not come online in time")
+        self._wait_all(
+            self._replicas_online, timeout, "the local cluster's replicas to come online"
+        )
 
     def _replicas_online(self, node: LocalRedis) -> bool:
         client = node.client(socket_timeout=1)
@@ -246,12 +243,16 @@ class LocalCluster:
 
     def wait_ok(self, timeout: float = 60.0) -> None:
         """Wait until every running node reports cluster_state:ok and agrees on the slots."""
+        self._wait_all(self._node_ok, timeout, "the local cluster to become ok")
+
+    def _wait_all(self, check, timeout: float, what: str) -> None:
+        """Poll until `check` holds on every running node; RuntimeError after `timeout`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(self._node_ok(n) for n in self.nodes if n.process is not None):
+            if all(check(n) for n in self.nodes if n.process is not None):
                 return
             time.sleep(0.1)
-        raise RuntimeError("the local cluster did not become ok in time")
+        raise RuntimeError(f"timed out waiting for {what}")
 
     @staticmethod
     def _node_ok(node: LocalRedis) -> bool:

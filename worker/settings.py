@@ -16,6 +16,9 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker.dedup import DEFAULT_WINDOW
+from worker.events import DEFAULT_MAX_TS_SKEW_MS
+
 
 def default_consumer() -> str:
     """Consumer name unique per process: host name and pid."""
@@ -78,14 +81,14 @@ class Settings(BaseSettings):
         "rebuild it under a new model; 0 = off",
     )
     event_id_window: int = Field(
-        32,
+        DEFAULT_WINDOW,
         ge=1,
         le=1024,
         description="producer event_ids remembered per user to recognise a resend "
         "(events stamped by publish() need none: README 'Retries')",
     )
     max_ts_skew_ms: int = Field(
-        600_000,
+        DEFAULT_MAX_TS_SKEW_MS,
         ge=0,
         description="dead-letter an event whose ts is more than this many ms ahead of its "
         "entry id's time (README 'Timestamps')",
