@@ -18,9 +18,9 @@ import redis
 
 from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
-from worker.bench import run_worker
-from worker.local_redis import LocalRedis
-from worker.publisher import publish
+from worker.bench.throughput import run_worker
+from worker.common.local_redis import LocalRedis
+from worker.common.publisher import publish
 
 TYPES = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]
 
@@ -38,8 +38,8 @@ def main() -> None:
     with LocalRedis(extra=("--hash-max-listpack-value", "1024")) as server:
         r = redis.Redis.from_url(server.url)
         if via == "fcall":  # as a running worker leaves it (trees with the function only)
-            from worker.append_function import install, set_routes
-            from worker.keys import Keys
+            from worker.common.append_function import install, set_routes
+            from worker.common.keys import Keys
 
             install(r)
             set_routes(r, Keys(), 1, 1)

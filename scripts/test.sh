@@ -8,4 +8,5 @@ ensure_venv test
 bash scripts/deploy_tools.sh  # promtool and prometheus for the deploy tests (cached)
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/lint-imports --no-cache  # the wings' import contracts (pyproject.toml)
 .venv/bin/python -m pytest "$@"

@@ -76,7 +76,7 @@ def model_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def redis_server():
     """A private redis-server on a free loopback port, stopped after the test."""
-    from worker.local_redis import LocalRedis
+    from worker.common.local_redis import LocalRedis
 
     server = LocalRedis().start()
     try:
@@ -88,7 +88,7 @@ def redis_server():
 @pytest.fixture
 def aof_redis_server():
     """A private redis-server with AOF on (fsync always), so a restart keeps the data."""
-    from worker.local_redis import LocalRedis
+    from worker.common.local_redis import LocalRedis
 
     server = LocalRedis(appendonly=True).start()
     try:

@@ -11,9 +11,9 @@ import pytest
 from model.artifact import random_model, save_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import run_cli
-from worker.bench import preload, run_competent, run_worker
-from worker.connection import connect
-from worker.model_source import FileModelSource
+from worker.bench.throughput import preload, run_competent, run_worker
+from worker.common.connection import connect
+from worker.engine.adapters.model_source import FileModelSource
 
 SCORES = "intentstream:scores:{0}"
 

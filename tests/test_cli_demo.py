@@ -13,10 +13,10 @@ from model.artifact import random_model, save_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, count_scores, wait_for
-from worker.connection import connect
-from worker.demo import Publisher, latency_text
-from worker.publisher import publish
-from worker.registry import Registry
+from worker.commands.demo import Publisher, latency_text
+from worker.common.connection import connect
+from worker.common.publisher import publish
+from worker.common.registry import Registry
 
 
 def test_an_empty_latency_window_prints_a_dash_not_nan():
@@ -71,10 +71,12 @@ def test_kernel_sets_compile_in_a_helper_process_and_are_then_cached():
     import subprocess
     import sys
 
-    from worker.kernels import COMPILE, is_cached
+    from worker.commands.kernels import COMPILE, is_cached
 
     result = subprocess.run(
-        [sys.executable, "-m", "worker.kernels", *COMPILE], capture_output=True, timeout=600
+        [sys.executable, "-m", "worker.commands.kernels", *COMPILE],
+        capture_output=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     assert all(is_cached(name) for name in COMPILE)

@@ -10,9 +10,9 @@ import pytest
 
 from model.train import TrainConfig
 from tests.conftest import run_cli
-from worker.cli import build_parser
-from worker.cli_args import sub_parsers
-from worker.settings import Settings
+from worker.commands.args import sub_parsers
+from worker.commands.cli import build_parser
+from worker.common.settings import Settings
 
 
 def all_parsers() -> list[argparse.ArgumentParser]:
@@ -43,7 +43,7 @@ def test_every_command_is_covered_and_train_has_its_config_flags():
 def test_train_flag_defaults_are_trainconfig_defaults():
     train = next(p for p in all_parsers() if p.prog == "intentstream train")
     args = train.parse_args(["--data", "x.jsonl"])
-    from worker.training import train_config
+    from worker.commands.train import train_config
 
     assert train_config(args) == TrainConfig()
 

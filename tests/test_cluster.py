@@ -17,10 +17,10 @@ from model.synthetic import synthetic_events
 from tests.test_worker import scrape
 from tests.test_worker_faults import uninterrupted, with_event_ids
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
-from worker.connection import connect
-from worker.keys import Keys, partition_of
-from worker.local_redis import LocalCluster, free_port
-from worker.publisher import publish
+from worker.common.connection import connect
+from worker.common.keys import Keys, partition_of
+from worker.common.local_redis import LocalCluster, free_port
+from worker.common.publisher import publish
 
 pytestmark = pytest.mark.integration
 

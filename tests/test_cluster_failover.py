@@ -15,13 +15,13 @@ from tests.test_cluster import KEYS, P, start_worker
 from tests.test_worker import scrape
 from tests.test_worker_faults import assert_exactly_once_and_equal, with_event_ids
 from tests.workers import count_scores, wait_for
-from worker.connection import connect
-from worker.consumer import Consumer
-from worker.keys import partition_of
-from worker.local_redis import LocalCluster, free_port
-from worker.model_source import FileModelSource
-from worker.publisher import publish
-from worker.settings import Settings
+from worker.common.connection import connect
+from worker.common.keys import partition_of
+from worker.common.local_redis import LocalCluster, free_port
+from worker.common.publisher import publish
+from worker.common.settings import Settings
+from worker.engine.adapters.model_source import FileModelSource
+from worker.engine.consumer import Consumer
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +79,7 @@ def assert_held_scored_once_and_states_equal(r, held: list[dict], model_path) ->
 
 def true_undelivered(r, p: int) -> int:
     """Entries of partition p after its group's last-delivered-id, counted with XRANGE
-    (independently of worker/lag.py and of Redis's entries-read counter)."""
+    (independently of adapters/lag.py and of Redis's entries-read counter)."""
     group = next(g for g in r.xinfo_groups(KEYS.events(p)) if g["name"] == GROUP.encode())
     last = group["last-delivered-id"].decode()
     return len(r.xrange(KEYS.events(p), f"({last}", "+"))

@@ -6,17 +6,17 @@ import pytest
 
 from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, golden_model
-from worker.batch import DeadLetter, parse_batch
-from worker.commit import (
+from worker.common.connection import connect
+from worker.common.keys import Keys
+from worker.engine.adapters.commit import (
     MAX_DEAD_FIELDS,
     CommitLimits,
     CommitRefusedError,
     CommitScript,
     dead_letter_items,
 )
-from worker.connection import connect
-from worker.keys import Keys
-from worker.pipeline import UserStates, build_commit, distinct_users
+from worker.engine.compute.batch import DeadLetter, parse_batch
+from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
 
 pytestmark = pytest.mark.integration
 

@@ -271,7 +271,7 @@ def test_intentstream_score_equals_the_reference(case, tmp_path):
 @pytest.fixture(scope="module")
 def shared_redis():
     """One private redis-server for the worker cases; each case has its own key prefix."""
-    from worker.local_redis import LocalRedis
+    from worker.common.local_redis import LocalRedis
 
     server = LocalRedis().start()
     try:
@@ -284,7 +284,7 @@ def shared_redis():
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_worker_end_to_end_equals_the_reference(case, shared_redis, tmp_path):
     from tests.workers import WorkerProcess, score_entries, wait_for
-    from worker.connection import connect
+    from worker.common.connection import connect
 
     prefix = f"conf-{case.name}"
     r = connect(shared_redis.url)

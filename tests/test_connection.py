@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 from redis.exceptions import RedisClusterException
 
-from worker.connection import refresh_topology
+from worker.common.connection import refresh_topology
 
 
 class _Nodes:

@@ -1,11 +1,11 @@
-"""A user's resend memory (worker/dedup.py) against a plain reference."""
+"""A user's resend memory (worker/common/dedup.py) against a plain reference."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.dedup import MAX_PRODUCERS, Memory, bounded, generated_event_id
+from worker.common.dedup import MAX_PRODUCERS, Memory, bounded, generated_event_id
 
 EVENTS = st.lists(
     st.tuples(

@@ -19,9 +19,9 @@ from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
 from tests.deploy_tools import DEPLOY, clean_env
 from tests.workers import count_scores, wait_for
-from worker.connection import connect
-from worker.keys import Keys
-from worker.local_redis import LocalCluster, free_port, redis_server_binary
+from worker.common.connection import connect
+from worker.common.keys import Keys
+from worker.common.local_redis import LocalCluster, free_port, redis_server_binary
 
 ACL = DEPLOY / "redis" / "users.acl"
 CONF = DEPLOY / "redis" / "redis.conf"
@@ -384,9 +384,9 @@ def test_the_users_do_their_jobs_on_a_cluster(acl_cluster, tmp_path):
 def test_the_worker_corrects_a_phantom_lag_under_its_user(acl_redis):
     # XGROUP SETID (to the group's own last id, in REPAIR_SCRIPT): the worker could skip or
     # replay with it, as it can already skip by acknowledging unscored entries
-    from worker.maintenance import Maintenance
-    from worker.metrics import WorkerMetrics
-    from worker.settings import Settings
+    from worker.common.settings import Settings
+    from worker.engine.adapters.maintenance import Maintenance
+    from worker.engine.adapters.metrics import WorkerMetrics
 
     admin, worker_c = client(acl_redis, "admin"), client(acl_redis, "worker")
     for i in range(5):

@@ -12,7 +12,7 @@ import yaml
 
 from tests.deploy_tools import DEPLOY, run, venv_tool
 from tests.test_deploy_acl import acl_users
-from worker.cli import build_parser
+from worker.commands.cli import build_parser
 
 COMPOSE = DEPLOY / "compose.yaml"
 

@@ -13,8 +13,8 @@ import yaml
 
 from tests.deploy_tools import DEPLOY, metric_names, scrape_text
 from tests.workers import WorkerProcess, wait_for
-from worker.local_redis import free_port
-from worker.publisher import publish
+from worker.common.local_redis import free_port
+from worker.common.publisher import publish
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "intentstream.json"
 # Series Prometheus itself makes for every target.

@@ -22,10 +22,10 @@ from packaging.version import Version
 from model.artifact import random_model
 from tests.deploy_tools import DEPLOY, clean_env, run, venv_tool
 from tests.workers import count_scores, wait_for
-from worker.healthcheck import healthz_url
-from worker.local_redis import free_port
-from worker.publisher import publish
-from worker.registry import Registry
+from worker.commands.healthcheck import healthz_url
+from worker.common.local_redis import free_port
+from worker.common.publisher import publish
+from worker.common.registry import Registry
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 IMAGE_VENV_BIN = "/opt/intentstream/bin"

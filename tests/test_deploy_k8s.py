@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from tests.deploy_tools import DEPLOY, run, venv_tool
-from worker.cli import build_parser
-from worker.keys import Keys
-from worker.settings import Settings
+from worker.commands.cli import build_parser
+from worker.common.keys import Keys
+from worker.common.settings import Settings
 
 K8S = DEPLOY / "k8s"
 KEDA_API = "keda.sh/v1alpha1"

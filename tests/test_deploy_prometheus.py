@@ -14,7 +14,7 @@ import yaml
 
 from tests.deploy_tools import DEPLOY, ROOT, prometheus_tool, run, scrape_text
 from tests.workers import WorkerProcess, wait_for
-from worker.local_redis import free_port
+from worker.common.local_redis import free_port
 
 PROM = DEPLOY / "prometheus"
 RULES = PROM / "alerts.yml"

@@ -13,7 +13,7 @@ from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
 from tests.deploy_tools import ROOT
 from tests.workers import WorkerProcess, count_scores, wait_for
-from worker.publisher import publish
+from worker.common.publisher import publish
 
 ROWS = {"user state": "state", "retained input event": "event", "score entry": "score"}
 

@@ -17,10 +17,10 @@ import redis
 from model.artifact import random_model
 from tests.deploy_tools import DEPLOY, clean_env, run
 from tests.workers import wait_for
-from worker.cli import build_parser
-from worker.local_redis import free_port
-from worker.registry import Registry
-from worker.settings import Settings, load_settings
+from worker.commands.cli import build_parser
+from worker.common.local_redis import free_port
+from worker.common.registry import Registry
+from worker.common.settings import Settings, load_settings
 
 UNIT = DEPLOY / "systemd" / "intentstream-worker@.service"
 ENV_FILE = DEPLOY / "systemd" / "worker.env.example"

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.events import (
+from worker.common.events import (
     DEFAULT_MAX_TS_SKEW_MS as SKEW,
 )
-from worker.events import (
+from worker.common.events import (
     MAX_TS_MS,
     EventError,
     event_from_fields,
@@ -219,7 +219,7 @@ def test_hostile_json_is_an_event_error_not_a_crash(fields, reason):
 
 
 def test_a_parser_gap_becomes_a_dead_letter(monkeypatch):
-    from worker import batch
+    from worker.engine.compute import batch
 
     def broken(*args):
         raise RuntimeError("surprise")

@@ -1,4 +1,4 @@
-"""The lag gauge is true (worker/lag.py): on a real redis-server, XINFO GROUPS' lag made wrong
+"""The lag gauge is true (adapters/lag.py): on a real redis-server, XINFO GROUPS' lag made wrong
 with `XGROUP SETID ... ENTRIESREAD` (the state a promoted replica's stale counter leaves), or
 nil after deletions, is not believed; the maintenance tick reports the true count and
 corrects Redis's counter; `partitions resize` uses the same rule."""
@@ -10,12 +10,12 @@ import math
 import pytest
 import redis
 
-from worker.connection import connect
-from worker.keys import Keys
-from worker.lag import undelivered
-from worker.maintenance import Maintenance
-from worker.metrics import WorkerMetrics
-from worker.settings import Settings
+from worker.common.connection import connect
+from worker.common.keys import Keys
+from worker.common.settings import Settings
+from worker.engine.adapters.lag import undelivered
+from worker.engine.adapters.maintenance import Maintenance
+from worker.engine.adapters.metrics import WorkerMetrics
 
 KEYS = Keys()
 STREAM = KEYS.events(0)
@@ -104,6 +104,6 @@ def test_exact_ends_and_a_consistent_lag(r):
 def test_an_unknown_lag_is_nan_on_the_gauge(r, monkeypatch):
     ids = fill(r, 10, read=4)
     r.xdel(STREAM, ids[6])
-    monkeypatch.setattr("worker.maintenance.undelivered", lambda *a: None)
+    monkeypatch.setattr("worker.engine.adapters.maintenance.undelivered", lambda *a: None)
     assert math.isnan(tick(r))
     assert r.xinfo_groups(STREAM)[0]["lag"] is None  # nothing repaired on a guess

@@ -9,15 +9,15 @@ import pytest
 from model.artifact import Model, ModelMeta, random_model
 from model.scoring import InMemoryScorer, ScoringModel
 from tests.workers import score_entries, wait_for
-from worker.connection import connect
-from worker.consumer import Consumer
-from worker.metrics import WorkerMetrics
-from worker.model_source import RegistryModelSource
-from worker.pipeline import UserStates, build_commit
-from worker.publisher import publish
-from worker.recent import Recent, extended, pack, unpack
-from worker.registry import Registry
-from worker.settings import Settings
+from worker.common.connection import connect
+from worker.common.publisher import publish
+from worker.common.registry import Registry
+from worker.common.settings import Settings
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.adapters.model_source import RegistryModelSource
+from worker.engine.compute.pipeline import UserStates, build_commit
+from worker.engine.compute.recent import Recent, extended, pack, unpack
+from worker.engine.consumer import Consumer
 
 SMALL = ["view", "search", "add_to_cart", "purchase"]
 LARGE = [*SMALL, "remove_from_cart", "coupon", "checkout", "wishlist"]
@@ -138,7 +138,7 @@ def test_recent_events_pack_and_cut_at_session_gaps():
 
 
 def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
-    from worker.batch import parse_batch
+    from worker.engine.compute.batch import parse_batch
 
     model = ScoringModel(random_model(SMALL, hidden=8, features=["gap"], seed=3), version="9")
     states = UserStates.empty(["u"], model.state_shape)
@@ -199,7 +199,7 @@ def test_a_shadow_scores_like_alone_from_cached_and_ahead_computed_states(redis_
     commit before them ran, for both models; sequence bumps between rounds refuse some of
     those batches. Both score columns equal each model run alone."""
     from model.synthetic import synthetic_events
-    from worker.keys import Keys
+    from worker.common.keys import Keys
 
     r = connect(redis_server.url)
     reg = Registry(r)
@@ -253,7 +253,7 @@ def test_model_shadow_command(redis_server, tmp_path):
 
 
 def test_label_samples_take_the_last_score_before_the_label_or_the_sessions_end():
-    from worker.quality import label_samples
+    from worker.engine.compute.quality import label_samples
 
     # user 0: a session labelled at its 3rd event; then, after a gap, one that ends unlabelled
     # (at user 0's next event, another gap later); user 1: a session still open
@@ -270,8 +270,8 @@ def test_label_samples_take_the_last_score_before_the_label_or_the_sessions_end(
 def test_live_auc_of_the_current_model_is_exported(redis_server):
     from model.evaluate import roc_auc
     from tests.test_worker import scrape
-    from worker.local_redis import free_port
-    from worker.metrics import serve_metrics
+    from worker.common.local_redis import free_port
+    from worker.engine.adapters.metrics import serve_metrics
 
     r = connect(redis_server.url)
     reg = Registry(r)

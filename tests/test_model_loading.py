@@ -16,14 +16,14 @@ from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import run_cli
 from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, wait_for
-from worker.connection import connect
-from worker.consumer import Consumer
-from worker.local_redis import free_port
-from worker.metrics import WorkerMetrics
-from worker.model_source import ModelRejectedError, RegistryModelSource
-from worker.publisher import publish
-from worker.registry import Registry, RegistryError
-from worker.settings import Settings, load_settings
+from worker.common.connection import connect
+from worker.common.local_redis import free_port
+from worker.common.publisher import publish
+from worker.common.registry import Registry, RegistryError
+from worker.common.settings import Settings, load_settings
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.adapters.model_source import ModelRejectedError, RegistryModelSource
+from worker.engine.consumer import Consumer
 
 TYPES = [*EVENT_TYPES, LABEL_TYPE]
 CURRENT, SHADOW = "intentstream:model:current", "intentstream:model:shadow"
@@ -75,7 +75,7 @@ def test_max_model_bytes_setting_flag_and_environment(monkeypatch):
     assert Settings().max_model_bytes == 1000
     import argparse
 
-    from worker.settings import add_setting_flags
+    from worker.common.settings import add_setting_flags
 
     parser = argparse.ArgumentParser()
     add_setting_flags(parser)

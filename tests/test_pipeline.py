@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
-from worker.batch import parse_batch
-from worker.events import MAX_TS_MS
-from worker.pipeline import UserStates, build_commit, distinct_users
+from worker.common.events import MAX_TS_MS
+from worker.engine.compute.batch import parse_batch
+from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
 
 
 def entries(*events: dict, start: int = 1) -> list:
@@ -146,7 +146,7 @@ def test_states_continue_from_what_was_read():
 
 
 def test_an_event_of_another_partitions_user_is_dead_lettered_as_misrouted():
-    from worker.keys import partition_of
+    from worker.common.keys import partition_of
 
     alice = next(f"u{i}" for i in range(100) if partition_of(f"u{i}", 4) == 1)
     raw = entries({"user_id": alice, "type": "view"})
@@ -161,7 +161,7 @@ def test_an_event_of_another_partitions_user_is_dead_lettered_as_misrouted():
 def test_recent_extension_matches_its_definition_on_random_histories():
     """`extended` keeps the events after the last gap a new event opens above the session gap,
     at most `keep` of them (checked against that definition written with numpy)."""
-    from worker.recent import Recent, extended
+    from worker.engine.compute.recent import Recent, extended
 
     rng = np.random.default_rng(5)
     for _ in range(500):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker.local_redis import redis_server_binary
+from worker.common.local_redis import redis_server_binary
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 # Commands these tests cannot run as written, and where they are covered instead.
@@ -104,6 +104,6 @@ def test_readme_python_snippet_runs(redis_server):
     exec(
         compile(snippet.replace("redis://localhost:6379/0", redis_server.url), "README", "exec"), {}
     )
-    from worker.connection import connect
+    from worker.common.connection import connect
 
     assert connect(redis_server.url).xlen("intentstream:events:{0}") == 1

@@ -18,14 +18,14 @@ from model.artifact import load_model, model_to_bytes, random_model, save_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
-from worker.connection import connect
-from worker.consumer import Consumer
-from worker.local_redis import free_port
-from worker.metrics import WorkerMetrics
-from worker.model_source import RegistryModelSource
-from worker.publisher import publish
-from worker.registry import Registry, RegistryError
-from worker.settings import Settings
+from worker.common.connection import connect
+from worker.common.local_redis import free_port
+from worker.common.publisher import publish
+from worker.common.registry import Registry, RegistryError
+from worker.common.settings import Settings
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.adapters.model_source import RegistryModelSource
+from worker.engine.consumer import Consumer
 
 TYPES = [*EVENT_TYPES, LABEL_TYPE]
 

@@ -17,12 +17,12 @@ from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
 from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, wait_for
-from worker.connection import Client, connect
-from worker.keys import Keys, partition_of
-from worker.local_redis import LocalCluster, LocalRedis
-from worker.partitions import PartitionCountError, check_partitions
-from worker.publisher import publish
-from worker.resize import parse_state_key, resize, state_keys
+from worker.commands.resize import parse_state_key, resize, state_keys
+from worker.common.connection import Client, connect
+from worker.common.keys import Keys, partition_of
+from worker.common.local_redis import LocalCluster, LocalRedis
+from worker.common.partitions import PartitionCountError, check_partitions
+from worker.common.publisher import publish
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +171,7 @@ def test_resize_moves_every_state_and_workers_continue_them(backend, model_path,
 def test_interrupted_resize_finished_by_a_second_run(backend, model_path, tmp_path, monkeypatch):
     url, client, flags = backend
     before = scored_phase_one(url, client, flags, model_path, tmp_path, shop_events(2000, 600))
-    import worker.resize as resize_module
+    import worker.commands.resize as resize_module
 
     # Simulate a crash after the second chunk was copied but before its old keys were
     # deleted (the worst moment: two copies exist): its third pipeline (the DELs) fails.
@@ -360,7 +360,7 @@ def test_a_running_worker_stops_when_a_resize_begins(redis_server, tmp_path):
 
     from model.artifact import random_model, save_model
     from tests.workers import WorkerProcess, wait_for
-    from worker.connection import connect
+    from worker.common.connection import connect
 
     model = tmp_path / "m.npz"
     save_model(random_model(["view"], hidden=4, seed=1), model)

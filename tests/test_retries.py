@@ -10,10 +10,10 @@ from collections import Counter
 import redis
 
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
-from worker.connection import connect
-from worker.events import Event
-from worker.keys import Keys
-from worker.publisher import entry_fields, publish, stamps
+from worker.common.connection import connect
+from worker.common.events import Event
+from worker.common.keys import Keys
+from worker.common.publisher import entry_fields, publish, stamps
 
 STREAM0 = Keys().events(0)
 

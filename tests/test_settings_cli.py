@@ -11,9 +11,9 @@ import pytest
 
 from model.synthetic import purchase_probability
 from tests.conftest import console_script, run_cli
-from worker.connection import connect
-from worker.keys import partition_of
-from worker.settings import Settings, SettingsError, add_setting_flags, load_settings
+from worker.common.connection import connect
+from worker.common.keys import partition_of
+from worker.common.settings import Settings, SettingsError, add_setting_flags, load_settings
 
 
 def parse(*argv: str) -> argparse.Namespace:

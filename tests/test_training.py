@@ -18,9 +18,9 @@ from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.train import TrainConfig, TrainingDivergedError, train
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, wait_for
-from worker.connection import connect
-from worker.publisher import publish
-from worker.registry import Registry
+from worker.common.connection import connect
+from worker.common.publisher import publish
+from worker.common.registry import Registry
 
 
 def float64_params(

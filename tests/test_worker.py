@@ -19,14 +19,14 @@ from model.synthetic import synthetic_events
 from tests.conftest import run_cli
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
-from worker.connection import connect
-from worker.consumer import Consumer
-from worker.keys import Keys, partition_of
-from worker.local_redis import free_port
-from worker.metrics import WorkerMetrics
-from worker.model_source import FileModelSource
-from worker.publisher import publish
-from worker.settings import Settings
+from worker.common.connection import connect
+from worker.common.keys import Keys, partition_of
+from worker.common.local_redis import free_port
+from worker.common.publisher import publish
+from worker.common.settings import Settings
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.adapters.model_source import FileModelSource
+from worker.engine.consumer import Consumer
 
 STREAM0 = "intentstream:events:{0}"
 FUTURE_MS = int(time.time() * 1000) + 86_400_000  # a day ahead: past the 10-minute skew
@@ -408,7 +408,7 @@ def make_tls_files(directory: Path) -> tuple[str, str, str]:
 
 
 def test_tls_redis_url(tmp_path, golden_path):
-    from worker.local_redis import LocalRedis
+    from worker.common.local_redis import LocalRedis
 
     with LocalRedis(tls=make_tls_files(tmp_path)) as server:
         assert server.url.startswith("rediss://")
@@ -491,7 +491,9 @@ def test_long_idle_consumers_without_pending_entries_are_forgotten(
     r.xreadgroup("intentstream-workers", "host-123", {STREAM0: ">"})  # a restarted worker's
     r.xadd(STREAM0, {"user_id": "a", "type": "view"})
     r.xreadgroup("intentstream-workers", "host-456", {STREAM0: ">"})  # holds a pending entry
-    monkeypatch.setattr("worker.maintenance.STALE_CONSUMER_MS", -1)  # any idle time is long
+    monkeypatch.setattr(
+        "worker.engine.adapters.maintenance.STALE_CONSUMER_MS", -1
+    )  # any idle time is long
     consumer.maintenance.run(sorted(consumer.ownership.owned))
     names = {c["name"] for c in r.xinfo_consumers(STREAM0, "intentstream-workers")}
     assert names == {b"c1", b"host-456"} or names == {"c1", "host-456"}
@@ -538,11 +540,11 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
 
 BLAS_PROBE = """
 import json, sys, threadpoolctl
-from worker.connection import connect
-from worker.consumer import Consumer
-from worker.metrics import WorkerMetrics
-from worker.model_source import FileModelSource
-from worker.settings import Settings
+from worker.common.connection import connect
+from worker.engine.consumer import Consumer
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.adapters.model_source import FileModelSource
+from worker.common.settings import Settings
 
 s = Settings(redis_url=sys.argv[1], model=sys.argv[2], metrics_port=0, block_ms=10)
 consumer = Consumer(s, connect(sys.argv[1]), FileModelSource(s.model), WorkerMetrics())

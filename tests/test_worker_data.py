@@ -17,11 +17,11 @@ import redis
 from tests.golden import GOLDEN_SCORES
 from tests.test_worker import http_status, in_process_consumer, scrape
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
-from worker.append_function import install
-from worker.connection import connect
-from worker.keys import Keys, partition_of
-from worker.local_redis import free_port
-from worker.publisher import publish
+from worker.common.append_function import install
+from worker.common.connection import connect
+from worker.common.keys import Keys, partition_of
+from worker.common.local_redis import free_port
+from worker.common.publisher import publish
 
 pytestmark = pytest.mark.integration
 

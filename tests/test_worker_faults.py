@@ -14,10 +14,10 @@ from model.artifact import load_model
 from model.scoring import InMemoryScorer, ScoringModel
 from model.synthetic import synthetic_events
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
-from worker.connection import connect
-from worker.keys import partition_of
-from worker.local_redis import free_port
-from worker.publisher import publish
+from worker.common.connection import connect
+from worker.common.keys import partition_of
+from worker.common.local_redis import free_port
+from worker.common.publisher import publish
 
 pytestmark = pytest.mark.integration
 

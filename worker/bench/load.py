@@ -1,0 +1,181 @@
+"""The real `intentstream worker` process under load (`intentstream bench --latency`).
+
+Three measurements on the bench's Redis, each on a flushed database:
+  backlog   the preloaded events, timed from the first score entry's id time to the last's
+            (Redis's clock), with Redis's and the worker's CPU per event over the run;
+  latency   a producer in this process XADDs at fixed rates (fractions of that backlog rate)
+            while the worker keeps up; latency = the score entry's id time minus its event's
+            entry id time (commit minus arrival, 1 ms resolution);
+  memory    MEMORY USAGE of user states (against their fields' raw bytes) and of the event
+            and score streams per entry, for --history-events and for 0.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from worker.bench.scaling import process_cpu
+from worker.bench.throughput import STREAM, preload
+
+SCORES = "intentstream:scores:{0}"
+STATE_MATCH = "intentstream:state:{0}:*"
+
+
+def start_worker(url: str, model: Path, batch: int, history: int, log) -> subprocess.Popen:
+    exe = shutil.which("intentstream") or str(Path(sys.executable).parent / "intentstream")
+    cmd = [exe, "worker", "--redis-url", url, "--model", str(model), "--metrics-port", "0",
+           "--consumer", "bench-load", "--block-ms", "100", "--batch-size", str(batch),
+           "--retention-seconds", "0", "--history-events", str(history),
+           "--scores-maxlen", "100000000",  # XLEN counts every score of the run
+           "--log-format", "json"]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=log, stderr=log)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def wait_for(condition, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the worker exited while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def id_ms(entry_id: bytes) -> int:
+    return int(entry_id.split(b"-")[0])
+
+
+def redis_cpu(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def backlog(r: redis.Redis, proc: subprocess.Popen, n: int) -> tuple[float, float, float]:
+    """(events/s from first score to last, Redis CPU µs/event, worker CPU µs/event); CPU
+    from the first score on (start-up and kernel loading are not per-event costs)."""
+    wait_for(lambda: r.xlen(SCORES) > 0, proc, 300, "the first score")
+    cpu0, w0, done = redis_cpu(r), process_cpu([proc.pid]), r.xlen(SCORES)
+    wait_for(lambda: r.xlen(SCORES) >= n, proc, 1800, "the backlog")
+    cpu1, w1 = redis_cpu(r), process_cpu([proc.pid])
+    counted = max(1, n - done)
+    first = r.xrange(SCORES, count=1)[0][0]
+    last = r.xrevrange(SCORES, count=1)[0][0]
+    seconds = max(0.001, (id_ms(last) - id_ms(first)) / 1000)
+    return n / seconds, (cpu1 - cpu0) / counted * 1e6, (w1 - w0) / counted * 1e6
+
+
+def produce(r: redis.Redis, users: list[str], rate: float, seconds: float) -> int:
+    """XADD events at `rate` per second for `seconds` (chunks every 2 ms); how many."""
+    rng = np.random.default_rng(3)
+    types = ["view", "add_to_cart", "coupon", "view", "view"]
+    chunk = max(1, round(rate / 500))
+    sent, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        pipe = r.pipeline(transaction=False)
+        for u in rng.integers(0, len(users), chunk).tolist():
+            pipe.execute_command("XADD", STREAM, "*", "user_id", users[u],
+                                 "type", types[u % len(types)])  # fmt: skip
+        pipe.execute()
+        sent += chunk
+        ahead = sent / rate - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+    return sent
+
+
+def latency(
+    r: redis.Redis, proc: subprocess.Popen, users: list[str], rate: float, seconds: float
+) -> tuple[float, np.ndarray]:
+    """Produce at `rate`; (achieved rate, per-event latencies in ms)."""
+    start = r.xinfo_stream(SCORES)["last-generated-id"]
+    before = r.xlen(SCORES)
+    t0 = time.monotonic()
+    sent = produce(r, users, rate, seconds)
+    achieved = sent / (time.monotonic() - t0)
+    wait_for(lambda: r.xlen(SCORES) >= before + sent, proc, 120, "the producer's events")
+    lat = [id_ms(sid) - id_ms(f[b"event_id"])
+           for sid, f in r.xrange(SCORES, b"(" + start, "+")]  # fmt: skip
+    return achieved, np.asarray(lat, np.float64)
+
+
+def memory(r: redis.Redis, sample: int = 500) -> dict[str, float]:
+    """Bytes per user state (MEMORY USAGE, and its fields' raw bytes) and per stream entry."""
+    keys = []
+    for key in r.scan_iter(match=STATE_MATCH, count=1000):
+        keys.append(key)
+        if len(keys) >= sample:
+            break
+    pipe = r.pipeline(transaction=False)
+    for key in keys:
+        pipe.memory_usage(key, samples=0)
+        pipe.hgetall(key)
+    replies = pipe.execute()
+    usage = replies[0::2]
+    raw = [sum(len(k) + len(v) for k, v in h.items()) for h in replies[1::2]]
+    h_bytes = [len(h.get(b"h", b"")) for h in replies[1::2]]
+    recent = [len(h.get(b"recent", b"")) for h in replies[1::2]]
+    out = {"state": float(np.mean(usage)), "raw": float(np.mean(raw)),
+           "h": float(np.mean(h_bytes)), "recent": float(np.mean(recent)),
+           "key": float(np.mean([len(k) for k in keys]))}  # fmt: skip
+    for name, stream in (("event", STREAM), ("score", SCORES)):
+        out[name] = (r.memory_usage(stream, samples=0) or 0) / max(1, r.xlen(stream))
+    return out
+
+
+def run_load_bench(
+    r: redis.Redis, url: str, model: Path, events: list[dict], args, loads: list[float],
+    f_rate: float | None,
+) -> None:  # fmt: skip
+    """Print the real process's backlog rate, latency table and memory figures."""
+    users = list(dict.fromkeys(e["user_id"] for e in events))
+    mem: dict[int, dict[str, float]] = {}
+    with open(Path(model).parent / "worker-load.log", "ab") as log:
+        for history in dict.fromkeys([args.history_events, 0]):
+            preload(r, events, args.event_ids)
+            proc = start_worker(url, model, args.batch_size, history, log)
+            try:
+                rate, redis_us, worker_us = backlog(r, proc, len(events))
+                mem[history] = memory(r)
+                line = (f"real worker process, history-events {history}: {rate:,.0f} events/s "
+                        f"(first score to last), Redis CPU {redis_us:.1f} µs/event, worker CPU "
+                        f"{worker_us:.1f} µs/event")  # fmt: skip
+                if f_rate:
+                    line += f"; / f = {rate / f_rate:.2f}"
+                print(line, flush=True)
+                if history != args.history_events:
+                    continue
+                print(f"\nlatency under load (a producer at a fixed rate for "
+                      f"{args.latency_seconds:.0f} s; entry id time to the score's "
+                      "commit):")  # fmt: skip
+                print(f"{'load':>6} {'target/s':>9} {'sent/s':>9} {'events':>8} "
+                      f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}")  # fmt: skip
+                for load in loads:
+                    achieved, lat = latency(r, proc, users, load * rate, args.latency_seconds)
+                    print(f"{load:>6.0%} {load * rate:>9,.0f} {achieved:>9,.0f} {len(lat):>8} "
+                          f"{np.percentile(lat, 50):>7.1f} {np.percentile(lat, 99):>7.1f} "
+                          f"{lat.max():>7.1f}", flush=True)  # fmt: skip
+                print()
+            finally:
+                stop(proc)
+    print("memory (MEMORY USAGE, mean of 500 states; streams per entry):")
+    for history, m in mem.items():
+        print(f"  history-events {history:>2}: state {m['state']:.0f} B (fields' raw bytes "
+              f"{m['raw']:.0f}, of which h {m['h']:.0f} and recent {m['recent']:.0f}; key "
+              f"{m['key']:.0f}) = {m['state'] / m['raw']:.2f}x raw; retained event "
+              f"{m['event']:.0f} B; score entry {m['score']:.0f} B")  # fmt: skip

@@ -1,0 +1,318 @@
+"""Scaling benchmark: real `intentstream worker` processes on one Redis or a local cluster.
+
+    intentstream bench --workers 1,2,4 --partitions 8 [--cluster] [--events 200000]
+
+For each worker count, on a private Redis (or a private 3-master, 3-replica cluster) that is
+flushed between runs: preload a backlog over the partitions, start the workers behind a gate
+(the bench holds every partition's lease until all workers are warmed up and announced), open
+the gate and time the backlog to its last score. Then a latency phase: events published at a
+fraction of the measured rate, each stamped with its send time (`ts`), and latency taken as
+the score entry's id time minus `ts` (commit time minus send time, 1 ms resolution).
+
+CPU: the workers' user+system time from /proc/<pid>/stat, and Redis's `used_cpu_user` +
+`used_cpu_sys` from INFO and the commands' own time from INFO commandstats, summed over the
+primaries (replicas reported apart), all as deltas over the backlog phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import numpy as np
+import redis
+
+from model.artifact import random_model, save_model
+from model.bench import machine_line
+from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from worker.common.connection import Client, connect
+from worker.common.keys import Keys
+from worker.common.local_redis import LocalCluster, LocalRedis
+from worker.common.publisher import publish
+
+KEYS = Keys()
+GATE = "bench-gate"
+TICK = os.sysconf("SC_CLK_TCK")
+TARGETS = (10_000, 100_000, 1_000_000)
+SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro")
+HEADROOM = 0.7  # plan shards and workers to run at 70% of a core
+
+
+@dataclass
+class Run:
+    """The figures of one worker count."""
+
+    workers: int
+    events: int
+    seconds: float
+    worker_cpu: float  # seconds, summed over the worker processes
+    redis_cpu: float  # seconds, summed over the primaries
+    redis_cmd: float  # seconds inside the Lua scripts (commandstats), primaries
+    replica_cpu: float
+    p50: float  # seconds
+    p99: float
+    latency_events: int
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+    def per_event_us(self, seconds: float) -> float:
+        return seconds / self.events * 1e6
+
+
+class Servers:
+    """The private Redis or cluster, its nodes by role, and a client."""
+
+    def __init__(self, cluster: bool) -> None:
+        self.cluster = cluster
+        self.handle = LocalCluster().start() if cluster else LocalRedis().start()
+        self.url = self.handle.url
+        self.client: Client = connect(self.url, socket_timeout=30, cluster=cluster)
+        ports = [n.port for n in self.handle.nodes] if cluster else [self.handle.port]
+        self.nodes = [redis.Redis(port=p, socket_timeout=30) for p in ports]
+
+    def primaries(self) -> list[redis.Redis]:
+        return [n for n in self.nodes if n.info("replication")["role"] == "master"]
+
+    def replicas(self) -> list[redis.Redis]:
+        return [n for n in self.nodes if n.info("replication")["role"] != "master"]
+
+    def flush(self) -> None:
+        for node in self.primaries():
+            node.flushall()
+        for node in self.nodes:
+            node.config_resetstat()
+
+    def close(self) -> None:
+        self.client.close()
+        for n in self.nodes:
+            n.close()
+        self.handle.close()
+
+
+def redis_cpu(nodes: list[redis.Redis]) -> tuple[float, float]:
+    """(process CPU seconds, seconds inside the scripts from commandstats) summed over nodes.
+
+    Only the scripts' time: commandstats counts a command called by a script under its own
+    name too, so a sum over every command would count the scripts' work twice."""
+    cpu = scripts = 0.0
+    for node in nodes:
+        info = node.info("cpu")
+        cpu += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        stats = node.info("commandstats")
+        scripts += sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in SCRIPT_COMMANDS)
+    return cpu, scripts / 1e6
+
+
+def process_cpu(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes, from /proc."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / TICK
+
+
+def start_workers(servers: Servers, n: int, args, model: Path, logs: Path) -> list:
+    exe = shutil.which("intentstream") or str(Path(sys.executable).parent / "intentstream")
+    procs = []
+    for i in range(n):
+        cmd = [exe, "worker", "--redis-url", servers.url, "--partitions", str(args.partitions),
+               "--model", str(model), "--metrics-port", "0", "--log-format", "json",
+               "--consumer", f"bench-{i}", "--lease-ms", "3000", "--block-ms", "100",
+               "--batch-size", str(args.batch_size), "--retention-seconds", "0",
+               *(["--cluster"] if servers.cluster else [])]  # fmt: skip
+        env = dict(os.environ)
+        if args.blas_threads is not None:
+            env["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
+        with open(logs / f"worker-{n}-{i}.log", "ab") as log:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, env=env))
+    return procs
+
+
+def wait(condition, timeout: float, what: str, procs: list) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a worker exited while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def scored(client: Client, partitions: int) -> int:
+    pipe = client.pipeline(transaction=False)
+    for p in range(partitions):
+        pipe.xlen(KEYS.scores(p))
+    return sum(pipe.execute())
+
+
+def latency_phase(client: Client, args, rate: float, procs: list) -> np.ndarray:
+    """Publish at `rate` for args.latency_seconds, stamped with the send time; per-event
+    latency in seconds (score entry id time minus ts)."""
+    before = scored(client, args.partitions)
+    starts = {p: (client.xinfo_stream(KEYS.scores(p))["last-generated-id"]) for p in
+              range(args.partitions)}  # fmt: skip
+    users = [f"u{i}" for i in range(args.users)]
+    rng = np.random.default_rng(2)
+    chunk = max(1, int(rate / 100))  # every 10 ms
+    sent, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < args.latency_seconds:
+        now_ms = int(time.time() * 1000)
+        batch = [
+            {"user_id": users[u], "type": EVENT_TYPES[t], "ts": now_ms}
+            for u, t in zip(rng.integers(0, len(users), chunk),
+                            rng.integers(0, len(EVENT_TYPES), chunk), strict=True)
+        ]  # fmt: skip
+        publish(client, batch, partitions=args.partitions, pipeline_size=chunk)
+        sent += chunk
+        ahead = sent / rate - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+    wait(lambda: scored(client, args.partitions) >= before + sent, 120, "latency phase", procs)
+    latencies = []
+    for p in range(args.partitions):
+        for sid, f in client.xrange(KEYS.scores(p), f"({starts[p].decode()}", "+"):
+            latencies.append(int(sid.split(b"-")[0]) - int(f[b"ts"]))
+    return np.asarray(latencies) / 1000
+
+
+def run_one(servers: Servers, n: int, args, events: list, model: Path, logs: Path) -> Run:
+    servers.flush()
+    client = servers.client
+    publish(client, events, partitions=args.partitions, pipeline_size=5000)
+    for p in range(args.partitions):  # the gate: no worker can take a partition yet
+        client.set(KEYS.lease(p), GATE, px=600_000)
+    procs = start_workers(servers, n, args, model, logs)
+    try:
+        now_ms = lambda: int(time.time() * 1000)  # noqa: E731
+        wait(lambda: client.zcount(KEYS.workers, now_ms(), "+inf") >= n, 120, "warm-up", procs)
+        pids = [p.pid for p in procs]
+        w0, (r0, c0), (q0, _) = (
+            process_cpu(pids),
+            redis_cpu(servers.primaries()),
+            redis_cpu(servers.replicas()),
+        )
+        t0 = time.monotonic()
+        for p in range(args.partitions):
+            client.delete(KEYS.lease(p))
+        wait(lambda: scored(client, args.partitions) >= len(events), 1800, "the backlog", procs)
+        seconds = time.monotonic() - t0
+        w1, (r1, c1), (q1, _) = (
+            process_cpu(pids),
+            redis_cpu(servers.primaries()),
+            redis_cpu(servers.replicas()),
+        )
+        rate = len(events) / seconds
+        lat = latency_phase(client, args, rate * args.latency_load, procs)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return Run(n, len(events), seconds, w1 - w0, r1 - r0, c1 - c0, q1 - q0,
+               float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), len(lat))  # fmt: skip
+
+
+def print_table(runs: list[Run], cluster: bool) -> None:
+    head = (f"{'workers':>7} {'events/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'worker µs/ev':>12} "
+            f"{'redis µs/ev':>11} {'scripts µs/ev':>13}")  # fmt: skip
+    print(head + (f" {'replica µs/ev':>13}" if cluster else ""))
+    for r in runs:
+        line = (f"{r.workers:>7} {r.rate:>9,.0f} {r.p50 * 1e3:>7.1f} {r.p99 * 1e3:>7.1f} "
+                f"{r.per_event_us(r.worker_cpu):>12.1f} {r.per_event_us(r.redis_cpu):>11.1f} "
+                f"{r.per_event_us(r.redis_cmd):>13.1f}")  # fmt: skip
+        print(line + (f" {r.per_event_us(r.replica_cpu):>13.1f}" if cluster else ""))
+
+
+def print_fleet(runs: list[Run], partitions: int, cluster: bool) -> None:
+    """Redis µs/event per shard -> events/s per shard -> shards and workers per target."""
+    # the costliest run's figures: more workers mean smaller batches, which cost more
+    redis_us = max(r.per_event_us(r.redis_cpu) for r in runs)
+    worker_us = max(r.per_event_us(r.worker_cpu) for r in runs)
+    per_shard = HEADROOM * 1e6 / redis_us
+    per_worker = HEADROOM * 1e6 / worker_us
+    print(f"\nfleet arithmetic (the costliest run's CPU per event; each Redis shard and worker at "
+          f"{HEADROOM:.0%} of one core):")  # fmt: skip
+    print(f"  Redis {redis_us:.1f} µs of primary CPU per event (all primaries together): "
+          f"one shard carries {HEADROOM:.0%} x 1e6 / {redis_us:.1f} = {per_shard:,.0f} "
+          "events/s")  # fmt: skip
+    if cluster:
+        replica_us = max(r.per_event_us(r.replica_cpu) for r in runs)
+        print(f"  and each shard's replica spends {replica_us:.1f} µs per event on its own core")
+    print(f"  worker {worker_us:.1f} µs/event -> {per_worker:,.0f} events/s per worker process")
+    for target in TARGETS:
+        need_shards = math.ceil(target / per_shard)
+        need_workers = math.ceil(target / per_worker)
+        print(f"  {target:>9,} events/s: {need_shards:>3} shard(s), {need_workers:>3} worker(s), "
+              f"P >= {max(need_shards, need_workers)} partitions")  # fmt: skip
+    print(
+        f"  (this run: P = {partitions}; a partition lives in one slot, so P bounds both "
+        "the shards that get load and the workers that get work)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="intentstream bench", description=__doc__.split("\n")[0])
+    p.add_argument("--workers", default="1,2,4", help="comma-separated worker counts")
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
+    p.add_argument("--events", type=int, default=200_000, help="backlog size")
+    p.add_argument("--users", type=int, default=50_000)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--latency-seconds", type=float, default=5.0)
+    p.add_argument("--blas-threads", type=int, default=None,
+                   help="OPENBLAS_NUM_THREADS for the workers (default: inherited)")  # fmt: skip
+    p.add_argument("--latency-load", type=float, default=0.5,
+                   help="latency phase rate, as a fraction of the backlog rate")  # fmt: skip
+    args = p.parse_args(argv)
+    counts = [int(n) for n in args.workers.split(",") if n.strip()]
+    servers = Servers(args.cluster)
+    try:
+        with TemporaryDirectory() as tmp:
+            model = Path(tmp) / "bench.npz"
+            save_model(random_model([*EVENT_TYPES, LABEL_TYPE], hidden=args.hidden, seed=0),
+                       model)  # fmt: skip
+            events = list(synthetic_events(args.events, args.users, seed=1))
+            version = servers.nodes[0].info("server")["redis_version"]
+            where = "one Redis"
+            if args.cluster:
+                where = f"local cluster, {len(servers.primaries())} primaries + "
+                where += f"{len(servers.replicas())} replicas"
+            print(f"machine: {machine_line()}, load average {os.getloadavg()[0]:.2f} at start")
+            print(f"redis {version}: {where}; {len(events)} events backlog, {args.users} "
+                  f"users, P = {args.partitions}, H = {args.hidden}, batch "
+                  f"{args.batch_size}")  # fmt: skip
+            blas = os.environ.get("OPENBLAS_NUM_THREADS", "OpenBLAS's default")
+            blas = blas if args.blas_threads is None else args.blas_threads
+            print(f"latency: {args.latency_seconds:.0f} s at {args.latency_load:.0%} of the "
+                  f"backlog rate, send time to commit; worker BLAS threads: {blas}\n")  # fmt: skip
+            runs = []
+            for n in counts:
+                runs.append(run_one(servers, n, args, events, model, Path(tmp)))
+                print(f"  {n} worker(s): {runs[-1].rate:,.0f} events/s", flush=True)
+            print()
+            print_table(runs, args.cluster)
+            print_fleet(runs, args.partitions, args.cluster)
+    finally:
+        servers.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

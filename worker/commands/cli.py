@@ -1,0 +1,501 @@
+"""The `intentstream` console script: one entry point, one sub-command per job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from typing import TextIO
+
+import numpy as np
+
+from model.artifact import ArtifactError, load_model
+from model.features import KNOWN_FEATURES
+from worker.commands.args import Parser, csv, port_number, positive_float, positive_int
+from worker.commands.errors import USAGE_EXIT, explain
+from worker.commands.models import (
+    cmd_model_evaluate,
+    cmd_model_export,
+    cmd_model_init,
+    cmd_model_list,
+    cmd_model_promote,
+    cmd_model_publish,
+    cmd_model_rollback,
+    cmd_model_shadow,
+    cmd_model_show,
+)
+from worker.common.events import Event, numbered_events
+from worker.common.registry import RegistryError
+from worker.common.settings import SettingsError, add_setting_flags, load_settings
+
+
+def _numbered_events(lines: Iterable[str], errors: TextIO) -> Iterator[Event | None]:
+    """JSON-lines events; a bad line is reported on `errors` as `line N: reason`."""
+    return numbered_events(lines, lambda n, exc: print(f"line {n}: {exc}", file=errors))
+
+
+def _chunks(events: Iterator[Event | None], size: int) -> Iterator[list[Event | None]]:
+    chunk: list[Event | None] = []
+    for event in events:
+        chunk.append(event)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from model.scoring import InMemoryScorer, ScoringModel
+
+    try:
+        scoring = ScoringModel(load_model(args.model))
+    except ArtifactError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    scoring.warm_up()
+    scorer = InMemoryScorer(scoring)
+    source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
+    # Interactive stdin: score each line as it comes instead of waiting for a full batch.
+    batch = 1 if source.isatty() else args.batch_size
+    bad = 0
+    with source:
+        for chunk in _chunks(_numbered_events(source, sys.stderr), batch):
+            good = [e for e in chunk if e is not None]
+            bad += len(chunk) - len(good)
+            if not good:
+                continue
+            ts = np.fromiter((-1 if e.ts is None else e.ts for e in good), np.int64, len(good))
+            scores = scorer.score([e.user_id for e in good], [e.type for e in good], ts)
+            out = [
+                json.dumps({"user_id": e.user_id, "type": e.type, "score": float(s)})
+                for e, s in zip(good, scores, strict=True)
+            ]
+            sys.stdout.write("\n".join(out) + "\n")
+            sys.stdout.flush()
+    if bad:
+        print(f"{bad} bad line(s) skipped", file=sys.stderr)
+        return 1
+    return 0
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, installed before slow start-up work."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
+    from worker.common.connection import connect_settings
+    from worker.common.keys import Keys
+    from worker.common.logs import setup_logging
+    from worker.common.partitions import check_partitions
+    from worker.engine.adapters.metrics import Health, WorkerMetrics, serve_metrics
+    from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
+    from worker.engine.consumer import Consumer
+
+    try:
+        settings = load_settings(args)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_format, settings.log_level)
+    client = connect_settings(settings)
+    try:
+        check_partitions(client, Keys(settings.prefix), settings.partitions)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if settings.model is not None:
+            source = FileModelSource(settings.model)
+        else:
+            source = RegistryModelSource(
+                client, settings.prefix, settings.model_poll_seconds, settings.max_model_bytes
+            )
+    except (ArtifactError, RegistryError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    metrics, health = WorkerMetrics(), Health()
+    if settings.metrics_port:
+        try:
+            serve_metrics(metrics, health, settings.metrics_host, settings.metrics_port)
+        except OSError as exc:
+            print(
+                f"error: cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
+                f"{exc.strerror} (--metrics-host / --metrics-port)",
+                file=sys.stderr,
+            )
+            return 2
+    consumer = Consumer(settings, client, source, metrics, health, stop)
+    consumer.run(max_seconds=args.max_seconds)
+    source.close()
+    return consumer.exit_code
+
+
+def _cmd_publish(args: argparse.Namespace) -> int:
+    import time
+
+    from model.synthetic import synthetic_events
+    from worker.common.connection import connect_settings
+    from worker.common.publisher import publish
+
+    try:
+        # a producer never blocks on a read: the worker's block_ms rule is not its concern
+        settings = load_settings(args, model=None, block_ms=1)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    client = connect_settings(settings)
+    bad = 0
+    if args.synthetic is not None:
+        events: Iterable[Event | dict] = synthetic_events(
+            args.synthetic, args.users, seed=args.seed, start_ms=1_700_000_000_000
+        )
+        if args.rate:  # live: dated by Redis as they arrive (the timestamp rule, README)
+            events = ({k: v for k, v in e.items() if k != "ts"} for e in events)
+    else:
+        source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
+        parsed = list(_numbered_events(source, sys.stderr))
+        bad = sum(e is None for e in parsed)
+        events = [e for e in parsed if e is not None]
+    chunk = max(1, int(args.rate / 10)) if args.rate else 1000
+    sent = 0
+    t0 = time.monotonic()
+    for part in _chunks(iter(events), chunk):
+        try:
+            publish(client, part, settings.prefix, settings.partitions, pipeline_size=chunk)
+        except SettingsError as exc:  # another partition count is in force
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        sent += len(part)
+        if args.rate:
+            ahead = sent / args.rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+    elapsed = time.monotonic() - t0
+    print(f"published {sent} events in {elapsed:.2f} s", file=sys.stderr)
+    if bad:
+        print(f"{bad} bad line(s) skipped", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from worker.commands.train import run_train
+
+    return run_train(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
+    from worker.commands.demo import run_demo
+
+    return run_demo(
+        args.redis_url,
+        args.rate,
+        args.users,
+        args.seconds,
+        args.metrics_port,
+        stop,
+        sys.stdout,
+        train_first=not args.random_model,
+        cluster=args.cluster,
+    )
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from worker.bench.throughput import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+def _cmd_partitions_resize(args: argparse.Namespace) -> int:
+    from worker.commands.resize import ResizeRefusedError, resize
+    from worker.common.connection import connect_settings
+    from worker.common.keys import Keys
+
+    try:
+        settings = load_settings(args, model=None)
+        report = resize(connect_settings(settings), Keys(settings.prefix), settings.group, args.to)
+    except (SettingsError, ResizeRefusedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    return 0
+
+
+_REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("intentstream")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _add_train_flags(tr: argparse.ArgumentParser) -> None:
+    """The `train` flags: data source, TrainConfig's fields, outputs. Built on first use."""
+    from worker.commands.train import add_train_config_flags
+
+    src = tr.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
+    src.add_argument("--from-redis", action="store_true", help="the retained event streams")
+    add_setting_flags(tr, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
+    add_train_config_flags(tr)
+    tr.add_argument(
+        "--init-from",
+        metavar="VERSION|FILE",
+        help="fine-tune: start from this registry version's (or artifact's) weights, keep its "
+        "architecture and vocabulary; the new model continues its users' states",
+    )
+    tr.add_argument("--out", help="write the trained artifact here")
+    tr.add_argument("--report", metavar="DIR", help="write report.json and report.png here")
+    tr.add_argument("--publish", action="store_true", help="register it in the Redis registry")
+    tr.add_argument(
+        "--promote", action="store_true", help="publish; make current unless its AUC is lower"
+    )
+    tr.add_argument("--force", action="store_true", help="promote even if worse")
+    tr.add_argument("--pushgateway", metavar="URL", help="push the run's metrics there")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    p = Parser(
+        prog="intentstream",
+        description="Real-time purchase-intent scoring on Redis Streams.",
+        epilog="`intentstream COMMAND --help` lists a command's flags and their defaults.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    model = sub.add_parser("model", help="create and inspect model artifacts; the registry")
+    msub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    init = msub.add_parser("init", help="write a seeded random model artifact")
+    init.add_argument(
+        "--event-types",
+        type=csv,
+        required=True,
+        metavar="A,B,...",
+        help="event type names; one more row is reserved for unknown types",
+    )
+    init.add_argument(
+        "--cell", choices=["rnn", "gru"], default="rnn", help="Elman RNN or GRU (see README)"
+    )
+    init.add_argument("--hidden", type=positive_int, default=64, help="H, the state width")
+    init.add_argument("--layers", type=positive_int, default=1, help="L, stacked layers")
+    init.add_argument(
+        "--features",
+        type=csv,
+        default=[],
+        metavar="A,B,...",
+        help=f"numeric features after the embedding row; known: "
+        f"{', '.join(KNOWN_FEATURES)} (default: none)",
+    )
+    init.add_argument(
+        "--embedding-dim",
+        type=positive_int,
+        default=None,
+        help="D, the width of each type's row (default: min(16, hidden))",
+    )
+    init.add_argument(
+        "--head", choices=["sigmoid", "identity"], default="sigmoid", help="the output function"
+    )
+    init.add_argument(
+        "--session-gap",
+        type=float,
+        default=1800.0,
+        help="seconds; a longer gap starts a new session (0 = never)",
+    )
+    init.add_argument("--seed", type=int, default=0, help="same seed, same bytes")
+    init.add_argument("--out", required=True, help="artifact file to write (.npz)")
+    init.set_defaults(func=cmd_model_init)
+
+    def registry_command(name: str, help: str, func) -> argparse.ArgumentParser:
+        cmd = msub.add_parser(name, help=help, description=help)
+        add_setting_flags(cmd, _REGISTRY_FLAGS)
+        cmd.set_defaults(func=func)
+        return cmd
+
+    show = registry_command("show", "print a model's config, array shapes, size", cmd_model_show)
+    show.add_argument("file", metavar="FILE|VERSION", help="an artifact file or a registry version")
+    pub = registry_command("publish", "store an artifact as a new version", cmd_model_publish)
+    pub.add_argument("file", help="the artifact file (.npz)")
+    pub.add_argument("--promote", action="store_true", help="also make it current")
+    registry_command("list", "list the registry's versions (* = current)", cmd_model_list)
+    pro = registry_command("promote", "make a version current; workers follow", cmd_model_promote)
+    pro.add_argument("version", help="a registry version (see `model list`)")
+    registry_command("rollback", "make the previous current version current", cmd_model_rollback)
+    ev = registry_command(
+        "evaluate",
+        "versions (or .npz files) side by side on live data: ROC AUC and log loss",
+        cmd_model_evaluate,
+    )
+    ev.add_argument("versions", nargs="+", metavar="VERSION|FILE", help="what to compare")
+    src = ev.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-redis", action="store_true", help="the retained event streams")
+    src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
+    ev.add_argument("--since", metavar="AGE", help="only events this recent: 90m, 24h, 7d")
+    ev.add_argument("--partitions", type=positive_int, default=None,
+                    help="partitions to read (default: the recorded count)")  # fmt: skip
+    ev.add_argument("--label-type", default="purchase", help="for models whose meta names none")
+    ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ev.add_argument("--pushgateway", metavar="URL", help="push the metrics to a Pushgateway")
+    sha = registry_command(
+        "shadow", "score every event with a challenger version too (or --off)", cmd_model_shadow
+    )
+    sha.add_argument("version", nargs="?", help="the challenger; none: show the shadow")
+    sha.add_argument("--off", action="store_true", help="stop shadow scoring")
+    exp = registry_command("export", "write a version's artifact to a file", cmd_model_export)
+    exp.add_argument("version", help="a registry version (see `model list`)")
+    exp.add_argument("--out", required=True, help="artifact file to write (.npz)")
+
+    score = sub.add_parser("score", help="score JSON-lines events offline, state in memory")
+    score.add_argument("--model", required=True, help="model artifact file")
+    score.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
+    score.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=1024,
+        help="lines per kernel call (a terminal is scored line by line)",
+    )
+    score.set_defaults(func=_cmd_score)
+
+    worker = sub.add_parser("worker", help="consume event streams and write scores (the main job)")
+    add_setting_flags(worker)
+    worker.add_argument(
+        "--max-seconds",
+        type=positive_float,
+        default=None,
+        help="stop after this long (default: run until SIGTERM/SIGINT)",
+    )
+    worker.set_defaults(func=_cmd_worker)
+
+    pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams")
+    pub.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
+    add_setting_flags(pub, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
+    pub.add_argument(
+        "--synthetic",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="publish N synthetic shop events instead of reading lines",
+    )
+    pub.add_argument("--users", type=positive_int, default=1000, help="synthetic users")
+    pub.add_argument("--seed", type=int, default=0, help="synthetic data seed")
+    pub.add_argument(
+        "--rate",
+        type=positive_float,
+        default=None,
+        help="events per second (default: as fast as Redis takes them)",
+    )
+    pub.set_defaults(func=_cmd_publish)
+
+    tr = sub.add_parser(
+        "train",
+        help="train a model with truncated BPTT; report; publish",
+        populate=_add_train_flags,
+    )
+    tr.set_defaults(func=_cmd_train)
+
+    demo = sub.add_parser("demo", help="the whole loop live, on a private Redis by default")
+    demo.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this Redis (redis://, rediss:// or "
+        "unix://) instead of a private one; it gets synthetic events",
+    )
+    demo.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the --redis-url names a node of a Redis Cluster (use the cluster client)",
+    )
+    demo.add_argument(
+        "--rate", type=positive_float, default=500.0, help="synthetic events per second"
+    )
+    demo.add_argument("--users", type=positive_int, default=200, help="synthetic users")
+    demo.add_argument(
+        "--seconds",
+        type=positive_float,
+        default=None,
+        help="stop after this long (default: until Ctrl-C)",
+    )
+    demo.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=9108,
+        help="the worker's metrics port; 0 = any free port",
+    )
+    demo.add_argument(
+        "--random-model", action="store_true", help="an empty registry gets an untrained model"
+    )
+    demo.set_defaults(func=_cmd_demo)
+
+    from worker.commands import healthcheck  # the container HEALTHCHECK's command
+
+    healthcheck.add_parser(sub)
+
+    parts = sub.add_parser("partitions", help="change the partition count of the streams")
+    psub = parts.add_subparsers(dest="partitions_command", required=True, metavar="ACTION")
+    resize = psub.add_parser(
+        "resize", help="move every user's state to a new partition count (workers stopped)"
+    )
+    resize.add_argument("--to", type=int, required=True, metavar="N", help="new partition count")
+    add_setting_flags(resize, ["redis_url", "cluster", "prefix", "group", "socket_timeout"])
+    resize.set_defaults(func=_cmd_partitions_resize)
+
+    bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
+    bench.set_defaults(func=_cmd_bench)
+    return p
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the console script; return its exit code.
+
+    Every sub-command's failures a user can fix (bad flags, files, data, an unreachable
+    Redis) end as one line on stderr and exit 2 (see worker/commands/errors.py); a closed stdout
+    pipe (`| head`) exits quietly with 141, as a process killed by SIGPIPE; Ctrl-C exits 130.
+    """
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.bench_args = rest  # the benchmark parses its own flags (and --help)
+    elif rest:
+        args._parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        line = explain(exc, args)
+        if line is None or os.environ.get("INTENTSTREAM_TRACEBACK"):
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return USAGE_EXIT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

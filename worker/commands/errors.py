@@ -1,0 +1,105 @@
+"""What the console script tells a user about a failure: one line naming what to fix.
+
+`main()` runs every sub-command through `explain`, so a new sub-command gets one-line errors
+for the known kinds of failure without code of its own. Anything else is a bug and keeps its
+traceback. `INTENTSTREAM_TRACEBACK=1` shows the traceback of the known kinds too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from pydantic import ValidationError
+from redis.exceptions import RedisClusterException  # not a RedisError: no cluster reachable
+
+from model.artifact import ArtifactError
+from model.sessions import DataError
+from worker.common.events import EventError
+from worker.common.registry import RegistryError
+from worker.common.settings import Settings, SettingsError
+
+# Exit code of a user error or an unreachable service (argparse's usage errors use it too).
+USAGE_EXIT = 2
+
+# Config fields whose flag is not simply `--field-name`.
+FIELD_FLAGS = {"session_gap_seconds": "--session-gap"}
+
+
+def redacted(url: str) -> str:
+    """The URL with its password replaced by ***, fit for an error message."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _redis_url(args: argparse.Namespace) -> str:
+    url = getattr(args, "redis_url", None) or os.environ.get("INTENTSTREAM_REDIS_URL")
+    return redacted(url or Settings.model_fields["redis_url"].default)
+
+
+def flag_of(field: str, parser: argparse.ArgumentParser | None) -> str:
+    """The command-line flag that sets a config field, or the field's name when none does."""
+    if field in FIELD_FLAGS:
+        return FIELD_FLAGS[field]
+    for action in parser._actions if parser else []:
+        if action.dest == field and action.option_strings:
+            return action.option_strings[0]
+    return field
+
+
+def validation_line(exc: ValidationError, parser: argparse.ArgumentParser | None) -> str:
+    """A pydantic error as one line: each bad field by its flag, the problem, the value given."""
+    problems = []
+    for e in exc.errors():
+        field = str(e["loc"][0]) if e["loc"] else ""
+        msg = e["msg"].removeprefix("Value error, ")
+        given = f" (got {e['input']!r})" if field and not isinstance(e["input"], dict) else ""
+        problems.append(f"{flag_of(field, parser) if field else 'input'}: {msg}{given}")
+    return "; ".join(problems)
+
+
+def _refusal(exc: BaseException) -> redis.exceptions.NoPermissionError | None:
+    """The ACL refusal (NOPERM) behind a failure, if any. redis-py's cluster client turns a
+    refused CLUSTER SLOTS into "Cluster mode is not enabled on this node" (and that into
+    "cannot be connected"), keeping the NOPERM reply only as the exceptions' cause."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """One line for a failure the user can fix, or None for a bug (keep the traceback)."""
+    parser = getattr(args, "_parser", None)
+    url = _redis_url(args)
+    refusal = _refusal(exc)
+    if refusal is not None:
+        user = urlsplit(url).username or "default"
+        return (
+            f"Redis at {url} refused a command: the ACL user {user!r} lacks a permission "
+            f"({refusal}; see deploy/redis/users.acl)"
+        )
+    if isinstance(exc, redis.AuthenticationError):
+        return f"Redis at {url} refused the login: {exc} (user:password@ in --redis-url)"
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, RedisClusterException)):
+        return f"Redis at {url} is unreachable: {exc} (--redis-url / INTENTSTREAM_REDIS_URL)"
+    if isinstance(exc, redis.RedisError):
+        return f"Redis at {url} replied: {exc}"
+    if isinstance(exc, OSError):  # a file not found, not readable, a directory, a port taken
+        return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
+    if isinstance(exc, ValidationError):
+        return validation_line(exc, parser)
+    if isinstance(exc, (SettingsError, ArtifactError, RegistryError, EventError, DataError)):
+        return str(exc)
+    if isinstance(exc, ValueError):  # raised on a value the user gave
+        return str(exc)
+    return None

@@ -1,0 +1,115 @@
+"""`intentstream model evaluate`: registered versions (or files) side by side on live data.
+
+The retained history (or JSON-lines files) is cut into sessions and labelled by the training
+rules (SPEC §6: the model's label type, inputs stop before the label, sessions split where a
+gap exceeds the model's session gap), each model with its own vocabulary (unknown types take
+the reserved row) and features, and scored from a zero state per session: what the worker
+computes. ROC AUC and log loss at the last step of each session and over all steps: the same
+figures `intentstream train` reports on its validation users.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from model.artifact import Model, load_model
+from model.evaluate import evaluate_model
+from model.sessions import sessionize
+from worker.common.registry import Registry
+
+_SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def since_ms(text: str | None, now: float | None = None) -> int | None:
+    """Epoch ms of `--since` (e.g. 90m, 24h, 7d), or None for all history."""
+    if text is None:
+        return None
+    match = _SINCE.match(text.strip())
+    if not match:
+        raise ValueError(f"--since {text!r}: use a number and a unit s, m, h or d (e.g. 24h)")
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    return int(((now if now is not None else time.time()) - seconds) * 1000)
+
+
+def label_type_of(model: Model, default: str) -> str:
+    """The label type the model was trained for (meta), else the given default."""
+    return str((model.meta.model_extra or {}).get("label_type") or default)
+
+
+def evaluate_models(
+    models: dict[str, Model], events: list[dict], default_label: str = "purchase"
+) -> dict[str, dict]:
+    """Per model name: its metrics on the events, with the sessions and labels behind them."""
+    out = {}
+    for name, model in models.items():
+        label = label_type_of(model, default_label)
+        sessions = sessionize(events, model.meta.event_types, model.meta.features,
+                              model.meta.session_gap_seconds, label)  # fmt: skip
+        positives = int(sum(s.label for s in sessions))
+        metrics = (
+            evaluate_model(model, sessions)
+            if 0 < positives < len(sessions)
+            else {"auc_last": float("nan"), "auc_all": float("nan")}
+        )
+        out[name] = metrics | {
+            "label_type": label,
+            "sessions": len(sessions),
+            "positive_sessions": positives,
+        }
+    return out
+
+
+def load_named_models(registry: Registry | None, names: list[str]) -> dict[str, Model]:
+    """Each name is a registry version, or a path to an artifact file."""
+    models = {}
+    for name in names:
+        if Path(name).suffix == ".npz" or (registry is None or not name.isdigit()):
+            models[name] = load_model(name)
+        else:
+            models[name] = registry.load(name)
+    return models
+
+
+def print_table(results: dict[str, dict]) -> None:
+    keys = ["auc_last", "logloss_last", "auc_all", "logloss_all"]
+    print(f"{'model':<12} {'sessions':>9} {'positive':>9} " + " ".join(f"{k:>13}" for k in keys))
+    for name, r in results.items():
+        values = " ".join(f"{r.get(k, float('nan')):>13.4f}" for k in keys)
+        print(f"{name:<12} {r['sessions']:>9} {r['positive_sessions']:>9} {values}")
+
+
+def push(url: str, results: dict[str, dict]) -> None:
+    """Push each model's metrics to a Prometheus Pushgateway (job intentstream_evaluate)."""
+    from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
+
+    reg = CollectorRegistry()
+    gauges = {
+        k: Gauge(f"intentstream_evaluate_{k}", f"model evaluate: {k}", ["model"], registry=reg)
+        for k in ("auc_last", "auc_all", "logloss_last", "logloss_all", "sessions")
+    }
+    for name, r in results.items():
+        for k, g in gauges.items():
+            if k in r:
+                g.labels(name).set(r[k])
+    push_to_gateway(url, job="intentstream_evaluate", registry=reg)
+
+
+def run_evaluate(args: argparse.Namespace, events: list[dict], registry: Registry | None) -> int:
+    """Evaluate args.versions on the events; print a table or JSON; push if asked."""
+    results = evaluate_models(load_named_models(registry, args.versions), events, args.label_type)
+    if args.json:
+        print(json.dumps(results, indent=2, sort_keys=True, default=float))
+    else:
+        print_table(results)
+    if args.pushgateway:
+        try:
+            push(args.pushgateway, results)
+        except OSError as exc:
+            print(f"warning: could not push metrics to {args.pushgateway}: {exc}", file=sys.stderr)
+    return 0

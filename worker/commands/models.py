@@ -1,0 +1,187 @@
+"""The `intentstream model ...` sub-commands: artifacts on disk and the registry in Redis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
+from worker.common.registry import Registry, RegistryError
+from worker.common.settings import load_settings
+
+
+def cmd_model_init(args: argparse.Namespace) -> int:
+    # invalid values raise pydantic's ValidationError: main() names the flag in one line
+    model = random_model(
+        event_types=args.event_types,
+        hidden=args.hidden,
+        layers=args.layers,
+        features=args.features,
+        embedding_dim=args.embedding_dim,
+        head=args.head,
+        session_gap_seconds=args.session_gap,
+        seed=args.seed,
+        cell=args.cell,
+    )
+    digest = save_model(model, args.out)
+    print(f"wrote {args.out} ({model.parameter_count()} parameters, sha256 {digest})")
+    return 0
+
+
+def describe_model(model: Model) -> str:
+    """Human-readable summary: config, array shapes, parameter count."""
+    meta = model.meta
+    lines = [
+        f"format:        {meta.format}",
+        f"cell:          {meta.cell}, {meta.layers} layer(s), hidden {meta.hidden}",
+        f"head:          {meta.head}",
+        f"event types:   {', '.join(meta.event_types)} (+ reserved row for unknown types)",
+        f"features:      {', '.join(meta.features) or '(none)'}",
+        f"embedding dim: {model.embedding_dim}",
+        f"session gap:   {meta.session_gap_seconds:g} s"
+        + (" (never)" if not meta.session_gap_seconds else ""),
+        f"version:       {model.version}",
+        "arrays:",
+    ]
+    for name, a in model.arrays.items():
+        lines.append(f"  {name:<16} {a.dtype!s:<8} {'x'.join(map(str, a.shape))}")
+    lines.append(f"parameters:    {model.parameter_count()}")
+    extra = {k: v for k, v in (meta.model_extra or {}).items() if k != "version"}
+    if extra:
+        lines.append(f"meta:          {json.dumps(extra, sort_keys=True)}")
+    return "\n".join(lines)
+
+
+def cmd_model_show(args: argparse.Namespace) -> int:
+
+    if not args.file.isdigit():  # a version; a file named like one: ./2
+        try:
+            model = load_model(args.file)
+        except ArtifactError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(describe_model(model))
+        print(f"sha256:        {file_sha256(args.file)}")
+        return 0
+    return with_registry(args, lambda reg: _show_version(reg, args.file))
+
+
+def _show_version(registry: Registry, version: str) -> int:
+    meta = registry.meta(version)
+    model = registry.load(version)
+    current = registry.current()
+    print(describe_model(model).replace("version:       file", f"version:       {version}"))
+    print(f"sha256:        {meta.get('sha256')}")
+    print(f"current:       {'yes' if current == version else 'no'}")
+    return 0
+
+
+def registry_of(args: argparse.Namespace) -> Registry:
+    from worker.common.connection import connect_settings
+
+    settings = load_settings(args, model=None)
+    return Registry(connect_settings(settings), settings.prefix)
+
+
+def with_registry(args: argparse.Namespace, action: Callable[[Registry], int]) -> int:
+    """Run action(registry). Registry and Redis errors propagate: main() prints them as one
+    line on stderr and exits 2."""
+    return action(registry_of(args))
+
+
+def cmd_model_publish(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    def publish(reg: Registry) -> int:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as exc:
+            raise RegistryError(f"cannot read {args.file}: {exc.strerror}") from None
+        version = reg.publish(data, promote=args.promote)
+        print(f"published version {version}" + (" (current)" if args.promote else ""))
+        return 0
+
+    return with_registry(args, publish)
+
+
+def cmd_model_list(args: argparse.Namespace) -> int:
+    import datetime
+
+    def listing(reg: Registry) -> int:
+        current = reg.current()
+        print(f"{'':2}{'version':>8}  {'published (UTC)':<20} {'layers':>6} {'hidden':>6}  sha256")
+        for v in reg.versions():
+            m = reg.meta(v)
+            when = datetime.datetime.fromtimestamp(m.get("published_at", 0), datetime.timezone.utc)
+            mark = "* " if v == current else "  "
+            print(f"{mark}{v:>8}  {when:%Y-%m-%d %H:%M:%S}  {m.get('layers', '?'):>6} "
+                  f"{m.get('hidden', '?'):>6}  {str(m.get('sha256', ''))[:16]}")  # fmt: skip
+        return 0
+
+    return with_registry(args, listing)
+
+
+def cmd_model_promote(args: argparse.Namespace) -> int:
+    def promote(reg: Registry) -> int:
+        reg.promote(args.version)
+        print(f"version {args.version} is current")
+        return 0
+
+    return with_registry(args, promote)
+
+
+def cmd_model_evaluate(args: argparse.Namespace) -> int:
+    """`intentstream model evaluate`: see worker/commands/evaluate.py."""
+    from worker.commands.evaluate import run_evaluate, since_ms
+    from worker.commands.history import read_history
+    from worker.common.partitions import recorded_partitions
+
+    cutoff = since_ms(args.since)
+
+    def evaluate(reg: Registry) -> int:
+        if args.from_redis:
+            partitions = args.partitions or recorded_partitions(reg.r, reg.keys) or 1
+            events, _ = read_history(reg.r, reg.prefix, partitions)
+        else:
+            from worker.commands.train import read_event_files
+
+            events = read_event_files(args.data)
+        if cutoff is not None:
+            events = [e for e in events if e["ts"] >= cutoff]
+        return run_evaluate(args, events, reg)
+
+    return with_registry(args, evaluate)
+
+
+def cmd_model_shadow(args: argparse.Namespace) -> int:
+    def shadow(reg: Registry) -> int:
+        if args.off:
+            reg.set_shadow(None)
+            print("no shadow model: workers score with the current version only")
+        elif args.version is None:
+            print(f"shadow: {reg.shadow() or 'none'}")
+        else:
+            reg.set_shadow(args.version)
+            print(f"version {args.version} is the shadow: workers also score every event with it")
+        return 0
+
+    return with_registry(args, shadow)
+
+
+def cmd_model_rollback(args: argparse.Namespace) -> int:
+    def rollback(reg: Registry) -> int:
+        print(f"version {reg.rollback()} is current again")
+        return 0
+
+    return with_registry(args, rollback)
+
+
+def cmd_model_export(args: argparse.Namespace) -> int:
+    def export(reg: Registry) -> int:
+        reg.export(args.version, args.out)
+        print(f"wrote version {args.version} to {args.out}")
+        return 0
+
+    return with_registry(args, export)

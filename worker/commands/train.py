@@ -1,0 +1,243 @@
+"""The `intentstream train` command: events in (files or Redis), a model trained and
+evaluated, a report written, the artifact published and promoted behind a quality gate."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+
+from model.artifact import save_model
+from worker.commands.args import csv
+from worker.commands.models import with_registry
+from worker.common.events import EventError, numbered_events
+from worker.common.registry import Registry
+from worker.common.settings import SettingsError, load_settings
+
+# Flag help of each TrainConfig field; the flags, their types and defaults come from the
+# fields themselves (see add_train_config_flags), so the defaults exist once, in TrainConfig.
+TRAIN_HELP = {
+    "hidden": "H, the state width per layer",
+    "layers": "L, stacked recurrent layers",
+    "embedding_dim": "D, the width of each event type's learned row",
+    "features": "numeric features after the embedding row, comma-separated ('' for none)",
+    "session_gap_seconds": "seconds; a longer gap starts a new session (0 = never split)",
+    "label_type": "the event type that is the label ('will this session end in one')",
+    "event_types": "the vocabulary, comma-separated (default: the types in the data seen at "
+    "least --min-type-count times); others take the unknown row",
+    "min_type_count": "types seen fewer times in the data take the unknown row (listed in "
+    "the report)",
+    "bptt": "truncation: steps gradients flow back",
+    "clip": "global gradient norm bound",
+    "optimizer": "the update rule",
+    "lr": "learning rate",
+    "batch_size": "sessions per mini-batch",
+    "epochs": "at most this many passes over the training sessions",
+    "patience": "stop after this many epochs without a lower validation loss; the artifact "
+    "holds the epoch with the lowest",
+    "cell": "rnn (Elman) or gru (long sessions; see README 'Choosing a cell')",
+    "validation_fraction": "fraction of users held out for validation",
+    "seed": "initialisation, split and shuffling",
+}
+# Fields whose flag is not `--field-name` (kept as the README and users know them).
+TRAIN_FLAG_NAMES = {"session_gap_seconds": "--session-gap"}
+
+
+def _flag_type(annotation: object) -> dict:
+    """argparse keywords (type, choices) for a TrainConfig field's annotation."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if annotation in (int, float, str):
+        return {"type": annotation}
+    if typing.get_origin(annotation) is list or any(typing.get_origin(a) is list for a in args):
+        return {"type": csv, "metavar": "A,B,..."}
+    if len(args) == 1:  # X | None
+        return _flag_type(args[0])
+    raise TypeError(f"no command-line type for {annotation!r}")
+
+
+def add_train_config_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag per TrainConfig field, with its default; a flag already defined is kept."""
+    from model.train import TrainConfig
+
+    for name, field in TrainConfig.model_fields.items():
+        flag = TRAIN_FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+        if flag in parser._option_string_actions:
+            continue
+        default = field.get_default(call_default_factory=True)
+        text = TRAIN_HELP.get(name) or field.description or ""
+        kind = {"metavar": flag[2:].upper().replace("-", "_")} | _flag_type(field.annotation)
+        parser.add_argument(flag, dest=name, default=default, help=text, **kind)
+
+
+def train_config(args: argparse.Namespace):
+    """The TrainConfig of the parsed flags (pydantic checks the values)."""
+    from model.train import TrainConfig
+
+    given = vars(args)
+    return TrainConfig(**{k: given[k] for k in TrainConfig.model_fields if k in given})
+
+
+def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
+    """Events from --data files (bad lines reported and skipped) or from Redis."""
+    if args.from_redis:
+        from worker.commands.history import read_history
+        from worker.common.connection import connect_settings
+
+        client = connect_settings(settings)
+        events, skipped = read_history(
+            client, settings.prefix, settings.partitions, max_skew_ms=settings.max_ts_skew_ms
+        )
+        if skipped:
+            print(f"skipped {skipped} unparseable stream entries", file=sys.stderr)
+        return events
+    return read_event_files(args.data)
+
+
+def read_event_files(paths: list[str]) -> list[dict]:
+    """Events of JSON-lines files; bad lines are reported (the first ten) and skipped."""
+    events, bad = [], 0
+    for path in paths:
+
+        def report(number: int, exc: EventError, path: str = path) -> None:
+            nonlocal bad
+            bad += 1
+            if bad <= 10:
+                print(f"{path}:{number}: {exc}", file=sys.stderr)
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                for e in numbered_events(f, report):
+                    if e is not None:
+                        events.append({"user_id": e.user_id, "type": e.type, "ts": e.ts})
+        except OSError as exc:
+            raise SettingsError(f"cannot read --data {path}: {exc.strerror}") from None
+    if bad:
+        print(f"skipped {bad} bad line(s)", file=sys.stderr)
+    return events
+
+
+def _print_metrics(report: dict) -> None:
+    head = ("validation users", "AUC last", "AUC all", "logloss last", "logloss all")
+    print("\n{:<24} {:>9} {:>9} {:>13} {:>12}".format(*head))
+    for name, m in (("rnn", report["metrics"]), ("bag-of-types baseline", report["baseline"])):
+        row = (m["auc_last"], m["auc_all"], m["logloss_last"], m["logloss_all"])
+        print("{:<24} {:>9.4f} {:>9.4f} {:>13.4f} {:>12.4f}".format(name, *row))
+
+
+def _print_left_out(report: dict, min_count: int) -> None:
+    left_out = report["data"].get("left_out_types") or {}
+    if left_out:
+        shown = ", ".join(f"{t} ({n})" for t, n in list(left_out.items())[:10])
+        more = f" and {len(left_out) - 10} more" if len(left_out) > 10 else ""
+        print(f"\nleft out of the vocabulary (fewer than {min_count} events, or not in "
+              f"--event-types; scored with the unknown row): {shown}{more}")  # fmt: skip
+
+
+def _push_metrics(url: str, report: dict) -> None:
+    from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
+
+    reg = CollectorRegistry()
+    m, data = report["metrics"], report["data"]
+    values = {
+        "intentstream_train_duration_seconds": ("Training run wall time.", report["seconds"]),
+        "intentstream_train_validation_auc": ("Validation AUC, last step.", m["auc_last"]),
+        "intentstream_train_validation_logloss": (
+            "Validation log loss, last step.",
+            m["logloss_last"],
+        ),
+        "intentstream_train_sessions": ("Training sessions.", data["train_sessions"]),
+        "intentstream_train_events": ("Events read.", data["events"]),
+    }
+    for name, (doc, value) in values.items():
+        Gauge(name, doc, registry=reg).set(value)
+    push_to_gateway(url, job="intentstream_train", registry=reg)
+
+
+def parent_model(name: str, settings) -> tuple:
+    """The model --init-from names (an artifact file, else a registry version) and the state
+    space its states belong to: its meta's `state_space`, else its version as the worker
+    names it (a file's: file-<sha256 prefix>)."""
+    from pathlib import Path
+
+    from model.artifact import file_sha256, load_model
+
+    if Path(name).is_file() or name.endswith(".npz") or "/" in name:  # a file, even a missing one
+        model = load_model(name)
+        version = model.version if model.version != "file" else f"file-{file_sha256(name)[:12]}"
+        declared = (model.meta.model_extra or {}).get("state_space")
+        return model, str(declared or version)
+    from worker.common.connection import connect_settings
+
+    registry = Registry(connect_settings(settings), settings.prefix)
+    meta = registry.meta(name)
+    return registry.load(name), str(meta.get("state_space") or name)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """The `intentstream train` command; returns its exit code."""
+    from model.train import evaluate_on, train, write_report
+
+    if args.report:
+        try:
+            import matplotlib  # noqa: F401 - checked before hours of training, not after
+        except ImportError:
+            print("error: --report needs matplotlib: pip install 'intentstream[train]'",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    # Bad flags, data or an unreachable Redis raise; main() prints them as one line, exit 2.
+    settings = load_settings(args, model=None)
+    config = train_config(args)
+    init, space = parent_model(args.init_from, settings) if args.init_from else (None, None)
+    events = read_training_events(args, settings)
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+        if not args.quiet:
+            print("(no progress bar: pip install 'intentstream[train]' for one)", file=sys.stderr)
+    progress = None if args.quiet or tqdm is None else tqdm
+    result = train(events, config, progress=progress, init=init, state_space=space)
+    if init is not None:
+        print(f"fine-tuned from {args.init_from}: continues state space {space}")
+    report = result.report
+    print(report["kept_epoch"]["reason"])
+    _print_metrics(report)
+    _print_left_out(report, config.min_type_count)
+    if args.out:
+        digest = save_model(result.model, args.out)
+        print(f"wrote {args.out} (sha256 {digest[:16]})")
+    if args.report:
+        json_path, png_path = write_report(result, args.report)
+        print(f"wrote {json_path} and {png_path}")
+    if args.pushgateway:
+        try:
+            _push_metrics(args.pushgateway, report)
+        except OSError as exc:
+            print(f"warning: could not push metrics to {args.pushgateway}: {exc}", file=sys.stderr)
+    if not (args.publish or args.promote):
+        return 0
+
+    def publish(reg: Registry) -> int:
+        version = reg.publish_model(result.model)
+        print(f"published version {version}")
+        if not args.promote:
+            return 0
+        current = reg.current()
+        if current is not None and not args.force:
+            theirs = evaluate_on(reg.load(current), events, config)["auc_last"]
+            ours = report["metrics"]["auc_last"]
+            if not ours >= theirs:  # a NaN AUC never promotes
+                print(
+                    f"not promoted: validation AUC {ours:.4f} is below current version "
+                    f"{current}'s {theirs:.4f} on the same users (--force promotes anyway)"
+                )
+                return 1
+        reg.promote(version)
+        print(f"promoted version {version} to current")
+        return 0
+
+    return with_registry(args, publish)

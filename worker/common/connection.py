@@ -1,0 +1,100 @@
+"""Redis clients with an explicit timeout and retry policy (SPEC §4), for one Redis or a
+Redis Cluster.
+
+redis-py 8 defaults to a 5 s socket timeout and retries on timeouts, resending a command whose
+reply was lost. The worker's commit script is idempotent, so a resend is safe; blocking reads
+stay below the socket timeout (see Settings). The cluster client follows MOVED and ASK
+redirections and retries TRYAGAIN itself; every script and transaction of ours touches one
+slot only.
+
+A cluster client's slot map is refreshed by redis-py only on some paths: a plain command's
+connection error re-reads it, but a transaction pipeline re-reads it at every fifth error
+counted on that pipeline (ours are made fresh, so never) and a pub/sub connection never.
+After a master dies and its replica is promoted, those paths keep dialling the dead node:
+every retry loop of ours calls `refresh_topology` after a Redis error.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from worker.common.settings import Settings
+
+log = logging.getLogger("intentstream.worker")
+
+Client = redis.Redis | redis.RedisCluster
+
+
+def connect(
+    url: str, socket_timeout: float = 5.0, retries: int = 3, cluster: bool = False
+) -> Client:
+    """A client for redis://, rediss:// (TLS) or unix:// URLs; ACL user:password in the URL.
+    With cluster, a Redis Cluster client that discovers the nodes from the one in the URL.
+
+    Replies stay bytes (no decoding): event fields may be any bytes and are validated here.
+    Connection errors and timeouts are retried `retries` times with jittered exponential
+    backoff (10 ms doubling, capped at 1 s); the caller's loop handles longer outages.
+    """
+    common = dict(
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=min(socket_timeout, 5.0),
+        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries),
+        decode_responses=False,
+        # no CLIENT SETINFO at connect: least-privilege ACL users (deploy/redis) lack it
+        driver_info=None,
+    )
+    if cluster:
+        return redis.RedisCluster.from_url(url, **common)
+    return redis.Redis.from_url(
+        url,
+        health_check_interval=30,
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        **common,
+    )
+
+
+def connect_settings(settings: Settings) -> Client:
+    """The client for a command's settings."""
+    return connect(settings.redis_url, settings.socket_timeout, cluster=settings.cluster)
+
+
+def is_cluster(client: Client) -> bool:
+    return isinstance(client, redis.RedisCluster)
+
+
+def refresh_topology(client: Client) -> bool:
+    """After a connection error, timeout or cluster error in cluster mode: re-read the slot
+    map and the node list (CLUSTER SLOTS) from the nodes that still answer, so the next
+    retry goes to the node that holds each slot now (a promoted replica) rather than the
+    one cached. True if refreshed. One Redis: nothing to do (False). Never raises: with no
+    node answering, the next retry fails and calls this again."""
+    if not is_cluster(client):
+        return False
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        log.debug("cluster topology not refreshed", extra={"error": str(exc)})
+        return False
+    return True
+
+
+def raw_replies(client: Client, *commands: str) -> None:
+    """Make these commands answer redis-py's raw reply (no per-entry dicts, nothing dropped).
+    A cluster client parses on each node's client, and nodes come and go: call it again
+    before use."""
+    clients = (
+        [n.redis_connection for n in client.get_nodes() if n.redis_connection is not None]
+        if is_cluster(client)
+        else [client]
+    )
+    for c in clients:
+        for command in commands:
+            c.set_response_callback(command, _raw)
+
+
+def _raw(reply, **_):
+    return reply

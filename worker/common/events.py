@@ -1,0 +1,285 @@
+"""The event schema producers publish (SPEC §3), and its parsers.
+
+One `Event` model serves JSON lines (`intentstream score`, `publish`) and Redis stream
+entries (the worker); anything that does not fit raises `EventError` with a readable reason,
+which the worker writes to the dead-letter stream.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+MAX_USER_ID_BYTES = 256
+MAX_TYPE_BYTES = 128
+MAX_EVENT_ID_BYTES = 128
+_EVENT_ID = re.compile(rb"[\x21-\x7e]{1,%d}" % MAX_EVENT_ID_BYTES)
+# A producer stamp `<producer id>:<sequence>` (worker/common/dedup.py): printable ASCII without
+# spaces or colons, then a decimal below 10^18.
+_PRODUCER = re.compile(rb"([\x21-\x39\x3b-\x7e]{1,64}):([0-9]{1,18})")
+# Epoch milliseconds up to year 9999: rejects seconds-vs-ms mix-ups far in the future only
+# loosely, but keeps every value inside int64 and datetime range.
+MAX_TS_MS = 253_402_300_799_999
+# The timestamp rule for stream entries, whose id tells when Redis received them (docs in
+# README "Timestamps"): a ts before 2000 is a unit mix-up (seconds for milliseconds), and a
+# ts far ahead of its receipt would hold a user's session open until that time.
+MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+DEFAULT_MAX_TS_SKEW_MS = 600_000
+
+
+class EventError(ValueError):
+    """An entry or line that is not a valid event; the message says why."""
+
+
+class Event(BaseModel):
+    """A user-behaviour event: who, what, when (epoch ms; None = the entry's own time), and
+    optionally the producer's unique id of it (a retried publish repeats it: SPEC §3)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    user_id: str
+    type: str
+    ts: int | None = None
+    event_id: str | None = None
+    producer: str | None = None  # `<producer id>:<sequence>`, stamped by publish()
+
+    @field_validator("user_id")
+    @classmethod
+    def _user_id_size(cls, v: str) -> str:
+        n = len(v.encode("utf-8"))
+        if not 1 <= n <= MAX_USER_ID_BYTES:
+            raise ValueError(f"must be 1-{MAX_USER_ID_BYTES} bytes of UTF-8, got {n}")
+        return v
+
+    @field_validator("type")
+    @classmethod
+    def _type_size(cls, v: str) -> str:
+        n = len(v.encode("utf-8"))
+        if not 1 <= n <= MAX_TYPE_BYTES:
+            raise ValueError(f"must be 1-{MAX_TYPE_BYTES} bytes of UTF-8, got {n}")
+        return v
+
+    @field_validator("event_id")
+    @classmethod
+    def _event_id_printable(cls, v: str | None) -> str | None:
+        # Printable ASCII without spaces: ids travel space-separated to the commit script.
+        if v is not None and not _EVENT_ID.fullmatch(v.encode("utf-8")):
+            raise ValueError(
+                f"must be 1-{MAX_EVENT_ID_BYTES} printable ASCII characters without spaces"
+            )
+        return v
+
+    @field_validator("producer")
+    @classmethod
+    def _producer_stamp(cls, v: str | None) -> str | None:
+        if v is not None and not _PRODUCER.fullmatch(v.encode("utf-8")):
+            raise ValueError(
+                "must be <producer id>:<sequence> (1-64 printable ASCII characters without "
+                "spaces or colons, then 1-18 digits)"
+            )
+        return v
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _ts_integer_ms(cls, v: object) -> object:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise ValueError("must be an integer number of epoch milliseconds")
+        if isinstance(v, str):
+            if not v.isascii() or not v.isdigit():
+                raise ValueError(f"must be an integer number of epoch milliseconds, got {v!r}")
+            v = int(v)
+        if not 0 <= v <= MAX_TS_MS:
+            raise ValueError(f"must be between 0 and {MAX_TS_MS} epoch milliseconds")
+        return v
+
+
+def _reason(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "event"
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def event_from_mapping(doc: object) -> Event:
+    """Validate a decoded JSON object (or field mapping) as an Event."""
+    if not isinstance(doc, dict):
+        raise EventError(f"expected a JSON object, got {type(doc).__name__}")
+    try:
+        return Event.model_validate(doc)
+    except ValidationError as exc:
+        raise EventError(_reason(exc)) from None
+
+
+def event_from_json(line: str | bytes) -> Event:
+    """Parse one JSON line (an object with user_id, type and optional ts)."""
+    try:
+        doc = json.loads(line)
+    except RecursionError:
+        raise EventError("not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
+        raise EventError(f"not valid JSON: {exc}") from None
+    return event_from_mapping(doc)
+
+
+def numbered_events(
+    lines: Iterable[str], on_error: Callable[[int, EventError], None]
+) -> Iterator[Event | None]:
+    """Parse JSON lines in order; a bad line calls on_error(line number, error) and yields
+    None, so callers can count it and keep their output in input order. Blank lines skip."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield event_from_json(line)
+        except EventError as exc:
+            on_error(number, exc)
+            yield None
+
+
+_FIELDS = (b"user_id", b"type", b"ts", b"event_id", b"producer")
+
+
+def _decode_field(name: bytes, value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise EventError(f"{name.decode()}: not valid UTF-8") from None
+
+
+def ts_problem(ts: int, entry_ms: int, max_skew_ms: int) -> str | None:
+    """Why a stream entry's event time breaks the timestamp rule, or None when it holds.
+
+    A `ts` must be from 2000 on and at most `max_skew_ms` ahead of the entry id's time; an
+    entry without `ts` takes its id's time, which must fit in epoch milliseconds."""
+    if ts == entry_ms:  # no ts given (or the same): the id's time, range-checked only
+        if ts > MAX_TS_MS:
+            return f"the entry id's time {entry_ms} ms is past year 9999 and no ts is given"
+        return None
+    if ts < MIN_TS_MS:
+        return f"ts: {ts} is before 2000-01-01 (epoch milliseconds expected, not seconds)"
+    if ts - entry_ms > max_skew_ms:
+        return (
+            f"ts: {ts} is {ts - entry_ms} ms ahead of the entry id's time {entry_ms}; "
+            f"at most {max_skew_ms} ms allowed (max-ts-skew-ms)"
+        )
+    return None
+
+
+def event_from_fields(fields: dict[bytes, bytes], entry_ms: int) -> Event:
+    """Parse a stream entry's fields: user_id, type, optional ts and event_id, or one `json`
+    field holding them.
+
+    An event without ts takes the entry id's time (entry_ms). Other fields are ignored.
+    """
+    if b"user_id" not in fields and b"json" in fields:
+        raw = fields[b"json"]
+        if len(raw) > 64 * 1024:
+            raise EventError("json: larger than 64 KiB")
+        event = event_from_json(raw)
+    else:
+        doc = {n.decode(): _decode_field(n, fields[n]) for n in _FIELDS if n in fields}
+        event = event_from_mapping(doc)
+    if event.ts is None:
+        return event.model_copy(update={"ts": entry_ms})
+    return event
+
+
+# What the worker keeps of a valid entry: user_id, type, ts (epoch ms), the producer's
+# event_id (None when absent), its producer stamp (id, sequence; None when absent). A plain
+# tuple: one is made per event.
+ParsedEntry = tuple[str, str, int, "bytes | None", "tuple[bytes, int] | None"]
+
+
+def _stamp(raw: bytes | None) -> tuple[bytes, int] | None:
+    """A valid producer stamp as (id, sequence)."""
+    if raw is None:
+        return None
+    m = _PRODUCER.fullmatch(raw)
+    return (m[1], int(m[2])) if m else None
+
+
+def _fast(
+    uid: bytes, typ: bytes, ts: bytes | None, eid: bytes | None, prod: bytes | None,
+    entry_ms: int,
+) -> ParsedEntry | None:  # fmt: skip
+    """The entry when it is obviously valid, else None (the schema then decides)."""
+    if not (0 < len(uid) <= MAX_USER_ID_BYTES and 0 < len(typ) <= MAX_TYPE_BYTES):
+        return None
+    if eid is not None and not _EVENT_ID.fullmatch(eid):
+        return None
+    stamp = _stamp(prod)
+    if prod is not None and stamp is None:
+        return None
+    try:
+        user_id, type_ = uid.decode("utf-8"), typ.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if ts is None:
+        return user_id, type_, entry_ms, eid, stamp
+    if 0 < len(ts) <= 15 and ts.isdigit() and int(ts) <= MAX_TS_MS:
+        return user_id, type_, int(ts), eid, stamp
+    return None
+
+
+def _checked(entry: ParsedEntry, entry_ms: int, max_skew_ms: int) -> ParsedEntry:
+    """The entry, if its time keeps the timestamp rule; else EventError."""
+    problem = ts_problem(entry[2], entry_ms, max_skew_ms)
+    if problem is not None:
+        raise EventError(problem)
+    return entry
+
+
+def parse_entry(
+    fields: dict[bytes, bytes], entry_ms: int, max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS
+) -> ParsedEntry:
+    """The event of a stream entry; raises EventError with the reason.
+
+    The worker's per-entry path: plain field/value entries that are obviously valid skip
+    pydantic (~4 µs each); anything else goes through `event_from_fields`, the one
+    definition of validity. Tests check both paths agree on arbitrary input. Either way
+    the event's time must keep the timestamp rule (`ts_problem`).
+    """
+    uid, typ = fields.get(b"user_id"), fields.get(b"type")
+    if uid is not None and typ is not None:
+        get = fields.get
+        fast = _fast(uid, typ, get(b"ts"), get(b"event_id"), get(b"producer"), entry_ms)
+        if fast is not None:
+            return _checked(fast, entry_ms, max_skew_ms)
+    event = event_from_fields(fields, entry_ms)
+    eid = event.event_id.encode("utf-8") if event.event_id is not None else None
+    stamp = _stamp(event.producer.encode()) if event.producer is not None else None
+    return _checked((event.user_id, event.type, event.ts, eid, stamp), entry_ms, max_skew_ms)
+
+
+def parse_flat_entry(
+    flat: list[bytes], entry_ms: int, max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS
+) -> ParsedEntry:
+    """`parse_entry` for a raw reply's field list [field, value, field, value, ...].
+
+    The layout `publish()` sends (user_id, type[, ts][, event_id][, producer], in that
+    order) is checked in place; anything else becomes a dict first (the last of repeated
+    fields wins, as in HGETALL).
+    """
+    n = len(flat)
+    if n >= 4 and flat[0] == b"user_id" and flat[2] == b"type":
+        # the layouts publish() and most producers send, checked in place
+        ts = eid = prod = None
+        i = 4
+        if i < n and flat[i] == b"ts":
+            ts, i = flat[i + 1], i + 2
+        if i < n and flat[i] == b"event_id":
+            eid, i = flat[i + 1], i + 2
+        if i < n and flat[i] == b"producer":
+            prod, i = flat[i + 1], i + 2
+        if i == n:
+            fast = _fast(flat[1], flat[3], ts, eid, prod, entry_ms)
+            if fast is not None:
+                return _checked(fast, entry_ms, max_skew_ms)
+    return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms, max_skew_ms)

@@ -1,0 +1,109 @@
+"""Every Redis key name intentstream uses (SPEC §3-§5), built in this one module.
+
+Every key of partition p carries the hash tag `{p}`, so a partition's stream, states, scores,
+dead letters and coordination keys live in one Redis Cluster slot and one Lua script may
+touch them all.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+
+def partition_of(user_id: str, partitions: int) -> int:
+    """The partition of a user: crc32 of the UTF-8 user id, mod the number of partitions."""
+    return zlib.crc32(user_id.encode("utf-8")) % partitions
+
+
+class Keys:
+    """Key names under one prefix."""
+
+    def __init__(self, prefix: str = "intentstream") -> None:
+        self.prefix = prefix
+
+    # ---- one partition's keys ------------------------------------------------------------
+
+    def events(self, p: int) -> str:
+        return f"{self.prefix}:events:{{{p}}}"
+
+    def scores(self, p: int) -> str:
+        return f"{self.prefix}:scores:{{{p}}}"
+
+    def deadletter(self, p: int) -> str:
+        return f"{self.prefix}:deadletter:{{{p}}}"
+
+    def state(self, p: int, user_id: str) -> str:
+        return f"{self.prefix}:state:{{{p}}}:{user_id}"
+
+    def state_prefix(self, p: int) -> str:
+        return f"{self.prefix}:state:{{{p}}}:"
+
+    def lease(self, p: int) -> str:
+        return f"{self.prefix}:lease:{{{p}}}"
+
+    def acked(self, p: int) -> str:
+        """The id of the last entry acknowledged (where a deleted group is recreated)."""
+        return f"{self.prefix}:acked:{{{p}}}"
+
+    def commit_seq(self, p: int) -> str:
+        """Bumped by every commit of the partition: one GET tells whether states moved."""
+        return f"{self.prefix}:seq:{{{p}}}"
+
+    def last_commit(self, p: int) -> str:
+        """The token of the partition's last commit: settles a commit whose reply was lost."""
+        return f"{self.prefix}:lastcommit:{{{p}}}"
+
+    def route(self, p: int) -> str:
+        """The partition count producers must route with to write to p (or `resizing`):
+        checked by the producers' function (worker/common/append_function.py)."""
+        return f"{self.prefix}:route:{{{p}}}"
+
+    def moved(self, q: int) -> str:
+        """Hash: old partition -> the last of its entries a resize copied into q's stream
+        (so a resize run again copies none twice)."""
+        return f"{self.prefix}:moved:{{{q}}}"
+
+    # ---- worker coordination -------------------------------------------------------------
+
+    @property
+    def config(self) -> str:
+        """Hash of what every process must agree on: `partitions` (and `resize_to` while a
+        resize is unfinished)."""
+        return f"{self.prefix}:config"
+
+    @property
+    def workers(self) -> str:
+        """Sorted set of live worker processes (lease holder tokens), scored by expiry."""
+        return f"{self.prefix}:workers"
+
+    # ---- the model registry (SPEC §5) ----------------------------------------------------
+
+    @property
+    def model_seq(self) -> str:
+        """INCR gives the next model version."""
+        return f"{self.prefix}:model:seq"
+
+    def model_artifact(self, version: str) -> str:
+        return f"{self.prefix}:model:{version}"
+
+    def model_meta(self, version: str) -> str:
+        return f"{self.prefix}:model:meta:{version}"
+
+    @property
+    def model_current(self) -> str:
+        return f"{self.prefix}:model:current"
+
+    @property
+    def model_shadow(self) -> str:
+        """The version every worker also scores with, beside the current (absent = none)."""
+        return f"{self.prefix}:model:shadow"
+
+    @property
+    def model_history(self) -> str:
+        """List of earlier current versions, for rollback."""
+        return f"{self.prefix}:model:history"
+
+    @property
+    def model_updates(self) -> str:
+        """Pub/sub channel announcing promotions."""
+        return f"{self.prefix}:model:updates"

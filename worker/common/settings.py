@@ -1,0 +1,187 @@
+"""Worker settings (SPEC §9): environment variables `INTENTSTREAM_*`, overridden by flags.
+
+Each field is one setting; `add_setting_flags` turns the fields into `--flags`, so the
+documentation, the environment and the command line cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker.common.dedup import DEFAULT_WINDOW
+from worker.common.events import DEFAULT_MAX_TS_SKEW_MS
+
+
+def default_consumer() -> str:
+    """Consumer name unique per process: host name and pid."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """Everything the worker can be told; see README 'Settings'."""
+
+    model_config = SettingsConfigDict(env_prefix="INTENTSTREAM_", extra="forbid")
+
+    redis_url: str = Field(
+        "redis://localhost:6379/0",
+        description="redis://host:port/db, rediss:// (TLS) or unix:///path.sock?db=0; "
+        "user:password@ for ACL users",
+    )
+    cluster: bool = Field(
+        False, description="the URL names a node of a Redis Cluster (use the cluster client)"
+    )
+    prefix: str = Field("intentstream", description="key prefix of every stream and key")
+    partitions: int = Field(1, ge=1, le=4096, description="number of event stream partitions")
+    group: str = Field("intentstream-workers", description="consumer group name")
+    consumer: str = Field(default_factory=default_consumer, description="consumer name")
+    model: Path | None = Field(
+        None, description="model artifact file (pins it); default: the registry's current"
+    )
+    model_poll_seconds: float = Field(
+        2.0, gt=0, description="how often to check the registry's current model"
+    )
+    max_model_bytes: int = Field(
+        64 * 2**20,
+        ge=1,
+        description="refuse registry model artifacts larger than this, in bytes (measured "
+        "with STRLEN before they are read)",
+    )
+    batch_size: int = Field(512, ge=1, le=100_000, description="max entries per read")
+    block_ms: int = Field(1000, ge=1, description="blocking read time in ms")
+    socket_timeout: float = Field(5.0, gt=0, description="Redis socket timeout in seconds")
+    claim_idle_ms: int = Field(
+        60_000, ge=1, description="claim other consumers' entries idle this long"
+    )
+    lease_ms: int = Field(
+        10_000, ge=100, description="partition lease; a dead worker's partitions move after it"
+    )
+    scores_maxlen: int = Field(
+        1_000_000, ge=1, description="approximate length the score streams are trimmed to"
+    )
+    state_cache_users: int = Field(
+        200_000, ge=0, description="user states kept in memory between batches; 0 = off"
+    )
+    state_ttl_seconds: int = Field(0, ge=0, description="expire idle user states; 0 = never")
+    retention_seconds: int = Field(
+        7 * 24 * 3600, ge=0, description="keep this much event history (MINID); 0 = no trim"
+    )
+    history_events: int = Field(
+        32,
+        ge=0,
+        le=1000,
+        description="recent events of a user's session kept with the state, replayed to "
+        "rebuild it under a new model; 0 = off",
+    )
+    event_id_window: int = Field(
+        DEFAULT_WINDOW,
+        ge=1,
+        le=1024,
+        description="producer event_ids remembered per user to recognise a resend "
+        "(events stamped by publish() need none: README 'Retries')",
+    )
+    max_ts_skew_ms: int = Field(
+        DEFAULT_MAX_TS_SKEW_MS,
+        ge=0,
+        description="dead-letter an event whose ts is more than this many ms ahead of its "
+        "entry id's time (README 'Timestamps')",
+    )
+    retention_max_entries: int = Field(
+        1_000_000,
+        ge=0,
+        description="keep at most about this many entries of history per partition stream "
+        "(never trims unacknowledged ones); 0 = no cap",
+    )
+    deadletter_maxlen: int = Field(
+        10_000, ge=1, description="approximate length the dead-letter streams are trimmed to"
+    )
+    deadletter_max_value_bytes: int = Field(
+        512, ge=16, description="cut each stored dead-letter field to this many bytes"
+    )
+    metrics_host: str = Field("127.0.0.1", description="address the metrics server binds")
+    metrics_port: int = Field(9108, ge=0, le=65535, description="metrics port; 0 = off")
+    log_format: Literal["json", "text", "auto"] = Field(
+        "auto", description="json, text, or auto (json when stderr is not a terminal)"
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="log level: DEBUG, INFO, WARNING or ERROR"
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, v: str) -> str:
+        scheme = urlsplit(v).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"must start with redis://, rediss:// or unix://, got {scheme!r}")
+        return v
+
+    @field_validator("prefix", "group", "consumer")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if not v or any(c in v for c in "{} \t\r\n"):
+            raise ValueError("must be non-empty, without braces or whitespace")
+        return v
+
+    @model_validator(mode="after")
+    def _block_below_socket_timeout(self) -> Settings:
+        # A read that blocks longer than the socket timeout would time out client-side.
+        if self.block_ms >= self.socket_timeout * 1000 * 0.8:
+            raise ValueError(
+                f"block_ms ({self.block_ms}) must stay below 80% of socket_timeout "
+                f"({self.socket_timeout} s)"
+            )
+        return self
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; the message names the setting, its flag and its variable."""
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:
+    """Add a `--flag` per setting (all, or `names`); unset flags stay None."""
+    for name, field in Settings.model_fields.items():
+        if names is not None and name not in names:
+            continue
+        env = f"INTENTSTREAM_{name.upper()}"
+        flag = "--" + name.replace("_", "-")
+        default = "host name and pid" if field.default_factory else field.default
+        shown = (
+            "none" if default is None else f"{default:g}" if isinstance(default, float) else default
+        )
+        help = (
+            f"{field.description or name} (env {env}"
+            + ("" if "default:" in (field.description or "") else f"; default: {shown}")
+            + ")"
+        ).replace("%", "%%")
+        if field.annotation is bool:  # a switch: --cluster, not --cluster true
+            parser.add_argument(flag, dest=name, action="store_const", const=True, help=help)
+        else:
+            # unset flags stay None: the environment's value stays in force
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help)
+
+
+def load_settings(args: argparse.Namespace | None = None, **overrides: object) -> Settings:
+    """Settings from the environment, overridden by flags that were given."""
+    flags = vars(args) if args is not None else {}
+    given = {k: v for k, v in flags.items() if k in Settings.model_fields and v is not None}
+    given.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            name = ".".join(str(p) for p in e["loc"]) or "settings"
+            where = (
+                f" (--{name.replace('_', '-')} / INTENTSTREAM_{name.upper()})"
+                if name in Settings.model_fields
+                else ""
+            )
+            problems.append(f"{name}{where}: {e['msg'].removeprefix('Value error, ')}")
+        raise SettingsError("invalid configuration: " + "; ".join(problems)) from None

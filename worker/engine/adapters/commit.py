@@ -1,0 +1,389 @@
+"""The atomic, conditional commit of one partition batch (SPEC §4): its Lua script, and the
+packing of a pipeline `Commit` into the script's arguments.
+
+One script call writes the score entries, the dead letters, the XACK of every entry, and the
+users' states, or, when a check fails, writes nothing and says why:
+
+    not_owned    the partition's lease is another process's (or gone)
+    not_pending  an entry is no longer pending for this consumer (claimed by another, or
+                 committed by an earlier send of another commit)
+    behind       an older entry of the partition is still pending (read, not committed): it
+                 must be applied first, or a user's later event would make it look applied
+    conflict     a commit of the partition landed since the states were read
+    bad_key      a scores, dead-letter or sequence key holds data of another type
+
+and one success besides `ok`: `applied`, when this very commit was applied by an earlier send
+whose reply was lost (redis-py resends on timeouts): the caller counts it as committed.
+
+Why it is safe to resend: every write of a partition's states goes through this script and
+bumps the partition's commit sequence, so one GET checks that none of the batch's states
+moved; the entries it acknowledges can be acknowledged once. All checks come before the
+first write, and the writes that could fail on data come first or are guarded (a state key
+of another type is replaced): a script is not rolled back when a command in it fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import hiredis
+import numpy as np
+import redis
+
+from worker.common.keys import Keys
+from worker.engine.compute.batch import DeadLetter
+from worker.engine.compute.pipeline import Commit
+
+# Field/value pairs kept of one dead letter; values are cut to `max_value_bytes` besides.
+MAX_DEAD_FIELDS = 32
+
+COMMIT_SCRIPT = """
+local events_key, scores_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
+local lease_key, seq_key, acked_key, last_commit_key = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local FIRST_STATE = 8 -- KEYS[8..] are the users' state keys, U of them
+local U = #KEYS - FIRST_STATE + 1
+
+local group, consumer, holder, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local read_seq, model = ARGV[5], ARGV[6]
+local scores_maxlen, dead_maxlen, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
+local n_ack, n_scores = tonumber(ARGV[10]), tonumber(ARGV[11])
+local shadow = ARGV[12]           -- the shadow model's version, '' = none
+local SH = shadow ~= '' and 1 or 0
+-- Then runs of plain arguments (nothing to parse here), a column at a time:
+local ACK = 13                    -- the batch's entry ids, stream order
+local STATE = ACK + n_ack         -- U each: h, score, last_id, last_ts, n, recent, event_ids
+                                  --   [, shadow_h, shadow_score]
+local SCORE = STATE + (7 + 2 * SH) * U -- n_scores each: user_id, score, event_id, type, ts
+                                       --   [, shadow_score]
+local DEAD = SCORE + (5 + SH) * n_scores -- per dead letter: pair count, source_id, error,
+                                         -- pairs...
+local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
+
+-- ---- checks: nothing is written above this line ----
+if redis.pcall('GET', lease_key) ~= holder then return {'not_owned', ''} end
+for _, id in ipairs({first_id, last_id}) do
+  if #redis.call('XPENDING', events_key, group, id, id, 1, consumer) == 0 then
+    if redis.pcall('GET', last_commit_key) == token then
+      return {'applied', redis.call('GET', seq_key) or ''}
+    end
+    return {'not_pending', id}
+  end
+end
+local oldest = redis.call('XPENDING', events_key, group)[2]
+if oldest and oldest ~= first_id then return {'behind', oldest} end
+
+local seq = redis.pcall('GET', seq_key)
+if type(seq) == 'table' or (seq and not string.match(seq, '^%d+$')) then
+  return {'bad_key', seq_key}
+end
+seq = seq or ''
+if seq ~= read_seq then return {'conflict', seq} end
+for _, key in ipairs({scores_key, dead_key}) do
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'stream' and t ~= 'none' then return {'bad_key', key} end
+end
+
+-- ---- writes ----
+local S = n_scores
+for b = SCORE, SCORE + S - 1 do
+  if SH == 0 then
+    redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
+               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
+               'type', ARGV[b + 3 * S], 'ts', ARGV[b + 4 * S], 'model', model)
+  else
+    redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
+               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
+               'type', ARGV[b + 3 * S], 'ts', ARGV[b + 4 * S], 'model', model,
+               'shadow_score', ARGV[b + 5 * S], 'shadow_model', shadow)
+  end
+end
+
+local d = DEAD
+while d <= #ARGV do
+  local pairs = tonumber(ARGV[d])
+  local fields = {unpack(ARGV, d + 3, d + 2 + 2 * pairs)}
+  redis.call('XADD', dead_key, 'MAXLEN', '~', dead_maxlen, '*', 'source_id', ARGV[d + 1],
+             'error', ARGV[d + 2], unpack(fields))
+  d = d + 3 + 2 * pairs
+end
+
+for i = ACK, STATE - 1, 1000 do
+  redis.call('XACK', events_key, group, unpack(ARGV, i, math.min(i + 999, STATE - 1)))
+end
+redis.call('SET', acked_key, last_id)
+local previous = redis.pcall('GET', last_commit_key)
+if type(previous) ~= 'string' then previous = '' end
+redis.call('SET', last_commit_key, token)
+if seq == '' then -- seeded from the clock: a flushed database never repeats a sequence
+  local now = redis.call('TIME')
+  redis.call('SET', seq_key, now[1] .. string.format('%06d', tonumber(now[2])))
+end
+local new_seq = redis.call('INCR', seq_key)
+
+-- A state key of another type (an operator's SET) is an invalid state: replaced whole.
+local replaced = 0
+local function write_state(key, ...)
+  local reply = redis.pcall('HSET', key, ...)
+  if type(reply) == 'table' and reply.err then
+    redis.call('DEL', key)
+    redis.call('HSET', key, ...)
+    replaced = replaced + 1
+  end
+  if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
+end
+for i = 1, U do
+  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + i - 1
+  if ARGV[b + 6 * U] == '' then
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
+                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
+                'recent', ARGV[b + 5 * U])
+  else
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
+                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
+                'recent', ARGV[b + 5 * U], 'event_ids', ARGV[b + 6 * U])
+  end
+  if SH == 1 then
+    redis.call('HSET', key, 'shadow_h', ARGV[b + 7 * U], 'shadow_score', ARGV[b + 8 * U],
+               'shadow_model', shadow)
+  end
+end
+return {'ok', new_seq, replaced, previous}
+"""
+
+REASONS = ("not_owned", "not_pending", "behind", "conflict", "bad_key")
+
+
+class CommitRefusedError(Exception):
+    """The commit applied nothing; `reason` is one of REASONS, `detail` the script's word."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """A commit that took effect: the partition's new sequence and the state keys of
+    another type it replaced (0 when the reply is `applied`: the count went with the
+    lost reply)."""
+
+    seq: bytes
+    replaced: int
+    resent: bool  # True when an earlier send had applied it
+    previous: bytes = b""  # the token of the partition's commit before this one
+
+
+@dataclass(frozen=True)
+class PreparedCommit:
+    """A commit's EVALSHA packed in two parts around its head (see CommitScript.prepare)."""
+
+    start: bytes  # EVALSHA, sha, key count, keys
+    n_start: int
+    body: bytes  # the arguments after the head
+    n_body: int
+
+
+def resp_args(args: tuple | list) -> bytes:
+    """Arguments as RESP bulk strings without the array header; hiredis packs them in C
+    (redis-py's packer would first inspect each one, ~0.2 µs apiece)."""
+    if not args:
+        return b""
+    packed = hiredis.pack_command(tuple(args))
+    return packed[packed.index(b"\r\n") + 2 :]
+
+
+@dataclass(frozen=True)
+class CommitLimits:
+    """Sizes the commit bounds its writes to (settings)."""
+
+    scores_maxlen: int
+    deadletter_maxlen: int
+    deadletter_max_value_bytes: int
+    state_ttl_ms: int
+
+
+def decimals(values: np.ndarray) -> list[str]:
+    """Floats as decimal strings, 9 significant digits (float32 round-trips)."""
+    return list(map("{:.9g}".format, values.tolist()))
+
+
+def state_columns(c: Commit, score_text: list[str]) -> list:
+    """The state rows' columns: h, score, last_id, last_ts, n, recent, event_ids
+    (space-separated), and shadow_h, shadow_score when a shadow model runs. The h columns
+    are arrays (one row per state), the others lists. `score_text`: the scores' decimals."""
+    if not c.users:
+        return []
+    scores = [score_text[i] for i in c.last_scored.tolist()]  # each user's last score
+    columns = [c.h, scores, c.last_ids, c.last_ts.tolist(), c.n.tolist(), c.recent, c.event_ids]
+    if c.shadow_h is not None:
+        columns += [c.shadow_h, decimals(c.shadow_user_scores)]
+    return columns
+
+
+def rows_of(h: np.ndarray) -> list[bytes]:
+    """Each user's state as little-endian float32 bytes."""
+    blob = np.ascontiguousarray(h, "<f4").tobytes()
+    size = len(blob) // len(h)
+    return [blob[i : i + size] for i in range(0, len(blob), size)]
+
+
+def score_columns(c: Commit, score_text: list[str]) -> list[list]:
+    """The score entries' columns: user_id, score, event_id, type, ts[, shadow_score]."""
+    if not len(c.scores):
+        return []
+    users = [c.users[i] for i in c.score_user.tolist()]
+    columns = [users, score_text, c.score_event_ids, c.score_types, c.score_ts.tolist()]
+    if c.shadow_scores is not None:
+        columns.append(decimals(c.shadow_scores))
+    return columns
+
+
+def resp_rows(h: np.ndarray) -> bytes:
+    """Each row of h (little-endian float32 bytes) as a RESP bulk string, framed by numpy:
+    thousands of equal-sized blobs cost one copy."""
+    rows = np.ascontiguousarray(h, "<f4").reshape(len(h), -1).view(np.uint8)
+    prefix = b"$%d\r\n" % rows.shape[1]
+    out = np.empty((len(h), len(prefix) + rows.shape[1] + 2), np.uint8)
+    out[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
+    out[:, len(prefix) : -2] = rows
+    out[:, -2:] = np.frombuffer(b"\r\n", np.uint8)
+    return out.tobytes()
+
+
+def resp_blobs(values: list[bytes]) -> bytes:
+    """Byte strings as RESP bulk strings; for long values this beats hiredis, which
+    copies byte by byte."""
+    return b"".join([b"$%d\r\n%b\r\n" % (len(v), v) for v in values])
+
+
+def resp_column(column) -> bytes:
+    """A column of arguments as RESP bulk strings, by the fastest packer for its kind."""
+    if isinstance(column, np.ndarray):
+        return resp_rows(column)
+    if column and isinstance(column[0], bytes) and len(column[0]) > 64:
+        return resp_blobs(column)
+    return resp_args(column)
+
+
+def plain(column) -> list:
+    """A column as plain script arguments."""
+    return rows_of(column) if isinstance(column, np.ndarray) else column
+
+
+def cut(value: bytes, limit: int) -> bytes:
+    """A value cut to `limit` bytes."""
+    return value if len(value) <= limit else value[:limit]
+
+
+def dead_letter_items(dead: DeadLetter, max_value_bytes: int) -> list[bytes]:
+    """One dead letter as the script reads it: pair count, source_id, error, pairs.
+
+    Names and values are cut to max_value_bytes; a cut value's original length is kept
+    beside it in a field `<name>:bytes`, and pairs beyond MAX_DEAD_FIELDS are dropped
+    (the error says so)."""
+    pairs = list(zip(dead.fields[::2], dead.fields[1::2], strict=False))
+    error = dead.error
+    if len(pairs) > MAX_DEAD_FIELDS:
+        error += f" (only the first {MAX_DEAD_FIELDS} of {len(pairs)} fields kept)"
+        pairs = pairs[:MAX_DEAD_FIELDS]
+    flat: list[bytes] = []
+    for name, value in pairs:
+        short = cut(name, max_value_bytes)
+        flat += [short, cut(value, max_value_bytes)]
+        if len(value) > max_value_bytes:
+            flat += [short + b":bytes", str(len(value)).encode()]
+    head = [str(len(flat) // 2).encode(), dead.source_id, cut(error.encode(), max_value_bytes)]
+    return [*head, *flat]
+
+
+def token_of(holder: str, commit: Commit) -> bytes:
+    """What the commit records as the partition's last commit: who, and up to which entry."""
+    return holder.encode() + b" " + commit.ack_ids[-1]
+
+
+class CommitScript:
+    """Packs Commits for one worker process and runs them."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, group: str, consumer: str, holder: str,
+        limits: CommitLimits,
+    ) -> None:  # fmt: skip
+        self.script = client.register_script(COMMIT_SCRIPT)
+        self.keys = keys
+        self.group = group
+        self.consumer = consumer
+        self.holder = holder
+        self.limits = limits
+
+    def token(self, commit: Commit) -> bytes:
+        """The token this commit records as the partition's last commit."""
+        return token_of(self.holder, commit)
+
+    @property
+    def sha(self) -> str:
+        return self.script.sha
+
+    def pack(self, c: Commit) -> tuple[list[str], list]:
+        """KEYS and ARGV of the script for a Commit: plain values, one argument each."""
+        return self._keys(c), [
+            *self._head(c),
+            *(x for column in self._body(c) for x in plain(column)),
+        ]
+
+    def _keys(self, c: Commit) -> list[str]:
+        p, keys = c.partition, self.keys
+        return [
+            keys.events(p), keys.scores(p), keys.deadletter(p), keys.lease(p),
+            keys.commit_seq(p), keys.acked(p), keys.last_commit(p),
+            *(keys.state(p, u) for u in c.users),
+        ]  # fmt: skip
+
+    def _head(self, c: Commit) -> list:
+        lim = self.limits
+        return [
+            self.group, self.consumer, self.holder, self.token(c), c.seq, c.model,
+            lim.scores_maxlen, lim.deadletter_maxlen, lim.state_ttl_ms,
+            len(c.ack_ids), len(c.scores), c.shadow_model,
+        ]  # fmt: skip
+
+    def _body(self, c: Commit) -> list[list]:
+        """The arguments after the head, as columns: ack ids, the state columns, the score
+        columns, the dead letters."""
+        limit = self.limits.deadletter_max_value_bytes
+        dead = [x for d in c.dead for x in dead_letter_items(d, limit)]
+        text = decimals(c.scores)
+        return [c.ack_ids, *state_columns(c, text), *score_columns(c, text), dead]
+
+    def prepare(self, c: Commit) -> PreparedCommit:
+        """The EVALSHA of a Commit packed but for its head (which holds the read sequence,
+        known only once the commit before it replied)."""
+        keys, body = self._keys(c), self._body(c)
+        return PreparedCommit(
+            resp_args(("EVALSHA", self.sha, len(keys), *keys)), len(keys) + 3,
+            b"".join(map(resp_column, body)), sum(map(len, body)),
+        )  # fmt: skip
+
+    def command(self, c: Commit, prepared: PreparedCommit | None = None) -> bytes:
+        """The EVALSHA of a Commit as RESP bytes, from its prepared parts when given."""
+        prepared = prepared or self.prepare(c)
+        head = self._head(c)
+        count = prepared.n_start + len(head) + prepared.n_body
+        return b"*%d\r\n" % count + prepared.start + resp_args(head) + prepared.body
+
+    def run(self, commit: Commit) -> CommitResult:
+        """Apply a Commit; CommitRefusedError when it applied nothing."""
+        keys, args = self.pack(commit)
+        return settle(self.script(keys=keys, args=args))
+
+
+def settle(reply: list) -> CommitResult:
+    """The script's reply as a CommitResult, or CommitRefusedError."""
+    status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+    if status == "ok":
+        return CommitResult(str(reply[1]).encode(), int(reply[2]), False, reply[3] or b"")
+    if status == "applied":
+        seq = reply[1] if isinstance(reply[1], bytes) else str(reply[1]).encode()
+        return CommitResult(seq, 0, resent=True)
+    detail = reply[1].decode(errors="replace") if isinstance(reply[1], bytes) else str(reply[1])
+    raise CommitRefusedError(status, detail)

@@ -1,0 +1,150 @@
+"""Housekeeping at the worker's maintenance tick: lag and pending gauges, Redis memory
+gauges, trimming of the input history, and forgetting long-idle consumers.
+
+Input streams are never trimmed past an entry some group has not acknowledged (SPEC §4);
+the history kept for training is bounded by a retention time (MINID) and a length cap,
+whichever trims more.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import time
+from collections import deque
+
+import redis
+
+from worker.common.keys import Keys
+from worker.common.settings import Settings
+from worker.engine.adapters.lag import REPAIR_SCRIPT, undelivered
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.compute.batch import entry_id
+
+log = logging.getLogger("intentstream.worker")
+
+STALE_CONSUMER_MS = 24 * 3600 * 1000  # a day: restarts leave host-pid consumers behind
+
+
+def _field(info: dict, name: str):
+    """A field of an XINFO reply, whose keys are str or bytes depending on redis-py's parser."""
+    return info.get(name, info.get(name.encode()))
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Positions:
+    """Where entries sit in a stream by count: (entries-read, last-delivered id) samples of
+    the group, one per tick. The length cap needs the id of the entry N from the end; Redis
+    gives no such lookup short of reading the entries, so the cap trims to the newest
+    sample at or before it (keeping at most one tick's entries more than the cap)."""
+
+    def __init__(self, max_samples: int = 10_000) -> None:
+        self.samples: deque[tuple[int, tuple[int, int]]] = deque(maxlen=max_samples)
+
+    def add(self, entries_read: int, last_delivered: tuple[int, int]) -> None:
+        if not self.samples or entries_read > self.samples[-1][0]:
+            self.samples.append((entries_read, last_delivered))
+
+    def id_at_or_before(self, position: int) -> tuple[int, int] | None:
+        """The id of the newest sample whose position is at most `position`."""
+        k = bisect.bisect_right([s[0] for s in self.samples], position)
+        return self.samples[k - 1][1] if k else None
+
+
+class Maintenance:
+    """The maintenance tick of one worker process."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, settings: Settings, metrics: WorkerMetrics
+    ) -> None:
+        self.r = client
+        self.keys = keys
+        self.s = settings
+        self.metrics = metrics
+        self.positions: dict[int, Positions] = {}
+        self._repair = client.register_script(REPAIR_SCRIPT)
+
+    def run(self, partitions: list[int]) -> None:
+        """One tick over the partitions this worker holds."""
+        self._memory_gauges()
+        for p in partitions:
+            stream = self.keys.events(p)
+            bound = self._unacked_bound(p, stream)
+            cut = self._history_cut(p, stream, bound)
+            if cut is not None:
+                self.r.xtrim(stream, minid=f"{cut[0]}-{cut[1]}", approximate=True)
+            self._forget_idle_consumers(stream)
+
+    def _memory_gauges(self) -> None:
+        info = self.r.info("memory")
+        self.metrics.redis_memory_used.set(int(info.get("used_memory", 0)))
+        self.metrics.redis_maxmemory.set(int(info.get("maxmemory", 0)))
+
+    def _unacked_bound(self, p: int, stream: str) -> tuple[int, int] | None:
+        """The oldest entry some group still needs (pending or undelivered); sets the gauges."""
+        bound: tuple[int, int] | None = None
+        for g in self.r.xinfo_groups(stream):
+            name = _text(_field(g, "name"))
+            pending = int(_field(g, "pending") or 0)
+            last = entry_id(_text(_field(g, "last-delivered-id") or "0-0").encode())
+            if name == self.s.group:
+                lag = undelivered(self.r, stream, g)
+                self.metrics.lag.labels(str(p)).set(math.nan if lag is None else lag)
+                self.metrics.pending.labels(str(p)).set(pending)
+                if lag == 0 and _field(g, "lag") not in (0, None):
+                    self._repair_counter(p, stream, _field(g, "lag"))
+                read = _field(g, "entries-read")
+                if read is not None:
+                    self.positions.setdefault(p, Positions()).add(int(read), last)
+            keep_from = (last[0], last[1] + 1)  # delivered and acked up to last-delivered
+            if pending:
+                keep_from = min(keep_from, entry_id(self.r.xpending(stream, name)["min"]))
+            bound = keep_from if bound is None else min(bound, keep_from)
+        return bound
+
+    def _repair_counter(self, p: int, stream: str, said: int) -> None:
+        """Nothing is undelivered but Redis counts `said` entries of lag: the group's
+        entries-read is wrong (a promoted replica's stale counter). Correct it, for KEDA and
+        anyone else reading XINFO GROUPS (see adapters/lag.py)."""
+        if self._repair(keys=[stream], args=[self.s.group]):
+            log.warning(
+                "corrected the group's entries-read (Redis counted a lag with nothing undelivered)",
+                extra={"partition": p, "lag_said": int(said)},
+            )
+
+    def _history_cut(
+        self, p: int, stream: str, bound: tuple[int, int] | None
+    ) -> tuple[int, int] | None:
+        """The MINID to trim to (whichever of retention time and length cap trims more,
+        never past `bound`), or None for no trim."""
+        if bound is None:
+            return None
+        cuts = []
+        if self.s.retention_seconds:
+            now_ms = int(time.time() * 1000)
+            cuts.append((now_ms - self.s.retention_seconds * 1000, 0))
+        if self.s.retention_max_entries and p in self.positions:
+            added = _field(self.r.xinfo_stream(stream), "entries-added")
+            if added is not None:
+                at = self.positions[p].id_at_or_before(int(added) - self.s.retention_max_entries)
+                if at is not None:
+                    cuts.append((at[0], at[1] + 1))
+        if not cuts:
+            return None
+        cut = min(max(cuts), bound)
+        return cut if cut[0] > 0 else None
+
+    def _forget_idle_consumers(self, stream: str) -> None:
+        """Each restart under the default name (host and pid) leaves a consumer behind in the
+        group; drop those idle for a day with no pending entries."""
+        for c in self.r.xinfo_consumers(stream, self.s.group):
+            name = _text(_field(c, "name"))
+            idle = int(_field(c, "idle") or 0)
+            pending = int(_field(c, "pending") or 0)
+            if name != self.s.consumer and not pending and idle > STALE_CONSUMER_MS:
+                self.r.xgroup_delconsumer(stream, self.s.group, name)
+                log.info("removed an idle consumer", extra={"consumer_removed": name})

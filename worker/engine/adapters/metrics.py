@@ -1,0 +1,302 @@
+"""Prometheus metrics (SPEC §7) and the HTTP endpoint serving them with /healthz and /readyz.
+
+Event latency is observed a batch at a time (`BatchHistogram`): one numpy bucket count per
+batch instead of one Python call per event.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("intentstream.metrics")
+
+# 0.25 ms to 10 s, in base units (seconds).
+LATENCY_BUCKETS = (
+    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class BatchHistogram(Collector):
+    """A label-less histogram fed whole numpy arrays at a time."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = np.asarray(buckets, np.float64)
+        self._counts = np.zeros(len(buckets) + 1, np.int64)  # last: above the top bound
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe_many(self, values: np.ndarray) -> None:
+        """Add every value of `values` to the histogram."""
+        if values.size == 0:
+            return
+        # le semantics: a value equal to a bound falls in that bound's bucket
+        idx = np.searchsorted(self.bounds, values, side="left")
+        counts = np.bincount(idx, minlength=self._counts.size)
+        with self._lock:
+            self._counts += counts
+            self._sum += float(values.sum())
+
+    def bucket_counts(self) -> np.ndarray:
+        """A copy of the per-bucket (not cumulative) counts, the last one above the top."""
+        with self._lock:
+            return self._counts.copy()
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            cumulative = np.cumsum(self._counts)
+            total_sum = self._sum
+        buckets = [
+            (repr(float(b)), int(c)) for b, c in zip(self.bounds, cumulative[:-1], strict=True)
+        ]
+        buckets.append(("+Inf", int(cumulative[-1])))
+        yield HistogramMetricFamily(
+            self.name, self.documentation, buckets=buckets, sum_value=total_sum
+        )
+
+
+class WorkerMetrics:
+    """Every metric the worker exports, in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.events = Counter(
+            "intentstream_events",
+            "Stream entries handled, by outcome: scored, deadletter, duplicate (already "
+            "applied, or a producer's retry of an applied event_id: acknowledged only), "
+            "misrouted (a user of another partition: dead-lettered), lost (deleted before it "
+            "was read).",
+            ["outcome"],
+            registry=r,
+        )
+        self.latency = BatchHistogram(
+            "intentstream_event_latency_seconds",
+            "Time from an entry's id (its arrival in Redis) to the commit of its score.",
+            LATENCY_BUCKETS,
+        )
+        r.register(self.latency)
+        self.batch_seconds = Histogram(
+            "intentstream_batch_seconds",
+            "Time spent per batch, by stage: read, parse, state, model, commit.",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "intentstream_batch_size",
+            "Entries per processed batch.",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.lag = Gauge(
+            "intentstream_lag_entries",
+            "Entries in the partition's stream not yet delivered to the group (counted when "
+            "XINFO GROUPS' lag is nil or contradicted; NaN when unknown).",
+            ["partition"],
+            registry=r,
+        )
+        self.pending = Gauge(
+            "intentstream_pending_entries",
+            "Entries delivered to the group and not yet acknowledged.",
+            ["partition"],
+            registry=r,
+        )
+        self.model_version = Gauge(
+            "intentstream_model_version",
+            "Version of the model in use (its registry number; 0 for an unregistered file).",
+            registry=r,
+        )
+        self.shadow_version = Gauge(
+            "intentstream_shadow_model_version",
+            "Version of the shadow model scoring beside the current one (0 = none).",
+            registry=r,
+        )
+        self.labelled_sessions = Counter(
+            "intentstream_labelled_sessions",
+            "Sessions that ended labelled (positive: the model's label event came) or not "
+            "(negative: the user's next event came after the session gap), per model role.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.live_auc = Gauge(
+            "intentstream_live_auc",
+            "ROC AUC of the last score before each session's outcome, over the latest "
+            "10,000 labelled sessions, per model role (NaN until both outcomes are seen).",
+            ["model"],
+            registry=r,
+        )
+        self.model_reloads = Counter(
+            "intentstream_model_reloads",
+            "Model swaps, by result: loaded, rejected.",
+            ["result"],
+            registry=r,
+        )
+        self.redis_errors = Counter(
+            "intentstream_redis_errors",
+            "Redis connection errors, timeouts and unexpected replies.",
+            registry=r,
+        )
+        self.last_processed = Gauge(
+            "intentstream_last_processed_timestamp_seconds",
+            "Unix time of the last committed batch.",
+            registry=r,
+        )
+        self.unknown_types = Counter(
+            "intentstream_unknown_type_events",
+            "Events scored with the reserved unknown-type row.",
+            registry=r,
+        )
+        self.state_resets = Counter(
+            "intentstream_state_resets",
+            "User states read from Redis that could not be used, by reason: replayed "
+            "(rebuilt from the user's recent events), model (another model's state and no "
+            "recent events: restarted from zero), invalid (wrong size, non-finite values or "
+            "a bad field: restarted from zero), wrong_type (the key holds another type: "
+            "replaced, restarted from zero).",
+            ["reason"],
+            registry=r,
+        )
+        self.commit_retries = Counter(
+            "intentstream_commit_retries",
+            "Commits that applied nothing, by reason (see adapters/commit.py).",
+            ["reason"],
+            registry=r,
+        )
+        self.bad_keys = Counter(
+            "intentstream_bad_keys",
+            "Times a partition-wide key (stream, scores, dead letters, sequence) held data "
+            "of another type; that partition backs off (the log names the key), the others "
+            "go on.",
+            registry=r,
+        )
+        self.redis_memory_used = Gauge(
+            "intentstream_redis_memory_used_bytes",
+            "Redis used_memory (INFO memory), read at the maintenance tick.",
+            registry=r,
+        )
+        self.redis_maxmemory = Gauge(
+            "intentstream_redis_maxmemory_bytes",
+            "Redis maxmemory (0 = no limit), read at the maintenance tick.",
+            registry=r,
+        )
+        self.partitions = Gauge(
+            "intentstream_partitions",
+            "The partition count this worker runs with (the count in force).",
+            registry=r,
+        )
+        self.partitions_owned = Gauge(
+            "intentstream_partitions_owned",
+            "Partitions whose lease this worker holds.",
+            registry=r,
+        )
+        for outcome in ("scored", "deadletter", "duplicate", "misrouted", "lost"):
+            self.events.labels(outcome)
+        for result in ("loaded", "rejected"):
+            self.model_reloads.labels(result)
+        for reason in ("replayed", "model", "invalid", "wrong_type"):
+            self.state_resets.labels(reason)
+        for reason in ("conflict", "not_pending", "not_owned", "behind", "noscript", "bad_key"):
+            self.commit_retries.labels(reason)
+
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's current value by its exposition name (e.g. intentstream_events_total),
+        0 when absent."""
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def count(self, outcome: str) -> float:
+        """intentstream_events_total{outcome}."""
+        return self.value("intentstream_events_total", outcome=outcome)
+
+
+class Health:
+    """Liveness and readiness, as the main loop reports them."""
+
+    def __init__(self, stale_after: float = 30.0) -> None:
+        self.stale_after = stale_after
+        self.heartbeat = time.monotonic()
+        self.redis_ok = False
+        self.group_ok = False
+        self.model_ok = False
+
+    def beat(self) -> None:
+        self.heartbeat = time.monotonic()
+
+    def alive(self) -> bool:
+        """The main loop went round recently."""
+        return time.monotonic() - self.heartbeat < self.stale_after
+
+    def ready(self) -> bool:
+        """Redis reachable, group present, model loaded."""
+        return self.redis_ok and self.group_ok and self.model_ok
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """An HTTP server whose request errors go to the log (one JSON line in json format),
+    not as a traceback to stderr; a scraper that hangs up early is routine."""
+
+    def handle_error(self, request, client_address) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("metrics client went away", extra={"error": repr(exc)})
+        else:
+            log.warning("metrics request failed", extra={"error": repr(exc)})
+
+
+def serve_metrics(
+    metrics: WorkerMetrics, health: Health, host: str, port: int
+) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on host:port from a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                ok = health.alive()
+                self._reply(200 if ok else 503, b"ok\n" if ok else b"main loop stalled\n")
+            elif path == "/readyz":
+                checks = {
+                    "redis": health.redis_ok,
+                    "group": health.group_ok,
+                    "model": health.model_ok,
+                }
+                body = "".join(f"{k}: {'ok' if v else 'not ok'}\n" for k, v in checks.items())
+                self._reply(200 if all(checks.values()) else 503, body.encode())
+            else:
+                self._reply(404, b"try /metrics, /healthz or /readyz\n")
+
+        def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8"):
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # scrapes every few seconds would drown the worker's own log
+
+    server = _QuietServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

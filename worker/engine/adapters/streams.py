@@ -1,0 +1,147 @@
+"""Reading the partition streams: XREADGROUP (own pending entries first, then new ones),
+claiming other consumers' pending entries, and group creation.
+
+A partition's own pending entries are read from id 0 before new ones (cursor ">"): they may
+hold a batch whose commit failed, and a user's events must apply in order.
+
+On one Redis a round is one XREADGROUP over every held partition, blocking while all are
+idle. On a Redis Cluster the partitions' streams live in different slots, so a round is one
+XREADGROUP per partition, sent as a pipeline that redis-py splits by node and sends to all
+nodes before reading any reply; those reads never block (a blocked read would hold up the
+other partitions on its node), and an idle round waits instead (see Consumer).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+
+from worker.common.connection import Client, is_cluster, raw_replies
+from worker.common.events import DEFAULT_MAX_TS_SKEW_MS
+from worker.engine.compute.batch import Batch, parse_batch
+
+log = logging.getLogger("intentstream.worker")
+
+
+@dataclass
+class Cursor:
+    """Where the next read of a partition starts, and when it last claimed entries."""
+
+    partition: int
+    position: bytes = b"0"  # an entry id while re-reading own pending entries; ">" after
+    last_claim: float = 0.0
+
+    @property
+    def draining(self) -> bool:
+        """Still re-reading this consumer's own pending entries."""
+        return self.position != b">"
+
+    def rewind(self) -> None:
+        self.position = b"0"
+
+
+class StreamReader:
+    """Reads and claims one consumer's entries of the partition streams."""
+
+    def __init__(
+        self, client: Client, keys, group: str, consumer: str, partitions: int,
+        max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS,
+    ) -> None:  # fmt: skip
+        self.r = client
+        self.keys = keys
+        self.group = group
+        self.consumer = consumer
+        self.partitions = partitions  # the count in force: an entry of another is misrouted
+        self.max_skew_ms = max_skew_ms  # the timestamp rule's allowance (worker/common/events.py)
+        self.cluster = is_cluster(client)
+        self._raw()
+
+    def _raw(self) -> None:
+        # Raw replies: redis-py's XAUTOCLAIM JUSTID parser drops the cursor and the deleted
+        # ids, which we need; its XREADGROUP parser builds a dict per entry (~2 µs), which
+        # parse_flat_entry does without.
+        raw_replies(self.r, "XAUTOCLAIM", "XREADGROUP")
+
+    def read_command(self, cursors: list[Cursor], count: int, block_ms: int | None) -> tuple:
+        """The XREADGROUP command for these partitions (BLOCK only when none is draining)."""
+        names = [self.keys.events(c.partition) for c in cursors]
+        block = () if block_ms is None else ("BLOCK", block_ms)
+        return ("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, *block,
+                "STREAMS", *names, *(c.position for c in cursors))  # fmt: skip
+
+    def read(self, cursors: list[Cursor], count: int, block_ms: int) -> list[Batch]:
+        """One read over the partitions: a Batch per partition that returned entries."""
+        if self.cluster:
+            return self._read_per_partition(cursors, count)
+        draining = any(c.draining for c in cursors)
+        command = self.read_command(cursors, count, None if draining else block_ms)
+        return self.batches(self.r.execute_command(*command), cursors)
+
+    def _read_per_partition(self, cursors: list[Cursor], count: int) -> list[Batch]:
+        self._raw()  # nodes may have changed since the last round
+        pipe = self.r.pipeline(transaction=False)
+        for c in cursors:
+            pipe.execute_command(*self.read_command([c], count, None))
+        batches = []
+        for c, reply in zip(cursors, pipe.execute(), strict=True):
+            batches += self.batches(reply, [c])
+        return batches
+
+    def batches(self, reply, cursors: list[Cursor], size: int | None = None) -> list[Batch]:
+        """Parse an XREADGROUP reply into Batches of at most `size` entries (one per
+        partition that has entries when None), and move the draining cursors past what it
+        returned."""
+        # RESP3 (redis-py 8's default) answers a map, RESP2 a list of [stream, entries]
+        pairs = reply.items() if isinstance(reply, dict) else reply or []
+        by_stream = {name.decode(): entries for name, entries in pairs}
+        out = []
+        for c in cursors:
+            entries = by_stream.get(self.keys.events(c.partition), [])
+            if c.draining:
+                c.position = entries[-1][0] if entries else b">"
+            step = size or len(entries) or 1
+            for i in range(0, len(entries), step):
+                out.append(
+                    parse_batch(
+                        c.partition, entries[i : i + step], self.partitions, self.max_skew_ms
+                    )
+                )
+        return out
+
+    def claim(self, cursor: Cursor, min_idle_ms: int) -> int:
+        """Move other consumers' pending entries of this partition idle at least
+        min_idle_ms to us (ids only); rewind if any came. Returns how many entries were
+        deleted while pending (never readable again)."""
+        stream, start, deleted = self.keys.events(cursor.partition), "0-0", 0
+        self._raw()
+        while True:
+            reply = self.r.execute_command(
+                "XAUTOCLAIM", stream, self.group, self.consumer, min_idle_ms, start,
+                "COUNT", 1000, "JUSTID",
+            )  # fmt: skip
+            start = reply[0].decode()
+            deleted += len(reply[2]) if len(reply) > 2 else 0
+            if reply[1]:
+                cursor.rewind()
+            if start == "0-0":
+                break
+        cursor.last_claim = time.monotonic()
+        return deleted
+
+    def ensure_group(self, p: int) -> bool:
+        """Create the group if missing; True if it was created. It starts after the last
+        acknowledged entry when Redis still records one (a deleted group), else from the
+        start, so entries published before the first worker are scored too."""
+        start = (self.r.get(self.keys.acked(p)) or b"0").decode()
+        try:
+            self.r.xgroup_create(self.keys.events(p), self.group, id=start, mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+            return False
+        log.info("created consumer group", extra={"partition": p, "group": self.group,
+                                                  "from": start})  # fmt: skip
+        return True

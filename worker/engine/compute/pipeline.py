@@ -1,0 +1,307 @@
+"""The batch pipeline as a pure function: parsed batch + users' states + model -> a Commit.
+
+No Redis here: `build_commit` decides, for every entry of a batch, its one outcome (scored,
+duplicate, deadletter, lost), advances the states of the users it scores with one batched
+kernel call, and returns everything the commit writes. adapters/commit.py packs and applies
+a Commit atomically; adapters/states.py reads the UserStates it starts from.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from model.scoring import ScoringModel
+from worker.common.dedup import DEFAULT_WINDOW, Memory
+from worker.engine.compute.batch import Batch, DeadLetter
+from worker.engine.compute.quality import label_samples
+from worker.engine.compute.recent import extend_packed, names_of, unpack
+
+NO_HISTORY = b""  # a packed history with no events (compute/recent.py)
+
+OUTCOMES = ("scored", "duplicate", "deadletter", "misrouted", "lost")
+
+
+@dataclass
+class ShadowStates:
+    """The shadow model's own states of the batch's users (SPEC §5: champion/challenger)."""
+
+    h: np.ndarray  # (U, L', H') float32
+    last_ts: np.ndarray  # (U,) int64, a copy: the main model's advance moves its own
+    replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
+    score: np.ndarray | None = None  # (U,) its last score of each user, NaN = none
+
+
+@dataclass
+class UserStates:
+    """The states of a batch's distinct users, as read (or cached) before the batch."""
+
+    users: list[str]
+    h: np.ndarray  # (U, L, H) float32, advanced in place by the pipeline
+    last_ts: np.ndarray  # (U,) int64 epoch ms of the last applied event; -1 = none
+    last_id: list[tuple[int, int]]  # entry id of the last applied event; (-1, -1) = none
+    n: np.ndarray  # (U,) int64 events applied
+    event_ids: list[bytes]  # last applied producer event ids, oldest first, space-separated
+    seq: bytes  # the partition's commit sequence the states were read at
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (U,) last score, NaN = none
+    recent: list[bytes] = field(default_factory=list)  # the users' recent events, packed
+    replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
+    resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
+    shadow: ShadowStates | None = None  # when a shadow model scores beside the current
+
+    @classmethod
+    def empty(cls, users: list[str], shape: tuple[int, int], seq: bytes = b"") -> UserStates:
+        """Fresh states: zero h, no history."""
+        n = len(users)
+        return cls(
+            users=users,
+            h=np.zeros((n, *shape), np.float32),
+            last_ts=np.full(n, -1, np.int64),
+            last_id=[(-1, -1)] * n,
+            n=np.zeros(n, np.int64),
+            event_ids=[b""] * n,
+            seq=seq,
+            score=np.full(n, np.nan),
+            recent=[NO_HISTORY] * n,
+        )
+
+
+@dataclass
+class Commit:
+    """Everything one partition batch writes, all or nothing (adapters/commit.py)."""
+
+    partition: int
+    model: str  # version that computed the states and scores
+    seq: bytes  # the commit sequence the states were read at
+    ack_ids: list[bytes]  # every entry of the batch, in stream order
+    # one row per user state written (users with at least one scored event)
+    users: list[str]
+    h: np.ndarray  # (K, L, H) float32
+    user_scores: np.ndarray  # (K,) float32: the score of the user's last event
+    last_scored: np.ndarray  # (K,) int64: that event's index in the score rows below
+    last_ids: list[bytes]  # entry id of the user's last applied event
+    last_keys: list[tuple[int, int]]  # the same as (ms, seq)
+    last_ts: np.ndarray  # (K,) int64
+    n: np.ndarray  # (K,) int64
+    event_ids: list[bytes]  # the user's last applied producer event ids, space-separated
+    recent: list[bytes]  # the user's recent session events, packed (compute/recent.py)
+    shadow_h: np.ndarray | None  # (K, L', H') the shadow model's states, when one runs
+    # one row per score entry, in stream order
+    score_user: np.ndarray  # (S,) int64 index into the state rows above
+    score_types: list[str]
+    scores: np.ndarray  # (S,) float32
+    score_ts: np.ndarray  # (S,) int64
+    score_event_ids: list[bytes]  # the producer's event id, else the entry id
+    arrival_ms: np.ndarray  # (S,) float64 entry id time of each scored event
+    shadow_model: str  # the shadow model's version ("" = none)
+    shadow_scores: np.ndarray | None  # (S,) float32
+    shadow_user_scores: np.ndarray | None  # (K,) the shadow's score of each user's last event
+    dead: list[DeadLetter]
+    outcomes: dict[str, int]  # entries per outcome; they sum to len(ack_ids)
+    unknown_types: int  # scored events of types the model does not know
+    # labelled-session samples (score, label) per model role, for live quality
+    quality: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
+    """For each valid event of the batch, the row of its user in `users`."""
+    row = {u: i for i, u in enumerate(users)}
+    return np.fromiter((row[u] for u in batch.users), np.int64, len(batch.users))
+
+
+def distinct_users(batch: Batch) -> list[str]:
+    """The batch's users, each once, in order of first appearance."""
+    return list(dict.fromkeys(batch.users))
+
+
+def _applied_before(batch: Batch, states: UserStates, slot: np.ndarray) -> np.ndarray:
+    """Events whose entry id is above their user's last applied id (SPEC §4)."""
+    last = states.last_id
+    return np.fromiter(
+        (k > last[s] for k, s in zip(batch.entry_keys, slot.tolist(), strict=True)),
+        np.bool_,
+        len(slot),
+    )
+
+
+def _drop_producer_retries(
+    batch: Batch, states: UserStates, slot: np.ndarray, keep: np.ndarray, window: int
+) -> dict[int, bytes]:
+    """Unmark events that are a producer's resend (worker/common/dedup.py); return the updated
+    memory (`event_ids`) of the users whose memory changed."""
+    memory: dict[int, Memory] = {}
+    slots = slot.tolist()
+    for i, (event_id, producer) in enumerate(zip(batch.event_ids, batch.producers, strict=True)):
+        if (event_id is None and producer is None) or not keep[i]:
+            continue
+        s = slots[i]
+        m = memory.get(s)
+        if m is None:
+            m = memory[s] = Memory(states.event_ids[s], window)
+        if not m.admit(event_id, producer):
+            keep[i] = False
+    return {s: m.packed() for s, m in memory.items()}
+
+
+def _advance(
+    model: ScoringModel, h: np.ndarray, last_ts: np.ndarray, recent: list[bytes],
+    replay: list[int], slot: np.ndarray, type_idx: np.ndarray, ts: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Advance the states h (and last_ts) over the events in one kernel call; return their
+    scores. Rows in `replay` first restart from zero at the time before their recent events
+    and replay them (their scores are not returned)."""
+    rows = [r for r in replay if recent[r]]
+    r_slot: list[int] = []
+    if rows:
+        r_types: list[str] = []
+        r_ts: list[int] = []
+        for r in rows:
+            events = unpack(recent[r])
+            h[r] = 0.0
+            last_ts[r] = events.prev_ts
+            r_slot += [r] * len(events)
+            r_types += events.types
+            r_ts += events.ts
+        slot = np.concatenate([np.asarray(r_slot, np.int64), slot])
+        type_idx = np.concatenate([model.type_indices(r_types), type_idx])
+        ts = np.concatenate([np.asarray(r_ts, np.int64), ts])
+    return model.advance(h, last_ts, slot, type_idx, ts)[len(r_slot) :]
+
+
+def _recent_after(
+    states: UserStates, rows: list[int], k_slot: np.ndarray, types: list[str],
+    ts: np.ndarray, keep: int, session_gap_ms: float,
+) -> list[bytes]:  # fmt: skip
+    """The packed `recent` of each written row: its history plus this batch's events."""
+    if keep == 0:
+        return [NO_HISTORY] * len(rows)
+    new_ts: dict[int, list[int]] = {}
+    new_names: dict[int, list[bytes]] = {}
+    for s, t, name in zip(k_slot.tolist(), ts.tolist(), names_of(types), strict=True):
+        if s in new_ts:
+            new_ts[s].append(t)
+            new_names[s].append(name)
+        else:
+            new_ts[s], new_names[s] = [t], [name]
+    old = states.recent
+    return [extend_packed(old[r], new_ts[r], new_names[r], keep, session_gap_ms) for r in rows]
+
+
+def gap_ms(model: ScoringModel) -> float:
+    """The model's session gap in ms (0 = sessions never split)."""
+    return model.model.meta.session_gap_seconds * 1000.0
+
+
+def label_type(model: ScoringModel) -> str:
+    """The event type the model was trained to predict (its meta's, else `purchase`)."""
+    return str((model.model.meta.model_extra or {}).get("label_type") or "purchase")
+
+
+def build_commit(
+    batch: Batch,
+    states: UserStates,
+    model: ScoringModel,
+    history_events: int = 0,
+    shadow: ScoringModel | None = None,
+    event_id_window: int = DEFAULT_WINDOW,
+) -> Commit:
+    """Decide every entry's outcome, advance the states, and return what to commit.
+
+    `states` must hold the batch's distinct users (see `distinct_users`); their h and
+    last_ts are advanced in place. Rows in `states.replay` are rebuilt first from their
+    recent events (no score entries for those steps). Each written state keeps its last
+    `history_events` events of the current session (0 = none), and remembers its last
+    `event_id_window` producer event ids. A shadow model (with `states.shadow`) scores the
+    same events from its own states.
+    """
+    slot = user_slots(batch, states.users)
+    ts_before = states.last_ts.copy()  # the advances move last_ts
+    keep = _applied_before(batch, states, slot)
+    recent = _drop_producer_retries(batch, states, slot, keep, event_id_window)
+    idx = np.flatnonzero(keep)
+    k_slot = slot[idx]
+    types = [batch.types[i] for i in idx]
+    ts = np.fromiter((batch.ts[i] for i in idx), np.int64, len(idx))
+    type_idx = model.type_indices(types)
+    scores = _advance(model, states.h, states.last_ts, states.recent, states.replay,
+                      k_slot, type_idx, ts)  # fmt: skip
+    quality = {
+        "current": label_samples(
+            k_slot,
+            types,
+            ts,
+            scores,
+            states.score,
+            ts_before,
+            states.recent,
+            label_type(model),
+            gap_ms(model),
+        )
+    }
+    sh = states.shadow if shadow is not None else None
+    if sh is not None:
+        shadow_scores = _advance(shadow, sh.h, sh.last_ts, states.recent, sh.replay,
+                                 k_slot, shadow.type_indices(types), ts)  # fmt: skip
+        quality["shadow"] = label_samples(
+            k_slot, types, ts, shadow_scores,
+            sh.score if sh.score is not None else np.full(len(states.users), np.nan),
+            ts_before, states.recent, label_type(shadow), gap_ms(shadow),
+        )  # fmt: skip
+
+    # The users written are those with at least one scored event; each state row takes the
+    # values of the user's last scored event.
+    touched = np.unique(k_slot)
+    last_event = np.full(len(states.users), -1, np.int64)
+    np.maximum.at(last_event, k_slot, np.arange(len(idx)))
+    last_of_user = idx[last_event[touched]]
+    row_of_slot = np.zeros(len(states.users), np.int64)
+    row_of_slot[touched] = np.arange(len(touched))
+    applied = np.bincount(k_slot, minlength=len(states.users))[touched]
+    touched_list = touched.tolist()
+    outcomes = {
+        "scored": len(idx),
+        "duplicate": len(batch.users) - len(idx),
+        "deadletter": len(batch.dead) - batch.misrouted,
+        "misrouted": batch.misrouted,
+        "lost": batch.lost,
+    }
+    return Commit(
+        partition=batch.partition,
+        model=model.version,
+        seq=states.seq,
+        ack_ids=batch.ids,
+        users=[states.users[s] for s in touched_list],
+        h=states.h[touched],
+        user_scores=scores[last_event[touched]],
+        last_scored=last_event[touched],
+        last_ids=[batch.entry_ids[i] for i in last_of_user.tolist()],
+        last_keys=[batch.entry_keys[i] for i in last_of_user.tolist()],
+        last_ts=states.last_ts[touched],
+        n=states.n[touched] + applied,
+        event_ids=[recent.get(s, states.event_ids[s]) for s in touched_list],
+        recent=_recent_after(
+            states,
+            touched_list,
+            k_slot,
+            types,
+            ts,
+            history_events,
+            gap_ms(model),
+        ),
+        score_user=row_of_slot[k_slot],
+        score_types=types,
+        scores=scores,
+        score_ts=ts,
+        score_event_ids=[batch.event_ids[i] or batch.entry_ids[i] for i in idx.tolist()],
+        arrival_ms=np.fromiter((batch.entry_keys[i][0] for i in idx), np.float64, len(idx)),
+        dead=batch.dead,
+        outcomes=outcomes,
+        unknown_types=int((type_idx == model.unknown_index).sum()),
+        shadow_model=shadow.version if sh is not None else "",
+        shadow_h=sh.h[touched] if sh is not None else None,
+        shadow_scores=shadow_scores if sh is not None else None,
+        shadow_user_scores=shadow_scores[last_event[touched]] if sh is not None else None,
+        quality=quality,
+    )
