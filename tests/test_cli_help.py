@@ -118,10 +118,12 @@ def test_settings_flags_name_their_environment_variable():
 def test_the_readme_documents_every_train_and_demo_flag():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    root = Path(__file__).resolve().parent.parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    readme = "\n".join(page.read_text() for page in pages)  # the README and its guides
     for prog in ("intentstream train", "intentstream demo", "intentstream worker"):
         parser = next(p for p in all_parsers() if p.prog == prog)
         for action in parser._actions:
             for flag in action.option_strings:
                 if flag.startswith("--") and flag != "--help":
-                    assert f"`{flag}" in readme, f"{prog} {flag} is not in the README"
+                    assert f"`{flag}" in readme, f"{prog} {flag} is not in the README or docs/"

@@ -159,7 +159,7 @@ def test_a_failover_while_workers_run_loses_nothing_and_states_agree(
     reemitted = assert_each_event_scored_and_states_equal(r, events, model_path)
     # A manual failover waits for the replica to catch up: nothing acknowledged is lost, so
     # nothing is scored again. (An automatic failover after a crash can re-emit the scores
-    # of commits the old master acknowledged but never replicated: see README.)
+    # of commits the old master acknowledged but never replicated: see docs/operators.md.)
     assert reemitted == 0
 
 

@@ -61,8 +61,8 @@ def wait_promoted(cluster: LocalCluster, old: str, key: str = KEYS.events(0)) ->
 
 def held_events(r, events: list[dict]) -> list[dict]:
     """The events the cluster's streams hold now, in publication order. An XADD the old
-    master acknowledged but had not replicated is lost with it (README "A Redis
-    failover"): only what the new master holds can be asked of the worker."""
+    master acknowledged but had not replicated is lost with it (docs/operators.md,
+    "A Redis failover"): only what the new master holds can be asked of the worker."""
     held = set()
     for p in range(P):
         held |= {(p, f[b"event_id"].decode()) for _, f in r.xrange(KEYS.events(p))}

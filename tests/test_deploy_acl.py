@@ -443,7 +443,7 @@ SHARED = {
     ("worker", "INFO server"), ("worker", f"XINFO GROUPS {E0}"), ("worker", f"XPENDING {E0} g"),
     ("trainer", "GET intentstream:model:current"),
 }  # fmt: skip
-# Known and documented (README "Redis users and TLS"): an ACL cannot restrict arguments, so
+# Known and documented (docs/deploy.md, "Redis users and TLS"): an ACL cannot restrict arguments, so
 # the worker, which trims history (XTRIM MINID) and records routes, may also trim more and
 # hold producers back; the trainer, the registry's owner, may delete its keys.
 ARGUMENTS_UNRESTRICTED = {("worker", "XTRIM"), ("worker", "SET")}

@@ -1,5 +1,6 @@
-"""README "Sizing": the bytes per user state, retained event and score entry it states are
-what Redis reports (MEMORY USAGE) after a real worker scored synthetic traffic."""
+"""docs/deploy.md "Sizing and retention": the bytes per user state, retained event and score
+entry it states are what Redis reports (MEMORY USAGE) after a real worker scored synthetic
+traffic."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ ROWS = {"user state": "state", "retained input event": "event", "score entry": "
 
 
 def readme_sizes() -> dict[str, int]:
-    """The 'bytes each' column of the README's sizing table, by row."""
-    text = (ROOT / "README.md").read_text()
+    """The 'bytes each' column of the sizing table (docs/deploy.md), by row."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
     sizes = {}
     for row, key in ROWS.items():
         match = re.search(rf"^\| {row} \| ~?([\d,]+) \|", text, re.M)
-        assert match, f"README sizing table has no row {row!r}"
+        assert match, f"docs/deploy.md sizing table has no row {row!r}"
         sizes[key] = int(match[1].replace(",", ""))
     return sizes
 
@@ -53,5 +54,5 @@ def test_readme_sizing_matches_redis(redis_server, tmp_path):
     stated = readme_sizes()
     for key, value in measured.items():
         assert 0.7 * value <= stated[key] <= 1.4 * value, (
-            f"{key}: README {stated[key]}, measured {value:.0f}"
+            f"{key}: docs/deploy.md {stated[key]}, measured {value:.0f}"
         )

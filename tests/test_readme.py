@@ -1,4 +1,5 @@
-"""The README's commands, run as written (against a Redis the test starts)."""
+"""The README's and the guides' commands, run as written (against a Redis the test starts),
+and their links, checked."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import redis
+
 from worker.common.local_redis import redis_server_binary
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PRODUCERS = ROOT / "docs" / "producers.md"  # where the README's Python snippet now lives
+# Every page a reader is sent to: its indented commands run, its links resolve.
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "BENCHMARKS.md"]
 # Commands these tests cannot run as written, and where they are covered instead.
 ELSEWHERE = {
     "bash scripts/test.sh": "this is the test run itself (.ci/run)",
@@ -20,6 +27,9 @@ ELSEWHERE = {
     "python3 -m venv": "installation: done by scripts/test.sh",
     "intentstream partitions resize": "needs stopped workers: tests/test_resize.py runs it",
     "intentstream bench --workers": "minutes long: tests/test_scaling_bench.py runs it small",
+    ".venv/bin/python -m pytest": "the test run itself (docs/contributing.md)",
+    ".venv/bin/ruff": "the lint step of scripts/test.sh",
+    ".venv/bin/lint-imports": "the import contracts' step of scripts/test.sh",
 }
 # Long-running commands get a bound; the rest of each line runs unchanged.
 BOUNDED = {
@@ -30,11 +40,11 @@ BOUNDED = {
 }
 
 
-def readme_commands() -> list[str]:
-    """Shell commands of the README's indented blocks, continuation lines joined."""
+def readme_commands(doc: Path = README) -> list[str]:
+    """Shell commands of a page's indented blocks, continuation lines joined."""
     commands, pending = [], ""
     starts = ("intentstream ", "redis-cli ", "printf ", "python ", "python3 ", "bash ", ".venv/")
-    for line in README.read_text().splitlines():
+    for line in doc.read_text().splitlines():
         if not line.startswith("    "):
             pending = ""
             continue
@@ -66,7 +76,9 @@ def as_run_here(command: str, url: str, port: int) -> str:
 
 
 def test_every_readme_command_runs(redis_server, tmp_path):
-    commands = readme_commands()
+    """Every page's commands in order, each page from an empty Redis and its own directory."""
+    pages = {doc: readme_commands(doc) for doc in DOCS}
+    commands = [c for page in pages.values() for c in page]
     assert len(commands) > 15
     bin_dir = Path(sys.executable).parent
     cli = shutil.which("redis-cli") or str(Path(redis_server_binary()).with_name("redis-cli"))
@@ -74,32 +86,37 @@ def test_every_readme_command_runs(redis_server, tmp_path):
     env["PATH"] = f"{bin_dir}:{Path(cli).parent}:{env['PATH']}"
     env["INTENTSTREAM_REDIS_URL"] = redis_server.url
     env["INTENTSTREAM_METRICS_PORT"] = "0"
-    (tmp_path / "events.jsonl").write_text(
-        "".join(json.dumps({"user_id": f"u{i}", "type": "view"}) + "\n" for i in range(20))
-    )
     ran = 0
-    for command in commands:
-        if any(command.startswith(p) for p in ELSEWHERE):
-            continue
-        if command.startswith("intentstream worker"):
-            # the worker needs a model: the README creates model.npz further down
-            subprocess.run(
-                "intentstream model init --event-types view,add_to_cart,coupon,purchase "
-                "--out model.npz", shell=True, cwd=tmp_path, env=env, check=True,
-                capture_output=True,
+    for doc, page in pages.items():
+        redis.Redis.from_url(redis_server.url).flushall()
+        cwd = tmp_path / doc.stem
+        cwd.mkdir()
+        (cwd / "events.jsonl").write_text(
+            "".join(json.dumps({"user_id": f"u{i}", "type": "view"}) + "\n" for i in range(20))
+        )
+        for command in page:
+            if any(command.startswith(p) for p in ELSEWHERE):
+                continue
+            if command.startswith("intentstream worker"):
+                # the worker needs a model: the pages create model.npz (or a registry version)
+                subprocess.run(
+                    "intentstream model init --event-types view,add_to_cart,coupon,purchase "
+                    "--out model.npz", shell=True, cwd=cwd, env=env, check=True,
+                    capture_output=True,
+                )  # fmt: skip
+            shell = as_run_here(command, redis_server.url, redis_server.port)
+            result = subprocess.run(
+                ["bash", "-c", shell], cwd=cwd, env=env, capture_output=True, text=True,
+                timeout=300,
             )  # fmt: skip
-        shell = as_run_here(command, redis_server.url, redis_server.port)
-        result = subprocess.run(
-            ["bash", "-c", shell], cwd=tmp_path, env=env, capture_output=True, text=True,
-            timeout=300,
-        )  # fmt: skip
-        assert result.returncode == 0, f"{shell}\n{result.stdout}\n{result.stderr}"
-        ran += 1
+            where = doc.relative_to(ROOT)
+            assert result.returncode == 0, f"{where}: {shell}\n{result.stdout}\n{result.stderr}"
+            ran += 1
     assert ran >= 15
 
 
 def test_readme_python_snippet_runs(redis_server):
-    text = README.read_text()
+    text = PRODUCERS.read_text()
     snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     exec(
         compile(snippet.replace("redis://localhost:6379/0", redis_server.url), "README", "exec"), {}
@@ -107,3 +124,65 @@ def test_readme_python_snippet_runs(redis_server):
     from worker.common.connection import connect
 
     assert connect(redis_server.url).xlen("intentstream:events:{0}") == 1
+
+
+# ---- links ---------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^```.*?^```[^\n]*$", re.M | re.S)
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading (before de-duplication)."""
+    text = heading.strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading anchor of a page, repeated headings numbered -1, -2 as GitHub does."""
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in re.findall(r"^#{1,6} (.+?)#*$", _FENCE.sub("", page.read_text()), re.M):
+        anchor = github_anchor(heading)
+        n = seen.get(anchor, 0)
+        seen[anchor] = n + 1
+        found.add(anchor if n == 0 else f"{anchor}-{n}")
+    return found
+
+
+def links(page: Path) -> list[str]:
+    """Targets of a page's Markdown links, outside code blocks and code spans."""
+    text = re.sub(r"`[^`\n]*`", "", _FENCE.sub("", page.read_text()))
+    return _LINK.findall(text)
+
+
+def test_github_anchor_rules():
+    assert github_anchor("Choosing a cell: Elman (`rnn`) or GRU (`gru`)") == (
+        "choosing-a-cell-elman-rnn-or-gru-gru"
+    )
+    assert github_anchor("Model artifacts and the registry") == "model-artifacts-and-the-registry"
+
+
+def test_every_relative_link_and_anchor_resolves():
+    assert len(DOCS) >= 9, DOCS  # README, BENCHMARKS and the seven guides
+    broken = []
+    for page in DOCS:
+        for target in links(page):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:: not ours to check
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}: {target}"
+            if ROOT not in (resolved, *resolved.parents) or not resolved.exists():
+                broken.append(f"{where}: no such file in the repository")
+            elif anchor and (resolved.suffix != ".md" or anchor not in anchors(resolved)):
+                broken.append(f"{where}: no heading #{anchor}")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_contract_has_the_headings_code_points_at():
+    found = anchors(ROOT / "docs" / "contract.md")
+    for anchor in ("the-model", "events-in", "user-state-and-scores-out",
+                   "model-artifacts-and-the-registry", "training-data-and-labels", "metrics",
+                   "settings", "deploy"):  # fmt: skip
+        assert anchor in found, anchor
