@@ -22,10 +22,12 @@ from packaging.version import Version
 from model.artifact import random_model
 from tests.deploy_tools import DEPLOY, clean_env, run, venv_tool
 from tests.workers import count_scores, wait_for
-from worker.commands.healthcheck import healthz_url
+from worker.commands import probe
+from worker.commands.probe import healthz_url
 from worker.common.local_redis import free_port
 from worker.common.publisher import publish
 from worker.common.registry import Registry
+from worker.common.settings import Settings
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 IMAGE_VENV_BIN = "/opt/intentstream/bin"
@@ -105,7 +107,7 @@ def test_entrypoint_and_healthcheck_are_exec_form(dockerfile):
     hc = stage["HEALTHCHECK"]
     assert re.search(r"--interval=\d+s", hc) and re.search(r"--timeout=\d+s", hc)
     command = hc.split("CMD", 1)[1].strip()
-    assert exec_form(command) == ["intentstream", "healthcheck"]
+    assert exec_form(command) == ["python", "-I", "-m", "worker.commands.probe"]
     assert "curl" not in dockerfile and "wget" not in dockerfile
 
 
@@ -184,18 +186,54 @@ class _Status(BaseHTTPRequestHandler):
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("code", "exit_code"), [(200, 0), (503, 1)])
-def test_healthcheck_follows_healthz(code, exit_code):
+@pytest.mark.parametrize("door", ["intentstream healthcheck", "python -m"])
+def test_healthcheck_follows_healthz(code, exit_code, door):
     handler = type("H", (_Status,), {"code": code})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = str(server.server_address[1])
-        result = run(venv_tool("intentstream"), "healthcheck", "--metrics-port", port,
-                     env=clean_env())  # fmt: skip
+        if door == "python -m":  # the container's probe: the address from the environment
+            env = clean_env(INTENTSTREAM_METRICS_PORT=port, INTENTSTREAM_METRICS_HOST="0.0.0.0")
+            result = run(sys.executable, "-I", "-m", "worker.commands.probe", env=env)
+        else:
+            result = run(venv_tool("intentstream"), "healthcheck", "--metrics-port", port,
+                         env=clean_env())  # fmt: skip
     finally:
         server.shutdown()
     assert result.returncode == exit_code, result.stdout + result.stderr
     assert ("healthy" if code == 200 else "HTTP 503") in result.stdout + result.stderr
+
+
+@pytest.mark.integration
+def test_container_probe_fails_clearly_without_a_worker_or_with_a_bad_port():
+    env = clean_env(INTENTSTREAM_METRICS_PORT=str(free_port()))
+    result = run(sys.executable, "-I", "-m", "worker.commands.probe", env=env)
+    assert result.returncode == 1 and "cannot reach http://127.0.0.1:" in result.stderr
+    result = run(sys.executable, "-I", "-m", "worker.commands.probe",
+                 env=clean_env(INTENTSTREAM_METRICS_PORT="nine"))  # fmt: skip
+    assert result.returncode == 2 and "INTENTSTREAM_METRICS_PORT='nine'" in result.stderr
+
+
+def test_container_probe_defaults_are_the_workers():
+    fields = Settings.model_fields
+    assert fields["metrics_host"].default == probe.DEFAULT_METRICS_HOST
+    assert fields["metrics_port"].default == probe.DEFAULT_METRICS_PORT
+    assert Settings.model_config["env_prefix"] == "INTENTSTREAM_"
+
+
+def test_container_probe_reads_only_the_standard_library():
+    """What makes it cheap: no numpy, Numba, pydantic or redis is loaded."""
+    code = (
+        "import sys, runpy; sys.argv = ['x']\n"
+        "try: runpy.run_module('worker.commands.probe', run_name='__main__')\n"
+        "except SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'numpy', 'numba', 'pydantic', 'redis', 'prometheus_client', 'model'}))"
+    )
+    env = clean_env(INTENTSTREAM_METRICS_PORT=str(free_port()))
+    result = run(sys.executable, "-I", "-c", code, env=env)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
 
 
 def test_healthcheck_reaches_a_worker_bound_to_every_address():
