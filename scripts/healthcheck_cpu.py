@@ -1,10 +1,12 @@
-"""CPU of one container health check: the image's probe against `intentstream healthcheck`
-and a bare Python start, each against a local /healthz, rounds alternated, medians.
+"""CPU of one container health check (`intentstream healthcheck`, answered by the probe)
+against the same check through the full CLI and a bare Python start, each against a local
+/healthz, rounds alternated, medians of user+sys CPU per run.
 
-    .venv/bin/python scripts/healthcheck_cpu.py [--rounds 21] [--probe-python PYTHON]
+    .venv/bin/python scripts/healthcheck_cpu.py [--rounds 21] [--python PYTHON]
 
---probe-python: a Python with intentstream installed as in the image (not editable: an
-editable install's import hook costs ~40 ms at every start); default this one.
+--python: a Python with intentstream installed as in the image (not editable: an editable
+install's import hook costs ~40 ms at every start); default this one. Each command runs
+what the console script runs: `worker.commands.entry.main`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 
 class _Healthy(BaseHTTPRequestHandler):
@@ -42,18 +43,17 @@ def child_cpu(argv: list[str], env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=21)
-    parser.add_argument("--probe-python", default=sys.executable)
+    parser.add_argument("--python", default=sys.executable)
     args = parser.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {**os.environ, "INTENTSTREAM_METRICS_PORT": str(server.server_address[1])}
+    console = "import sys; from worker.commands.{} import main; sys.exit(main(['healthcheck']))"
     commands = {
-        "python -I -m worker.commands.probe": [
-            args.probe_python, "-I", "-m", "worker.commands.probe"],
-        "intentstream healthcheck": [str(Path(sys.executable).parent / "intentstream"),
-                                     "healthcheck"],
-        "python -I -c pass": [args.probe_python, "-I", "-c", "pass"],
-    }  # fmt: skip
+        "intentstream healthcheck": [args.python, "-I", "-c", console.format("entry")],
+        "the same through the full CLI": [args.python, "-I", "-c", console.format("cli")],
+        "python -I -c pass": [args.python, "-I", "-c", "pass"],
+    }
     cpu: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(args.rounds):
         for name, argv in commands.items():

@@ -23,11 +23,12 @@ from model.artifact import random_model
 from tests.deploy_tools import DEPLOY, clean_env, run, venv_tool
 from tests.workers import count_scores, wait_for
 from worker.commands import probe
+from worker.commands.cli import build_parser
 from worker.commands.probe import healthz_url
 from worker.common.local_redis import free_port
 from worker.common.publisher import publish
 from worker.common.registry import Registry
-from worker.common.settings import Settings
+from worker.common.settings import Settings, load_settings
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 IMAGE_VENV_BIN = "/opt/intentstream/bin"
@@ -107,7 +108,7 @@ def test_entrypoint_and_healthcheck_are_exec_form(dockerfile):
     hc = stage["HEALTHCHECK"]
     assert re.search(r"--interval=\d+s", hc) and re.search(r"--timeout=\d+s", hc)
     command = hc.split("CMD", 1)[1].strip()
-    assert exec_form(command) == ["python", "-I", "-m", "worker.commands.probe"]
+    assert exec_form(command) == ["intentstream", "healthcheck"]
     assert "curl" not in dockerfile and "wget" not in dockerfile
 
 
@@ -186,19 +187,19 @@ class _Status(BaseHTTPRequestHandler):
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("code", "exit_code"), [(200, 0), (503, 1)])
-@pytest.mark.parametrize("door", ["intentstream healthcheck", "python -m"])
-def test_healthcheck_follows_healthz(code, exit_code, door):
+@pytest.mark.parametrize("address_from", ["flag", "environment"])
+def test_healthcheck_follows_healthz(code, exit_code, address_from):
     handler = type("H", (_Status,), {"code": code})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = str(server.server_address[1])
-        if door == "python -m":  # the container's probe: the address from the environment
-            env = clean_env(INTENTSTREAM_METRICS_PORT=port, INTENTSTREAM_METRICS_HOST="0.0.0.0")
-            result = run(sys.executable, "-I", "-m", "worker.commands.probe", env=env)
-        else:
+        if address_from == "flag":
             result = run(venv_tool("intentstream"), "healthcheck", "--metrics-port", port,
                          env=clean_env())  # fmt: skip
+        else:  # as in the image: INTENTSTREAM_METRICS_HOST=0.0.0.0 and the port
+            env = clean_env(INTENTSTREAM_METRICS_PORT=port, INTENTSTREAM_METRICS_HOST="0.0.0.0")
+            result = run(venv_tool("intentstream"), "healthcheck", env=env)
     finally:
         server.shutdown()
     assert result.returncode == exit_code, result.stdout + result.stderr
@@ -206,30 +207,68 @@ def test_healthcheck_follows_healthz(code, exit_code, door):
 
 
 @pytest.mark.integration
-def test_container_probe_fails_clearly_without_a_worker_or_with_a_bad_port():
+def test_healthcheck_fails_clearly_without_a_worker_or_with_a_bad_port():
     env = clean_env(INTENTSTREAM_METRICS_PORT=str(free_port()))
-    result = run(sys.executable, "-I", "-m", "worker.commands.probe", env=env)
+    result = run(venv_tool("intentstream"), "healthcheck", env=env)
     assert result.returncode == 1 and "cannot reach http://127.0.0.1:" in result.stderr
-    result = run(sys.executable, "-I", "-m", "worker.commands.probe",
+    # a value to reject goes to the full CLI: its one-line settings error, exit 2
+    result = run(venv_tool("intentstream"), "healthcheck",
                  env=clean_env(INTENTSTREAM_METRICS_PORT="nine"))  # fmt: skip
-    assert result.returncode == 2 and "INTENTSTREAM_METRICS_PORT='nine'" in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "metrics_port (--metrics-port / INTENTSTREAM_METRICS_PORT)" in result.stderr
 
 
-def test_container_probe_defaults_are_the_workers():
+def test_probe_defaults_are_the_workers():
     fields = Settings.model_fields
     assert fields["metrics_host"].default == probe.DEFAULT_METRICS_HOST
     assert fields["metrics_port"].default == probe.DEFAULT_METRICS_PORT
     assert Settings.model_config["env_prefix"] == "INTENTSTREAM_"
 
 
-def test_container_probe_reads_only_the_standard_library():
-    """What makes it cheap: no numpy, Numba, pydantic or redis is loaded."""
+PLAIN = [
+    ([], {}),
+    ([], {"INTENTSTREAM_METRICS_PORT": "9200", "INTENTSTREAM_METRICS_HOST": "0.0.0.0"}),
+    (["--metrics-port", "9300"], {"INTENTSTREAM_METRICS_PORT": "9200"}),
+    (["--metrics-port=9301", "--metrics-host", "::"], {}),
+    (["--metrics-host", "10.1.2.3"], {"INTENTSTREAM_METRICS_HOST": "0.0.0.0"}),
+    (["--url", "http://[::1]:7/healthz", "--timeout", "0.5"], {}),
+]
+NOT_PLAIN = [
+    (["--help"], {}),
+    (["--metrics-port"], {}),
+    (["--metrics-port", "nine"], {}),
+    ([], {"INTENTSTREAM_METRICS_PORT": "0"}),
+    ([], {"INTENTSTREAM_METRICS_PORT": "70000"}),
+    (["--timeout", "soon"], {}),
+    (["--metrics-port", "1", "--metrics-port", "2"], {}),
+    (["--log-level", "DEBUG"], {}),
+]
+
+
+@pytest.mark.parametrize(("argv", "env"), PLAIN)
+def test_plain_healthcheck_checks_what_the_full_cli_checks(argv, env, monkeypatch):
+    for name in ("INTENTSTREAM_METRICS_PORT", "INTENTSTREAM_METRICS_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["healthcheck", *argv])
+    settings = load_settings(args, model=None)
+    full = args.url or healthz_url(settings.metrics_host, settings.metrics_port)
+    assert probe.plain_request(argv, env) == (full, args.timeout)
+
+
+@pytest.mark.parametrize(("argv", "env"), NOT_PLAIN)
+def test_anything_else_goes_to_the_full_cli(argv, env):
+    assert probe.plain_request(argv, env) is None
+
+
+@pytest.mark.integration
+def test_plain_healthcheck_loads_only_the_standard_library():
+    """What makes the container's check cheap: no numpy, Numba, pydantic or redis."""
     code = (
-        "import sys, runpy; sys.argv = ['x']\n"
-        "try: runpy.run_module('worker.commands.probe', run_name='__main__')\n"
-        "except SystemExit: pass\n"
+        "import sys; from worker.commands.entry import main; main(['healthcheck'])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "{'numpy', 'numba', 'pydantic', 'redis', 'prometheus_client', 'model'}))"
+        "{'numpy', 'numba', 'pydantic', 'redis', 'prometheus_client', 'model', 'argparse'}))"
     )
     env = clean_env(INTENTSTREAM_METRICS_PORT=str(free_port()))
     result = run(sys.executable, "-I", "-c", code, env=env)

@@ -1,10 +1,10 @@
-"""The container's health probe: `python -I -m worker.commands.probe` exits 0 only when the
-worker's /healthz says its main loop went round recently, else 1 (2: no address to check).
+"""The health check's probe: GET the worker's /healthz on a socket, loading nothing else.
 
-A container runs its probe every 15 s for as long as it lives, so this module loads only the
-standard library's C socket module, and the probe costs little more CPU than Python's own
-start, where the full CLI (`intentstream healthcheck`: numpy, Numba, pydantic) takes 1.4 s.
-It reads the worker's address from the same INTENTSTREAM_METRICS_HOST / _PORT variables.
+A container runs `intentstream healthcheck` every 15 s for as long as it lives. The whole CLI
+loads numpy, Numba and pydantic (1.4 s of CPU), so the console script answers a plain
+`healthcheck` (its flags or the environment) here first (worker/commands/entry.py) and
+leaves anything else (--help, a value to reject) to the full CLI, which gives the same
+answer through the settings (a unit test holds the two equal).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import _socket  # not `socket`: its enums alone would double the probe's CPU (~20 ms)
 import os
 import sys
+from collections.abc import Mapping
 
 # A worker bound to every address is reached on loopback from inside its own container.
 _ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
@@ -92,15 +93,40 @@ def report(url: str, timeout: float) -> int:
     return 0 if ok else 1
 
 
-def main() -> int:
-    """Probe the worker at the address its environment variables give it."""
-    host = os.environ.get("INTENTSTREAM_METRICS_HOST", DEFAULT_METRICS_HOST).strip()
-    port = os.environ.get("INTENTSTREAM_METRICS_PORT", str(DEFAULT_METRICS_PORT)).strip()
-    if not port.isdigit() or not 0 < int(port) <= 65535:
-        print(f"error: INTENTSTREAM_METRICS_PORT={port!r}: not a port to check", file=sys.stderr)
-        return 2
-    return report(healthz_url(host, int(port)), timeout=3.0)
+_FLAGS = {"--metrics-host": "metrics_host", "--metrics-port": "metrics_port",
+          "--url": "url", "--timeout": "timeout"}  # fmt: skip
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def plain_request(argv: list[str], env: Mapping[str, str]) -> tuple[str, float] | None:
+    """(url, timeout) that `intentstream healthcheck ARGV` checks, or None when the request
+    needs the full CLI: help, a flag or value it would reject, metrics turned off."""
+    given: dict[str, str] = {}
+    words = iter(argv)
+    for word in words:
+        flag, eq, value = word.partition("=")
+        if flag not in _FLAGS or _FLAGS[flag] in given:
+            return None
+        value = value if eq else next(words, None)
+        if value is None:
+            return None
+        given[_FLAGS[flag]] = value
+    try:
+        timeout = float(given.get("timeout", "3"))
+    except ValueError:
+        return None
+    if not 0 < timeout < 3600:
+        return None
+    if "url" in given:
+        return given["url"], timeout
+    host = given.get("metrics_host", env.get("INTENTSTREAM_METRICS_HOST", DEFAULT_METRICS_HOST))
+    port = given.get("metrics_port", env.get("INTENTSTREAM_METRICS_PORT"))
+    port = str(DEFAULT_METRICS_PORT) if port is None else port
+    if not port.isascii() or not port.isdigit() or not 0 < int(port) <= 65535:
+        return None
+    return healthz_url(host, int(port)), timeout
+
+
+def plain_healthcheck(argv: list[str]) -> int | None:
+    """Run `intentstream healthcheck ARGV` here if it is a plain one (see plain_request)."""
+    request = plain_request(argv, os.environ)
+    return None if request is None else report(*request)
