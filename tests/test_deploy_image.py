@@ -22,10 +22,13 @@ from packaging.version import Version
 from model.artifact import random_model
 from tests.deploy_tools import DEPLOY, clean_env, run, venv_tool
 from tests.workers import count_scores, wait_for
-from worker.commands.healthcheck import healthz_url
+from worker.commands import probe
+from worker.commands.cli import build_parser
+from worker.commands.probe import healthz_url
 from worker.common.local_redis import free_port
 from worker.common.publisher import publish
 from worker.common.registry import Registry
+from worker.common.settings import Settings, load_settings
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 IMAGE_VENV_BIN = "/opt/intentstream/bin"
@@ -184,18 +187,92 @@ class _Status(BaseHTTPRequestHandler):
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("code", "exit_code"), [(200, 0), (503, 1)])
-def test_healthcheck_follows_healthz(code, exit_code):
+@pytest.mark.parametrize("address_from", ["flag", "environment"])
+def test_healthcheck_follows_healthz(code, exit_code, address_from):
     handler = type("H", (_Status,), {"code": code})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = str(server.server_address[1])
-        result = run(venv_tool("intentstream"), "healthcheck", "--metrics-port", port,
-                     env=clean_env())  # fmt: skip
+        if address_from == "flag":
+            result = run(venv_tool("intentstream"), "healthcheck", "--metrics-port", port,
+                         env=clean_env())  # fmt: skip
+        else:  # as in the image: INTENTSTREAM_METRICS_HOST=0.0.0.0 and the port
+            env = clean_env(INTENTSTREAM_METRICS_PORT=port, INTENTSTREAM_METRICS_HOST="0.0.0.0")
+            result = run(venv_tool("intentstream"), "healthcheck", env=env)
     finally:
         server.shutdown()
     assert result.returncode == exit_code, result.stdout + result.stderr
     assert ("healthy" if code == 200 else "HTTP 503") in result.stdout + result.stderr
+
+
+@pytest.mark.integration
+def test_healthcheck_fails_clearly_without_a_worker_or_with_a_bad_port():
+    env = clean_env(INTENTSTREAM_METRICS_PORT=str(free_port()))
+    result = run(venv_tool("intentstream"), "healthcheck", env=env)
+    assert result.returncode == 1 and "cannot reach http://127.0.0.1:" in result.stderr
+    # a value to reject goes to the full CLI: its one-line settings error, exit 2
+    result = run(venv_tool("intentstream"), "healthcheck",
+                 env=clean_env(INTENTSTREAM_METRICS_PORT="nine"))  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "metrics_port (--metrics-port / INTENTSTREAM_METRICS_PORT)" in result.stderr
+
+
+def test_probe_defaults_are_the_workers():
+    fields = Settings.model_fields
+    assert fields["metrics_host"].default == probe.DEFAULT_METRICS_HOST
+    assert fields["metrics_port"].default == probe.DEFAULT_METRICS_PORT
+    assert Settings.model_config["env_prefix"] == "INTENTSTREAM_"
+
+
+PLAIN = [
+    ([], {}),
+    ([], {"INTENTSTREAM_METRICS_PORT": "9200", "INTENTSTREAM_METRICS_HOST": "0.0.0.0"}),
+    (["--metrics-port", "9300"], {"INTENTSTREAM_METRICS_PORT": "9200"}),
+    (["--metrics-port=9301", "--metrics-host", "::"], {}),
+    (["--metrics-host", "10.1.2.3"], {"INTENTSTREAM_METRICS_HOST": "0.0.0.0"}),
+    (["--url", "http://[::1]:7/healthz", "--timeout", "0.5"], {}),
+]
+NOT_PLAIN = [
+    (["--help"], {}),
+    (["--metrics-port"], {}),
+    (["--metrics-port", "nine"], {}),
+    ([], {"INTENTSTREAM_METRICS_PORT": "0"}),
+    ([], {"INTENTSTREAM_METRICS_PORT": "70000"}),
+    (["--timeout", "soon"], {}),
+    (["--metrics-port", "1", "--metrics-port", "2"], {}),
+    (["--log-level", "DEBUG"], {}),
+]
+
+
+@pytest.mark.parametrize(("argv", "env"), PLAIN)
+def test_plain_healthcheck_checks_what_the_full_cli_checks(argv, env, monkeypatch):
+    for name in ("INTENTSTREAM_METRICS_PORT", "INTENTSTREAM_METRICS_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["healthcheck", *argv])
+    settings = load_settings(args, model=None)
+    full = args.url or healthz_url(settings.metrics_host, settings.metrics_port)
+    assert probe.plain_request(argv, env) == (full, args.timeout)
+
+
+@pytest.mark.parametrize(("argv", "env"), NOT_PLAIN)
+def test_anything_else_goes_to_the_full_cli(argv, env):
+    assert probe.plain_request(argv, env) is None
+
+
+@pytest.mark.integration
+def test_plain_healthcheck_loads_only_the_standard_library():
+    """What makes the container's check cheap: no numpy, Numba, pydantic or redis."""
+    code = (
+        "import sys; from worker.commands.entry import main; main(['healthcheck'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'numpy', 'numba', 'pydantic', 'redis', 'prometheus_client', 'model', 'argparse'}))"
+    )
+    env = clean_env(INTENTSTREAM_METRICS_PORT=str(free_port()))
+    result = run(sys.executable, "-I", "-c", code, env=env)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
 
 
 def test_healthcheck_reaches_a_worker_bound_to_every_address():

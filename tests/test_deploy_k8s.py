@@ -110,6 +110,10 @@ def check_redis_env(objects: dict, c: dict, user: str) -> None:
     ]
 
 
+def pod_of(objects: dict, kind: str) -> dict:
+    return one(objects, kind)["spec"]["template"]["spec"]
+
+
 def test_deployment(objects):
     deployment = one(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -132,6 +136,71 @@ def test_deployment(objects):
     check_redis_env(objects, c, "worker")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert "replicas" not in deployment["spec"], "KEDA's HPA owns the count; apply resets it"
+    check_locked_down(objects, pod)
+
+
+def numba_cache_dir() -> str:
+    """The image's NUMBA_CACHE_DIR, where its build compiled the kernels."""
+    env = re.search(r"NUMBA_CACHE_DIR=(\S+)", (DEPLOY / "Dockerfile").read_text())
+    assert env, "the Dockerfile sets NUMBA_CACHE_DIR"
+    return env.group(1)
+
+
+def check_locked_down(objects: dict, pod: dict) -> None:
+    """Read-only root, no API token, and the Numba cache writable on an emptyDir that an init
+    container fills with the image's compiled kernels (Numba cannot use a read-only cache)."""
+    assert pod["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is False
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    c = container(pod)
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    cache = numba_cache_dir()
+    assert cache in mounts and "emptyDir" in volumes[mounts[cache]], mounts
+    assert "/tmp" in mounts and "emptyDir" in volumes[mounts["/tmp"]]
+    (init,) = pod["initContainers"]
+    assert init["image"] == c["image"]
+    (seed,) = init["volumeMounts"]
+    assert seed["name"] == mounts[cache]
+    assert init["command"] == ["cp", "-a", f"{cache}/.", seed["mountPath"].rstrip("/") + "/"]
+    for each in (init, c):
+        sc = each["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True, each["name"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+        assert each["resources"]["limits"]["memory"], each["name"]
+
+
+def test_service_account_mounts_no_token(objects):
+    account = one(objects, "ServiceAccount")
+    assert account["automountServiceAccountToken"] is False
+
+
+def test_disruption_budget_drains_one_worker_at_a_time(objects):
+    pdb = one(objects, "PodDisruptionBudget")
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+
+
+def test_service_monitor_scrapes_the_metrics_service_as_job_intentstream(objects):
+    monitoring = K8S / "monitoring"
+    kustomization = yaml.safe_load((monitoring / "kustomization.yaml").read_text())
+    (name,) = kustomization["resources"]
+    monitor = yaml.safe_load((monitoring / name).read_text())
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["kind"] == "ServiceMonitor"
+    service = one(objects, "Service")
+    spec = monitor["spec"]
+    assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = spec["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert endpoint["path"] == "/metrics"
+    # the job label is taken from this Service label, which the kustomization sets on every
+    # object; the alerts and the dashboard select job="intentstream"
+    main = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    common = {k: v for pairs in main["labels"] for k, v in pairs["pairs"].items()}
+    assert common[spec["jobLabel"]] == "intentstream"
+    assert kustomization["namespace"] == main["namespace"]
 
 
 def test_metrics_service(objects):
@@ -150,6 +219,9 @@ def test_cronjob_trains_from_redis_and_promotes(objects):
     build_parser().parse_args(c["args"])
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     check_redis_env(objects, c, "trainer")
+    assert cron["spec"]["startingDeadlineSeconds"] > 0, "a long-missed run is skipped"
+    assert cron["spec"]["jobTemplate"]["spec"]["ttlSecondsAfterFinished"] > 0
+    check_locked_down(objects, pod)
 
 
 def test_keda_trigger_authentication(objects):
@@ -175,6 +247,11 @@ def test_keda_scaled_object(objects):
     data = settings(objects)
     partitions = int(data["INTENTSTREAM_PARTITIONS"])
     assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= partitions
+    # cooldownPeriod acts only on scaling to zero: with a minimum of one it would do nothing
+    assert "cooldownPeriod" not in spec
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 60
+    worker_env = {e["name"]: e for e in container(pod_of(objects, "Deployment"))["env"]}
     keys = Keys(data["INTENTSTREAM_PREFIX"])
     secret = one(objects, "Secret")["stringData"]
     auth_name = one(objects, "TriggerAuthentication")["metadata"]["name"]
@@ -185,8 +262,14 @@ def test_keda_scaled_object(objects):
         assert set(meta) <= STREAM_METADATA, set(meta) - STREAM_METADATA
         assert all(isinstance(v, str) for v in meta.values()), "KEDA metadata values are strings"
         assert meta["consumerGroup"] == data["INTENTSTREAM_GROUP"]
-        assert meta["address"] == f"{secret['host']}:{secret['port']}"
-        assert int(meta["lagCount"]) > 0 and int(meta["activationLagCount"]) >= 0
+        # the address comes from the worker's environment, i.e. the Secret, as the worker's
+        assert not {"address", "host", "port", "addressFromEnv"} & set(meta)
+        for field, key in (("hostFromEnv", "host"), ("portFromEnv", "port")):
+            ref = worker_env[meta[field]]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": one(objects, "Secret")["metadata"]["name"], "key": key}
+            assert secret[key]
+        assert int(meta["lagCount"]) > 0
+        assert "activationLagCount" not in meta, "acts only on scaling from zero"
         assert not {"pendingEntriesCount", "streamLength"} & set(meta), "scale on lag"
         assert trigger["authenticationRef"] == {"name": auth_name}
         streams.append(meta["stream"])
