@@ -7,10 +7,12 @@ dest=.cache/deploy-tools
 if [ -x "$dest/usr/bin/promtool" ] && [ -x "$dest/usr/bin/prometheus" ]; then
     exit 0
 fi
+echo "fetching Debian's prometheus package for promtool and prometheus (once, into $dest)" >&2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # A fresh machine has no package lists; `apt-get download` needs them.
 if ! (cd "$work" && apt-get download prometheus >/dev/null 2>&1); then
+    echo "no package lists yet: apt-get update" >&2
     apt-get update -qq
     (cd "$work" && apt-get download -q prometheus)
 fi
