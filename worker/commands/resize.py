@@ -19,7 +19,6 @@ finishes the job without losing or duplicating an entry or a state.
 
 from __future__ import annotations
 
-import re
 import time
 import zlib
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from worker.common.append_function import RESIZING, set_routes
 from worker.common.append_function import install as install_function
 from worker.common.connection import Client, is_cluster
 from worker.common.events import EventError, parse_flat_entry
-from worker.common.keys import Keys, partition_of
+from worker.common.keys import Keys, parse_state_key, partition_of
 from worker.engine.compute.batch import entry_id
 
 MAX_PARTITIONS = 4096  # the bound of the `partitions` setting
@@ -217,20 +216,8 @@ def _primaries(client: Client) -> list[redis.Redis]:
 
 def state_keys(client: Client, keys: Keys) -> Iterator[bytes]:
     """Every key under the prefix's state namespace, SCANned on every primary."""
-    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", keys.prefix) + ":state:*"
     for node in _primaries(client):
-        yield from node.scan_iter(match=pattern, count=1000)
-
-
-def parse_state_key(keys: Keys, key: bytes) -> tuple[int, bytes] | None:
-    """(partition, user id bytes) of a state key, or None for a key of another shape."""
-    head = f"{keys.prefix}:state:{{".encode()
-    if not key.startswith(head):
-        return None
-    digits, sep, user = key[len(head) :].partition(b"}:")
-    if not sep or not digits.isdigit() or not user:
-        return None
-    return int(digits), user
+        yield from node.scan_iter(match=keys.state_match(), count=1000)
 
 
 def _later(a: dict, b: dict) -> dict:

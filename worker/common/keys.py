@@ -7,12 +7,25 @@ touch them all.
 
 from __future__ import annotations
 
+import re
 import zlib
 
 
 def partition_of(user_id: str, partitions: int) -> int:
     """The partition of a user: crc32 of the UTF-8 user id, mod the number of partitions."""
     return zlib.crc32(user_id.encode("utf-8")) % partitions
+
+
+def parse_state_key(keys: Keys, key: bytes) -> tuple[int, bytes] | None:
+    """(partition, user id bytes) of a state key (`Keys.state`), or None for a key of
+    another shape."""
+    head = f"{keys.prefix}:state:{{".encode()
+    if not key.startswith(head):
+        return None
+    digits, sep, user = key[len(head) :].partition(b"}:")
+    if not sep or not digits.isdigit() or not user:
+        return None
+    return int(digits), user
 
 
 class Keys:
@@ -37,6 +50,12 @@ class Keys:
 
     def state_prefix(self, p: int) -> str:
         return f"{self.prefix}:state:{{{p}}}:"
+
+    def state_match(self, p: int | None = None) -> str:
+        """The SCAN MATCH pattern of partition p's states, or of every partition's (None);
+        glob characters of the prefix are escaped."""
+        prefix = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix)
+        return f"{prefix}:state:*" if p is None else f"{prefix}:state:{{{p}}}:*"
 
     def lease(self, p: int) -> str:
         return f"{self.prefix}:lease:{{{p}}}"
