@@ -8,8 +8,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Iterator
-from typing import TextIO
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -17,6 +16,7 @@ from model.artifact import ArtifactError, load_model
 from model.features import KNOWN_FEATURES
 from worker.commands.args import Parser, csv, port_number, positive_float, positive_int
 from worker.commands.errors import USAGE_EXIT, explain
+from worker.commands.event_files import chunks, reported_events
 from worker.commands.models import (
     cmd_model_evaluate,
     cmd_model_export,
@@ -28,25 +28,9 @@ from worker.commands.models import (
     cmd_model_shadow,
     cmd_model_show,
 )
-from worker.common.events import Event, numbered_events
+from worker.common.events import Event
 from worker.common.registry import RegistryError
 from worker.common.settings import SettingsError, add_setting_flags, load_settings
-
-
-def _numbered_events(lines: Iterable[str], errors: TextIO) -> Iterator[Event | None]:
-    """JSON-lines events; a bad line is reported on `errors` as `line N: reason`."""
-    return numbered_events(lines, lambda n, exc: print(f"line {n}: {exc}", file=errors))
-
-
-def _chunks(events: Iterator[Event | None], size: int) -> Iterator[list[Event | None]]:
-    chunk: list[Event | None] = []
-    for event in events:
-        chunk.append(event)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
@@ -64,7 +48,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     batch = 1 if source.isatty() else args.batch_size
     bad = 0
     with source:
-        for chunk in _chunks(_numbered_events(source, sys.stderr), batch):
+        for chunk in chunks(reported_events(source, sys.stderr), batch):
             good = [e for e in chunk if e is not None]
             bad += len(chunk) - len(good)
             if not good:
@@ -163,13 +147,13 @@ def _cmd_publish(args: argparse.Namespace) -> int:
             events = ({k: v for k, v in e.items() if k != "ts"} for e in events)
     else:
         source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
-        parsed = list(_numbered_events(source, sys.stderr))
+        parsed = list(reported_events(source, sys.stderr))
         bad = sum(e is None for e in parsed)
         events = [e for e in parsed if e is not None]
     chunk = max(1, int(args.rate / 10)) if args.rate else 1000
     sent = 0
     t0 = time.monotonic()
-    for part in _chunks(iter(events), chunk):
+    for part in chunks(iter(events), chunk):
         try:
             publish(client, part, settings.prefix, settings.partitions, pipeline_size=chunk)
         except SettingsError as exc:  # another partition count is in force

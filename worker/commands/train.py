@@ -9,10 +9,10 @@ import typing
 
 from model.artifact import save_model
 from worker.commands.args import csv
-from worker.commands.models import with_registry
-from worker.common.events import EventError, numbered_events
+from worker.commands.event_files import read_event_files
+from worker.commands.registry_access import with_registry
 from worker.common.registry import Registry
-from worker.common.settings import SettingsError, load_settings
+from worker.common.settings import load_settings
 
 # Flag help of each TrainConfig field; the flags, their types and defaults come from the
 # fields themselves (see add_train_config_flags), so the defaults exist once, in TrainConfig.
@@ -95,29 +95,6 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
             print(f"skipped {skipped} unparseable stream entries", file=sys.stderr)
         return events
     return read_event_files(args.data)
-
-
-def read_event_files(paths: list[str]) -> list[dict]:
-    """Events of JSON-lines files; bad lines are reported (the first ten) and skipped."""
-    events, bad = [], 0
-    for path in paths:
-
-        def report(number: int, exc: EventError, path: str = path) -> None:
-            nonlocal bad
-            bad += 1
-            if bad <= 10:
-                print(f"{path}:{number}: {exc}", file=sys.stderr)
-
-        try:
-            with open(path, encoding="utf-8") as f:
-                for e in numbered_events(f, report):
-                    if e is not None:
-                        events.append({"user_id": e.user_id, "type": e.type, "ts": e.ts})
-        except OSError as exc:
-            raise SettingsError(f"cannot read --data {path}: {exc.strerror}") from None
-    if bad:
-        print(f"skipped {bad} bad line(s)", file=sys.stderr)
-    return events
 
 
 def _print_metrics(report: dict) -> None:
