@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
+
 from model.artifact import Model, load_model
 from model.evaluate import evaluate_model
 from model.sessions import sessionize
@@ -86,8 +88,6 @@ def print_table(results: dict[str, dict]) -> None:
 
 def push(url: str, results: dict[str, dict]) -> None:
     """Push each model's metrics to a Prometheus Pushgateway (job intentstream_evaluate)."""
-    from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
-
     reg = CollectorRegistry()
     gauges = {
         k: Gauge(f"intentstream_evaluate_{k}", f"model evaluate: {k}", ["model"], registry=reg)

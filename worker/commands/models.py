@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
+from pathlib import Path
 
 from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
 from worker.commands.event_files import read_event_files
+from worker.commands.history import read_history
 from worker.commands.registry_access import with_registry
+from worker.common.partitions import recorded_partitions
 from worker.common.registry import Registry, RegistryError
 
 
@@ -79,8 +83,6 @@ def _show_version(registry: Registry, version: str) -> int:
 
 
 def cmd_model_publish(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     def publish(reg: Registry) -> int:
         try:
             data = Path(args.file).read_bytes()
@@ -94,8 +96,6 @@ def cmd_model_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_model_list(args: argparse.Namespace) -> int:
-    import datetime
-
     def listing(reg: Registry) -> int:
         current = reg.current()
         print(f"{'':2}{'version':>8}  {'published (UTC)':<20} {'layers':>6} {'hidden':>6}  sha256")
@@ -121,9 +121,8 @@ def cmd_model_promote(args: argparse.Namespace) -> int:
 
 def cmd_model_evaluate(args: argparse.Namespace) -> int:
     """`intentstream model evaluate`: see worker/commands/evaluate.py."""
+    # model.evaluate loads scipy.stats (about a second): for this sub-command only
     from worker.commands.evaluate import run_evaluate, since_ms
-    from worker.commands.history import read_history
-    from worker.common.partitions import recorded_partitions
 
     cutoff = since_ms(args.since)
 
