@@ -19,7 +19,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
-from model.artifact import Model, load_model
+from model.artifact import DEFAULT_LABEL_TYPE, Model, label_type_of, load_model
 from model.evaluate import evaluate_model
 from model.sessions import sessionize
 from worker.common.registry import Registry
@@ -39,13 +39,8 @@ def since_ms(text: str | None, now: float | None = None) -> int | None:
     return int(((now if now is not None else time.time()) - seconds) * 1000)
 
 
-def label_type_of(model: Model, default: str) -> str:
-    """The label type the model was trained for (meta), else the given default."""
-    return str((model.meta.model_extra or {}).get("label_type") or default)
-
-
 def evaluate_models(
-    models: dict[str, Model], events: list[dict], default_label: str = "purchase"
+    models: dict[str, Model], events: list[dict], default_label: str = DEFAULT_LABEL_TYPE
 ) -> dict[str, dict]:
     """Per model name: its metrics on the events, with the sessions and labels behind them."""
     out = {}

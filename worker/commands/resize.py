@@ -29,7 +29,7 @@ import redis
 from worker.common.append_function import RESIZING, set_routes
 from worker.common.append_function import install as install_function
 from worker.common.connection import Client, is_cluster
-from worker.common.events import EventError, parse_flat_entry
+from worker.common.events import EventError, flat_fields, parse_flat_entry
 from worker.common.keys import Keys, parse_state_key, partition_of
 from worker.engine.compute.batch import entry_id
 
@@ -161,10 +161,6 @@ def _home(fields: list[bytes], entry_ms: int, p: int, to: int) -> int:
     return partition_of(user, to)
 
 
-def _flat(fields) -> list[bytes]:
-    return fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
-
-
 def move_entries(
     client: Client, keys: Keys, group: str, span: int, to: int, report: ResizeReport
 ) -> None:
@@ -186,7 +182,7 @@ def move_entries(
             start = "(" + page[-1][0].decode()
             by_target: dict[int, list] = {}
             for raw_id, fields in page:
-                flat = _flat(fields)
+                flat = flat_fields(fields)
                 ms = entry_id(raw_id)[0]
                 q = _home(flat, ms, p, to)
                 if q == p:

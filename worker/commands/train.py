@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
-from model.artifact import file_sha256, load_model, save_model
+from model.artifact import file_version, load_model, save_model, state_space_of
 from worker.commands.args import csv
 from worker.commands.event_files import read_event_files
 from worker.commands.history import read_history
@@ -140,12 +140,10 @@ def parent_model(name: str, settings) -> tuple:
     names it (a file's: file-<sha256 prefix>)."""
     if Path(name).is_file() or name.endswith(".npz") or "/" in name:  # a file, even a missing one
         model = load_model(name)
-        version = model.version if model.version != "file" else f"file-{file_sha256(name)[:12]}"
-        declared = (model.meta.model_extra or {}).get("state_space")
-        return model, str(declared or version)
+        return model, state_space_of(model.meta.model_extra or {}, file_version(model, name))
     registry = Registry(connect_settings(settings), settings.prefix)
     meta = registry.meta(name)
-    return registry.load(name), str(meta.get("state_space") or name)
+    return registry.load(name), state_space_of(meta, name)
 
 
 def run_train(args: argparse.Namespace) -> int:

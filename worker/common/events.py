@@ -258,6 +258,12 @@ def parse_entry(
     return _checked((event.user_id, event.type, event.ts, eid, stamp), entry_ms, max_skew_ms)
 
 
+def flat_fields(fields: list | dict) -> list:
+    """A stream entry's fields as one flat list [field, value, field, value, ...]: a reply's
+    list as it is; the dict a cluster client's reply holds per entry, flattened in order."""
+    return fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
+
+
 def parse_flat_entry(
     flat: list[bytes], entry_ms: int, max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS
 ) -> ParsedEntry:
