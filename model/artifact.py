@@ -1,4 +1,5 @@
-"""The model artifact (SPEC §5): one `.npz` file of named arrays plus UTF-8 JSON meta.
+"""The model artifact (docs/contract.md, Model artifacts and the registry): one `.npz` file
+of named arrays plus UTF-8 JSON meta.
 
 Loading validates everything and never unpickles: every array is read with
 `allow_pickle=False`, and any problem raises `ArtifactError` naming what is wrong.
@@ -82,8 +83,8 @@ class Model:
         return int(sum(a.size for a in self.arrays.values()))
 
 
-# Per-layer arrays of each cell (SPEC §5), by kind: input weights (input x H), recurrent weights
-# (H x H), biases (H). Gates are listed in PyTorch's order (r, z, n), which the packed layout
+# Per-layer arrays of each cell, by kind: input weights (input x H), recurrent weights (H x H),
+# biases (H). Gates are listed in PyTorch's order (r, z, n), which the packed layout
 # of model/params.py keeps.
 CELL_ARRAYS: dict[str, dict[str, tuple[str, ...]]] = {
     "rnn": {"input": ("W_xh",), "recurrent": ("W_hh",), "bias": ("b_h",)},

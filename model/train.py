@@ -1,4 +1,5 @@
-"""Offline training (SPEC §6): sessions → truncated BPTT with clipping → evaluated artifact.
+"""Offline training: sessions → truncated BPTT with clipping → evaluated artifact
+(docs/contract.md, Training data and labels).
 
     result = train(events, TrainConfig(hidden=64, epochs=10))
     save_model(result.model, "model.npz")
@@ -185,7 +186,7 @@ def train(
     object with update(n) and set_postfix(**kw), used once per epoch. With `init`, training
     starts from that model's weights and keeps its architecture, vocabulary, features and
     session gap (fine-tuning); `state_space` is then recorded in the meta: the new model
-    continues the parent's hidden states (SPEC §5).
+    continues the parent's hidden states (docs/contract.md, Model artifacts and the registry).
     """
     if init is not None:
         m = init.meta

@@ -1,11 +1,12 @@
 """`intentstream model evaluate`: registered versions (or files) side by side on live data.
 
 The retained history (or JSON-lines files) is cut into sessions and labelled by the training
-rules (SPEC §6: the model's label type, inputs stop before the label, sessions split where a
-gap exceeds the model's session gap), each model with its own vocabulary (unknown types take
-the reserved row) and features, and scored from a zero state per session: what the worker
-computes. ROC AUC and log loss at the last step of each session and over all steps: the same
-figures `intentstream train` reports on its validation users.
+rules (docs/contract.md, Training data and labels: the model's label type, inputs stop
+before the label, sessions split where a gap exceeds the model's session gap), each model
+with its own vocabulary (unknown types take the reserved row) and features, and scored from a
+zero state per session: what the worker computes. ROC AUC and log loss at the last step of
+each session and over all steps: the same figures `intentstream train` reports on its
+validation users.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The retained event history in Redis, read back for training (SPEC §6)."""
+"""The retained event history in Redis, read back for training (docs/contract.md, Training
+data and labels)."""
 
 from __future__ import annotations
 

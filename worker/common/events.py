@@ -1,4 +1,4 @@
-"""The event schema producers publish (SPEC §3), and its parsers.
+"""The event schema producers publish (docs/contract.md, Events in), and its parsers.
 
 One `Event` model serves JSON lines (`intentstream score`, `publish`) and Redis stream
 entries (the worker); anything that does not fit raises `EventError` with a readable reason,
@@ -36,7 +36,7 @@ class EventError(ValueError):
 
 class Event(BaseModel):
     """A user-behaviour event: who, what, when (epoch ms; None = the entry's own time), and
-    optionally the producer's unique id of it (a retried publish repeats it: SPEC §3)."""
+    optionally the producer's unique id of it (a retried publish repeats it)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 

@@ -1,4 +1,5 @@
-"""Every Redis key name intentstream uses (SPEC §3-§5), built in this one module.
+"""Every Redis key name intentstream uses (docs/contract.md: Events in, User state and scores
+out, Model artifacts and the registry), built in this one module.
 
 Every key of partition p carries the hash tag `{p}`, so a partition's stream, states, scores,
 dead letters and coordination keys live in one Redis Cluster slot and one Lua script may
@@ -95,7 +96,7 @@ class Keys:
         """Sorted set of live worker processes (lease holder tokens), scored by expiry."""
         return f"{self.prefix}:workers"
 
-    # ---- the model registry (SPEC §5) ----------------------------------------------------
+    # ---- the model registry ---------------------------------------------------------------
 
     @property
     def model_seq(self) -> str:

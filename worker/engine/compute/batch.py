@@ -48,7 +48,7 @@ class Batch:
     event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
     producers: list[Producer | None] = field(default_factory=list)  # publish()'s stamps
     dead: list[DeadLetter] = field(default_factory=list)  # invalid and misrouted entries
-    misrouted: int = 0  # of the dead letters: users of another partition (SPEC §3)
+    misrouted: int = 0  # of the dead letters: users of another partition
     lost: int = 0  # deleted while pending (nil fields)
     parse_seconds: float = 0.0
 

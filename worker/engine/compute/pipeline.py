@@ -27,7 +27,7 @@ OUTCOMES = ("scored", "duplicate", "deadletter", "misrouted", "lost")
 
 @dataclass
 class ShadowStates:
-    """The shadow model's own states of the batch's users (SPEC §5: champion/challenger)."""
+    """The shadow model's own states of the batch's users (champion/challenger)."""
 
     h: np.ndarray  # (U, L', H') float32
     last_ts: np.ndarray  # (U,) int64, a copy: the main model's advance moves its own
@@ -118,7 +118,8 @@ def distinct_users(batch: Batch) -> list[str]:
 
 
 def _applied_before(batch: Batch, states: UserStates, slot: np.ndarray) -> np.ndarray:
-    """Events whose entry id is above their user's last applied id (SPEC §4)."""
+    """Events whose entry id is above their user's last applied id (docs/contract.md, User
+    state and scores out)."""
     last = states.last_id
     return np.fromiter(
         (k > last[s] for k, s in zip(batch.entry_keys, slot.tolist(), strict=True)),
