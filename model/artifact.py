@@ -1,4 +1,5 @@
-"""The model artifact (SPEC §5): one `.npz` file of named arrays plus UTF-8 JSON meta.
+"""The model artifact (docs/contract.md, Model artifacts and the registry): one `.npz` file
+of named arrays plus UTF-8 JSON meta.
 
 Loading validates everything and never unpickles: every array is read with
 `allow_pickle=False`, and any problem raises `ArtifactError` naming what is wrong.
@@ -10,6 +11,7 @@ import hashlib
 import io
 import json
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -81,8 +83,8 @@ class Model:
         return int(sum(a.size for a in self.arrays.values()))
 
 
-# Per-layer arrays of each cell (SPEC §5), by kind: input weights (input x H), recurrent weights
-# (H x H), biases (H). Gates are listed in PyTorch's order (r, z, n), which the packed layout
+# Per-layer arrays of each cell, by kind: input weights (input x H), recurrent weights (H x H),
+# biases (H). Gates are listed in PyTorch's order (r, z, n), which the packed layout
 # of model/params.py keeps.
 CELL_ARRAYS: dict[str, dict[str, tuple[str, ...]]] = {
     "rnn": {"input": ("W_xh",), "recurrent": ("W_hh",), "bias": ("b_h",)},
@@ -245,6 +247,31 @@ def sha256_hex(data: bytes) -> str:
 def file_sha256(path: str | Path) -> str:
     """Hex sha256 of an artifact file."""
     return sha256_hex(Path(path).read_bytes())
+
+
+def file_version(model: Model, path: str | Path) -> str:
+    """The version a model loaded from an artifact file goes by: the one its meta records,
+    else `file-` and the first 12 hex digits of the file's sha256."""
+    return model.version if model.version != "file" else f"file-{file_sha256(path)[:12]}"
+
+
+def state_space_of(meta: Mapping[str, object], version: str) -> str:
+    """The state space of a model, from its meta fields (an artifact's `meta.model_extra`
+    or a registry version's meta) and its version: which users' hidden states it reads and
+    writes. A model continues the states of the models of its space; any other state is
+    rebuilt. It is the declared `state_space` (a model fine-tuned from another's weights
+    continues that model's space, see model/train.py), else the model's own version."""
+    declared = meta.get("state_space")
+    return str(declared) if declared else version
+
+
+DEFAULT_LABEL_TYPE = "purchase"  # TrainConfig's default
+
+
+def label_type_of(model: Model, default: str = DEFAULT_LABEL_TYPE) -> str:
+    """The event type the model was trained to predict (its meta's `label_type`), else
+    `default`."""
+    return str((model.meta.model_extra or {}).get("label_type") or default)
 
 
 def random_model(

@@ -1,9 +1,11 @@
-"""Truncated backpropagation through time for the Elman cell and the GRU (SPEC §2, §6), in Numba.
+"""Truncated backpropagation through time for the Elman cell and the GRU, in Numba
+(docs/contract.md, The model; Training data and labels).
 
 A mini-batch of B sessions, padded to T steps, runs in windows of `bptt` steps: forward
 through a window from the state carried over from the previous one (carried without
 gradient), then backward through that window only. So a loss at step t reaches inputs at most
-`bptt - 1` steps back, as in seed 001's `num_steps` truncation. Gradients of the shared
+`bptt - 1` steps back, as in the truncation of the tutorials' `num_steps` (docs/contract.md,
+The model). Gradients of the shared
 parameters sum over steps and sessions; the loss is per-step binary cross-entropy on the
 sigmoid head, weighted by the mask (0 on padding) and divided by `norm`.
 

@@ -1,6 +1,8 @@
-"""Recurrent cell kernels (SPEC §2), compiled by Numba: the Elman cell and the GRU.
+"""Recurrent cell kernels (docs/contract.md, The model), compiled by Numba: the Elman cell
+and the GRU.
 
-Row-vector convention, as in the seeds: for layer l with h^0_t = x_t,
+Row-vector convention, as in the tutorials the model comes from (docs/contract.md, The
+model): for layer l with h^0_t = x_t,
 
     Elman:  h^l_t = tanh(h^{l-1}_t W^l_xh + h^l_{t-1} W^l_hh + b^l_h)
     GRU:    r = sig(x W_xr + h W_hr + b_r)    z = sig(x W_xz + h W_hz + b_z)

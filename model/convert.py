@@ -3,7 +3,8 @@
 A model trained in PyTorch as `nn.Embedding(V, D)` → `nn.RNN` or `nn.GRU` (any number of
 layers, `bias=True`, tanh) → `nn.Linear(H, 1)` converts exactly: PyTorch computes
 x W^T + b with weights stored (out, in); the artifact stores the transposes (row vectors, as
-the seeds). PyTorch's `weight_ih_l{l}` of a GRU stacks the gates r, z, n in that order:
+in the tutorials the model comes from: docs/contract.md, The model). PyTorch's
+`weight_ih_l{l}` of a GRU stacks the gates r, z, n in that order:
 
     W_xr, W_xz, W_xn = weight_ih[:H].T, weight_ih[H:2H].T, weight_ih[2H:].T   (the same for hh)
     b_r = b_ir + b_hr    b_z = b_iz + b_hz    b_xn = b_in    b_hn = b_hn   (inside r ⊙ (...))

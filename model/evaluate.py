@@ -1,5 +1,6 @@
-"""Evaluation (SPEC §6): ROC AUC and log loss, at the last step of each session and over all
-steps, for the RNN and for a bag-of-event-types logistic regression on the same split."""
+"""Evaluation (docs/contract.md, Training data and labels): ROC AUC and log loss, at the last
+step of each session and over all steps, for the RNN and for a bag-of-event-types logistic
+regression on the same split."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Numeric event features and session boundaries, computed per batch (SPEC §2).
+"""Numeric event features and session boundaries, computed per batch (docs/contract.md, The
+model).
 
 Each user's previous event time is carried in `last_ts` (epoch ms, -1 when unknown), so a
 batch that holds several events of one user sees the gaps between them in order.

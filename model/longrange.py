@@ -18,6 +18,7 @@ The label event (`purchase`) closes a buying session, as in the shop data the tr
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from typing import Literal
 
@@ -97,7 +98,7 @@ def long_range_events(
 
 def bayes_auc(sessions: list[tuple[list[str], bool, float]], users: set[str], seed: int) -> float:
     """ROC AUC of the Bayes-optimal score on the sessions of these users (of seed's data)."""
-    from model.evaluate import roc_auc
+    from model.evaluate import roc_auc  # scipy.stats: the data generators start without it
 
     picked = [(b, p) for i, (_, b, p) in enumerate(sessions) if f"s{seed}-{i}" in users]
     return roc_auc(np.array([b for b, _ in picked]), np.array([p for _, p in picked]))
@@ -107,7 +108,7 @@ def compare_cells(
     mode: Mode, n_sessions: int = 6000, hidden: int = 16, epochs: int = 10, seed: int = 1
 ) -> dict[str, float]:
     """Validation AUC (last step) of the Elman cell, the GRU and the Bayes-optimal score."""
-    from model.train import TrainConfig, train
+    from model.train import TrainConfig, train  # as roc_auc above
 
     sessions = long_range_sessions(n_sessions, mode, seed)
     events = list(long_range_events(n_sessions, mode, seed))
@@ -126,8 +127,6 @@ def compare_cells(
 
 def main(argv: list[str] | None = None) -> None:
     """Print the comparison table for the three modes."""
-    import argparse
-
     p = argparse.ArgumentParser(
         prog="python -m model.longrange", description=__doc__.split("\n")[0]
     )

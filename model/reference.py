@@ -1,6 +1,7 @@
-"""Plain-numpy float64 reference of the SPEC §2 math, one event at a time.
+"""Plain-numpy float64 reference of the model's math (docs/contract.md, The model), one
+event at a time.
 
-Written to be read beside the spec, not to be fast, and reading the artifact's arrays by name
+Written to be read beside that section, not to be fast, and reading the artifact's arrays by name
 (not the packed layout the kernels share), so a packing mistake cannot hide in both. Tests
 cross-check every other path against it; the kernel benchmark uses it as its baseline.
 """

@@ -1,4 +1,5 @@
-"""Training data (SPEC §6): events → per-user sessions → labelled, padded mini-batches.
+"""Training data: events → per-user sessions → labelled, padded mini-batches (docs/contract.md,
+Training data and labels).
 
 A user's events are split into sessions where the gap exceeds `session_gap_seconds`. A session
 is positive when it contains the label type (default `purchase`); its inputs stop before the

@@ -1,4 +1,5 @@
-"""Offline training (SPEC §6): sessions → truncated BPTT with clipping → evaluated artifact.
+"""Offline training: sessions → truncated BPTT with clipping → evaluated artifact
+(docs/contract.md, Training data and labels).
 
     result = train(events, TrainConfig(hidden=64, epochs=10))
     save_model(result.model, "model.npz")
@@ -24,7 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from threadpoolctl import threadpool_limits
 
-from model.artifact import Model, ModelMeta, random_model, validate_model
+from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
 from model.bptt import clip_global_norm, packed_loss_and_gradients
 from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
 from model.optim import make_optimizer
@@ -43,7 +44,7 @@ class TrainConfig(BaseModel):
     embedding_dim: int = Field(16, ge=1)
     features: list[str] = Field(default_factory=lambda: ["gap"])
     session_gap_seconds: float = Field(1800.0, ge=0)
-    label_type: str = "purchase"
+    label_type: str = DEFAULT_LABEL_TYPE
     event_types: list[str] | None = None  # default: every type in the data, by frequency
     bptt: int = Field(35, ge=1)
     clip: float = Field(1.0, gt=0)
@@ -185,7 +186,7 @@ def train(
     object with update(n) and set_postfix(**kw), used once per epoch. With `init`, training
     starts from that model's weights and keeps its architecture, vocabulary, features and
     session gap (fine-tuning); `state_space` is then recorded in the meta: the new model
-    continues the parent's hidden states (SPEC §5).
+    continues the parent's hidden states (docs/contract.md, Model artifacts and the registry).
     """
     if init is not None:
         m = init.meta

@@ -19,8 +19,10 @@ import redis
 from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
 from worker.bench.throughput import run_worker
+from worker.common.keys import Keys
 from worker.common.local_redis import LocalRedis
 from worker.common.publisher import publish
+from worker.common.settings import Settings
 
 TYPES = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]
 
@@ -35,22 +37,22 @@ def main() -> None:
     events = list(synthetic_events(n, users, seed=1))
     model = Path(tempfile.mkdtemp()) / "m.npz"
     save_model(random_model(TYPES, hidden=64, features=["gap"], seed=3), model)
+    keys, group = Keys(), Settings.model_fields["group"].default
     with LocalRedis(extra=("--hash-max-listpack-value", "1024")) as server:
         r = redis.Redis.from_url(server.url)
         if via == "fcall":  # as a running worker leaves it (trees with the function only)
             from worker.common.append_function import install, set_routes
-            from worker.common.keys import Keys
 
             install(r)
-            set_routes(r, Keys(), 1, 1)
+            set_routes(r, keys, 1, 1)
         cpu0, t0 = redis_cpu(r), time.perf_counter()
         publish(r, events)
         publish_s, publish_cpu = time.perf_counter() - t0, redis_cpu(r) - cpu0
-        r.xgroup_create("intentstream:events:{0}", "intentstream-workers", id="0")
+        r.xgroup_create(keys.events(0), group, id="0")
         cpu0 = redis_cpu(r)
         seconds, _ = run_worker(server.url, model, n, 512, False)
         worker_cpu = redis_cpu(r) - cpu0
-        states = list(r.scan_iter("intentstream:state:*", count=1000))
+        states = list(r.scan_iter(keys.state_match(), count=1000))
         state_bytes = sum(r.memory_usage(k, samples=0) for k in states) / len(states)
     print(json.dumps({
         "via": via, "publish_eps": round(n / publish_s),

@@ -1,4 +1,4 @@
-"""The worked e-commerce example of seed 004 (SPEC §2), as an artifact built by hand."""
+"""The golden e-commerce example (docs/contract.md, The model), as an artifact built by hand."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ import pytest
 from model.artifact import random_model, save_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import run_cli
-from worker.bench.throughput import preload, run_competent, run_worker
+from worker.bench.throughput import run_competent, run_worker
+from worker.bench.workload import preload
 from worker.common.connection import connect
 from worker.engine.adapters.model_source import FileModelSource
 

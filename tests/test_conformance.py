@@ -1,13 +1,15 @@
 """One forward pass, every path: each case's scores through every path that computes them
 equal the float64 reference's.
 
-Cases: the golden example of seed 004 (and its events in another order), and random Elman
+Cases: the golden e-commerce example (docs/contract.md, The model; and its events in another
+order), and random Elman
 and GRU models with 1-3 layers, with and without the gap feature, both heads, session resets
 and unknown event types, several users interleaved. Paths: the reference, `step_one`,
 `step_batch`, `ScoringModel.advance`, the training forward pass (and its loss), the installed
 `intentstream score`, and the worker end to end on a private Redis.
 
-The oracle derives each event's inputs (gap, reset, type row) itself from SPEC §2, so a
+The oracle derives each event's inputs (gap, reset, type row) itself from the model's
+contract (docs/contract.md, The model), so a
 mistake in model/features.py cannot hide on both sides.
 """
 
@@ -45,7 +47,8 @@ class Case:
 
 @dataclass(frozen=True)
 class Inputs:
-    """Each event's kernel inputs, derived from SPEC §2 by this test, not by model code."""
+    """Each event's kernel inputs, derived from docs/contract.md (The model) by this test, not
+    by model code."""
 
     slot: np.ndarray
     type_idx: np.ndarray

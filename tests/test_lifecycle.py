@@ -1,5 +1,6 @@
-"""Model lifecycle (SPEC §5): a hidden state is read only by the model space that wrote it;
-any other model rebuilds it by replaying the user's recent events of the session."""
+"""Model lifecycle (docs/contract.md, Model artifacts and the registry): a hidden state is read
+only by the model space that wrote it; any other model rebuilds it by replaying the user's
+recent events of the session."""
 
 from __future__ import annotations
 

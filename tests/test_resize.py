@@ -17,9 +17,9 @@ from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
 from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, wait_for
-from worker.commands.resize import parse_state_key, resize, state_keys
+from worker.commands.resize import resize, state_keys
 from worker.common.connection import Client, connect
-from worker.common.keys import Keys, partition_of
+from worker.common.keys import Keys, parse_state_key, partition_of
 from worker.common.local_redis import LocalCluster, LocalRedis
 from worker.common.partitions import PartitionCountError, check_partitions
 from worker.common.publisher import publish

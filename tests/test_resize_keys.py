@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import zlib
 
-from worker.commands.resize import ResizeReport, _later, parse_state_key
-from worker.common.keys import Keys, partition_of
+from worker.commands.resize import ResizeReport, _later
+from worker.common.keys import Keys, parse_state_key, partition_of
 
 
 def test_state_keys_parse_back_to_partition_and_user():

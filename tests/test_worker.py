@@ -1,4 +1,5 @@
-"""The worker against real redis-server processes the tests start (SPEC §8)."""
+"""The worker against real redis-server processes the tests start (docs/contributing.md,
+Tests)."""
 
 from __future__ import annotations
 

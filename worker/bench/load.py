@@ -23,10 +23,7 @@ import numpy as np
 import redis
 
 from worker.bench.scaling import process_cpu
-from worker.bench.throughput import STREAM, preload
-
-SCORES = "intentstream:scores:{0}"
-STATE_MATCH = "intentstream:state:{0}:*"
+from worker.bench.workload import KEYS, SCORES, STREAM, preload
 
 
 def start_worker(url: str, model: Path, batch: int, history: int, log) -> subprocess.Popen:
@@ -117,7 +114,7 @@ def latency(
 def memory(r: redis.Redis, sample: int = 500) -> dict[str, float]:
     """Bytes per user state (MEMORY USAGE, and its fields' raw bytes) and per stream entry."""
     keys = []
-    for key in r.scan_iter(match=STATE_MATCH, count=1000):
+    for key in r.scan_iter(match=KEYS.state_match(0), count=1000):
         keys.append(key)
         if len(keys) >= sample:
             break

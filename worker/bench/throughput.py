@@ -42,6 +42,9 @@ from model.bench import machine_line
 from model.reference import reference_step
 from model.scoring import ScoringModel
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from worker.bench.load import run_load_bench
+from worker.bench.scaling import main as scaling_main
+from worker.bench.workload import GROUP, SCORES, STATE, STREAM, preload
 from worker.common.connection import connect
 from worker.common.dedup import DEFAULT_WINDOW
 from worker.common.local_redis import LocalRedis
@@ -50,9 +53,6 @@ from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.compute.recent import extended, pack, unpack
 from worker.engine.consumer import Consumer, pin_blas, tune_gc
-
-STREAM = "intentstream:events:{0}"
-GROUP = "intentstream-workers"
 
 
 class Result:
@@ -71,21 +71,6 @@ class Result:
     @property
     def rate(self) -> float:
         return self.events / self.seconds
-
-
-def preload(r: redis.Redis, events: list[dict], event_ids: bool = True) -> None:
-    """Flush the database and XADD the events to partition 0, pipelined, each with a
-    producer event_id as `publish` sets one (unless event_ids is False)."""
-    r.flushdb()
-    pipe = r.pipeline(transaction=False)
-    for i, e in enumerate(events):
-        extra = ("event_id", f"bench-{i}") if event_ids else ()
-        pipe.execute_command("XADD", STREAM, "*", "user_id", e["user_id"], "type", e["type"],
-                             "ts", e["ts"], *extra)  # fmt: skip
-        if len(pipe) >= 5000:
-            pipe.execute()
-    pipe.execute()
-    r.xgroup_create(STREAM, GROUP, id="0")
 
 
 class RedisCost:
@@ -156,13 +141,13 @@ def run_pipelined(r: redis.Redis, n: int, batch: int, step: Callable | None) -> 
         entries = _read_batch(r, batch)
         pipe = r.pipeline(transaction=False)
         for _, f in entries:
-            pipe.hget(f"intentstream:state:{{0}}:{f[b'user_id'].decode()}", "h")
+            pipe.hget(f"{STATE}{f[b'user_id'].decode()}", "h")
         states = pipe.execute()
         for (eid, f), h in zip(entries, states, strict=True):
             user = f[b"user_id"].decode()
             h_new, score = step(h, f[b"type"].decode()) if step else (h or b"", 0.0)
-            pipe.hset(f"intentstream:state:{{0}}:{user}", mapping={"h": h_new, "last_id": eid})
-            pipe.xadd("intentstream:scores:{0}", {"user_id": user, "score": score, "event_id": eid})
+            pipe.hset(f"{STATE}{user}", mapping={"h": h_new, "last_id": eid})
+            pipe.xadd(SCORES, {"user_id": user, "score": score, "event_id": eid})
             pipe.xack(STREAM, GROUP, eid)
         pipe.execute()
         done += len(entries)
@@ -190,7 +175,7 @@ def run_competent(
             by_user.setdefault(f[b"user_id"].decode(), []).append(event)
         pipe = r.pipeline(transaction=False)
         for user in by_user:
-            pipe.hmget(f"intentstream:state:{{0}}:{user}", "h", "n", "recent", "event_ids")
+            pipe.hmget(f"{STATE}{user}", "h", "n", "recent", "event_ids")
         for (user, evs), (h, count, raw, ids) in zip(by_user.items(), pipe.execute(), strict=True):
             recent = extended(unpack(raw), [e[2] for e in evs], [e[1] for e in evs],
                               history, gap_ms)  # fmt: skip
@@ -200,10 +185,10 @@ def run_competent(
                       "recent": pack(recent) if history else b""}  # fmt: skip
             if ids:  # as the worker: no field without producer ids
                 fields["event_ids"] = b" ".join(ids)
-            pipe.hset(f"intentstream:state:{{0}}:{user}", mapping=fields)
+            pipe.hset(f"{STATE}{user}", mapping=fields)
         for eid, f in entries:
             ts = f[b"ts"] if b"ts" in f else eid.split(b"-")[0]
-            pipe.xadd("intentstream:scores:{0}", {"user_id": f[b"user_id"], "score": "0",
+            pipe.xadd(SCORES, {"user_id": f[b"user_id"], "score": "0",
                       "event_id": f.get(b"event_id") or eid, "type": f[b"type"], "ts": ts,
                       "model": version}, maxlen=1_000_000, approximate=True)  # fmt: skip
         if entries:
@@ -225,7 +210,7 @@ def run_naive(r: redis.Redis, model: Model, n: int, batch: int) -> tuple[float, 
         t = time.perf_counter()
         entries = _read_batch(r, batch)
         for eid, f in entries:
-            key = f"intentstream:state:{{0}}:{f[b'user_id'].decode()}"
+            key = f"{STATE}{f[b'user_id'].decode()}"
             raw = r.hget(key, "h")
             h = np.frombuffer(raw, "<f8").reshape(shape) if raw else np.zeros(shape)
             h, score = reference_step(
@@ -233,7 +218,7 @@ def run_naive(r: redis.Redis, model: Model, n: int, batch: int) -> tuple[float, 
             )
             r.hset(key, mapping={"h": h.tobytes(), "last_id": eid})
             r.xadd(
-                "intentstream:scores:{0}",
+                SCORES,
                 {"user_id": f[b"user_id"], "score": score, "event_id": eid},
             )
             r.xack(STREAM, GROUP, eid)
@@ -310,8 +295,6 @@ def print_table(results: dict[str, list[tuple[Result, RedisCost]]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run every variant and print the table (or the scaling benchmark, see above)."""
     if any(a == "--workers" or a.startswith("--workers=") for a in argv or []):
-        from worker.bench.scaling import main as scaling_main
-
         return scaling_main(argv)
     p = argparse.ArgumentParser(prog="intentstream bench", description=__doc__.split("\n")[0])
     p.add_argument(
@@ -404,8 +387,6 @@ def main(argv: list[str] | None = None) -> int:
                 print()
                 print_table({k: results[k] for k in args.variants if k in results})
             if args.latency:
-                from worker.bench.load import run_load_bench
-
                 print()
                 loads = [float(x) for x in args.loads.split(",") if x.strip()]
                 f_rate = median_result(results["f"])[0].rate if "f" in results else None

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterable, Iterator
-from typing import TextIO
+from importlib.metadata import PackageNotFoundError, version
 
-import numpy as np
-
-from model.artifact import ArtifactError, load_model
 from model.features import KNOWN_FEATURES
+from worker.commands import healthcheck
 from worker.commands.args import Parser, csv, port_number, positive_float, positive_int
 from worker.commands.errors import USAGE_EXIT, explain
 from worker.commands.models import (
@@ -28,174 +22,19 @@ from worker.commands.models import (
     cmd_model_shadow,
     cmd_model_show,
 )
-from worker.common.events import Event, numbered_events
-from worker.common.registry import RegistryError
+from worker.commands.publish import cmd_publish
+from worker.commands.resize import ResizeRefusedError, resize
+from worker.commands.score import cmd_score
+from worker.commands.serve import cmd_worker, stop_on_signals
+from worker.commands.train import add_train_config_flags, run_train
+from worker.common.connection import connect_settings
+from worker.common.keys import Keys
 from worker.common.settings import SettingsError, add_setting_flags, load_settings
-
-
-def _numbered_events(lines: Iterable[str], errors: TextIO) -> Iterator[Event | None]:
-    """JSON-lines events; a bad line is reported on `errors` as `line N: reason`."""
-    return numbered_events(lines, lambda n, exc: print(f"line {n}: {exc}", file=errors))
-
-
-def _chunks(events: Iterator[Event | None], size: int) -> Iterator[list[Event | None]]:
-    chunk: list[Event | None] = []
-    for event in events:
-        chunk.append(event)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def _cmd_score(args: argparse.Namespace) -> int:
-    from model.scoring import InMemoryScorer, ScoringModel
-
-    try:
-        scoring = ScoringModel(load_model(args.model))
-    except ArtifactError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    scoring.warm_up()
-    scorer = InMemoryScorer(scoring)
-    source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
-    # Interactive stdin: score each line as it comes instead of waiting for a full batch.
-    batch = 1 if source.isatty() else args.batch_size
-    bad = 0
-    with source:
-        for chunk in _chunks(_numbered_events(source, sys.stderr), batch):
-            good = [e for e in chunk if e is not None]
-            bad += len(chunk) - len(good)
-            if not good:
-                continue
-            ts = np.fromiter((-1 if e.ts is None else e.ts for e in good), np.int64, len(good))
-            scores = scorer.score([e.user_id for e in good], [e.type for e in good], ts)
-            out = [
-                json.dumps({"user_id": e.user_id, "type": e.type, "score": float(s)})
-                for e, s in zip(good, scores, strict=True)
-            ]
-            sys.stdout.write("\n".join(out) + "\n")
-            sys.stdout.flush()
-    if bad:
-        print(f"{bad} bad line(s) skipped", file=sys.stderr)
-        return 1
-    return 0
-
-
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT, installed before slow start-up work."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
-
-
-def _cmd_worker(args: argparse.Namespace) -> int:
-    stop = stop_on_signals()
-    from worker.common.connection import connect_settings
-    from worker.common.keys import Keys
-    from worker.common.logs import setup_logging
-    from worker.common.partitions import check_partitions
-    from worker.engine.adapters.metrics import Health, WorkerMetrics, serve_metrics
-    from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
-    from worker.engine.consumer import Consumer
-
-    try:
-        settings = load_settings(args)
-    except SettingsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    setup_logging(settings.log_format, settings.log_level)
-    client = connect_settings(settings)
-    try:
-        check_partitions(client, Keys(settings.prefix), settings.partitions)
-    except SettingsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        if settings.model is not None:
-            source = FileModelSource(settings.model)
-        else:
-            source = RegistryModelSource(
-                client, settings.prefix, settings.model_poll_seconds, settings.max_model_bytes
-            )
-    except (ArtifactError, RegistryError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    metrics, health = WorkerMetrics(), Health()
-    if settings.metrics_port:
-        try:
-            serve_metrics(metrics, health, settings.metrics_host, settings.metrics_port)
-        except OSError as exc:
-            print(
-                f"error: cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
-                f"{exc.strerror} (--metrics-host / --metrics-port)",
-                file=sys.stderr,
-            )
-            return 2
-    consumer = Consumer(settings, client, source, metrics, health, stop)
-    consumer.run(max_seconds=args.max_seconds)
-    source.close()
-    return consumer.exit_code
-
-
-def _cmd_publish(args: argparse.Namespace) -> int:
-    import time
-
-    from model.synthetic import synthetic_events
-    from worker.common.connection import connect_settings
-    from worker.common.publisher import publish
-
-    try:
-        # a producer never blocks on a read: the worker's block_ms rule is not its concern
-        settings = load_settings(args, model=None, block_ms=1)
-    except SettingsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    client = connect_settings(settings)
-    bad = 0
-    if args.synthetic is not None:
-        events: Iterable[Event | dict] = synthetic_events(
-            args.synthetic, args.users, seed=args.seed, start_ms=1_700_000_000_000
-        )
-        if args.rate:  # live: dated by Redis as they arrive (the timestamp rule, README)
-            events = ({k: v for k, v in e.items() if k != "ts"} for e in events)
-    else:
-        source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
-        parsed = list(_numbered_events(source, sys.stderr))
-        bad = sum(e is None for e in parsed)
-        events = [e for e in parsed if e is not None]
-    chunk = max(1, int(args.rate / 10)) if args.rate else 1000
-    sent = 0
-    t0 = time.monotonic()
-    for part in _chunks(iter(events), chunk):
-        try:
-            publish(client, part, settings.prefix, settings.partitions, pipeline_size=chunk)
-        except SettingsError as exc:  # another partition count is in force
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        sent += len(part)
-        if args.rate:
-            ahead = sent / args.rate - (time.monotonic() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
-    elapsed = time.monotonic() - t0
-    print(f"published {sent} events in {elapsed:.2f} s", file=sys.stderr)
-    if bad:
-        print(f"{bad} bad line(s) skipped", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from worker.commands.train import run_train
-
-    return run_train(args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
+    # imported after the signal handlers, and by this command only: the demo runs the engine
     from worker.commands.demo import run_demo
 
     return run_demo(
@@ -212,16 +51,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from worker.bench.throughput import main as bench_main
+    from worker.bench.throughput import main as bench_main  # the engine: for this command only
 
     return bench_main(args.bench_args)
 
 
 def _cmd_partitions_resize(args: argparse.Namespace) -> int:
-    from worker.commands.resize import ResizeRefusedError, resize
-    from worker.common.connection import connect_settings
-    from worker.common.keys import Keys
-
     try:
         settings = load_settings(args, model=None)
         report = resize(connect_settings(settings), Keys(settings.prefix), settings.group, args.to)
@@ -236,8 +71,6 @@ _REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("intentstream")
     except PackageNotFoundError:  # run from a source tree that was never installed
@@ -246,8 +79,6 @@ def _version() -> str:
 
 def _add_train_flags(tr: argparse.ArgumentParser) -> None:
     """The `train` flags: data source, TrainConfig's fields, outputs. Built on first use."""
-    from worker.commands.train import add_train_config_flags
-
     src = tr.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
     src.add_argument("--from-redis", action="store_true", help="the retained event streams")
@@ -370,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="lines per kernel call (a terminal is scored line by line)",
     )
-    score.set_defaults(func=_cmd_score)
+    score.set_defaults(func=cmd_score)
 
     worker = sub.add_parser("worker", help="consume event streams and write scores (the main job)")
     add_setting_flags(worker)
@@ -380,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="stop after this long (default: run until SIGTERM/SIGINT)",
     )
-    worker.set_defaults(func=_cmd_worker)
+    worker.set_defaults(func=cmd_worker)
 
     pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams")
     pub.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
@@ -400,14 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="events per second (default: as fast as Redis takes them)",
     )
-    pub.set_defaults(func=_cmd_publish)
+    pub.set_defaults(func=cmd_publish)
 
     tr = sub.add_parser(
         "train",
         help="train a model with truncated BPTT; report; publish",
         populate=_add_train_flags,
     )
-    tr.set_defaults(func=_cmd_train)
+    tr.set_defaults(func=run_train)
 
     demo = sub.add_parser("demo", help="the whole loop live, on a private Redis by default")
     demo.add_argument(
@@ -442,9 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_cmd_demo)
 
-    from worker.commands import healthcheck  # the container HEALTHCHECK's command
-
-    healthcheck.add_parser(sub)
+    healthcheck.add_parser(sub)  # the container HEALTHCHECK's command
 
     parts = sub.add_parser("partitions", help="change the partition count of the streams")
     psub = parts.add_subparsers(dest="partitions_command", required=True, metavar="ACTION")

@@ -172,7 +172,7 @@ def first_model(train_first: bool, out: TextIO) -> Model:
     if not train_first:
         print("using a random model (scores mean nothing until you train one)", file=out)
         return random_model([*EVENT_TYPES, LABEL_TYPE], hidden=32, features=["gap"], seed=0)
-    from model.train import TrainConfig, train
+    from model.train import TrainConfig, train  # about a second (scipy): when training only
 
     print(f"training a first model on {FIRST_MODEL_EVENTS} synthetic events...", file=out,
           flush=True)  # fmt: skip

@@ -1,11 +1,12 @@
 """`intentstream model evaluate`: registered versions (or files) side by side on live data.
 
 The retained history (or JSON-lines files) is cut into sessions and labelled by the training
-rules (SPEC §6: the model's label type, inputs stop before the label, sessions split where a
-gap exceeds the model's session gap), each model with its own vocabulary (unknown types take
-the reserved row) and features, and scored from a zero state per session: what the worker
-computes. ROC AUC and log loss at the last step of each session and over all steps: the same
-figures `intentstream train` reports on its validation users.
+rules (docs/contract.md, Training data and labels: the model's label type, inputs stop
+before the label, sessions split where a gap exceeds the model's session gap), each model
+with its own vocabulary (unknown types take the reserved row) and features, and scored from a
+zero state per session: what the worker computes. ROC AUC and log loss at the last step of
+each session and over all steps: the same figures `intentstream train` reports on its
+validation users.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from model.artifact import Model, load_model
+from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
+
+from model.artifact import DEFAULT_LABEL_TYPE, Model, label_type_of, load_model
 from model.evaluate import evaluate_model
 from model.sessions import sessionize
 from worker.common.registry import Registry
@@ -37,13 +40,8 @@ def since_ms(text: str | None, now: float | None = None) -> int | None:
     return int(((now if now is not None else time.time()) - seconds) * 1000)
 
 
-def label_type_of(model: Model, default: str) -> str:
-    """The label type the model was trained for (meta), else the given default."""
-    return str((model.meta.model_extra or {}).get("label_type") or default)
-
-
 def evaluate_models(
-    models: dict[str, Model], events: list[dict], default_label: str = "purchase"
+    models: dict[str, Model], events: list[dict], default_label: str = DEFAULT_LABEL_TYPE
 ) -> dict[str, dict]:
     """Per model name: its metrics on the events, with the sessions and labels behind them."""
     out = {}
@@ -86,8 +84,6 @@ def print_table(results: dict[str, dict]) -> None:
 
 def push(url: str, results: dict[str, dict]) -> None:
     """Push each model's metrics to a Prometheus Pushgateway (job intentstream_evaluate)."""
-    from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
-
     reg = CollectorRegistry()
     gauges = {
         k: Gauge(f"intentstream_evaluate_{k}", f"model evaluate: {k}", ["model"], registry=reg)

@@ -1,11 +1,17 @@
-"""The retained event history in Redis, read back for training (SPEC §6)."""
+"""The retained event history in Redis, read back for training (docs/contract.md, Training
+data and labels)."""
 
 from __future__ import annotations
 
 import redis
 
 from worker.common.dedup import MAX_WINDOW, Memory, Producer
-from worker.common.events import DEFAULT_MAX_TS_SKEW_MS, EventError, parse_flat_entry
+from worker.common.events import (
+    DEFAULT_MAX_TS_SKEW_MS,
+    EventError,
+    flat_fields,
+    parse_flat_entry,
+)
 from worker.common.keys import Keys
 from worker.engine.compute.batch import entry_id
 
@@ -36,9 +42,7 @@ def read_history(
             entries = client.execute_command("XRANGE", stream, start, "+", "COUNT", page)
             for raw_id, fields in entries:
                 ms = entry_id(raw_id)[0]
-                flat = (
-                    fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
-                )
+                flat = flat_fields(fields)
                 try:
                     user, type_, ts, event_id, producer = parse_flat_entry(flat, ms, max_skew_ms)
                 except EventError:

@@ -18,6 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+# The model modules are imported inside the functions below, so the helper process
+# (`python -m worker.commands.kernels SET ...`) loads only those of the sets it compiles.
+
 
 def _tiny_model():
     from model.artifact import random_model

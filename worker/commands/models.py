@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
-from collections.abc import Callable
+from pathlib import Path
 
 from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
+from worker.commands.event_files import read_event_files
+from worker.commands.history import read_history
+from worker.commands.registry_access import with_registry
+from worker.common.partitions import recorded_partitions
 from worker.common.registry import Registry, RegistryError
-from worker.common.settings import load_settings
 
 
 def cmd_model_init(args: argparse.Namespace) -> int:
@@ -78,22 +82,7 @@ def _show_version(registry: Registry, version: str) -> int:
     return 0
 
 
-def registry_of(args: argparse.Namespace) -> Registry:
-    from worker.common.connection import connect_settings
-
-    settings = load_settings(args, model=None)
-    return Registry(connect_settings(settings), settings.prefix)
-
-
-def with_registry(args: argparse.Namespace, action: Callable[[Registry], int]) -> int:
-    """Run action(registry). Registry and Redis errors propagate: main() prints them as one
-    line on stderr and exits 2."""
-    return action(registry_of(args))
-
-
 def cmd_model_publish(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     def publish(reg: Registry) -> int:
         try:
             data = Path(args.file).read_bytes()
@@ -107,8 +96,6 @@ def cmd_model_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_model_list(args: argparse.Namespace) -> int:
-    import datetime
-
     def listing(reg: Registry) -> int:
         current = reg.current()
         print(f"{'':2}{'version':>8}  {'published (UTC)':<20} {'layers':>6} {'hidden':>6}  sha256")
@@ -134,9 +121,8 @@ def cmd_model_promote(args: argparse.Namespace) -> int:
 
 def cmd_model_evaluate(args: argparse.Namespace) -> int:
     """`intentstream model evaluate`: see worker/commands/evaluate.py."""
+    # model.evaluate loads scipy.stats (about a second): for this sub-command only
     from worker.commands.evaluate import run_evaluate, since_ms
-    from worker.commands.history import read_history
-    from worker.common.partitions import recorded_partitions
 
     cutoff = since_ms(args.since)
 
@@ -145,8 +131,6 @@ def cmd_model_evaluate(args: argparse.Namespace) -> int:
             partitions = args.partitions or recorded_partitions(reg.r, reg.keys) or 1
             events, _ = read_history(reg.r, reg.prefix, partitions)
         else:
-            from worker.commands.train import read_event_files
-
             events = read_event_files(args.data)
         if cutoff is not None:
             events = [e for e in events if e["ts"] >= cutoff]

@@ -19,7 +19,6 @@ finishes the job without losing or duplicating an entry or a state.
 
 from __future__ import annotations
 
-import re
 import time
 import zlib
 from collections.abc import Iterator
@@ -30,8 +29,8 @@ import redis
 from worker.common.append_function import RESIZING, set_routes
 from worker.common.append_function import install as install_function
 from worker.common.connection import Client, is_cluster
-from worker.common.events import EventError, parse_flat_entry
-from worker.common.keys import Keys, partition_of
+from worker.common.events import EventError, flat_fields, parse_flat_entry
+from worker.common.keys import Keys, parse_state_key, partition_of
 from worker.engine.compute.batch import entry_id
 
 MAX_PARTITIONS = 4096  # the bound of the `partitions` setting
@@ -162,10 +161,6 @@ def _home(fields: list[bytes], entry_ms: int, p: int, to: int) -> int:
     return partition_of(user, to)
 
 
-def _flat(fields) -> list[bytes]:
-    return fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
-
-
 def move_entries(
     client: Client, keys: Keys, group: str, span: int, to: int, report: ResizeReport
 ) -> None:
@@ -187,7 +182,7 @@ def move_entries(
             start = "(" + page[-1][0].decode()
             by_target: dict[int, list] = {}
             for raw_id, fields in page:
-                flat = _flat(fields)
+                flat = flat_fields(fields)
                 ms = entry_id(raw_id)[0]
                 q = _home(flat, ms, p, to)
                 if q == p:
@@ -217,20 +212,8 @@ def _primaries(client: Client) -> list[redis.Redis]:
 
 def state_keys(client: Client, keys: Keys) -> Iterator[bytes]:
     """Every key under the prefix's state namespace, SCANned on every primary."""
-    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", keys.prefix) + ":state:*"
     for node in _primaries(client):
-        yield from node.scan_iter(match=pattern, count=1000)
-
-
-def parse_state_key(keys: Keys, key: bytes) -> tuple[int, bytes] | None:
-    """(partition, user id bytes) of a state key, or None for a key of another shape."""
-    head = f"{keys.prefix}:state:{{".encode()
-    if not key.startswith(head):
-        return None
-    digits, sep, user = key[len(head) :].partition(b"}:")
-    if not sep or not digits.isdigit() or not user:
-        return None
-    return int(digits), user
+        yield from node.scan_iter(match=keys.state_match(), count=1000)
 
 
 def _later(a: dict, b: dict) -> dict:

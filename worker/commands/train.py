@@ -6,13 +6,18 @@ from __future__ import annotations
 import argparse
 import sys
 import typing
+from pathlib import Path
 
-from model.artifact import save_model
+from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
+
+from model.artifact import file_version, load_model, save_model, state_space_of
 from worker.commands.args import csv
-from worker.commands.models import with_registry
-from worker.common.events import EventError, numbered_events
+from worker.commands.event_files import read_event_files
+from worker.commands.history import read_history
+from worker.commands.registry_access import with_registry
+from worker.common.connection import connect_settings
 from worker.common.registry import Registry
-from worker.common.settings import SettingsError, load_settings
+from worker.common.settings import load_settings
 
 # Flag help of each TrainConfig field; the flags, their types and defaults come from the
 # fields themselves (see add_train_config_flags), so the defaults exist once, in TrainConfig.
@@ -61,7 +66,7 @@ def _flag_type(annotation: object) -> dict:
 
 def add_train_config_flags(parser: argparse.ArgumentParser) -> None:
     """A flag per TrainConfig field, with its default; a flag already defined is kept."""
-    from model.train import TrainConfig
+    from model.train import TrainConfig  # about a second (scipy): when `train` parses only
 
     for name, field in TrainConfig.model_fields.items():
         flag = TRAIN_FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
@@ -75,7 +80,7 @@ def add_train_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def train_config(args: argparse.Namespace):
     """The TrainConfig of the parsed flags (pydantic checks the values)."""
-    from model.train import TrainConfig
+    from model.train import TrainConfig  # see add_train_config_flags
 
     given = vars(args)
     return TrainConfig(**{k: given[k] for k in TrainConfig.model_fields if k in given})
@@ -84,9 +89,6 @@ def train_config(args: argparse.Namespace):
 def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
     """Events from --data files (bad lines reported and skipped) or from Redis."""
     if args.from_redis:
-        from worker.commands.history import read_history
-        from worker.common.connection import connect_settings
-
         client = connect_settings(settings)
         events, skipped = read_history(
             client, settings.prefix, settings.partitions, max_skew_ms=settings.max_ts_skew_ms
@@ -95,29 +97,6 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
             print(f"skipped {skipped} unparseable stream entries", file=sys.stderr)
         return events
     return read_event_files(args.data)
-
-
-def read_event_files(paths: list[str]) -> list[dict]:
-    """Events of JSON-lines files; bad lines are reported (the first ten) and skipped."""
-    events, bad = [], 0
-    for path in paths:
-
-        def report(number: int, exc: EventError, path: str = path) -> None:
-            nonlocal bad
-            bad += 1
-            if bad <= 10:
-                print(f"{path}:{number}: {exc}", file=sys.stderr)
-
-        try:
-            with open(path, encoding="utf-8") as f:
-                for e in numbered_events(f, report):
-                    if e is not None:
-                        events.append({"user_id": e.user_id, "type": e.type, "ts": e.ts})
-        except OSError as exc:
-            raise SettingsError(f"cannot read --data {path}: {exc.strerror}") from None
-    if bad:
-        print(f"skipped {bad} bad line(s)", file=sys.stderr)
-    return events
 
 
 def _print_metrics(report: dict) -> None:
@@ -138,8 +117,6 @@ def _print_left_out(report: dict, min_count: int) -> None:
 
 
 def _push_metrics(url: str, report: dict) -> None:
-    from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
-
     reg = CollectorRegistry()
     m, data = report["metrics"], report["data"]
     values = {
@@ -161,25 +138,17 @@ def parent_model(name: str, settings) -> tuple:
     """The model --init-from names (an artifact file, else a registry version) and the state
     space its states belong to: its meta's `state_space`, else its version as the worker
     names it (a file's: file-<sha256 prefix>)."""
-    from pathlib import Path
-
-    from model.artifact import file_sha256, load_model
-
     if Path(name).is_file() or name.endswith(".npz") or "/" in name:  # a file, even a missing one
         model = load_model(name)
-        version = model.version if model.version != "file" else f"file-{file_sha256(name)[:12]}"
-        declared = (model.meta.model_extra or {}).get("state_space")
-        return model, str(declared or version)
-    from worker.common.connection import connect_settings
-
+        return model, state_space_of(model.meta.model_extra or {}, file_version(model, name))
     registry = Registry(connect_settings(settings), settings.prefix)
     meta = registry.meta(name)
-    return registry.load(name), str(meta.get("state_space") or name)
+    return registry.load(name), state_space_of(meta, name)
 
 
 def run_train(args: argparse.Namespace) -> int:
     """The `intentstream train` command; returns its exit code."""
-    from model.train import evaluate_on, train, write_report
+    from model.train import evaluate_on, train, write_report  # see add_train_config_flags
 
     if args.report:
         try:

@@ -1,5 +1,4 @@
-"""Redis clients with an explicit timeout and retry policy (SPEC §4), for one Redis or a
-Redis Cluster.
+"""Redis clients with an explicit timeout and retry policy, for one Redis or a Redis Cluster.
 
 redis-py 8 defaults to a 5 s socket timeout and retries on timeouts, resending a command whose
 reply was lost. The worker's commit script is idempotent, so a resend is safe; blocking reads

@@ -1,4 +1,4 @@
-"""The event schema producers publish (SPEC §3), and its parsers.
+"""The event schema producers publish (docs/contract.md, Events in), and its parsers.
 
 One `Event` model serves JSON lines (`intentstream score`, `publish`) and Redis stream
 entries (the worker); anything that does not fit raises `EventError` with a readable reason,
@@ -36,7 +36,7 @@ class EventError(ValueError):
 
 class Event(BaseModel):
     """A user-behaviour event: who, what, when (epoch ms; None = the entry's own time), and
-    optionally the producer's unique id of it (a retried publish repeats it: SPEC §3)."""
+    optionally the producer's unique id of it (a retried publish repeats it)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -256,6 +256,12 @@ def parse_entry(
     eid = event.event_id.encode("utf-8") if event.event_id is not None else None
     stamp = _stamp(event.producer.encode()) if event.producer is not None else None
     return _checked((event.user_id, event.type, event.ts, eid, stamp), entry_ms, max_skew_ms)
+
+
+def flat_fields(fields: list | dict) -> list:
+    """A stream entry's fields as one flat list [field, value, field, value, ...]: a reply's
+    list as it is; the dict a cluster client's reply holds per entry, flattened in order."""
+    return fields if isinstance(fields, list) else [x for kv in fields.items() for x in kv]
 
 
 def parse_flat_entry(

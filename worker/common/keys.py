@@ -1,4 +1,5 @@
-"""Every Redis key name intentstream uses (SPEC §3-§5), built in this one module.
+"""Every Redis key name intentstream uses (docs/contract.md: Events in, User state and scores
+out, Model artifacts and the registry), built in this one module.
 
 Every key of partition p carries the hash tag `{p}`, so a partition's stream, states, scores,
 dead letters and coordination keys live in one Redis Cluster slot and one Lua script may
@@ -7,12 +8,25 @@ touch them all.
 
 from __future__ import annotations
 
+import re
 import zlib
 
 
 def partition_of(user_id: str, partitions: int) -> int:
     """The partition of a user: crc32 of the UTF-8 user id, mod the number of partitions."""
     return zlib.crc32(user_id.encode("utf-8")) % partitions
+
+
+def parse_state_key(keys: Keys, key: bytes) -> tuple[int, bytes] | None:
+    """(partition, user id bytes) of a state key (`Keys.state`), or None for a key of
+    another shape."""
+    head = f"{keys.prefix}:state:{{".encode()
+    if not key.startswith(head):
+        return None
+    digits, sep, user = key[len(head) :].partition(b"}:")
+    if not sep or not digits.isdigit() or not user:
+        return None
+    return int(digits), user
 
 
 class Keys:
@@ -37,6 +51,12 @@ class Keys:
 
     def state_prefix(self, p: int) -> str:
         return f"{self.prefix}:state:{{{p}}}:"
+
+    def state_match(self, p: int | None = None) -> str:
+        """The SCAN MATCH pattern of partition p's states, or of every partition's (None);
+        glob characters of the prefix are escaped."""
+        prefix = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix)
+        return f"{prefix}:state:*" if p is None else f"{prefix}:state:{{{p}}}:*"
 
     def lease(self, p: int) -> str:
         return f"{self.prefix}:lease:{{{p}}}"
@@ -76,7 +96,7 @@ class Keys:
         """Sorted set of live worker processes (lease holder tokens), scored by expiry."""
         return f"{self.prefix}:workers"
 
-    # ---- the model registry (SPEC §5) ----------------------------------------------------
+    # ---- the model registry ---------------------------------------------------------------
 
     @property
     def model_seq(self) -> str:

@@ -1,4 +1,5 @@
-"""Producer side: put events on the right partition stream, pipelined (SPEC §3), through
+"""Producer side: put events on the right partition stream, pipelined (docs/contract.md,
+Events in), through
 the producers' function where a worker installed it (worker/common/append_function.py).
 
 Every event is stamped `producer: <id>:<seq>`, an id per publish() call and a sequence

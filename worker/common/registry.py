@@ -1,4 +1,5 @@
-"""The model registry in Redis (SPEC §5): versioned artifacts, a current pointer, rollback.
+"""The model registry in Redis (docs/contract.md, Model artifacts and the registry):
+versioned artifacts, a current pointer, rollback.
 
 Keys (named in worker/common/keys.py): `model:seq` (INCR gives versions), `model:<v>` (artifact
 bytes), `model:meta:<v>` (JSON: the artifact's meta plus sha256, size, publication time),

@@ -1,4 +1,5 @@
-"""Worker settings (SPEC §9): environment variables `INTENTSTREAM_*`, overridden by flags.
+"""Worker settings (docs/contract.md, Settings): environment variables `INTENTSTREAM_*`,
+overridden by flags.
 
 Each field is one setting; `add_setting_flags` turns the fields into `--flags`, so the
 documentation, the environment and the command line cannot drift apart.

@@ -1,5 +1,5 @@
-"""The atomic, conditional commit of one partition batch (SPEC §4): its Lua script, and the
-packing of a pipeline `Commit` into the script's arguments.
+"""The atomic, conditional commit of one partition batch (docs/contract.md, User state and
+scores out): its Lua script, and the packing of a pipeline `Commit` into the script's arguments.
 
 One script call writes the score entries, the dead letters, the XACK of every entry, and the
 users' states, or, when a check fails, writes nothing and says why:

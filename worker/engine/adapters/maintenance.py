@@ -1,7 +1,8 @@
 """Housekeeping at the worker's maintenance tick: lag and pending gauges, Redis memory
 gauges, trimming of the input history, and forgetting long-idle consumers.
 
-Input streams are never trimmed past an entry some group has not acknowledged (SPEC §4);
+Input streams are never trimmed past an entry some group has not acknowledged (docs/contract.md,
+User state and scores out);
 the history kept for training is bounded by a retention time (MINID) and a length cap,
 whichever trims more.
 """

@@ -1,4 +1,5 @@
-"""Prometheus metrics (SPEC §7) and the HTTP endpoint serving them with /healthz and /readyz.
+"""Prometheus metrics (docs/contract.md, Metrics) and the HTTP endpoint serving them with
+/healthz and /readyz.
 
 Event latency is observed a batch at a time (`BatchHistogram`): one numpy bucket count per
 batch instead of one Python call per event.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from model.artifact import file_sha256, load_model
+from model.artifact import file_version, load_model
 from model.scoring import ScoringModel
 from worker.common.connection import refresh_topology
 from worker.common.registry import NoSuchVersionError, Registry, RegistryError
@@ -41,8 +41,7 @@ class FileModelSource:
 
     def __init__(self, path: str | Path) -> None:
         model = load_model(path)
-        version = model.version if model.version != "file" else f"file-{file_sha256(path)[:12]}"
-        self.current = ScoringModel(model, version=version)
+        self.current = ScoringModel(model, version=file_version(model, path))
 
     shadow: ScoringModel | None = None  # a pinned file has no challenger
 

@@ -1,5 +1,5 @@
-"""Reading users' states (SPEC §4, §5): from the write-through cache, else one packed Lua
-read, validated into the pipeline's UserStates.
+"""Reading users' states: from the write-through cache, else one packed Lua read, validated
+into the pipeline's UserStates (docs/contract.md, User state and scores out).
 
 A hidden state belongs to the model that computed it: it is read only by a model of the same
 state space (its meta's `state_space`, else its version). Any other state is rebuilt by the

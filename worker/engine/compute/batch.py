@@ -10,7 +10,12 @@ import time
 from dataclasses import dataclass, field
 
 from worker.common.dedup import Producer
-from worker.common.events import DEFAULT_MAX_TS_SKEW_MS, EventError, parse_flat_entry
+from worker.common.events import (
+    DEFAULT_MAX_TS_SKEW_MS,
+    EventError,
+    flat_fields,
+    parse_flat_entry,
+)
 from worker.common.keys import partition_of
 
 
@@ -43,7 +48,7 @@ class Batch:
     event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
     producers: list[Producer | None] = field(default_factory=list)  # publish()'s stamps
     dead: list[DeadLetter] = field(default_factory=list)  # invalid and misrouted entries
-    misrouted: int = 0  # of the dead letters: users of another partition (SPEC §3)
+    misrouted: int = 0  # of the dead letters: users of another partition
     lost: int = 0  # deleted while pending (nil fields)
     parse_seconds: float = 0.0
 
@@ -65,8 +70,7 @@ def parse_batch(
         if not entry:
             b.lost += 1
             continue
-        # a cluster client's replies hold a dict per entry
-        fields = entry if isinstance(entry, list) else [x for kv in entry.items() for x in kv]
+        fields = flat_fields(entry)
         try:
             user, type_, ts, event_id, producer = parse_flat_entry(fields, key[0], max_skew_ms)
         except EventError as exc:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from model.artifact import label_type_of
 from model.scoring import ScoringModel
 from worker.common.dedup import DEFAULT_WINDOW, Memory
 from worker.engine.compute.batch import Batch, DeadLetter
@@ -26,7 +27,7 @@ OUTCOMES = ("scored", "duplicate", "deadletter", "misrouted", "lost")
 
 @dataclass
 class ShadowStates:
-    """The shadow model's own states of the batch's users (SPEC §5: champion/challenger)."""
+    """The shadow model's own states of the batch's users (champion/challenger)."""
 
     h: np.ndarray  # (U, L', H') float32
     last_ts: np.ndarray  # (U,) int64, a copy: the main model's advance moves its own
@@ -117,7 +118,8 @@ def distinct_users(batch: Batch) -> list[str]:
 
 
 def _applied_before(batch: Batch, states: UserStates, slot: np.ndarray) -> np.ndarray:
-    """Events whose entry id is above their user's last applied id (SPEC §4)."""
+    """Events whose entry id is above their user's last applied id (docs/contract.md, User
+    state and scores out)."""
     last = states.last_id
     return np.fromiter(
         (k > last[s] for k, s in zip(batch.entry_keys, slot.tolist(), strict=True)),
@@ -194,11 +196,6 @@ def gap_ms(model: ScoringModel) -> float:
     return model.model.meta.session_gap_seconds * 1000.0
 
 
-def label_type(model: ScoringModel) -> str:
-    """The event type the model was trained to predict (its meta's, else `purchase`)."""
-    return str((model.model.meta.model_extra or {}).get("label_type") or "purchase")
-
-
 def build_commit(
     batch: Batch,
     states: UserStates,
@@ -236,7 +233,7 @@ def build_commit(
             states.score,
             ts_before,
             states.recent,
-            label_type(model),
+            label_type_of(model.model),
             gap_ms(model),
         )
     }
@@ -247,7 +244,7 @@ def build_commit(
         quality["shadow"] = label_samples(
             k_slot, types, ts, shadow_scores,
             sh.score if sh.score is not None else np.full(len(states.users), np.nan),
-            ts_before, states.recent, label_type(shadow), gap_ms(shadow),
+            ts_before, states.recent, label_type_of(shadow.model), gap_ms(shadow),
         )  # fmt: skip
 
     # The users written are those with at least one scored event; each state row takes the

@@ -1,5 +1,5 @@
-"""Live model quality (SPEC §5): how well the scores a model gave predicted the sessions'
-outcomes, from the events as they stream by.
+"""Live model quality (docs/contract.md, Model artifacts and the registry): how well the
+scores a model gave predicted the sessions' outcomes, from the events as they stream by.
 
 A session is positive when its label event (the model's `label_type`, default `purchase`)
 arrives: its sample is the last score before the label. It is negative when it ends without

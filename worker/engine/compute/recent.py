@@ -1,5 +1,6 @@
 """A user's recent events of the current session, kept in the state hash (field `recent`) so
-that a new model can rebuild the user's state by replaying them (SPEC §5).
+that a new model can rebuild the user's state by replaying them (docs/contract.md, Model
+artifacts and the registry).
 
 A hidden state means something only to the weights that wrote it; event types and times mean
 the same to every model. Layout (little-endian): int64 time of the event before the first

@@ -1,0 +1,30 @@
+"""The benchmarks' workload: a backlog of events in partition 0's stream, under the default
+prefix and consumer group (as the benchmarked worker reads them)."""
+
+from __future__ import annotations
+
+import redis
+
+from worker.common.keys import Keys
+from worker.common.settings import Settings
+
+KEYS = Keys()  # the default prefix
+STREAM = KEYS.events(0)
+SCORES = KEYS.scores(0)
+STATE = KEYS.state_prefix(0)  # + user id: a user's state (built per event in the hot loops)
+GROUP = Settings.model_fields["group"].default
+
+
+def preload(r: redis.Redis, events: list[dict], event_ids: bool = True) -> None:
+    """Flush the database and XADD the events to partition 0, pipelined, each with a
+    producer event_id as `publish` sets one (unless event_ids is False)."""
+    r.flushdb()
+    pipe = r.pipeline(transaction=False)
+    for i, e in enumerate(events):
+        extra = ("event_id", f"bench-{i}") if event_ids else ()
+        pipe.execute_command("XADD", STREAM, "*", "user_id", e["user_id"], "type", e["type"],
+                             "ts", e["ts"], *extra)  # fmt: skip
+        if len(pipe) >= 5000:
+            pipe.execute()
+    pipe.execute()
+    r.xgroup_create(STREAM, GROUP, id="0")
