@@ -122,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="event type names; one more row is reserved for unknown types",
     )
     init.add_argument(
-        "--cell", choices=["rnn", "gru"], default="rnn", help="Elman RNN or GRU (see README)"
+        "--cell",
+        choices=["rnn", "gru"],
+        default="rnn",
+        help="Elman RNN or GRU (see docs/models.md, Choosing a cell)",
     )
     init.add_argument("--hidden", type=positive_int, default=64, help="H, the state width")
     init.add_argument("--layers", type=positive_int, default=1, help="L, stacked layers")

@@ -30,7 +30,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         events: Iterable[Event | dict] = synthetic_events(
             args.synthetic, args.users, seed=args.seed, start_ms=1_700_000_000_000
         )
-        if args.rate:  # live: dated by Redis as they arrive (the timestamp rule, README)
+        if args.rate:  # live: dated by Redis as they arrive (docs/producers.md, Timestamps)
             events = ({k: v for k, v in e.items() if k != "ts"} for e in events)
     else:
         source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115

@@ -40,11 +40,11 @@ TRAIN_HELP = {
     "epochs": "at most this many passes over the training sessions",
     "patience": "stop after this many epochs without a lower validation loss; the artifact "
     "holds the epoch with the lowest",
-    "cell": "rnn (Elman) or gru (long sessions; see README 'Choosing a cell')",
+    "cell": "rnn (Elman) or gru (long sessions; see docs/models.md, Choosing a cell)",
     "validation_fraction": "fraction of users held out for validation",
     "seed": "initialisation, split and shuffling",
 }
-# Fields whose flag is not `--field-name` (kept as the README and users know them).
+# Fields whose flag is not `--field-name` (kept as the docs and users know them).
 TRAIN_FLAG_NAMES = {"session_gap_seconds": "--session-gap"}
 
 

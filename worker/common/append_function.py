@@ -12,7 +12,7 @@ taken then: the first worker checks it). Each partition has its own route key, i
 partition's hash tag, so one call touches one Redis Cluster slot.
 
 Redis runs a function's commands under the caller's ACL: the producer user still needs XADD
-on the event streams (README "What a producer credential can still do").
+on the event streams (docs/deploy.md, What a producer credential can still do).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What a user's state remembers to recognise a producer's resend (README "Retries").
+"""What a user's state remembers to recognise a producer's resend (docs/producers.md,
+Retries and deduplication).
 
 Two memories, packed in the state's one `event_ids` field so that it travels through the
 state read, the cache and the commit as one bytes value:

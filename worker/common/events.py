@@ -23,9 +23,9 @@ _PRODUCER = re.compile(rb"([\x21-\x39\x3b-\x7e]{1,64}):([0-9]{1,18})")
 # Epoch milliseconds up to year 9999: rejects seconds-vs-ms mix-ups far in the future only
 # loosely, but keeps every value inside int64 and datetime range.
 MAX_TS_MS = 253_402_300_799_999
-# The timestamp rule for stream entries, whose id tells when Redis received them (docs in
-# README "Timestamps"): a ts before 2000 is a unit mix-up (seconds for milliseconds), and a
-# ts far ahead of its receipt would hold a user's session open until that time.
+# The timestamp rule for stream entries, whose id tells when Redis received them
+# (docs/producers.md, Timestamps): a ts before 2000 is a unit mix-up (seconds for
+# milliseconds), and a ts far ahead of its receipt would hold a user's session open until then.
 MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
 DEFAULT_MAX_TS_SKEW_MS = 600_000
 

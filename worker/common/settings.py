@@ -27,7 +27,7 @@ def default_consumer() -> str:
 
 
 class Settings(BaseSettings):
-    """Everything the worker can be told; see README 'Settings'."""
+    """Everything the worker can be told; see docs/contract.md, Settings."""
 
     model_config = SettingsConfigDict(env_prefix="INTENTSTREAM_", extra="forbid")
 
@@ -86,13 +86,13 @@ class Settings(BaseSettings):
         ge=1,
         le=1024,
         description="producer event_ids remembered per user to recognise a resend "
-        "(events stamped by publish() need none: README 'Retries')",
+        "(events stamped by publish() need none: docs/producers.md, Retries and deduplication)",
     )
     max_ts_skew_ms: int = Field(
         DEFAULT_MAX_TS_SKEW_MS,
         ge=0,
         description="dead-letter an event whose ts is more than this many ms ahead of its "
-        "entry id's time (README 'Timestamps')",
+        "entry id's time (docs/producers.md, Timestamps)",
     )
     retention_max_entries: int = Field(
         1_000_000,

@@ -8,7 +8,7 @@ drops the partition's cache, and its states are read again.
 
 Not seen by the sequence: a state key deleted or expired behind the worker's back. Expiry is
 handled by treating entries older than half the state TTL as misses; to reset a user by hand,
-DEL the state key and INCR the partition's `{prefix}:seq:{p}` (README, Operators).
+DEL the state key and INCR the partition's `{prefix}:seq:{p}` (docs/operators.md, State cache).
 """
 
 from __future__ import annotations
