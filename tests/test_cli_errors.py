@@ -33,7 +33,7 @@ def assert_one_line(result: subprocess.CompletedProcess, *needles: str) -> str:
     [
         ["publish", "--synthetic", "10"],
         ["demo"],
-        ["worker", "--metrics-port", "0"],  # no --model: the registry must answer at start
+        # (`worker` waits for an unreachable Redis instead: tests/test_worker_start.py)
         ["train", "--from-redis", "--quiet"],
         ["model", "list"],
         ["model", "show", "2"],
@@ -48,6 +48,14 @@ def test_unreachable_redis_is_one_line_naming_the_url(argv, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     result = run_cli(*argv, "--redis-url", DOWN)
     assert_one_line(result, "Redis at redis://127.0.0.1:1/0 is unreachable", "--redis-url")
+
+
+def test_a_traceback_when_asked_keeps_the_exit_code_and_the_line(monkeypatch):
+    monkeypatch.setenv("INTENTSTREAM_TRACEBACK", "1")
+    result = run_cli("model", "list", "--redis-url", DOWN)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback (most recent call last)" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: Redis at ")
 
 
 def test_unreachable_cluster_is_one_line():

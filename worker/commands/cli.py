@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from importlib.metadata import PackageNotFoundError, version
 
 from model.features import KNOWN_FEATURES
@@ -37,7 +38,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # imported after the signal handlers, and by this command only: the demo runs the engine
     from worker.commands.demo import run_demo
 
-    return run_demo(
+    code = run_demo(
         args.redis_url,
         args.rate,
         args.users,
@@ -48,6 +49,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         train_first=not args.random_model,
         cluster=args.cluster,
     )
+    return stop.exit_code(code)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -323,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         line = explain(exc, args)
-        if line is None or os.environ.get("INTENTSTREAM_TRACEBACK"):
+        if line is None:
             raise
+        if os.environ.get("INTENTSTREAM_TRACEBACK"):
+            traceback.print_exc()  # for a bug report; the exit code stays the documented one
         print(f"error: {line}", file=sys.stderr)
         return USAGE_EXIT
 

@@ -64,7 +64,7 @@ def validation_line(exc: ValidationError, parser: argparse.ArgumentParser | None
     return "; ".join(problems)
 
 
-def _refusal(exc: BaseException) -> redis.exceptions.NoPermissionError | None:
+def acl_refusal(exc: BaseException) -> redis.exceptions.NoPermissionError | None:
     """The ACL refusal (NOPERM) behind a failure, if any. redis-py's cluster client turns a
     refused CLUSTER SLOTS into "Cluster mode is not enabled on this node" (and that into
     "cannot be connected"), keeping the NOPERM reply only as the exceptions' cause."""
@@ -81,7 +81,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     """One line for a failure the user can fix, or None for a bug (keep the traceback)."""
     parser = getattr(args, "_parser", None)
     url = _redis_url(args)
-    refusal = _refusal(exc)
+    refusal = acl_refusal(exc)
     if refusal is not None:
         user = urlsplit(url).username or "default"
         return (

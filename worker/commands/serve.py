@@ -1,28 +1,91 @@
 """The `intentstream worker` command: the consumer loop on the configured Redis, with its
-model source and metrics endpoint, until SIGTERM/SIGINT or --max-seconds."""
+model source and metrics endpoint, until SIGTERM/SIGINT or --max-seconds.
+
+A Redis that cannot be reached at start is waited for, with backoff, as the loop waits for
+one that goes away later: after a boot race or a Redis restart the worker starts by itself
+(a supervisor that restarted it instead would back off for minutes). Exit 0 after SIGTERM,
+130 after Ctrl-C (SIGINT), 2 on a setting or model to fix.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
 
+import redis
+from redis.exceptions import RedisClusterException
+
 from model.artifact import ArtifactError
-from worker.common.connection import connect_settings
+from worker.commands.errors import acl_refusal, redacted
+from worker.common.connection import Client, connect_settings
 from worker.common.keys import Keys
 from worker.common.logs import setup_logging
 from worker.common.partitions import check_partitions
 from worker.common.registry import RegistryError
-from worker.common.settings import SettingsError, load_settings
+from worker.common.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger("intentstream.worker")
+
+# Failures at start that Redis coming back cures (a refused login or command does not).
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError,
+                RedisClusterException)  # fmt: skip
+FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS = 0.5, 30.0
 
 
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT, installed before slow start-up work."""
-    stop = threading.Event()
+class Stop(threading.Event):
+    """Set by SIGTERM or SIGINT; remembers which, for the exit code."""
+
+    signal: int | None = None
+
+    def exit_code(self, code: int) -> int:
+        """The exit code of a run that ended with `code`: 130 for a clean stop by SIGINT
+        (Ctrl-C), as a shell reports it."""
+        return 130 if code == 0 and self.signal == signal.SIGINT else code
+
+
+def stop_on_signals() -> Stop:
+    """A Stop set by SIGTERM or SIGINT, installed before slow start-up work."""
+    stop = Stop()
+
+    def handler(sig: int, _frame: object) -> None:
+        stop.signal = sig
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, handler)
     return stop
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, _UNREACHABLE)
+        and not isinstance(exc, redis.AuthenticationError)  # a ConnectionError in redis-py
+        and acl_refusal(exc) is None
+    )
+
+
+def connected_and_checked(settings: Settings, stop: Stop) -> Client | None:
+    """A client whose Redis answered and records our partition count, retried with backoff
+    while Redis is unreachable; None if stopped first."""
+    delay = FIRST_RETRY_SECONDS
+    while True:
+        try:
+            client = connect_settings(settings)
+            check_partitions(client, Keys(settings.prefix), settings.partitions)
+            return client
+        except Exception as exc:
+            if not _is_unreachable(exc):
+                raise
+            log.warning(
+                "Redis at %s is unreachable (%s): retrying in %.1f s",
+                redacted(settings.redis_url), exc, delay,
+            )  # fmt: skip
+        if stop.wait(delay):
+            return None
+        delay = min(delay * 2, MAX_RETRY_SECONDS)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -40,12 +103,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.log_format, settings.log_level)
-    client = connect_settings(settings)
     try:
-        check_partitions(client, Keys(settings.prefix), settings.partitions)
+        client = connected_and_checked(settings, stop)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if client is None:
+        return stop.exit_code(0)
     try:
         if settings.model is not None:
             source = FileModelSource(settings.model)
@@ -70,4 +134,4 @@ def cmd_worker(args: argparse.Namespace) -> int:
     consumer = Consumer(settings, client, source, metrics, health, stop)
     consumer.run(max_seconds=args.max_seconds)
     source.close()
-    return consumer.exit_code
+    return stop.exit_code(consumer.exit_code)

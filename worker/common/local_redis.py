@@ -118,7 +118,11 @@ class LocalRedis:
             args[args.index("--port") + 1] = "0"
             args += ["--tls-port", str(self.port), "--tls-cert-file", cert, "--tls-key-file", key,
                      "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]  # fmt: skip
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its own session: a Ctrl-C at the terminal stops the owner, which stops this server last
+        # (after the worker has released its leases), not both at once.
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         client = self.client(socket_timeout=1, socket_connect_timeout=1)
         try:
