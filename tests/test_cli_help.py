@@ -79,7 +79,6 @@ def test_version():
         (["model", "init", "--event-types", "a", "--out", "x", "--nope"],
          "usage: intentstream model init"),
         (["train", "--data", "x", "--epoch", "3", "--bogus"], "usage: intentstream train"),
-        (["demo", "--rate", "-5"], "usage: intentstream demo"),
     ],
 )  # fmt: skip
 def test_a_bad_flag_gets_the_sub_commands_usage(argv, usage):
@@ -87,6 +86,37 @@ def test_a_bad_flag_gets_the_sub_commands_usage(argv, usage):
     assert result.returncode == 2
     assert result.stderr.startswith(usage), result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["demo", "--rate", "-5"], "error: --rate: must be > 0, got -5 (see intentstream demo"),
+        (["model", "init", "--event-types", "a", "--hidden", "x"],
+         "error: --hidden: expected an integer, got 'x' (see intentstream model init --help)"),
+        (["score", "--model", "m.npz", "--batch-size", "lots"], "error: --batch-size: "),
+        (["publish", "--synthetic", "many"], "error: --synthetic: "),
+        (["train", "--data", "x", "--optimizer", "rmsprop"], "error: --optimizer: invalid choice"),
+        (["worker", "--metrics-port"], "error: --metrics-port: expected one argument"),
+    ],
+)  # fmt: skip
+def test_a_bad_flag_value_is_one_line_like_every_other_error(argv, line):
+    result = run_cli(*argv)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), result.stderr
+
+
+@pytest.mark.integration
+def test_bench_help_shows_defaults_and_the_scaling_flags():
+    flat = " ".join(run_cli("bench", "--help").stdout.split())
+    assert "backlog size (default: 200000)" in flat and "(default: afbcde)" in flat
+    for flag in ("--workers", "--partitions", "--cluster"):
+        assert flag in flat
+    scaling = " ".join(run_cli("bench", "--workers", "1", "--help").stdout.split())
+    assert "partitions of the streams (default: 8)" in scaling
+    assert "comma-separated worker counts (default: 1,2,4)" in scaling
 
 
 @pytest.mark.integration

@@ -34,6 +34,7 @@ import redis
 from model.artifact import random_model, save_model
 from model.bench import machine_line
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from worker.common.cli_help import HelpFormatter
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalCluster, LocalRedis
@@ -267,15 +268,19 @@ def print_fleet(runs: list[Run], partitions: int, cluster: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="intentstream bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="intentstream bench --workers",
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("--workers", default="1,2,4", help="comma-separated worker counts")
-    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--partitions", type=int, default=8, help="partitions of the streams")
     p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
     p.add_argument("--events", type=int, default=200_000, help="backlog size")
-    p.add_argument("--users", type=int, default=50_000)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=512)
-    p.add_argument("--latency-seconds", type=float, default=5.0)
+    p.add_argument("--users", type=int, default=50_000, help="distinct users in the backlog")
+    p.add_argument("--hidden", type=int, default=64, help="hidden units of the random model")
+    p.add_argument("--batch-size", type=int, default=512, help="entries per read")
+    p.add_argument("--latency-seconds", type=float, default=5.0, help="the latency phase")
     p.add_argument("--blas-threads", type=int, default=None,
                    help="OPENBLAS_NUM_THREADS for the workers (default: inherited)")  # fmt: skip
     p.add_argument("--latency-load", type=float, default=0.5,

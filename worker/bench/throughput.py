@@ -45,6 +45,7 @@ from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.bench.load import run_load_bench
 from worker.bench.scaling import main as scaling_main
 from worker.bench.workload import GROUP, SCORES, STATE, STREAM, preload
+from worker.common.cli_help import HelpFormatter
 from worker.common.connection import connect
 from worker.common.dedup import DEFAULT_WINDOW
 from worker.common.local_redis import LocalRedis
@@ -296,15 +297,22 @@ def main(argv: list[str] | None = None) -> int:
     """Run every variant and print the table (or the scaling benchmark, see above)."""
     if any(a == "--workers" or a.startswith("--workers=") for a in argv or []):
         return scaling_main(argv)
-    p = argparse.ArgumentParser(prog="intentstream bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="intentstream bench",
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+        epilog="With --workers N,M,...: the scaling benchmark instead, real worker processes "
+        "on a private Redis or a local cluster (--workers, --partitions, --cluster, "
+        "--blas-threads, --latency-load; `intentstream bench --workers 1 --help` lists them).",
+    )
     p.add_argument(
         "--redis-url", default=None, help="use this Redis (it is FLUSHED); default: a private one"
     )
-    p.add_argument("--events", type=int, default=200_000)
-    p.add_argument("--users", type=int, default=50_000)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--cell", choices=["rnn", "gru"], default="rnn")
-    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--events", type=int, default=200_000, help="backlog size")
+    p.add_argument("--users", type=int, default=50_000, help="distinct users in the backlog")
+    p.add_argument("--hidden", type=int, default=64, help="hidden units of the random model")
+    p.add_argument("--cell", choices=["rnn", "gru"], default="rnn", help="the model's cell")
+    p.add_argument("--batch-size", type=int, default=512, help="entries per read")
     p.add_argument("--subset", type=int, default=20_000, help="events for the slow variants d, e")
     p.add_argument("--variants", default="afbcde", help="run in this order, each repeat")
     p.add_argument("--repeat", type=int, default=1, help="rounds over the variants (medians)")
@@ -316,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also the real worker process: backlog rate, latency under a fixed-rate "
                    "producer at --loads of it, memory per state and per event")  # fmt: skip
     p.add_argument("--loads", default="0.5,0.9", help="producer rates, fractions of the max")
-    p.add_argument("--latency-seconds", type=float, default=10.0)
+    p.add_argument("--latency-seconds", type=float, default=10.0, help="each --loads rate's run")
     p.add_argument("--hash-max-listpack-value", type=int, default=None,
                    help="CONFIG SET on the bench's Redis first (states with h above 64 bytes are "
                    "hashtables at Redis's default)")  # fmt: skip

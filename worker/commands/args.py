@@ -5,23 +5,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Appends `(default: X)` to a flag's help when it has a default worth showing."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if "%(default)" in text or "(default:" in text or not action.option_strings:
-            return text
-        if default is None or default is False or default == []:
-            return text
-        if default is argparse.SUPPRESS or isinstance(action, argparse._VersionAction):
-            return text
-        shown = ",".join(default) if isinstance(default, list) else f"{default:g}" if isinstance(
-            default, float) else str(default)  # fmt: skip
-        return f"{text} (default: {shown.replace('%', '%%')})"
+from worker.common.cli_help import HelpFormatter
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,6 +31,16 @@ class Parser(argparse.ArgumentParser):
             populate, self._populate = self._populate, None
             populate(self)
         return self
+
+    def error(self, message: str) -> NoReturn:
+        """A bad value for a flag is one line naming the flag, as every other mistake the
+        commands report (`error: --rate: must be > 0, got -5`); an unknown or missing
+        argument gets the usage too."""
+        if message.startswith("argument "):
+            flag, _, problem = message.removeprefix("argument ").partition(": ")
+            name = flag.split("/")[-1]  # -x/--long: the long form
+            self.exit(2, f"error: {name}: {problem} (see {self.prog} --help)\n")
+        super().error(message)
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
         self.populated()
