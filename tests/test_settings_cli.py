@@ -8,12 +8,19 @@ import os
 import subprocess
 
 import pytest
+import redis
 
 from model.synthetic import purchase_probability
 from tests.conftest import console_script, run_cli
 from worker.common.connection import connect
 from worker.common.keys import partition_of
-from worker.common.settings import Settings, SettingsError, add_setting_flags, load_settings
+from worker.common.settings import (
+    Settings,
+    SettingsError,
+    add_setting_flags,
+    load_settings,
+    unknown_variables,
+)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -131,3 +138,31 @@ def test_console_script_lists_its_commands():
     out = subprocess.run([console_script(), "--help"], capture_output=True, text=True).stdout
     for command in ("model", "score", "worker", "publish"):
         assert command in out
+
+
+def test_an_unknown_variable_is_named_with_the_closest_setting():
+    env = {"INTENTSTREAM_BATCHSIZE": "5", "INTENTSTREAM_TRACEBACK": "1",
+           "INTENTSTREAM_PREFIX": "x", "INTENTSTREAM_ZZZ": "1", "PATH": "/bin"}  # fmt: skip
+    assert unknown_variables(env) == [
+        "INTENTSTREAM_BATCHSIZE is not a setting and is ignored "
+        "(did you mean INTENTSTREAM_BATCH_SIZE?)",
+        "INTENTSTREAM_ZZZ is not a setting and is ignored",
+    ]
+
+
+def test_start_up_refusals_are_json_under_json_logs(monkeypatch):
+    monkeypatch.setenv("INTENTSTREAM_BATCHSIZE", "5")
+    result = run_cli("worker", "--log-format", "json", "--block-ms", "9000", "--metrics-port", "0")
+    assert result.returncode == 2
+    lines = [json.loads(line) for line in result.stderr.strip().splitlines()]
+    assert [r["level"] for r in lines] == ["warning", "error"], result.stderr
+    assert "INTENTSTREAM_BATCH_SIZE" in lines[0]["msg"] and "block_ms" in lines[1]["msg"]
+    text = run_cli("worker", "--block-ms", "9000", "--metrics-port", "0")
+    assert text.stderr.startswith("warning: INTENTSTREAM_BATCHSIZE is not a setting")
+
+
+def test_a_worker_that_refuses_to_start_leaves_nothing_in_redis(redis_server):
+    # no model in the registry: refused after every other check, before recording anything
+    result = run_cli("worker", "--redis-url", redis_server.url, "--metrics-port", "0")
+    assert result.returncode == 2 and "no current model" in result.stderr, result.stderr
+    assert redis.Redis.from_url(redis_server.url).keys("*") == []

@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from model.features import KNOWN_FEATURES
 from worker.commands import healthcheck
 from worker.commands.args import Parser, csv, port_number, positive_float, positive_int
-from worker.commands.errors import USAGE_EXIT, explain
+from worker.commands.errors import USAGE_EXIT, explain, say
 from worker.commands.models import (
     cmd_model_evaluate,
     cmd_model_export,
@@ -30,7 +30,12 @@ from worker.commands.serve import cmd_worker, stop_on_signals
 from worker.commands.train import add_train_config_flags, run_train
 from worker.common.connection import connect_settings
 from worker.common.keys import Keys
-from worker.common.settings import SettingsError, add_setting_flags, load_settings
+from worker.common.settings import (
+    SettingsError,
+    add_setting_flags,
+    load_settings,
+    unknown_variables,
+)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -314,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         args.bench_args = rest  # the benchmark parses its own flags (and --help)
     elif rest:
         args._parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    for warning in unknown_variables(os.environ):
+        say("warning", warning, args)
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
@@ -329,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if os.environ.get("INTENTSTREAM_TRACEBACK"):
             traceback.print_exc()  # for a bug report; the exit code stays the documented one
-        print(f"error: {line}", file=sys.stderr)
+        say("error", line, args)
         return USAGE_EXIT
 
 

@@ -8,7 +8,9 @@ traceback. `INTENTSTREAM_TRACEBACK=1` shows the traceback of the known kinds too
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -18,6 +20,7 @@ from redis.exceptions import RedisClusterException  # not a RedisError: no clust
 from model.artifact import ArtifactError
 from model.sessions import DataError
 from worker.common.events import EventError
+from worker.common.logs import JsonFormatter
 from worker.common.registry import RegistryError
 from worker.common.settings import Settings, SettingsError
 
@@ -26,6 +29,20 @@ USAGE_EXIT = 2
 
 # Config fields whose flag is not simply `--field-name`.
 FIELD_FLAGS = {"session_gap_seconds": "--session-gap"}
+
+
+def say(level: str, line: str, args: argparse.Namespace | None = None) -> None:
+    """Print an error or warning of the command line: one JSON log line when JSON logs were
+    asked for (`--log-format json` / INTENTSTREAM_LOG_FORMAT=json), as the worker's other
+    lines, else `level: line`."""
+    fmt = getattr(args, "log_format", None) or os.environ.get("INTENTSTREAM_LOG_FORMAT")
+    if fmt == "json":
+        record = logging.makeLogRecord(
+            {"name": "intentstream", "levelname": level.upper(), "msg": line}
+        )
+        print(JsonFormatter().format(record), file=sys.stderr)
+    else:
+        print(f"{level}: {line}", file=sys.stderr)
 
 
 def redacted(url: str) -> str:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 import threading
 
 import redis
 from redis.exceptions import RedisClusterException
 
 from model.artifact import ArtifactError
-from worker.commands.errors import acl_refusal, redacted
+from worker.commands.errors import acl_refusal, redacted, say
 from worker.common.connection import Client, connect_settings
 from worker.common.keys import Keys
 from worker.common.logs import setup_logging
@@ -67,14 +66,14 @@ def _is_unreachable(exc: BaseException) -> bool:
     )
 
 
-def connected_and_checked(settings: Settings, stop: Stop) -> Client | None:
-    """A client whose Redis answered and records our partition count, retried with backoff
-    while Redis is unreachable; None if stopped first."""
+def connected(settings: Settings, stop: Stop) -> Client | None:
+    """A client whose Redis answered PING, retried with backoff while Redis is unreachable;
+    None if stopped first."""
     delay = FIRST_RETRY_SECONDS
     while True:
         try:
             client = connect_settings(settings)
-            check_partitions(client, Keys(settings.prefix), settings.partitions)
+            client.ping()
             return client
         except Exception as exc:
             if not _is_unreachable(exc):
@@ -100,37 +99,33 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args)
     except SettingsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say("error", str(exc), args)
         return 2
     setup_logging(settings.log_format, settings.log_level)
-    try:
-        client = connected_and_checked(settings, stop)
-    except SettingsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if client is None:
-        return stop.exit_code(0)
-    try:
-        if settings.model is not None:
-            source = FileModelSource(settings.model)
-        else:
-            source = RegistryModelSource(
-                client, settings.prefix, settings.model_poll_seconds, settings.max_model_bytes
-            )
-    except (ArtifactError, RegistryError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # Every check that needs no Redis first, and the one write (recording the partition
+    # count) last: a worker that refuses to start leaves nothing behind in Redis.
     metrics, health = WorkerMetrics(), Health()
     if settings.metrics_port:
         try:
             serve_metrics(metrics, health, settings.metrics_host, settings.metrics_port)
         except OSError as exc:
-            print(
-                f"error: cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
-                f"{exc.strerror} (--metrics-host / --metrics-port)",
-                file=sys.stderr,
-            )
+            say("error", f"cannot serve metrics on {settings.metrics_host}:"
+                f"{settings.metrics_port}: {exc.strerror} (--metrics-host / --metrics-port)",
+                args)  # fmt: skip
             return 2
+    try:
+        source = FileModelSource(settings.model) if settings.model is not None else None
+        client = connected(settings, stop)
+        if client is None:
+            return stop.exit_code(0)
+        if source is None:
+            source = RegistryModelSource(
+                client, settings.prefix, settings.model_poll_seconds, settings.max_model_bytes
+            )
+        check_partitions(client, Keys(settings.prefix), settings.partitions)
+    except (ArtifactError, RegistryError, SettingsError) as exc:
+        say("error", str(exc), args)
+        return 2
     consumer = Consumer(settings, client, source, metrics, health, stop)
     consumer.run(max_seconds=args.max_seconds)
     source.close()

@@ -8,8 +8,10 @@ documentation, the environment and the command line cannot drift apart.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -29,7 +31,7 @@ def default_consumer() -> str:
 class Settings(BaseSettings):
     """Everything the worker can be told; see docs/contract.md, Settings."""
 
-    model_config = SettingsConfigDict(env_prefix="INTENTSTREAM_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="INTENTSTREAM_", extra="forbid")  # ENV_PREFIX
 
     redis_url: str = Field(
         "redis://localhost:6379/0",
@@ -186,3 +188,22 @@ def load_settings(args: argparse.Namespace | None = None, **overrides: object) -
             )
             problems.append(f"{name}{where}: {e['msg'].removeprefix('Value error, ')}")
         raise SettingsError("invalid configuration: " + "; ".join(problems)) from None
+
+
+ENV_PREFIX = "INTENTSTREAM_"
+# Read by the console script itself, not settings.
+NOT_SETTINGS = frozenset({"INTENTSTREAM_TRACEBACK"})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each INTENTSTREAM_* variable that names no setting, with the closest
+    name: pydantic ignores such a typo silently (INTENTSTREAM_BATCHSIZE)."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | NOT_SETTINGS
+    suffixes = sorted(name.removeprefix(ENV_PREFIX) for name in known)
+    warnings = []
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in known):
+        # compared without the shared prefix, which would make any two names look alike
+        close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1)
+        hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""
+        warnings.append(f"{name} is not a setting and is ignored{hint}")
+    return warnings
