@@ -15,6 +15,7 @@ from tests.deploy_tools import DEPLOY, metric_names, scrape_text
 from tests.workers import WorkerProcess, wait_for
 from worker.common.local_redis import free_port
 from worker.common.publisher import publish
+from worker.engine.adapters.metrics import DEAD_LETTER_OUTCOMES, EVENT_OUTCOMES
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "intentstream.json"
 # Series Prometheus itself makes for every target.
@@ -37,29 +38,50 @@ REQUIRED = {
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
 
 
+def vectors(node) -> list[promql_parser.VectorSelector]:
+    """Every vector selector of a parsed PromQL expression."""
+    if isinstance(node, promql_parser.VectorSelector):
+        return [node]
+    if isinstance(node, promql_parser.MatrixSelector):
+        return vectors(node.vector_selector)
+    if isinstance(node, promql_parser.BinaryExpr):
+        return vectors(node.lhs) + vectors(node.rhs)
+    if isinstance(node, promql_parser.Call):
+        return [v for a in node.args for v in vectors(a)]
+    if isinstance(node, promql_parser.AggregateExpr):
+        return vectors(node.expr) + (vectors(node.param) if node.param else [])
+    if isinstance(node, promql_parser.ParenExpr | promql_parser.UnaryExpr):
+        return vectors(node.expr)
+    if isinstance(node, promql_parser.SubqueryExpr):
+        return vectors(node.expr)
+    return []
+
+
 def selectors(node) -> set[str]:
     """Metric names of every vector selector in a parsed PromQL expression."""
-    if isinstance(node, promql_parser.VectorSelector):
-        return {node.name} if node.name else set()
-    if isinstance(node, promql_parser.MatrixSelector):
-        return selectors(node.vector_selector)
-    if isinstance(node, promql_parser.BinaryExpr):
-        return selectors(node.lhs) | selectors(node.rhs)
-    if isinstance(node, promql_parser.Call):
-        return set().union(*(selectors(a) for a in node.args))
-    if isinstance(node, promql_parser.AggregateExpr):
-        return selectors(node.expr) | (selectors(node.param) if node.param else set())
-    if isinstance(node, promql_parser.ParenExpr | promql_parser.UnaryExpr):
-        return selectors(node.expr)
-    if isinstance(node, promql_parser.SubqueryExpr):
-        return selectors(node.expr)
-    return set()
+    return {v.name for v in vectors(node) if v.name}
+
+
+def parse(expr: str):
+    for var, value in GRAFANA_VARS.items():
+        expr = expr.replace(var, value)
+    return promql_parser.parse(expr)
+
+
+def selected(vector: promql_parser.VectorSelector, label: str, values: tuple[str, ...]) -> set:
+    """Which of `values` of `label` the selector's matchers let through."""
+
+    def lets_through(m, v: str) -> bool:
+        op = str(m.op).rsplit(".", 1)[-1]  # MatchOp is not hashable
+        found = re.fullmatch(m.value, v) is not None if op in ("Re", "NotRe") else v == m.value
+        return found if op in ("Re", "Equal") else not found
+
+    matchers = [m for m in vector.matchers.matchers if m.name == label]
+    return {v for v in values if all(lets_through(m, v) for m in matchers)}
 
 
 def metrics_of(expr: str) -> set[str]:
-    for var, value in GRAFANA_VARS.items():
-        expr = expr.replace(var, value)
-    return selectors(promql_parser.parse(expr))
+    return selectors(parse(expr))
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -83,6 +105,22 @@ def test_selector_walk_finds_every_metric():
         " / on() -(b) + deriv(max(c)[10m:1m])"
     )
     assert metrics_of(expr) == {"a_bucket", "b", "c"}
+
+
+def test_dead_letters_are_every_dead_letter_outcome():
+    """A query that counts dead letters counts every outcome that dead-letters an entry
+    (misrouted ones too), and nothing else; the alert and the dashboard both count them."""
+    counting = set()
+    for where, queries in (("panel", dashboard_queries()), ("alert", rule_queries())):
+        for title, expr in queries:
+            for vector in vectors(parse(expr)):
+                if vector.name != "intentstream_events_total":
+                    continue
+                chosen = selected(vector, "outcome", EVENT_OUTCOMES)
+                if chosen & set(DEAD_LETTER_OUTCOMES) and chosen != set(EVENT_OUTCOMES):
+                    assert chosen == set(DEAD_LETTER_OUTCOMES), f"{where} {title!r}: {expr}"
+                    counting.add(where)
+    assert counting == {"panel", "alert"}
 
 
 def test_dashboard_structure():
