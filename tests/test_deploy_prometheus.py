@@ -27,6 +27,9 @@ REQUIRED = {
     "IntentstreamWorkerDown", "IntentstreamLagGrowing", "IntentstreamStalled",
     "IntentstreamPartitionUnowned", "IntentstreamDeadLetterRatio", "IntentstreamSlowScores",
     "IntentstreamModelRejected", "IntentstreamRedisErrors", "IntentstreamRedisMemoryHigh",
+    # and the operations review's
+    "IntentstreamBadKeys", "IntentstreamLiveAucDrop", "IntentstreamModelVersionSkew",
+    "IntentstreamPartitionCountMismatch",
 }  # fmt: skip
 
 
