@@ -20,6 +20,17 @@ from worker.engine.adapters.metrics import DEAD_LETTER_OUTCOMES, EVENT_OUTCOMES
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "intentstream.json"
 # Series Prometheus itself makes for every target.
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+# What the operations review added: shadow version, labelled sessions, bad keys, partitions
+# (the count in force beside the owned ones), batch entries under their unit's name, workers up
+# whatever the job is named.
+NEW_PANELS = {
+    "intentstream_shadow_model_version",
+    "intentstream_labelled_sessions_total",
+    "intentstream_bad_keys_total",
+    "intentstream_partitions",
+    "intentstream_batch_entries_bucket",
+    "intentstream_build_info",
+}
 # What issue 11 asks the dashboard to show, by a metric each panel group must name.
 REQUIRED = {
     "intentstream_events_total",  # throughput by outcome, dead letters
@@ -33,7 +44,7 @@ REQUIRED = {
     "intentstream_redis_errors_total",
     "intentstream_redis_memory_used_bytes",
     "intentstream_redis_maxmemory_bytes",
-}
+} | NEW_PANELS
 # Grafana's built-in variables, as a query would see them.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
 
@@ -140,6 +151,24 @@ def test_dashboard_structure():
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
 
 
+def test_job_and_instance_variables_narrow_every_query():
+    doc = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    for name in ("job", "instance"):
+        v = variables[name]
+        assert v["type"] == "query" and v["includeAll"] and v["multi"], name
+        assert v["datasource"]["uid"] == "${datasource}", name
+        assert "intentstream_build_info" in v["query"]["query"], name
+    assert "$job" in variables["instance"]["query"]["query"]
+    for title, expr in dashboard_queries():
+        for vector in vectors(parse(expr)):
+            found = {
+                (m.name, str(m.op).rsplit(".", 1)[-1], m.value) for m in vector.matchers.matchers
+            }
+            for name in ("job", "instance"):
+                assert (name, "Re", f"${name}") in found, f"panel {title!r}: {vector}"
+
+
 def test_every_query_parses_and_the_required_metrics_are_shown():
     named = set()
     for title, expr in dashboard_queries():
@@ -182,3 +211,4 @@ def test_dashboard_and_alerts_name_only_metrics_a_live_worker_exports(
         if name not in exported
     }
     assert not missing, "named but not exported:\n" + "\n".join(sorted(missing))
+    assert exported >= NEW_PANELS
