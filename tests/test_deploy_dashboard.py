@@ -15,10 +15,22 @@ from tests.deploy_tools import DEPLOY, metric_names, scrape_text
 from tests.workers import WorkerProcess, wait_for
 from worker.common.local_redis import free_port
 from worker.common.publisher import publish
+from worker.engine.adapters.metrics import DEAD_LETTER_OUTCOMES, EVENT_OUTCOMES
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "intentstream.json"
 # Series Prometheus itself makes for every target.
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+# What the operations review added: shadow version, labelled sessions, bad keys, partitions
+# (the count in force beside the owned ones), batch entries under their unit's name, workers up
+# whatever the job is named.
+NEW_PANELS = {
+    "intentstream_shadow_model_version",
+    "intentstream_labelled_sessions_total",
+    "intentstream_bad_keys_total",
+    "intentstream_partitions",
+    "intentstream_batch_entries_bucket",
+    "intentstream_build_info",
+}
 # What issue 11 asks the dashboard to show, by a metric each panel group must name.
 REQUIRED = {
     "intentstream_events_total",  # throughput by outcome, dead letters
@@ -32,34 +44,55 @@ REQUIRED = {
     "intentstream_redis_errors_total",
     "intentstream_redis_memory_used_bytes",
     "intentstream_redis_maxmemory_bytes",
-}
+} | NEW_PANELS
 # Grafana's built-in variables, as a query would see them.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
 
 
+def vectors(node) -> list[promql_parser.VectorSelector]:
+    """Every vector selector of a parsed PromQL expression."""
+    if isinstance(node, promql_parser.VectorSelector):
+        return [node]
+    if isinstance(node, promql_parser.MatrixSelector):
+        return vectors(node.vector_selector)
+    if isinstance(node, promql_parser.BinaryExpr):
+        return vectors(node.lhs) + vectors(node.rhs)
+    if isinstance(node, promql_parser.Call):
+        return [v for a in node.args for v in vectors(a)]
+    if isinstance(node, promql_parser.AggregateExpr):
+        return vectors(node.expr) + (vectors(node.param) if node.param else [])
+    if isinstance(node, promql_parser.ParenExpr | promql_parser.UnaryExpr):
+        return vectors(node.expr)
+    if isinstance(node, promql_parser.SubqueryExpr):
+        return vectors(node.expr)
+    return []
+
+
 def selectors(node) -> set[str]:
     """Metric names of every vector selector in a parsed PromQL expression."""
-    if isinstance(node, promql_parser.VectorSelector):
-        return {node.name} if node.name else set()
-    if isinstance(node, promql_parser.MatrixSelector):
-        return selectors(node.vector_selector)
-    if isinstance(node, promql_parser.BinaryExpr):
-        return selectors(node.lhs) | selectors(node.rhs)
-    if isinstance(node, promql_parser.Call):
-        return set().union(*(selectors(a) for a in node.args))
-    if isinstance(node, promql_parser.AggregateExpr):
-        return selectors(node.expr) | (selectors(node.param) if node.param else set())
-    if isinstance(node, promql_parser.ParenExpr | promql_parser.UnaryExpr):
-        return selectors(node.expr)
-    if isinstance(node, promql_parser.SubqueryExpr):
-        return selectors(node.expr)
-    return set()
+    return {v.name for v in vectors(node) if v.name}
+
+
+def parse(expr: str):
+    for var, value in GRAFANA_VARS.items():
+        expr = expr.replace(var, value)
+    return promql_parser.parse(expr)
+
+
+def selected(vector: promql_parser.VectorSelector, label: str, values: tuple[str, ...]) -> set:
+    """Which of `values` of `label` the selector's matchers let through."""
+
+    def lets_through(m, v: str) -> bool:
+        op = str(m.op).rsplit(".", 1)[-1]  # MatchOp is not hashable
+        found = re.fullmatch(m.value, v) is not None if op in ("Re", "NotRe") else v == m.value
+        return found if op in ("Re", "Equal") else not found
+
+    matchers = [m for m in vector.matchers.matchers if m.name == label]
+    return {v for v in values if all(lets_through(m, v) for m in matchers)}
 
 
 def metrics_of(expr: str) -> set[str]:
-    for var, value in GRAFANA_VARS.items():
-        expr = expr.replace(var, value)
-    return selectors(promql_parser.parse(expr))
+    return selectors(parse(expr))
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -85,6 +118,22 @@ def test_selector_walk_finds_every_metric():
     assert metrics_of(expr) == {"a_bucket", "b", "c"}
 
 
+def test_dead_letters_are_every_dead_letter_outcome():
+    """A query that counts dead letters counts every outcome that dead-letters an entry
+    (misrouted ones too), and nothing else; the alert and the dashboard both count them."""
+    counting = set()
+    for where, queries in (("panel", dashboard_queries()), ("alert", rule_queries())):
+        for title, expr in queries:
+            for vector in vectors(parse(expr)):
+                if vector.name != "intentstream_events_total":
+                    continue
+                chosen = selected(vector, "outcome", EVENT_OUTCOMES)
+                if chosen & set(DEAD_LETTER_OUTCOMES) and chosen != set(EVENT_OUTCOMES):
+                    assert chosen == set(DEAD_LETTER_OUTCOMES), f"{where} {title!r}: {expr}"
+                    counting.add(where)
+    assert counting == {"panel", "alert"}
+
+
 def test_dashboard_structure():
     doc = json.loads(DASHBOARD.read_text())
     assert doc["uid"] == "intentstream-worker"
@@ -100,6 +149,24 @@ def test_dashboard_structure():
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_job_and_instance_variables_narrow_every_query():
+    doc = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    for name in ("job", "instance"):
+        v = variables[name]
+        assert v["type"] == "query" and v["includeAll"] and v["multi"], name
+        assert v["datasource"]["uid"] == "${datasource}", name
+        assert "intentstream_build_info" in v["query"]["query"], name
+    assert "$job" in variables["instance"]["query"]["query"]
+    for title, expr in dashboard_queries():
+        for vector in vectors(parse(expr)):
+            found = {
+                (m.name, str(m.op).rsplit(".", 1)[-1], m.value) for m in vector.matchers.matchers
+            }
+            for name in ("job", "instance"):
+                assert (name, "Re", f"${name}") in found, f"panel {title!r}: {vector}"
 
 
 def test_every_query_parses_and_the_required_metrics_are_shown():
@@ -144,3 +211,4 @@ def test_dashboard_and_alerts_name_only_metrics_a_live_worker_exports(
         if name not in exported
     }
     assert not missing, "named but not exported:\n" + "\n".join(sorted(missing))
+    assert exported >= NEW_PANELS

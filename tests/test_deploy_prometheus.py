@@ -3,6 +3,7 @@ prometheus binary scraping a real worker."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import signal
@@ -18,11 +19,17 @@ from worker.common.local_redis import free_port
 
 PROM = DEPLOY / "prometheus"
 RULES = PROM / "alerts.yml"
+_spec = importlib.util.spec_from_file_location("render_alerts", PROM / "render_alerts.py")
+render_alerts = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render_alerts)
 # every kind of problem issue 11 asks an alert for, by rule name
 REQUIRED = {
     "IntentstreamWorkerDown", "IntentstreamLagGrowing", "IntentstreamStalled",
     "IntentstreamPartitionUnowned", "IntentstreamDeadLetterRatio", "IntentstreamSlowScores",
     "IntentstreamModelRejected", "IntentstreamRedisErrors", "IntentstreamRedisMemoryHigh",
+    # and the operations review's
+    "IntentstreamBadKeys", "IntentstreamLiveAucDrop", "IntentstreamModelVersionSkew",
+    "IntentstreamPartitionCountMismatch",
 }  # fmt: skip
 
 
@@ -48,9 +55,37 @@ def test_every_rule_has_for_severity_and_runbook_in_the_readme():
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         notes = rule["annotations"]
         assert notes.get("summary") and notes.get("description"), name
-        page, _, anchor = notes["runbook"].partition("#")
-        assert page == "docs/deploy.md" and anchor in anchors, f"{name}: no runbook {anchor}"
+        assert "runbook" not in notes, f"{name}: runbook_url is the annotation's name"
+        # a full URL (the monitoring-mixin convention) under the rendered base
+        page, _, anchor = notes["runbook_url"].partition("#")
+        assert page == render_alerts.DEFAULT_BASE, f"{name}: {notes['runbook_url']}"
+        assert anchor in anchors, f"{name}: no runbook {anchor}"
     assert names >= REQUIRED, f"missing: {REQUIRED - names}"
+
+
+def test_committed_rules_are_rendered_for_the_default_base():
+    assert re.fullmatch(r"https://[^#\s]+", render_alerts.DEFAULT_BASE)
+    for name in render_alerts.FILES:
+        text = (PROM / name).read_text()
+        assert render_alerts.render(text, render_alerts.DEFAULT_BASE) == text, name
+        assert "runbook:" not in text, name
+
+
+def test_render_changes_the_base_of_every_runbook_url_and_nothing_else(tmp_path):
+    base = "https://git.example.org/ops/intentstream/-/blob/v1/docs/deploy.md"
+    assert render_alerts.main(["--base", base, "--out", str(tmp_path)]) == 0
+    for name in render_alerts.FILES:
+        committed = (PROM / name).read_text().splitlines()
+        rendered = (tmp_path / name).read_text().splitlines()
+        changed = [(a, b) for a, b in zip(committed, rendered, strict=True) if a != b]
+        assert changed, name
+        for old, new in changed:
+            assert old.replace(render_alerts.DEFAULT_BASE + "#", base + "#") == new
+    doc = yaml.safe_load((tmp_path / "alerts.yml").read_text())
+    urls = [r["annotations"]["runbook_url"] for g in doc["groups"] for r in g["rules"]]
+    assert urls and all(u.startswith(base + "#") for u in urls)
+    with pytest.raises(SystemExit):
+        render_alerts.main(["--base", "docs/deploy.md", "--out", str(tmp_path)])
 
 
 def test_every_rule_is_unit_tested_firing():
@@ -73,6 +108,11 @@ def test_promtool_checks_and_unit_tests_the_rules(tmp_path):
     result = run(promtool, "test", "rules", "alerts_test.yml", cwd=PROM)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+    # rendered for another runbook base, the rules pass their (rendered) unit tests too
+    base = "https://runbooks.example.net/intentstream/deploy.md"
+    render_alerts.main(["--base", base, "--out", str(tmp_path / "rendered")])
+    result = run(promtool, "test", "rules", "alerts_test.yml", cwd=tmp_path / "rendered")
+    assert result.returncode == 0, result.stdout + result.stderr
     # the unit tests bite: a rule whose threshold moved fails them
     (tmp_path / "alerts.yml").write_text(RULES.read_text().replace("> 0.01", "> 0.1"))
     (tmp_path / "alerts_test.yml").write_text((PROM / "alerts_test.yml").read_text())
@@ -132,6 +172,9 @@ def test_live_prometheus_scrapes_a_worker_and_alerts_when_it_stops(
         config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
         config["rule_files"] = [str(RULES)]
         config["scrape_configs"][0]["static_configs"] = [{"targets": [target]}]
+        # a job named as Kubernetes' prometheus.io annotations name it: the rules must not
+        # depend on the job's name
+        config["scrape_configs"][0]["job_name"] = "kubernetes-service-endpoints"
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
         log = (tmp_path / "prometheus.log").open("wb")
         prometheus = subprocess.Popen(
@@ -158,7 +201,10 @@ def test_live_prometheus_scrapes_a_worker_and_alerts_when_it_stops(
         wait_for(lambda: worker_down_alerts(prom_port, target), 90, "IntentstreamWorkerDown")
         alert = worker_down_alerts(prom_port, target)[0]
         assert alert["labels"]["severity"] == "critical"
-        assert alert["annotations"]["runbook"] == "docs/deploy.md#intentstreamworkerdown"
+        assert alert["labels"]["job"] == "kubernetes-service-endpoints"
+        assert alert["annotations"]["runbook_url"] == (
+            f"{render_alerts.DEFAULT_BASE}#intentstreamworkerdown"
+        )
     finally:
         worker.kill()
         if prometheus is not None:

@@ -7,7 +7,9 @@ batch instead of one Python call per event.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
+import platform
 import sys
 import threading
 import time
@@ -20,10 +22,14 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("intentstream.metrics")
@@ -34,6 +40,35 @@ LATENCY_BUCKETS = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# intentstream_events_total's outcomes, and those of them whose entry went to a dead-letter
+# stream (the alert rules and the dashboard select exactly these: test_deploy_dashboard.py).
+EVENT_OUTCOMES = ("scored", "deadletter", "duplicate", "misrouted", "lost")
+DEAD_LETTER_OUTCOMES = ("deadletter", "misrouted")
+# Distributions whose version intentstream_build_info reports (read from their metadata:
+# nothing is imported for it).
+BUILD_INFO_DISTRIBUTIONS = {
+    "version": "intentstream",
+    "numba": "numba",
+    "numpy": "numpy",
+    "redis_py": "redis",
+    "prometheus_client": "prometheus-client",
+}
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_labels() -> dict[str, str]:
+    """intentstream_build_info's labels: this package's version, the Python and the
+    libraries the scores depend on."""
+    labels = {k: _distribution_version(d) for k, d in BUILD_INFO_DISTRIBUTIONS.items()}
+    labels["python"] = platform.python_version()
+    labels["python_implementation"] = platform.python_implementation()
+    return labels
 
 
 class BatchHistogram(Collector):
@@ -76,11 +111,42 @@ class BatchHistogram(Collector):
         )
 
 
+class RenamedHistogram(Collector):
+    """Another histogram's samples under another name: one set of observations exported
+    twice, identical by construction (a metric renamed, its old name kept for queries)."""
+
+    def __init__(self, name: str, documentation: str, source: Histogram) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            renamed = Metric(self.name, self.documentation, family.type, family.unit)
+            renamed.samples = [
+                s._replace(name=self.name + s.name[len(family.name) :]) for s in family.samples
+            ]
+            yield renamed
+
+
 class WorkerMetrics:
     """Every metric the worker exports, in its own registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        # process_* (RSS, CPU, open fds), python_info, python_gc_*: what the default
+        # registry has and a registry of one's own lacks
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.build_info = Gauge(
+            "intentstream_build_info",
+            "Always 1; its labels: the intentstream version, the Python and the versions of "
+            "the libraries that compute the scores.",
+            list(build_labels()),
+            registry=r,
+        )
+        self.build_info.labels(**build_labels()).set(1)
         self.events = Counter(
             "intentstream_events",
             "Stream entries handled, by outcome: scored, deadletter, duplicate (already "
@@ -103,12 +169,21 @@ class WorkerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.batch_size = Histogram(
-            "intentstream_batch_size",
+        self.batch_entries = Histogram(
+            "intentstream_batch_entries",
             "Entries per processed batch.",
             buckets=BATCH_SIZE_BUCKETS,
             registry=r,
         )
+        r.register(
+            RenamedHistogram(
+                "intentstream_batch_size",
+                "The same as intentstream_batch_entries (entries per processed batch), under "
+                "the contract's first name, kept for existing queries.",
+                self.batch_entries,
+            )
+        )
+        self.batch_size = self.batch_entries  # its callers' name (consumer.py)
         self.lag = Gauge(
             "intentstream_lag_entries",
             "Entries in the partition's stream not yet delivered to the group (counted when "
@@ -210,8 +285,11 @@ class WorkerMetrics:
             "Partitions whose lease this worker holds.",
             registry=r,
         )
-        for outcome in ("scored", "deadletter", "duplicate", "misrouted", "lost"):
+        for outcome in EVENT_OUTCOMES:
             self.events.labels(outcome)
+        for role in ("current", "shadow"):
+            for outcome in ("positive", "negative"):
+                self.labelled_sessions.labels(role, outcome)
         for result in ("loaded", "rejected"):
             self.model_reloads.labels(result)
         for reason in ("replayed", "model", "invalid", "wrong_type"):
