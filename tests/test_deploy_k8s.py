@@ -196,7 +196,7 @@ def test_service_monitor_scrapes_the_metrics_service_as_job_intentstream(objects
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
     assert endpoint["path"] == "/metrics"
     # the job label is taken from this Service label, which the kustomization sets on every
-    # object; the alerts and the dashboard select job="intentstream"
+    # object: the workers' job is "intentstream" on Kubernetes as outside it
     main = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     common = {k: v for pairs in main["labels"] for k, v in pairs["pairs"].items()}
     assert common[spec["jobLabel"]] == "intentstream"
