@@ -182,6 +182,10 @@ def _meta_from_array(raw: np.ndarray) -> ModelMeta:
 
 def model_from_bytes(data: bytes) -> Model:
     """Parse and validate an artifact held in memory (a file's or a registry entry's bytes)."""
+    if not data.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):
+        # np.load takes anything else for a pickle, and its refusal advises loading it
+        # unsafely: never the advice to give about a file of unknown origin
+        raise ArtifactError("not a valid .npz archive (it does not begin as a zip file does)")
     try:
         archive = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:

@@ -97,6 +97,17 @@ def test_refuses_non_npz_file(tmp_path: Path):
         load_model(path)
 
 
+@pytest.mark.parametrize("content", [b"garbage", b"\x80\x04K\x01.", b""])
+def test_a_non_npz_file_is_refused_without_advice_to_load_it_unsafely(tmp_path, content):
+    path = tmp_path / "model.npz"
+    path.write_bytes(content)  # the second: a pickle
+    with pytest.raises(ArtifactError) as info:
+        load_model(path)
+    text = str(info.value)
+    assert "not a valid .npz archive" in text
+    assert "trust" not in text and "allow_pickle" not in text and "pickle.load" not in text
+
+
 def test_refuses_bare_npy():
     buf = io.BytesIO()
     np.save(buf, np.zeros(3))

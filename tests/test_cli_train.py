@@ -70,3 +70,23 @@ def test_the_reports_epoch_axis_has_whole_numbers(tmp_path: Path, monkeypatch):
     write_report(result, tmp_path)
     ticks = seen[0]
     assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+@pytest.mark.integration
+def test_off_a_terminal_progress_is_one_line_per_epoch_and_a_bad_report_is_refused_first(
+    tmp_path,
+):
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in synthetic_events(3000, 200, seed=5)))
+    result = run_cli("train", "--data", str(data), "--hidden", "8", "--epochs", "3",
+                     "--out", str(tmp_path / "m.npz"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    epochs = [line for line in result.stderr.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 3 and all("loss" in line for line in epochs), result.stderr
+    assert "\r" not in result.stderr and "it/s" not in result.stderr  # no redrawn tqdm bar
+    # --report naming a file: refused before any training, not after it
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    refused = run_cli("train", "--data", str(data), "--epochs", "3", "--report", str(taken))
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == f"error: --report {taken}: exists and is not a directory"
