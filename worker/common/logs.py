@@ -8,11 +8,31 @@ import sys
 import threading
 import time
 
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+def extra_fields(record: logging.LogRecord) -> dict[str, object]:
+    """The fields a log call gave with `extra=` (consumer, partition, error, ...)."""
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message key=value ...`: the `extra=` fields kept, as in JSON."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = " ".join(f"{k}={v}" for k, v in extra_fields(record).items())
+        if not fields:
+            return line
+        head, sep, rest = line.partition("\n")  # a traceback stays below the line
+        return f"{head} {fields}{sep}{rest}"
+
 
 class JsonFormatter(logging.Formatter):
     """Render a record as one JSON line; extra fields given with `extra=` are kept."""
-
-    _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
     def format(self, record: logging.LogRecord) -> str:
         doc = {
@@ -22,9 +42,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in self._STANDARD and not key.startswith("_"):
-                doc[key] = value
+        doc.update(extra_fields(record))
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str)
@@ -38,7 +56,7 @@ def setup_logging(fmt: str = "auto", level: str = "INFO") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
