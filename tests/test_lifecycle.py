@@ -323,6 +323,7 @@ def test_model_evaluate_agrees_with_trains_validation_auc_and_fine_tuning_contin
     redis_server, tmp_path
 ):
     import json
+    import re
     import zlib
 
     from model.synthetic import synthetic_events
@@ -359,5 +360,11 @@ def test_model_evaluate_agrees_with_trains_validation_auc_and_fine_tuning_contin
     lines = both.stdout.splitlines()
     assert lines[0].split()[:3] == ["model", "sessions", "positive"]
     assert [line.split()[0] for line in lines[1:]] == ["1", "2"]
+    total = re.search(r"--since 10000d: (\d+) of \1 events, (\d+) of \2 sessions \(0 fewer",
+                      both.stderr)  # fmt: skip
+    assert total, both.stderr  # nothing left out
+    none = run_cli("model", "evaluate", "1", "--from-redis", "--since", "1s", *url)
+    events, sessions = total.groups()
+    assert f"--since 1s: 0 of {events} events, 0 of {sessions} sessions" in none.stderr
     bad = run_cli("model", "evaluate", "1", "--from-redis", "--since", "yesterday", *url)
     assert bad.returncode == 2 and "--since" in bad.stderr

@@ -236,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--users", type=positive_int, default=1000, help="synthetic users")
     pub.add_argument("--seed", type=int, default=0, help="synthetic data seed")
     pub.add_argument(
+        "--start-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="epoch ms of the first synthetic event without --rate (default: dated so that "
+        "the last one is now: a backlog of recent history)",
+    )
+    pub.add_argument(
         "--rate",
         type=positive_float,
         default=None,

@@ -40,6 +40,20 @@ def since_ms(text: str | None, now: float | None = None) -> int | None:
     return int(((now if now is not None else time.time()) - seconds) * 1000)
 
 
+def left_out_line(since: str, events: list[dict], recent: list[dict], model: Model,
+                  default_label: str) -> str:  # fmt: skip
+    """What `--since` kept, in events and in sessions (cut by the model's rules)."""
+
+    def sessions(evs: list[dict]) -> int:
+        meta = model.meta
+        return len(sessionize(evs, meta.event_types, meta.features, meta.session_gap_seconds,
+                              label_type_of(model, default_label)))  # fmt: skip
+
+    total, kept = sessions(events), sessions(recent)
+    return (f"--since {since}: {len(recent)} of {len(events)} events, {kept} of {total} "
+            f"sessions ({total - kept} fewer: those before the cutoff are left out)")  # fmt: skip
+
+
 def evaluate_models(
     models: dict[str, Model], events: list[dict], default_label: str = DEFAULT_LABEL_TYPE
 ) -> dict[str, dict]:
@@ -96,9 +110,21 @@ def push(url: str, results: dict[str, dict]) -> None:
     push_to_gateway(url, job="intentstream_evaluate", registry=reg)
 
 
-def run_evaluate(args: argparse.Namespace, events: list[dict], registry: Registry | None) -> int:
-    """Evaluate args.versions on the events; print a table or JSON; push if asked."""
-    results = evaluate_models(load_named_models(registry, args.versions), events, args.label_type)
+def run_evaluate(
+    args: argparse.Namespace,
+    events: list[dict],
+    registry: Registry | None,
+    cutoff_ms: int | None = None,
+) -> int:
+    """Evaluate args.versions on the events (those at or after cutoff_ms, saying how many
+    sessions that leaves out); print a table or JSON; push if asked."""
+    models = load_named_models(registry, args.versions)
+    if cutoff_ms is not None:
+        recent = [e for e in events if e["ts"] >= cutoff_ms]
+        print(left_out_line(args.since, events, recent, next(iter(models.values())),
+                            args.label_type), file=sys.stderr)  # fmt: skip
+        events = recent
+    results = evaluate_models(models, events, args.label_type)
     if args.json:
         print(json.dumps(results, indent=2, sort_keys=True, default=float))
     else:

@@ -132,9 +132,7 @@ def cmd_model_evaluate(args: argparse.Namespace) -> int:
             events, _ = read_history(reg.r, reg.prefix, partitions)
         else:
             events = read_event_files(args.data)
-        if cutoff is not None:
-            events = [e for e in events if e["ts"] >= cutoff]
-        return run_evaluate(args, events, reg)
+        return run_evaluate(args, events, reg, cutoff)
 
     return with_registry(args, evaluate)
 

@@ -16,6 +16,19 @@ from worker.common.publisher import publish
 from worker.common.settings import SettingsError, load_settings
 
 
+def synthetic_backlog(args: argparse.Namespace, now_ms: int | None = None) -> list[dict]:
+    """The synthetic events, from --start-ms or else dated so that the last one is now (the
+    generator's clock runs faster than real time: its span is known only once generated)."""
+    events = list(synthetic_events(args.synthetic, args.users, seed=args.seed,
+                                   start_ms=args.start_ms or 0))  # fmt: skip
+    if args.start_ms is None and events:
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        shift = now_ms - events[-1]["ts"]
+        for event in events:
+            event["ts"] += shift
+    return events
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     """The `intentstream publish` command; returns its exit code."""
     try:
@@ -27,11 +40,13 @@ def cmd_publish(args: argparse.Namespace) -> int:
     client = connect_settings(settings)
     bad = 0
     if args.synthetic is not None:
-        events: Iterable[Event | dict] = synthetic_events(
-            args.synthetic, args.users, seed=args.seed, start_ms=1_700_000_000_000
-        )
         if args.rate:  # live: dated by Redis as they arrive (docs/producers.md, Timestamps)
-            events = ({k: v for k, v in e.items() if k != "ts"} for e in events)
+            live = synthetic_events(args.synthetic, args.users, seed=args.seed)
+            events: Iterable[Event | dict] = (
+                {k: v for k, v in e.items() if k != "ts"} for e in live
+            )
+        else:
+            events = synthetic_backlog(args)
     else:
         source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
         parsed = list(reported_events(source, sys.stderr))
