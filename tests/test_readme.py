@@ -66,8 +66,8 @@ def as_run_here(command: str, url: str, port: int) -> str:
     """The command with optional [--flags] kept, other [placeholders] dropped, our Redis."""
     command = re.sub(r"\[(--[^\]]*)\]", r"\1", command)
     command = re.sub(r"\s\[[^\]]*\]", "", command)
-    command = command.replace("redis://localhost:6379/0", url)
-    command = re.sub(r"^redis-cli ", f"redis-cli -p {port} ", command)
+    command = re.sub(r"redis://localhost:63\d\d/0", url, command)
+    command = re.sub(r"^redis-cli (-p \d+ )?", f"redis-cli -p {port} ", command)
     for prefix, bound in BOUNDED.items():
         if command.startswith(prefix):
             command += bound
