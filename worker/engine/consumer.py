@@ -1,12 +1,13 @@
-"""The worker loop: it wires ownership, reads, states, the pipeline and the commit.
+"""The worker loop, as policy: the round, leases, retries, when to read ahead, model swaps.
 
-One round (`tick`): renew leases (adapters/ownership.py), follow the model source, read a
-batch per held partition (adapters/streams.py), and per batch: read the users' states
-(adapters/states.py), build the Commit with one kernel call (compute/pipeline.py), and apply it
-atomically and conditionally (adapters/commit.py). Two batches are kept known: a commit goes
-out behind the read of the next batch's states and a read of new entries, and while Redis
-runs it the worker computes the next batch, which is used only if the commit applied
-(readahead.py). What the worker holds of each partition is a Partition (partition.py).
+One round (`tick`): renew leases (adapters/ownership.py), follow the model source
+(models.py), read a batch per held partition (adapters/streams.py), and per batch: read the
+users' states (adapters/states.py), build the Commit with one kernel call (compute/pipeline.py)
+and apply it atomically and conditionally (adapters/commit.py), counted once (tally.py). Two
+batches are kept known: a commit goes out behind the read of the next batch's states and a
+read of new entries, and while Redis runs it the worker computes the next batch, used only if
+the commit applied (readahead.py). All the worker holds of a partition is a Partition
+(partition.py), forgotten in one call when it may no longer hold.
 
 A commit that applied nothing never loses an entry: the entries stay pending for this
 consumer and are read again, in order, before new ones. Redis outages back off and retry;
@@ -23,9 +24,7 @@ import threading
 import time
 from contextlib import suppress
 
-import numpy as np
 import redis
-from threadpoolctl import threadpool_limits
 
 from model.scoring import ScoringModel
 from worker.common.append_function import ROUTE_SCRIPT
@@ -33,7 +32,6 @@ from worker.common.append_function import install as install_function
 from worker.common.connection import is_cluster, refresh_topology
 from worker.common.keys import Keys
 from worker.common.partitions import PartitionCountError, check_partitions
-from worker.common.registry import Registry, RegistryError
 from worker.common.settings import Settings
 from worker.engine.adapters.commit import (
     CommitLimits,
@@ -44,26 +42,19 @@ from worker.engine.adapters.commit import (
 )
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
-from worker.engine.adapters.model_source import (
-    FileModelSource,
-    ModelRejectedError,
-    RegistryModelSource,
-)
+from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.states import PartitionDataError, StateReader, written
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import (
-    OUTCOMES,
-    Commit,
-    UserStates,
-    build_commit,
-    distinct_users,
-)
+from worker.engine.compute.pipeline import Commit, distinct_users
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.state_cache import CachedState, StateCache
+from worker.engine.models import Models
+from worker.engine.models import pin_blas as pin_blas  # the bench pins as run() does
 from worker.engine.partition import Partitions
-from worker.engine.readahead import Ahead, Plan, ReadAhead
+from worker.engine.readahead import Ahead, ReadAhead
+from worker.engine.tally import Tally
 
 log = logging.getLogger("intentstream.worker")
 
@@ -73,16 +64,6 @@ CONFLICT_RETRIES = 5
 # Young-generation collections every 20,000 net allocations instead of 700: a batch makes
 # thousands of short-lived objects that refcounting frees anyway (see tune_gc).
 GC_THRESHOLDS = (20_000, 20, 20)
-
-
-def pin_blas() -> None:
-    """One thread for every BLAS library loaded so far, for the rest of the process.
-
-    The kernel's products are small: a second OpenBLAS thread gains nothing and its
-    busy-waiting takes the core that Redis and this loop need (2.5-3x slower measured). The
-    limit reaches only libraries already loaded, and a kernel loads SciPy's at its first
-    call: so call this after warming up."""
-    threadpool_limits(limits=1, user_api="blas")
 
 
 def tune_gc() -> None:
@@ -114,8 +95,6 @@ class Consumer:
         self.r = client
         self.keys = Keys(s.prefix)
         self.source = model_source
-        self.model: ScoringModel = model_source.current
-        self.shadow: ScoringModel | None = model_source.shadow
         self.metrics = metrics or WorkerMetrics()
         self.health = health or Health()
         self._stop = stop_event or threading.Event()
@@ -124,22 +103,21 @@ class Consumer:
         # started with the same --consumer never both hold a partition.
         self.holder = f"{s.consumer}:{secrets.token_hex(6)}"
         self.ownership = Ownership(client, self.keys, self.holder, s.partitions, s.lease_ms)
-        self.reader = StreamReader(
-            client, self.keys, s.group, s.consumer, s.partitions, s.max_ts_skew_ms
-        )
+        self.reader = StreamReader(client, self.keys, s.group, s.consumer, s.partitions,
+                                   s.max_ts_skew_ms)  # fmt: skip
         self.cluster = is_cluster(client)
         self._idle = 0.0  # how long the last empty round waited (cluster mode)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
-        self.states = StateReader(client, self.keys, self.cache, self._space_of)
+        self.quality = LiveQuality()
+        self.models = Models(model_source, client, s, self.metrics, self.quality, self.cache)
+        self.states = StateReader(client, self.keys, self.cache, self.models.space_of)
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
         self.readahead = ReadAhead(client, self.keys, self.states, self.reader, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
-        self.quality = LiveQuality()
         self.metrics.partitions.set(s.partitions)
-        for role in ("current", "shadow"):  # computed at scrape time
-            self.metrics.live_auc.labels(role).set_function(lambda r=role: self.quality.auc(r))
+        self.tally = Tally(self.metrics, self.quality)
         # Each partition's cursor, queued batches, batch computed ahead, block and unsettled
         # commit. The commit of a batch travels with a read ahead while fewer than two are
         # queued, so the next batch is always known and is computed while Redis runs it.
@@ -152,7 +130,16 @@ class Consumer:
         self._groups_missing = False  # a read found a group gone (NOGROUP)
         self._last_maintenance = 0.0
         self._backoff = 0.0
-        self._spaces: dict[str, str] = {}  # state space by model version
+
+    @property
+    def model(self) -> ScoringModel:
+        """The model scoring now."""
+        return self.models.current
+
+    @property
+    def shadow(self) -> ScoringModel | None:
+        """The shadow model scoring beside it, if one runs."""
+        return self.models.shadow
 
     @property
     def cursors(self) -> dict[int, Cursor]:
@@ -167,15 +154,12 @@ class Consumer:
 
     def run(self, max_seconds: float | None = None) -> None:
         """Consume until stopped (or for max_seconds), surviving Redis outages."""
-        self.model.warm_up()
-        if self.shadow is not None:
-            self.shadow.warm_up()
-        pin_blas()
+        self.models.warm_up()
         self._run(max_seconds)
 
     def _run(self, max_seconds: float | None) -> None:
         self.health.model_ok = True
-        self._set_model_metrics()
+        self.models.set_metrics()
         tune_gc()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         log.info(
@@ -261,7 +245,7 @@ class Consumer:
             # renewing first would only drop them unseen.
             self._process_queued()
             self._renew_leases()
-        self._follow_model_source()
+        self.models.follow()  # between batches
         self._settle()
         parts = self._readable()
         if not parts:
@@ -357,14 +341,7 @@ class Consumer:
     def _claim_idle(self, p: int, now: float) -> None:
         cursor = self.parts[p].cursor
         if now - cursor.last_claim > self.s.claim_idle_ms / 2000:
-            self._count_deleted(p, self.reader.claim(cursor, self.s.claim_idle_ms))
-
-    def _count_deleted(self, p: int, deleted: int) -> None:
-        if deleted:
-            # Trimmed or deleted while pending: never readable again. Counted, logged.
-            self.metrics.events.labels("lost").inc(deleted)
-            log.warning("pending entries were deleted before they were processed",
-                        extra={"partition": p, "count": deleted})  # fmt: skip
+            self.tally.lost(p, self.reader.claim(cursor, self.s.claim_idle_ms))
 
     # ---- ownership ---------------------------------------------------------------------
 
@@ -401,8 +378,7 @@ class Consumer:
         self.reader.ensure_group(p)
         self._route(keys=[self.keys.route(p)], args=[self.s.partitions])
         self.health.group_ok = True
-        self._count_deleted(p, self.reader.claim(part.cursor, min_idle_ms=0))
-        part.cursor.rewind()
+        self.tally.lost(p, self.reader.claim(part.cursor, min_idle_ms=0))
         log.info("took partition", extra={"partition": p})
 
     def _let_go(self, p: int) -> None:
@@ -459,7 +435,7 @@ class Consumer:
             # An older entry is still pending (a read whose commit failed, or one delivered
             # to another consumer): take them all and re-read in order.
             log.info("older entries pending; re-reading in order", extra={"partition": p})
-            self._count_deleted(p, self.reader.claim(self.parts[p].cursor, min_idle_ms=0))
+            self.tally.lost(p, self.reader.claim(self.parts[p].cursor, min_idle_ms=0))
         elif reason == "bad_key":
             raise PartitionDataError(p, f"{exc.detail} holds another type; fix or delete it")
         else:  # not_pending: claimed by another consumer, or committed by an earlier send
@@ -476,9 +452,9 @@ class Consumer:
             state_s, model_s = ahead.seconds
         else:
             t1 = time.perf_counter()
-            states = self.states.read(p, distinct_users(batch), *self._state_spec())
+            states = self.states.read(p, distinct_users(batch), *self.models.spec())
             t2 = time.perf_counter()
-            commit = self._build(batch, states)
+            commit = self.models.build(batch, states)
             prepared = None
             state_s, model_s = t2 - t1, time.perf_counter() - t2
         t3 = time.perf_counter()
@@ -489,38 +465,9 @@ class Consumer:
         self.states.remember(p, result.seq, entries)
         settled = self.parts[p].settled_by(result)
         if settled is not None:
-            self._count(settled)
-        for reason, n in states.resets.items():
-            self.metrics.state_resets.labels(reason).inc(n)
-        # keys of another type the read did not see (the cache held those users' states)
-        unseen = result.replaced - states.resets["wrong_type"]
-        if unseen > 0:
-            self.metrics.state_resets.labels("wrong_type").inc(unseen)
-        self._count(commit)
-        stages = {"parse": batch.parse_seconds, "state": state_s, "model": model_s,
-                  "commit": t4 - t3}  # fmt: skip
-        for stage, seconds in stages.items():
-            self.metrics.batch_seconds.labels(stage).observe(seconds)
-        self.metrics.batch_size.observe(len(batch))
-
-    def _count(self, commit: Commit) -> None:
-        """Count a commit that took effect: every entry once, under its one outcome."""
-        m, now = self.metrics, time.time()
-        for outcome in OUTCOMES:
-            if commit.outcomes[outcome]:
-                m.events.labels(outcome).inc(commit.outcomes[outcome])
-        if commit.unknown_types:
-            m.unknown_types.inc(commit.unknown_types)
-        for role, (scores, labels) in commit.quality.items():
-            if len(labels):
-                self.quality.add(role, scores, labels)
-                m.labelled_sessions.labels(role, "positive").inc(int(labels.sum()))
-                m.labelled_sessions.labels(role, "negative").inc(int((~labels).sum()))
-        m.latency.observe_many(np.maximum(0.0, now - commit.arrival_ms / 1000.0))
-        m.last_processed.set(now)
-        if commit.dead:
-            log.info("dead-lettered entries",
-                     extra={"partition": commit.partition, "count": len(commit.dead)})  # fmt: skip
+            self.tally.commit(settled)
+        stages = {"state": state_s, "model": model_s, "commit": t4 - t3}
+        self.tally.batch(batch, states, commit, result, stages)
 
     def _send(
         self, commit: Commit, prefetch_for: list[int] | None, upcoming: Batch | None = None,
@@ -530,17 +477,13 @@ class Consumer:
         upcoming batch when given. A reply lost on the way leaves the commit unsettled:
         counted if it applied."""
         try:
-            if prefetch_for or (upcoming is not None and self._may_compute_ahead()):
+            # a cluster's partitions are on different nodes, with no one connection
+            if prefetch_for or (upcoming is not None and not self.cluster):
                 return self._commit_and_prefetch(commit, prefetch_for or [], upcoming, prepared)
             return self.committer.run(commit)
         except _REDIS_DOWN:
             self.parts[commit.partition].lost_reply(self.committer.token(commit), commit)
             raise
-
-    def _may_compute_ahead(self) -> bool:
-        # a cluster's partitions are on different nodes, with no one connection to
-        # pipeline on
-        return not self.cluster
 
     def _commit_and_prefetch(
         self, commit: Commit, parts: list[int], upcoming: Batch | None = None,
@@ -550,13 +493,13 @@ class Consumer:
         batch's states, which is computed while Redis runs the commit (readahead.py) and
         kept if it applied. Any failure rewinds: what was read is read again, in order."""
         plan = None
-        if upcoming is not None and upcoming.partition in self.ownership.owned:
-            plan = self.readahead.plan(commit, upcoming) if self._may_compute_ahead() else None
+        if upcoming is not None and upcoming.partition in self.ownership.owned and not self.cluster:
+            plan = self.readahead.plan(commit, upcoming)
         cursors = [self.parts[p].cursor for p in parts]
         count = self.s.batch_size * (1 if self.parts.queued() else 2)  # keep two batches known
         try:
             sent = self.readahead.exchange(
-                commit, prepared, plan, cursors, count, self.s.batch_size, self._compute_ahead
+                commit, prepared, plan, cursors, count, self.s.batch_size, self.models
             )
         except CommitRefusedError:
             self._scripts_loaded = False  # the server lost its scripts (restart, SCRIPT FLUSH)
@@ -572,41 +515,12 @@ class Consumer:
             self.parts[sent.ahead.batch.partition].ahead = sent.ahead
         return result
 
-    def _compute_ahead(
-        self, plan: Plan, flat: list | None, in_flight: dict[str, CachedState]
-    ) -> Ahead | None:
-        """The upcoming batch computed from its states read ahead; None when the states
-        moved (it is then computed the usual way, in its turn)."""
-        t1 = time.perf_counter()
-        model, shadow = self.model, self.shadow
-        states = self.states.complete(plan.request, flat, *self._state_spec(),
-                                      in_flight=in_flight)  # fmt: skip
-        if states is None:
-            return None
-        t2 = time.perf_counter()
-        commit = self._build(plan.batch, states)
-        prepared = self.committer.prepare(commit)
-        return Ahead(plan.batch, states, commit, prepared, model, shadow,
-                     (t2 - t1, time.perf_counter() - t2))  # fmt: skip
-
     def _take_ahead(self, batch: Batch) -> Ahead | None:
         """The batch as computed ahead, if it was and still holds (same models)."""
         ahead = self.parts[batch.partition].take_ahead()
         if ahead is None or ahead.batch is not batch or ahead.model is not self.model:
             return None
         return ahead if ahead.shadow is self.shadow else None
-
-    def _state_spec(self) -> tuple:
-        """The state shape and space the model reads, and the shadow's (or None)."""
-        model, shadow = self.model, self.shadow
-        shadow_spec = (shadow.state_shape, state_space(shadow)) if shadow is not None else None
-        return model.state_shape, state_space(model), shadow_spec
-
-    def _build(self, batch: Batch, states: UserStates) -> Commit:
-        s = self.s
-        return build_commit(
-            batch, states, self.model, s.history_events, self.shadow, s.event_id_window
-        )
 
     # ---- commits whose reply was lost --------------------------------------------------
 
@@ -618,72 +532,4 @@ class Consumer:
                 token, commit = part.unsettled
                 if self.r.get(self.keys.last_commit(part.number)) == token:
                     part.unsettled = None
-                    self._count(commit)
-
-    # ---- model ---------------------------------------------------------------------------
-
-    def _follow_model_source(self) -> None:
-        try:
-            newer = self.source.poll()
-        except ModelRejectedError as exc:
-            self.metrics.model_reloads.labels("rejected").inc()
-            log.error("new model refused; the running model stays", extra={"error": str(exc)})
-        else:
-            if newer is not None:
-                self._swap_model(newer)
-        if self.source.shadow is not self.shadow:
-            self._swap_shadow(self.source.shadow)
-
-    def _swap_model(self, newer: ScoringModel) -> None:
-        """Swap models between batches. States carry over only when the new model continues
-        the old one's state space; else each user's state is rebuilt at their next event
-        from their recent events (or restarts from zero without them), counted."""
-        newer.warm_up()
-        pin_blas()
-        old = self.model
-        self._spaces[old.version] = state_space(old)
-        if state_space(newer) != state_space(old):
-            self.cache.drop()
-        self.model = newer
-        self.quality.forget("current")
-        self.metrics.model_reloads.labels("loaded").inc()
-        self._set_model_metrics()
-        log.info("model swapped", extra={"old": old.version, "new": newer.version})
-
-    def _swap_shadow(self, shadow: ScoringModel | None) -> None:
-        """Start, change or stop the shadow model between batches."""
-        if shadow is not None:
-            shadow.warm_up()
-            pin_blas()
-        old, self.shadow = self.shadow, shadow
-        self.cache.drop()  # cached states hold the old shadow's states (or none)
-        self.quality.forget("shadow")
-        self._set_model_metrics()
-        versions = {"old": old and old.version, "new": shadow and shadow.version}
-        log.info("shadow model changed", extra=versions)
-
-    def _set_model_metrics(self) -> None:
-        version = self.model.version
-        self.metrics.model_version.set(int(version) if version.isdigit() else 0)
-        shadow = self.shadow.version if self.shadow is not None else "0"
-        self.metrics.shadow_version.set(int(shadow) if shadow.isdigit() else 0)
-
-    def _space_of(self, version: str) -> str:
-        """The state space of the model version that wrote a state: known from models this
-        process ran, else from the registry's meta (looked up once); else the version."""
-        if version == self.model.version:
-            return state_space(self.model)
-        if version not in self._spaces:
-            try:
-                meta = Registry(self.r, self.s.prefix).meta(version)
-                self._spaces[version] = str(meta.get("state_space") or version)
-            except (RegistryError, redis.ResponseError):
-                self._spaces[version] = version
-        return self._spaces[version]
-
-
-def state_space(model: ScoringModel) -> str:
-    """Which hidden states a model reads: its meta's `state_space` (a model trained from
-    another's weights continues its space), else its own version."""
-    declared = (model.model.meta.model_extra or {}).get("state_space")
-    return str(declared) if declared else model.version
+                    self.tally.commit(commit)

@@ -28,7 +28,7 @@ Only on one Redis: a cluster's partitions are on different nodes, with no one co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
 
 import hiredis
@@ -48,6 +48,7 @@ from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, UserStates, distinct_users
 from worker.engine.compute.state_cache import CachedState
+from worker.engine.models import Models
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,6 @@ class Ahead:
     model: ScoringModel
     shadow: ScoringModel | None
     seconds: tuple[float, float]  # reading states, computing the commit
-
-
-# (plan, the read script's reply or None when no state needed reading, the states the
-# commit in flight writes) -> the batch computed, or None when its states no longer hold
-Compute = Callable[[Plan, list | None, dict[str, CachedState]], Ahead | None]
 
 
 @dataclass
@@ -141,11 +137,11 @@ class ReadAhead:
 
     def exchange(
         self, commit: Commit, prepared: PreparedCommit | None, plan: Plan | None,
-        cursors: list[Cursor], count: int, size: int, compute: Compute,
+        cursors: list[Cursor], count: int, size: int, models: Models,
     ) -> Exchange:  # fmt: skip
         """One exchange (see the module's docstring): the states of `plan`, up to `count`
         new entries of `cursors` (as batches of at most `size`), then the commit, during
-        which `compute` makes the planned batch. CommitRefusedError("noscript") when Redis
+        which `models` compute the planned batch. CommitRefusedError("noscript") when Redis
         has lost the commit script."""
         reads = [hiredis.pack_command(plan.command)] if plan is not None else []
         if cursors:
@@ -165,9 +161,9 @@ class ReadAhead:
             ahead = None
             if plan is not None and not isinstance(state_reply, Exception):
                 if plan.command[0] == "EVALSHA":
-                    ahead = compute(plan, state_reply, in_flight)
-                elif (state_reply or b"") == plan.request.seq:
-                    ahead = compute(plan, None, in_flight)
+                    ahead = self._compute(plan, state_reply, in_flight, models)
+                elif (state_reply or b"") == plan.request.seq:  # no state needed reading
+                    ahead = self._compute(plan, None, in_flight, models)
             reply = conn.read_response()
         except redis.exceptions.NoScriptError:
             # the reply was read whole: the connection stays usable
@@ -178,3 +174,20 @@ class ReadAhead:
         finally:
             pool.release(conn)
         return Exchange(commit, reply, batches, in_flight, ahead)
+
+    def _compute(
+        self, plan: Plan, flat: list | None, in_flight: dict[str, CachedState], models: Models
+    ) -> Ahead | None:
+        """The planned batch computed from its states read ahead (`flat`, the read script's
+        reply) and those the commit in flight writes; None when the states moved since (it
+        is then computed the usual way, in its turn)."""
+        t1 = time.perf_counter()
+        model, shadow = models.current, models.shadow
+        states = self.states.complete(plan.request, flat, *models.spec(), in_flight=in_flight)
+        if states is None:
+            return None
+        t2 = time.perf_counter()
+        commit = models.build(plan.batch, states)
+        prepared = self.committer.prepare(commit)
+        return Ahead(plan.batch, states, commit, prepared, model, shadow,
+                     (t2 - t1, time.perf_counter() - t2))  # fmt: skip
