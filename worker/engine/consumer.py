@@ -17,7 +17,6 @@ the key); bad data in a user's state resets that user only.
 
 from __future__ import annotations
 
-import gc
 import logging
 import secrets
 import threading
@@ -50,8 +49,8 @@ from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, distinct_users
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.state_cache import CachedState, StateCache
-from worker.engine.models import Models
-from worker.engine.models import pin_blas as pin_blas  # the bench pins as run() does
+from worker.engine.models import Models, tune_gc
+from worker.engine.models import pin_blas as pin_blas  # the bench tunes as run() does
 from worker.engine.partition import Partitions
 from worker.engine.readahead import Ahead, ReadAhead
 from worker.engine.tally import Tally
@@ -61,18 +60,6 @@ log = logging.getLogger("intentstream.worker")
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 MAINTENANCE_SECONDS = 10.0
 CONFLICT_RETRIES = 5
-# Young-generation collections every 20,000 net allocations instead of 700: a batch makes
-# thousands of short-lived objects that refcounting frees anyway (see tune_gc).
-GC_THRESHOLDS = (20_000, 20, 20)
-
-
-def tune_gc() -> None:
-    """Freeze the objects made at start (numba, scipy, pydantic: ~170,000, never garbage),
-    which every full collection walked: at 50,000 users that was 25% of the loop's time and
-    pauses of 0.1-0.2 s (benchmark: 22k events/s before, 31k after, batch p99 133 -> 35 ms)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class _PartitionCountChangedError(Exception):
@@ -83,14 +70,10 @@ class Consumer:
     """One worker process's consumer of the event streams."""
 
     def __init__(
-        self,
-        settings: Settings,
-        client: redis.Redis,
-        model_source: FileModelSource | RegistryModelSource,
-        metrics: WorkerMetrics | None = None,
-        health: Health | None = None,
-        stop_event: threading.Event | None = None,
-    ) -> None:
+        self, settings: Settings, client: redis.Redis,
+        model_source: FileModelSource | RegistryModelSource, metrics: WorkerMetrics | None = None,
+        health: Health | None = None, stop_event: threading.Event | None = None,
+    ) -> None:  # fmt: skip
         s = self.s = settings
         self.r = client
         self.keys = Keys(s.prefix)
@@ -118,10 +101,7 @@ class Consumer:
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
         self.tally = Tally(self.metrics, self.quality)
-        # Each partition's cursor, queued batches, batch computed ahead, block and unsettled
-        # commit. The commit of a batch travels with a read ahead while fewer than two are
-        # queued, so the next batch is always known and is computed while Redis runs it.
-        self.parts = Partitions(s.partitions, self.cache)
+        self.parts = Partitions(s.partitions, self.cache)  # all it holds of each partition
         # the states the last commit sent ahead writes, made while Redis ran the reads
         self._written: tuple[Commit, dict[str, CachedState]] | None = None
         self._scripts_loaded = False
@@ -501,11 +481,9 @@ class Consumer:
             sent = self.readahead.exchange(
                 commit, prepared, plan, cursors, count, self.s.batch_size, self.models
             )
-        except CommitRefusedError:
-            self._scripts_loaded = False  # the server lost its scripts (restart, SCRIPT FLUSH)
-            self._rewind()
-            raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, CommitRefusedError):  # noscript: lost (restart, SCRIPT FLUSH)
+                self._scripts_loaded = False
             self._rewind()
             raise
         self._written = (commit, sent.written)
@@ -517,10 +495,7 @@ class Consumer:
 
     def _take_ahead(self, batch: Batch) -> Ahead | None:
         """The batch as computed ahead, if it was and still holds (same models)."""
-        ahead = self.parts[batch.partition].take_ahead()
-        if ahead is None or ahead.batch is not batch or ahead.model is not self.model:
-            return None
-        return ahead if ahead.shadow is self.shadow else None
+        return self.parts[batch.partition].take_ahead(batch, self.model, self.shadow)
 
     # ---- commits whose reply was lost --------------------------------------------------
 

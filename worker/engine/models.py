@@ -6,10 +6,13 @@ from another's weights continues its space), else its version. States carry over
 when the new model continues the old one's space; else the cached states are dropped and
 each user's state is rebuilt at their next event from their recent events (or restarts from
 zero without them), counted by the state reads (adapters/states.py).
+
+Also the process settings the kernel's loop runs best with, measured (pin_blas, tune_gc).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import redis
@@ -44,6 +47,20 @@ def pin_blas() -> None:
     limit reaches only libraries already loaded, and a kernel loads SciPy's at its first
     call: so call this after warming up."""
     threadpool_limits(limits=1, user_api="blas")
+
+
+# Young-generation collections every 20,000 net allocations instead of 700: a batch makes
+# thousands of short-lived objects that refcounting frees anyway (see tune_gc).
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Freeze the objects made at start (numba, scipy, pydantic: ~170,000, never garbage),
+    which every full collection walked: at 50,000 users that was 25% of the loop's time and
+    pauses of 0.1-0.2 s (benchmark: 22k events/s before, 31k after, batch p99 133 -> 35 ms)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def state_space(model: ScoringModel) -> str:

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterator
 from itertools import count
 
+from model.scoring import ScoringModel
 from worker.engine.adapters.commit import CommitResult
 from worker.engine.adapters.streams import Cursor
 from worker.engine.compute.batch import Batch
@@ -58,10 +59,14 @@ class Partition:
         self.forget()
         return self._backoff
 
-    def take_ahead(self) -> Ahead | None:
-        """The batch computed ahead, once."""
+    def take_ahead(
+        self, batch: Batch, model: ScoringModel, shadow: ScoringModel | None
+    ) -> Ahead | None:
+        """The batch computed ahead, once, if it is `batch` computed by these models."""
         ahead, self.ahead = self.ahead, None
-        return ahead
+        if ahead is None or ahead.batch is not batch or ahead.model is not model:
+            return None
+        return ahead if ahead.shadow is shadow else None
 
     def lost_reply(self, token: bytes, commit: Commit) -> None:
         """A commit was sent and its reply lost: it may have applied."""
@@ -82,6 +87,9 @@ class Partitions:
     def __init__(self, count_: int, cache: StateCache) -> None:
         self._all = {p: Partition(p, cache) for p in range(count_)}
         self._order = count()
+        # the partitions given batches since last seen with none: the queue's operations
+        # look at these only (a worker may hold thousands of partitions)
+        self._busy: dict[int, Partition] = {}
 
     def __getitem__(self, p: int) -> Partition:
         return self._all[p]
@@ -92,18 +100,23 @@ class Partitions:
     def enqueue(self, batches: list[Batch]) -> None:
         """Queue batches after those queued already (of every partition)."""
         for batch in batches:
-            self._all[batch.partition].queued.append((next(self._order), batch))
+            part = self._all[batch.partition]
+            part.queued.append((next(self._order), batch))
+            self._busy[part.number] = part
+
+    def _queueing(self) -> list[Partition]:
+        """The partitions with batches queued (a forgotten one has none)."""
+        for p in [p for p, part in self._busy.items() if not part.queued]:
+            del self._busy[p]
+        return list(self._busy.values())
 
     def queued(self) -> int:
         """How many batches are queued, over all partitions."""
-        return sum(len(part.queued) for part in self._all.values())
+        return sum(len(part.queued) for part in self._queueing())
 
     def _first(self) -> Partition | None:
-        first = None
-        for part in self._all.values():
-            if part.queued and (first is None or part.queued[0][0] < first.queued[0][0]):
-                first = part
-        return first
+        parts = self._queueing()
+        return min(parts, key=lambda part: part.queued[0][0]) if parts else None
 
     def peek(self) -> Batch | None:
         """The batch queued first, left queued."""
@@ -118,6 +131,6 @@ class Partitions:
     def keep_only(self, parts: list[int]) -> None:
         """Drop the queued batches of partitions not in `parts`."""
         keep = set(parts)
-        for part in self._all.values():
+        for part in self._queueing():
             if part.number not in keep:
                 part.queued.clear()
