@@ -1,12 +1,13 @@
-"""The worker loop: it wires ownership, reads, states, the pipeline and the commit.
+"""The worker loop, as policy: the round, leases, retries, when to read ahead, model swaps.
 
-One round (`tick`): renew leases (adapters/ownership.py), follow the model source, read a
-batch per held partition (adapters/streams.py), and per batch: read the users' states
-(adapters/states.py), build the Commit with one kernel call (compute/pipeline.py), and apply it
-atomically and conditionally (adapters/commit.py). Two batches are kept known: a commit goes
-out behind the read of the next batch's states and a read of new entries, and while Redis
-runs it the worker computes the next batch (`_Ahead`), which is used only if the commit
-applied.
+One round (`tick`): renew leases (adapters/ownership.py), follow the model source
+(models.py), read a batch per held partition (adapters/streams.py), and per batch: read the
+users' states (adapters/states.py), build the Commit with one kernel call (compute/pipeline.py)
+and apply it atomically and conditionally (adapters/commit.py), counted once (tally.py). Two
+batches are kept known: a commit goes out behind the read of the next batch's states and a
+read of new entries, and while Redis runs it the worker computes the next batch, used only if
+the commit applied (readahead.py). All the worker holds of a partition is a Partition
+(partition.py), forgotten in one call when it may no longer hold.
 
 A commit that applied nothing never loses an entry: the entries stay pending for this
 consumer and are read again, in order, before new ones. Redis outages back off and retry;
@@ -16,18 +17,13 @@ the key); bad data in a user's state resets that user only.
 
 from __future__ import annotations
 
-import gc
 import logging
 import secrets
 import threading
 import time
 from contextlib import suppress
-from dataclasses import dataclass
 
-import hiredis
-import numpy as np
 import redis
-from threadpoolctl import threadpool_limits
 
 from model.scoring import ScoringModel
 from worker.common.append_function import ROUTE_SCRIPT
@@ -35,7 +31,6 @@ from worker.common.append_function import install as install_function
 from worker.common.connection import is_cluster, refresh_topology
 from worker.common.keys import Keys
 from worker.common.partitions import PartitionCountError, check_partitions
-from worker.common.registry import Registry, RegistryError
 from worker.common.settings import Settings
 from worker.engine.adapters.commit import (
     CommitLimits,
@@ -43,88 +38,28 @@ from worker.engine.adapters.commit import (
     CommitResult,
     CommitScript,
     PreparedCommit,
-    settle,
 )
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
-from worker.engine.adapters.model_source import (
-    FileModelSource,
-    ModelRejectedError,
-    RegistryModelSource,
-)
+from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
 from worker.engine.adapters.ownership import Ownership
-from worker.engine.adapters.states import PartitionDataError, StateReader, StateRequest, written
+from worker.engine.adapters.states import PartitionDataError, StateReader, written
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import (
-    OUTCOMES,
-    Commit,
-    UserStates,
-    build_commit,
-    distinct_users,
-)
+from worker.engine.compute.pipeline import Commit, distinct_users
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.state_cache import CachedState, StateCache
+from worker.engine.models import Models, tune_gc
+from worker.engine.models import pin_blas as pin_blas  # the bench tunes as run() does
+from worker.engine.partition import Partitions
+from worker.engine.readahead import Ahead, ReadAhead
+from worker.engine.tally import Tally
 
 log = logging.getLogger("intentstream.worker")
 
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 MAINTENANCE_SECONDS = 10.0
 CONFLICT_RETRIES = 5
-# Young-generation collections every 20,000 net allocations instead of 700: a batch makes
-# thousands of short-lived objects that refcounting frees anyway (see tune_gc).
-GC_THRESHOLDS = (20_000, 20, 20)
-
-
-def pin_blas() -> None:
-    """One thread for every BLAS library loaded so far, for the rest of the process.
-
-    The kernel's products are small: a second OpenBLAS thread gains nothing and its
-    busy-waiting takes the core that Redis and this loop need (2.5-3x slower measured). The
-    limit reaches only libraries already loaded, and a kernel loads SciPy's at its first
-    call: so call this after warming up."""
-    threadpool_limits(limits=1, user_api="blas")
-
-
-def tune_gc() -> None:
-    """Freeze the objects made at start (numba, scipy, pydantic: ~170,000, never garbage),
-    which every full collection walked: at 50,000 users that was 25% of the loop's time and
-    pauses of 0.1-0.2 s (benchmark: 22k events/s before, 31k after, batch p99 133 -> 35 ms)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """The read of an upcoming batch's states, sent in front of a commit."""
-
-    batch: Batch
-    request: StateRequest
-    command: tuple
-
-
-@dataclass
-class _Ahead:
-    """A batch computed while the commit before it ran: its states as read ahead (and as
-    that commit wrote them), its Commit, packed but for the head, and the stage times."""
-
-    batch: Batch
-    states: UserStates
-    commit: Commit
-    prepared: PreparedCommit
-    model: ScoringModel
-    shadow: ScoringModel | None
-    seconds: tuple[float, float]  # reading states, computing the commit
-
-
-def _reply_or_error(conn: redis.connection.Connection):
-    """The next reply on a connection, or the error it holds (the replies behind it are
-    still read)."""
-    try:
-        return conn.read_response()
-    except redis.ResponseError as exc:
-        return exc
 
 
 class _PartitionCountChangedError(Exception):
@@ -135,20 +70,14 @@ class Consumer:
     """One worker process's consumer of the event streams."""
 
     def __init__(
-        self,
-        settings: Settings,
-        client: redis.Redis,
-        model_source: FileModelSource | RegistryModelSource,
-        metrics: WorkerMetrics | None = None,
-        health: Health | None = None,
-        stop_event: threading.Event | None = None,
-    ) -> None:
+        self, settings: Settings, client: redis.Redis,
+        model_source: FileModelSource | RegistryModelSource, metrics: WorkerMetrics | None = None,
+        health: Health | None = None, stop_event: threading.Event | None = None,
+    ) -> None:  # fmt: skip
         s = self.s = settings
         self.r = client
         self.keys = Keys(s.prefix)
         self.source = model_source
-        self.model: ScoringModel = model_source.current
-        self.shadow: ScoringModel | None = model_source.shadow
         self.metrics = metrics or WorkerMetrics()
         self.health = health or Health()
         self._stop = stop_event or threading.Event()
@@ -157,38 +86,45 @@ class Consumer:
         # started with the same --consumer never both hold a partition.
         self.holder = f"{s.consumer}:{secrets.token_hex(6)}"
         self.ownership = Ownership(client, self.keys, self.holder, s.partitions, s.lease_ms)
-        self.reader = StreamReader(
-            client, self.keys, s.group, s.consumer, s.partitions, s.max_ts_skew_ms
-        )
+        self.reader = StreamReader(client, self.keys, s.group, s.consumer, s.partitions,
+                                   s.max_ts_skew_ms)  # fmt: skip
         self.cluster = is_cluster(client)
         self._idle = 0.0  # how long the last empty round waited (cluster mode)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
-        self.states = StateReader(client, self.keys, self.cache, self._space_of)
+        self.quality = LiveQuality()
+        self.models = Models(model_source, client, s, self.metrics, self.quality, self.cache)
+        self.states = StateReader(client, self.keys, self.cache, self.models.space_of)
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
+        self.readahead = ReadAhead(client, self.keys, self.states, self.reader, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
-        self.quality = LiveQuality()
         self.metrics.partitions.set(s.partitions)
-        for role in ("current", "shadow"):  # computed at scrape time
-            self.metrics.live_auc.labels(role).set_function(lambda r=role: self.quality.auc(r))
-        self.cursors = {p: Cursor(p) for p in range(s.partitions)}
-        self._blocked: dict[int, tuple[float, float]] = {}  # p -> (until, backoff seconds)
-        # Batches read and not yet processed, in stream order per partition. The commit of
-        # one travels with a read ahead while fewer than two are queued, so the next batch
-        # is always known and can be computed while Redis runs the commit (see _Ahead).
-        self._queue: list[Batch] = []
-        self._ahead: _Ahead | None = None
+        self.tally = Tally(self.metrics, self.quality)
+        self.parts = Partitions(s.partitions, self.cache)  # all it holds of each partition
+        # the states the last commit sent ahead writes, made while Redis ran the reads
         self._written: tuple[Commit, dict[str, CachedState]] | None = None
-        # Commits whose reply was lost: counted once Redis shows they applied (see _settle).
-        self._unsettled: dict[int, tuple[bytes, Commit]] = {}
         self._scripts_loaded = False
         self._may_install = True  # the producers' function (worker/common/append_function.py)
         self._route = client.register_script(ROUTE_SCRIPT)
         self._groups_missing = False  # a read found a group gone (NOGROUP)
         self._last_maintenance = 0.0
         self._backoff = 0.0
-        self._spaces: dict[str, str] = {}  # state space by model version
+
+    @property
+    def model(self) -> ScoringModel:
+        """The model scoring now."""
+        return self.models.current
+
+    @property
+    def shadow(self) -> ScoringModel | None:
+        """The shadow model scoring beside it, if one runs."""
+        return self.models.shadow
+
+    @property
+    def cursors(self) -> dict[int, Cursor]:
+        """Where each partition's next read starts (read-only view)."""
+        return {part.number: part.cursor for part in self.parts}
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -198,15 +134,12 @@ class Consumer:
 
     def run(self, max_seconds: float | None = None) -> None:
         """Consume until stopped (or for max_seconds), surviving Redis outages."""
-        self.model.warm_up()
-        if self.shadow is not None:
-            self.shadow.warm_up()
-        pin_blas()
+        self.models.warm_up()
         self._run(max_seconds)
 
     def _run(self, max_seconds: float | None) -> None:
         self.health.model_ok = True
-        self._set_model_metrics()
+        self.models.set_metrics()
         tune_gc()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         log.info(
@@ -254,11 +187,8 @@ class Consumer:
 
     def _rewind(self) -> None:
         """Re-read own pending entries first: they may hold a batch that did not commit."""
-        self._queue = []
-        self._ahead = None
-        self.cache.drop()
-        for cursor in self.cursors.values():
-            cursor.rewind()
+        for part in self.parts:
+            part.forget()
 
     def _shutdown(self) -> None:
         """Commit the batches already read (no new reads), then release the leases."""
@@ -295,7 +225,7 @@ class Consumer:
             # renewing first would only drop them unseen.
             self._process_queued()
             self._renew_leases()
-        self._follow_model_source()
+        self.models.follow()  # between batches
         self._settle()
         parts = self._readable()
         if not parts:
@@ -304,26 +234,26 @@ class Consumer:
         for p in parts:
             self._guarded(p, self._claim_idle, p, now)
         parts = self._readable()
-        self._queue = [b for b in self._queue if b.partition in parts]
-        if not self._queue:
-            self._queue = self._read(parts)
+        self.parts.keep_only(parts)
+        if not self.parts.queued():
+            self.parts.enqueue(self._read(parts))
         if self.cluster:
-            self._wait_when_idle(self._queue)
-        for _ in range(len(self._queue)):  # what is queued now; reads ahead wait a round
-            if not self._queue:
+            self._wait_when_idle()
+        for _ in range(self.parts.queued()):  # what is queued now; reads ahead wait a round
+            batch = self.parts.pop()
+            if batch is None:
                 break  # a failure dropped the rest
-            batch = self._queue.pop(0)
             still = self._readable()
             # A commit travels with a read ahead while at most one batch is queued (new
             # entries only: pending ones are read in order), and the next queued batch is
             # computed while Redis runs it.
             read_ahead = (
-                len(self._queue) <= 1
+                self.parts.queued() <= 1
                 and not self.cluster  # there the next read goes to other nodes
                 and bool(still)
-                and not any(self.cursors[p].draining for p in still)
+                and not any(self.parts[p].cursor.draining for p in still)
             )
-            upcoming = self._queue[0] if self._queue else None
+            upcoming = self.parts.peek()
             self._guarded(batch.partition, self.process, batch,
                           still if read_ahead else None, upcoming)  # fmt: skip
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
@@ -333,7 +263,7 @@ class Consumer:
     def _readable(self) -> list[int]:
         """Held partitions not backing off after bad data."""
         now = time.monotonic()
-        return [p for p in sorted(self.ownership.owned) if self._blocked.get(p, (0, 0))[0] <= now]
+        return [p for p in sorted(self.ownership.owned) if self.parts[p].blocked_until <= now]
 
     def _guarded(self, p: int, action, *args) -> None:
         """Run a per-partition action; bad data in a partition-wide key stops that
@@ -348,11 +278,7 @@ class Consumer:
             self._block(p, f"partition {p}: {exc}")
 
     def _block(self, p: int, detail: str) -> None:
-        backoff = min(60.0, max(1.0, self._blocked.get(p, (0, 0.5))[1] * 2))
-        self._blocked[p] = (time.monotonic() + backoff, backoff)
-        self._drop_queued(p)
-        self.cursors[p].rewind()
-        self.cache.drop(p)
+        backoff = self.parts[p].block(time.monotonic(), detail)
         self.metrics.bad_keys.inc()
         log.error("partition stopped by bad data; retrying later",
                   extra={"partition": p, "error": detail, "retry_in_s": backoff})  # fmt: skip
@@ -363,7 +289,7 @@ class Consumer:
         t0 = time.perf_counter()
         try:
             batches = self.reader.read(
-                [self.cursors[p] for p in parts], self.s.batch_size, self.s.block_ms
+                [self.parts[p].cursor for p in parts], self.s.batch_size, self.s.block_ms
             )
         except redis.ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
@@ -376,40 +302,26 @@ class Consumer:
         self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
         return batches
 
-    def _wait_when_idle(self, batches: list[Batch]) -> None:
+    def _wait_when_idle(self) -> None:
         """Cluster reads do not block: after an empty round wait a little, 1 ms doubling to
         at most 50 ms (or block-ms), so an idle worker polls gently and a busy one never
         waits."""
-        if batches or any(c.draining for c in self.cursors.values()):
+        if self.parts.queued() or any(part.cursor.draining for part in self.parts):
             self._idle = 0.0
             return
         self._idle = min(max(0.001, self._idle * 2), min(0.05, self.s.block_ms / 1000))
         self._stop.wait(self._idle)
 
-    def _drop_queued(self, p: int) -> None:
-        """Forget p's queued batches: they stay pending for us and are read again."""
-        self._queue = [b for b in self._queue if b.partition != p]
-        if self._ahead is not None and self._ahead.batch.partition == p:
-            self._ahead = None
-
     def _process_queued(self) -> None:
         """Process the queued batches of readable partitions, in order, reading no more."""
-        while self._queue:
-            batch = self._queue.pop(0)
+        while (batch := self.parts.pop()) is not None:
             if batch.partition in self._readable():
                 self._guarded(batch.partition, self.process, batch)
 
     def _claim_idle(self, p: int, now: float) -> None:
-        cursor = self.cursors[p]
+        cursor = self.parts[p].cursor
         if now - cursor.last_claim > self.s.claim_idle_ms / 2000:
-            self._count_deleted(p, self.reader.claim(cursor, self.s.claim_idle_ms))
-
-    def _count_deleted(self, p: int, deleted: int) -> None:
-        if deleted:
-            # Trimmed or deleted while pending: never readable again. Counted, logged.
-            self.metrics.events.labels("lost").inc(deleted)
-            log.warning("pending entries were deleted before they were processed",
-                        extra={"partition": p, "count": deleted})  # fmt: skip
+            self.tally.lost(p, self.reader.claim(cursor, self.s.claim_idle_ms))
 
     # ---- ownership ---------------------------------------------------------------------
 
@@ -440,21 +352,19 @@ class Consumer:
 
     def _take_over(self, p: int) -> None:
         """A newly held partition: make sure the group exists, claim all its pending entries.
-        Cached states are dropped: others may have committed while we did not hold it."""
-        self.cache.drop(p)
+        What it knew of it is forgotten: others may have committed while we did not hold it."""
+        part = self.parts[p]
+        part.forget()
         self.reader.ensure_group(p)
         self._route(keys=[self.keys.route(p)], args=[self.s.partitions])
         self.health.group_ok = True
-        cursor = self.cursors[p]
-        self._count_deleted(p, self.reader.claim(cursor, min_idle_ms=0))
-        cursor.rewind()
+        self.tally.lost(p, self.reader.claim(part.cursor, min_idle_ms=0))
         log.info("took partition", extra={"partition": p})
 
     def _let_go(self, p: int) -> None:
         """Forget a partition this worker no longer holds (its gauges are another's now)."""
         self.ownership.forget(p)
-        self.cache.drop(p)
-        self._drop_queued(p)
+        self.parts[p].forget()
         for gauge in (self.metrics.lag, self.metrics.pending):
             with suppress(KeyError):  # never set: nothing to remove
                 gauge.remove(str(p))
@@ -487,8 +397,7 @@ class Consumer:
                 if not self._refusal_retries(p, exc) or attempt == CONFLICT_RETRIES - 1:
                     # Not applied: the batch, and any newer one read behind it, stay pending
                     # for us and are read again in order.
-                    self._drop_queued(p)
-                    self.cursors[p].rewind()
+                    self.parts[p].forget()
                     return
 
     def _refusal_retries(self, p: int, exc: CommitRefusedError) -> bool:
@@ -506,7 +415,7 @@ class Consumer:
             # An older entry is still pending (a read whose commit failed, or one delivered
             # to another consumer): take them all and re-read in order.
             log.info("older entries pending; re-reading in order", extra={"partition": p})
-            self._count_deleted(p, self.reader.claim(self.cursors[p], min_idle_ms=0))
+            self.tally.lost(p, self.reader.claim(self.parts[p].cursor, min_idle_ms=0))
         elif reason == "bad_key":
             raise PartitionDataError(p, f"{exc.detail} holds another type; fix or delete it")
         else:  # not_pending: claimed by another consumer, or committed by an earlier send
@@ -523,15 +432,9 @@ class Consumer:
             state_s, model_s = ahead.seconds
         else:
             t1 = time.perf_counter()
-            model, shadow = self.model, self.shadow
-            states = self.states.read(
-                p, distinct_users(batch), model.state_shape, state_space(model),
-                (shadow.state_shape, state_space(shadow)) if shadow is not None else None,
-            )  # fmt: skip
+            states = self.states.read(p, distinct_users(batch), *self.models.spec())
             t2 = time.perf_counter()
-            commit = build_commit(
-                batch, states, model, self.s.history_events, shadow, self.s.event_id_window
-            )
+            commit = self.models.build(batch, states)
             prepared = None
             state_s, model_s = t2 - t1, time.perf_counter() - t2
         t3 = time.perf_counter()
@@ -540,38 +443,11 @@ class Consumer:
         done, self._written = self._written, None
         entries = done[1] if done is not None and done[0] is commit else written(commit)
         self.states.remember(p, result.seq, entries)
-        self._settle_by_previous(p, result)
-        for reason, n in states.resets.items():
-            self.metrics.state_resets.labels(reason).inc(n)
-        # keys of another type the read did not see (the cache held those users' states)
-        unseen = result.replaced - states.resets["wrong_type"]
-        if unseen > 0:
-            self.metrics.state_resets.labels("wrong_type").inc(unseen)
-        self._count(commit)
-        stages = {"parse": batch.parse_seconds, "state": state_s, "model": model_s,
-                  "commit": t4 - t3}  # fmt: skip
-        for stage, seconds in stages.items():
-            self.metrics.batch_seconds.labels(stage).observe(seconds)
-        self.metrics.batch_size.observe(len(batch))
-
-    def _count(self, commit: Commit) -> None:
-        """Count a commit that took effect: every entry once, under its one outcome."""
-        m, now = self.metrics, time.time()
-        for outcome in OUTCOMES:
-            if commit.outcomes[outcome]:
-                m.events.labels(outcome).inc(commit.outcomes[outcome])
-        if commit.unknown_types:
-            m.unknown_types.inc(commit.unknown_types)
-        for role, (scores, labels) in commit.quality.items():
-            if len(labels):
-                self.quality.add(role, scores, labels)
-                m.labelled_sessions.labels(role, "positive").inc(int(labels.sum()))
-                m.labelled_sessions.labels(role, "negative").inc(int((~labels).sum()))
-        m.latency.observe_many(np.maximum(0.0, now - commit.arrival_ms / 1000.0))
-        m.last_processed.set(now)
-        if commit.dead:
-            log.info("dead-lettered entries",
-                     extra={"partition": commit.partition, "count": len(commit.dead)})  # fmt: skip
+        settled = self.parts[p].settled_by(result)
+        if settled is not None:
+            self.tally.commit(settled)
+        stages = {"state": state_s, "model": model_s, "commit": t4 - t3}
+        self.tally.batch(batch, states, commit, result, stages)
 
     def _send(
         self, commit: Commit, prefetch_for: list[int] | None, upcoming: Batch | None = None,
@@ -580,203 +456,55 @@ class Consumer:
         """Apply a Commit, pipelined with a read ahead (prefetch_for) and the states of the
         upcoming batch when given. A reply lost on the way leaves the commit unsettled:
         counted if it applied."""
-        self._ahead = None
         try:
-            if prefetch_for or (upcoming is not None and self._may_compute_ahead()):
+            # a cluster's partitions are on different nodes, with no one connection
+            if prefetch_for or (upcoming is not None and not self.cluster):
                 return self._commit_and_prefetch(commit, prefetch_for or [], upcoming, prepared)
             return self.committer.run(commit)
         except _REDIS_DOWN:
-            self._unsettled[commit.partition] = (self.committer.token(commit), commit)
+            self.parts[commit.partition].lost_reply(self.committer.token(commit), commit)
             raise
-
-    def _may_compute_ahead(self) -> bool:
-        # a cluster's partitions are on different nodes, with no one connection to
-        # pipeline on
-        return not self.cluster
 
     def _commit_and_prefetch(
         self, commit: Commit, parts: list[int], upcoming: Batch | None = None,
         prepared: PreparedCommit | None = None,
     ) -> CommitResult:  # fmt: skip
-        """Send, on one connection: the read of the upcoming batch's states, a non-blocking
-        read of new entries of `parts`, and the COMMIT. While Redis runs the commit, parse
-        the read and compute the upcoming batch (kept as self._ahead when the commit
-        applied). Any failure drops the read (its entries stay pending for us) and
-        rewinds, so they are read again in order."""
-        plan = self._plan_ahead(commit, upcoming) if upcoming is not None else None
-        cursors = [self.cursors[p] for p in parts]
-        count = self.s.batch_size * (1 if self._queue else 2)  # keep two batches known
-        reads = [hiredis.pack_command(plan.command)] if plan is not None else []
-        if cursors:
-            reads.append(hiredis.pack_command(self.reader.read_command(cursors, count, None)))
-        packed_commit = self.committer.command(commit, prepared)
-        pool = self.r.connection_pool
-        conn = pool.get_connection()
+        """The commit pipelined with a read of new entries of `parts` and of the upcoming
+        batch's states, which is computed while Redis runs the commit (readahead.py) and
+        kept if it applied. Any failure rewinds: what was read is read again, in order."""
+        plan = None
+        if upcoming is not None and upcoming.partition in self.ownership.owned and not self.cluster:
+            plan = self.readahead.plan(commit, upcoming)
+        cursors = [self.parts[p].cursor for p in parts]
+        count = self.s.batch_size * (1 if self.parts.queued() else 2)  # keep two batches known
         try:
-            # The reads go first, on their own: Redis sends the replies of the commands it
-            # read together only after running them all, so reads sent with the commit would
-            # come back only after it. Then the commit runs while this process computes.
-            conn.send_packed_command([b"".join(reads)])
-            self._written = (commit, written(commit))  # while Redis runs the reads
-            state_reply = _reply_or_error(conn) if plan is not None else None
-            read_reply = _reply_or_error(conn) if cursors else None
-            conn.send_packed_command([packed_commit])
-            if cursors and not isinstance(read_reply, Exception):
-                # a stream of another type fails the read alone: the next plain read stops it
-                self._queue += self.reader.batches(read_reply, cursors, self.s.batch_size)
-            ahead = self._compute_ahead(plan, state_reply) if plan is not None else None
-            reply = conn.read_response()
-        except redis.exceptions.NoScriptError:
-            self._scripts_loaded = False  # the server lost its scripts (restart, SCRIPT FLUSH)
-            self._rewind()
-            raise CommitRefusedError("noscript", "COMMIT was not loaded") from None
-        except BaseException:
-            conn.disconnect()  # a reply may still be in flight on it
+            sent = self.readahead.exchange(
+                commit, prepared, plan, cursors, count, self.s.batch_size, self.models
+            )
+        except BaseException as exc:
+            if isinstance(exc, CommitRefusedError):  # noscript: lost (restart, SCRIPT FLUSH)
+                self._scripts_loaded = False
             self._rewind()
             raise
-        finally:
-            pool.release(conn)
-        result = settle(reply)
-        if ahead is not None and not result.resent:
-            if ahead.batch.partition == commit.partition:
-                # read at the commit's sequence: it holds from the one the commit moved to
-                ahead.commit.seq = ahead.states.seq = result.seq
-            self._ahead = ahead
+        self._written = (commit, sent.written)
+        self.parts.enqueue(sent.batches)
+        result = sent.settle()
+        if sent.ahead is not None:
+            self.parts[sent.ahead.batch.partition].ahead = sent.ahead
         return result
 
-    def _plan_ahead(self, commit: Commit, upcoming: Batch) -> _Plan | None:
-        """How to read the upcoming batch's states in front of `commit`, which applies
-        before it: the states of the commit's users are the ones it writes."""
-        if not self._may_compute_ahead() or upcoming.partition not in self.ownership.owned:
-            return None
-        users = distinct_users(upcoming)
-        if upcoming.partition == commit.partition:
-            request = self.states.request(
-                upcoming.partition, users, in_flight=set(commit.users), in_flight_seq=commit.seq
-            )
-        else:
-            request = self.states.request(upcoming.partition, users)
-        command = self.states.command(request)
-        if command is None:  # all known; reading the sequence checks they still hold
-            command = ("GET", self.keys.commit_seq(upcoming.partition))
-        return _Plan(upcoming, request, command)
-
-    def _compute_ahead(self, plan: _Plan, reply) -> _Ahead | None:
-        """The upcoming batch computed from its states read ahead; None when the read failed
-        or the states moved (it is then computed the usual way, in its turn)."""
-        if isinstance(reply, Exception):
-            return None
-        t1 = time.perf_counter()
-        model, shadow = self.model, self.shadow
-        if plan.command[0] == "EVALSHA":
-            flat = reply
-        elif (reply or b"") == plan.request.seq:
-            flat = None
-        else:
-            return None
-        states = self.states.complete(
-            plan.request, flat, model.state_shape, state_space(model),
-            (shadow.state_shape, state_space(shadow)) if shadow is not None else None,
-            in_flight=self._written[1],
-        )  # fmt: skip
-        if states is None:
-            return None
-        t2 = time.perf_counter()
-        commit = build_commit(
-            plan.batch, states, model, self.s.history_events, shadow, self.s.event_id_window
-        )
-        prepared = self.committer.prepare(commit)
-        return _Ahead(plan.batch, states, commit, prepared, model, shadow,
-                      (t2 - t1, time.perf_counter() - t2))  # fmt: skip
-
-    def _take_ahead(self, batch: Batch) -> _Ahead | None:
+    def _take_ahead(self, batch: Batch) -> Ahead | None:
         """The batch as computed ahead, if it was and still holds (same models)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None or ahead.batch is not batch or ahead.model is not self.model:
-            return None
-        return ahead if ahead.shadow is self.shadow else None
+        return self.parts[batch.partition].take_ahead(batch, self.model, self.shadow)
 
     # ---- commits whose reply was lost --------------------------------------------------
 
     def _settle(self) -> None:
         """Count unsettled commits that Redis shows applied (the partition's last commit
         token is theirs). Those not shown yet wait for the partition's next commit."""
-        for p, (token, commit) in list(self._unsettled.items()):
-            if self.r.get(self.keys.last_commit(p)) == token:
-                del self._unsettled[p]
-                self._count(commit)
-
-    def _settle_by_previous(self, p: int, result: CommitResult) -> None:
-        """After a commit of p, an earlier unsettled one either applied just before it (its
-        token is the previous one) or never will (the checks refuse it)."""
-        unsettled = self._unsettled.pop(p, None)
-        if unsettled is not None and not result.resent and result.previous == unsettled[0]:
-            self._count(unsettled[1])
-
-    # ---- model ---------------------------------------------------------------------------
-
-    def _follow_model_source(self) -> None:
-        try:
-            newer = self.source.poll()
-        except ModelRejectedError as exc:
-            self.metrics.model_reloads.labels("rejected").inc()
-            log.error("new model refused; the running model stays", extra={"error": str(exc)})
-        else:
-            if newer is not None:
-                self._swap_model(newer)
-        if self.source.shadow is not self.shadow:
-            self._swap_shadow(self.source.shadow)
-
-    def _swap_model(self, newer: ScoringModel) -> None:
-        """Swap models between batches. States carry over only when the new model continues
-        the old one's state space; else each user's state is rebuilt at their next event
-        from their recent events (or restarts from zero without them), counted."""
-        newer.warm_up()
-        pin_blas()
-        old = self.model
-        self._spaces[old.version] = state_space(old)
-        if state_space(newer) != state_space(old):
-            self.cache.drop()
-        self.model = newer
-        self.quality.forget("current")
-        self.metrics.model_reloads.labels("loaded").inc()
-        self._set_model_metrics()
-        log.info("model swapped", extra={"old": old.version, "new": newer.version})
-
-    def _swap_shadow(self, shadow: ScoringModel | None) -> None:
-        """Start, change or stop the shadow model between batches."""
-        if shadow is not None:
-            shadow.warm_up()
-            pin_blas()
-        old, self.shadow = self.shadow, shadow
-        self.cache.drop()  # cached states hold the old shadow's states (or none)
-        self.quality.forget("shadow")
-        self._set_model_metrics()
-        versions = {"old": old and old.version, "new": shadow and shadow.version}
-        log.info("shadow model changed", extra=versions)
-
-    def _set_model_metrics(self) -> None:
-        version = self.model.version
-        self.metrics.model_version.set(int(version) if version.isdigit() else 0)
-        shadow = self.shadow.version if self.shadow is not None else "0"
-        self.metrics.shadow_version.set(int(shadow) if shadow.isdigit() else 0)
-
-    def _space_of(self, version: str) -> str:
-        """The state space of the model version that wrote a state: known from models this
-        process ran, else from the registry's meta (looked up once); else the version."""
-        if version == self.model.version:
-            return state_space(self.model)
-        if version not in self._spaces:
-            try:
-                meta = Registry(self.r, self.s.prefix).meta(version)
-                self._spaces[version] = str(meta.get("state_space") or version)
-            except (RegistryError, redis.ResponseError):
-                self._spaces[version] = version
-        return self._spaces[version]
-
-
-def state_space(model: ScoringModel) -> str:
-    """Which hidden states a model reads: its meta's `state_space` (a model trained from
-    another's weights continues its space), else its own version."""
-    declared = (model.model.meta.model_extra or {}).get("state_space")
-    return str(declared) if declared else model.version
+        for part in self.parts:
+            if part.unsettled is not None:
+                token, commit = part.unsettled
+                if self.r.get(self.keys.last_commit(part.number)) == token:
+                    part.unsettled = None
+                    self.tally.commit(commit)

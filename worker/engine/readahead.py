@@ -1,0 +1,193 @@
+"""Read-ahead: a commit pipelined, on one connection, with the reads that keep the next batch
+known, and the next batch computed while Redis runs the commit.
+
+One exchange, in this order on the wire:
+
+  1. the reads, sent together: the upcoming batch's states (the read script's EVALSHA for
+     the users not known, or a GET of the partition's sequence when all are known) and a
+     non-blocking XREADGROUP of new entries of the partitions given;
+  2. their replies, read before the commit is sent: Redis sends the replies of commands it
+     read together only after running them all, so reads sent with the commit would come
+     back only after it;
+  3. the commit's EVALSHA; while Redis runs it this process parses the entries read and
+     computes the upcoming batch from its states (an `Ahead`);
+  4. the commit's reply (`Exchange.settle`).
+
+The upcoming batch's states are the ones Redis holds once the commit applied: those of the
+users the commit writes come from the commit (`written`), the others from the read, which
+must find the partition at the sequence the known states hold at. The batch computed ahead
+is kept only when the commit applied as sent (not a resend of an earlier send).
+
+A reply that is an error fails its read alone (a stream of another type is found by the next
+plain read; states that moved are read again in the batch's turn). Any other failure
+disconnects, since a reply may still be in flight, and raises: the caller rewinds, so the
+entries read stay pending for this consumer and are read again, in order.
+
+Only on one Redis: a cluster's partitions are on different nodes, with no one connection.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import hiredis
+import redis
+
+from model.scoring import ScoringModel
+from worker.common.keys import Keys
+from worker.engine.adapters.commit import (
+    CommitRefusedError,
+    CommitResult,
+    CommitScript,
+    PreparedCommit,
+    settle,
+)
+from worker.engine.adapters.states import StateReader, StateRequest, written
+from worker.engine.adapters.streams import Cursor, StreamReader
+from worker.engine.compute.batch import Batch
+from worker.engine.compute.pipeline import Commit, UserStates, distinct_users
+from worker.engine.compute.state_cache import CachedState
+from worker.engine.models import Models
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The read of an upcoming batch's states, sent in front of a commit."""
+
+    batch: Batch
+    request: StateRequest
+    command: tuple
+
+
+@dataclass
+class Ahead:
+    """A batch computed while the commit before it ran: its states as read ahead (and as
+    that commit wrote them), its Commit, packed but for the head, the models that computed
+    it, and the stage times."""
+
+    batch: Batch
+    states: UserStates
+    commit: Commit
+    prepared: PreparedCommit
+    model: ScoringModel
+    shadow: ScoringModel | None
+    seconds: tuple[float, float]  # reading states, computing the commit
+
+
+@dataclass
+class Exchange:
+    """What one exchange brought back: the commit's reply, the batches read ahead, the
+    states the commit writes, and the upcoming batch computed ahead (if it was)."""
+
+    commit: Commit
+    reply: list
+    batches: list[Batch]
+    written: dict[str, CachedState]
+    ahead: Ahead | None
+
+    def settle(self) -> CommitResult:
+        """The commit's result (CommitRefusedError when it applied nothing); `ahead` is
+        dropped when the reply was of an earlier send, which it was not computed after."""
+        result = settle(self.reply)
+        ahead = self.ahead
+        if ahead is not None and result.resent:
+            self.ahead = None
+        elif ahead is not None and ahead.batch.partition == self.commit.partition:
+            # read at the commit's sequence: it holds from the one the commit moved to
+            ahead.commit.seq = ahead.states.seq = result.seq
+        return result
+
+
+def _reply_or_error(conn: redis.connection.Connection):
+    """The next reply on a connection, or the error it holds (the replies behind it are
+    still read)."""
+    try:
+        return conn.read_response()
+    except redis.ResponseError as exc:
+        return exc
+
+
+class ReadAhead:
+    """Sends a worker's commits pipelined with its reads ahead, and parses the replies."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, states: StateReader, reader: StreamReader,
+        committer: CommitScript,
+    ) -> None:  # fmt: skip
+        self.r = client
+        self.keys = keys
+        self.states = states
+        self.reader = reader
+        self.committer = committer
+
+    def plan(self, commit: Commit, upcoming: Batch) -> Plan:
+        """How to read the upcoming batch's states in front of `commit`, which applies
+        before it: the states of the commit's users are the ones it writes."""
+        p, users = upcoming.partition, distinct_users(upcoming)
+        if p == commit.partition:
+            request = self.states.request(
+                p, users, in_flight=set(commit.users), in_flight_seq=commit.seq
+            )
+        else:
+            request = self.states.request(p, users)
+        # all known: reading the sequence checks they still hold
+        command = self.states.command(request) or ("GET", self.keys.commit_seq(p))
+        return Plan(upcoming, request, command)
+
+    def exchange(
+        self, commit: Commit, prepared: PreparedCommit | None, plan: Plan | None,
+        cursors: list[Cursor], count: int, size: int, models: Models,
+    ) -> Exchange:  # fmt: skip
+        """One exchange (see the module's docstring): the states of `plan`, up to `count`
+        new entries of `cursors` (as batches of at most `size`), then the commit, during
+        which `models` compute the planned batch. CommitRefusedError("noscript") when Redis
+        has lost the commit script."""
+        reads = [hiredis.pack_command(plan.command)] if plan is not None else []
+        if cursors:
+            reads.append(hiredis.pack_command(self.reader.read_command(cursors, count, None)))
+        packed_commit = self.committer.command(commit, prepared)
+        pool = self.r.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([b"".join(reads)])
+            in_flight = written(commit)  # while Redis runs the reads
+            state_reply = _reply_or_error(conn) if plan is not None else None
+            read_reply = _reply_or_error(conn) if cursors else None
+            conn.send_packed_command([packed_commit])
+            batches = []
+            if cursors and not isinstance(read_reply, Exception):
+                batches = self.reader.batches(read_reply, cursors, size)
+            ahead = None
+            if plan is not None and not isinstance(state_reply, Exception):
+                if plan.command[0] == "EVALSHA":
+                    ahead = self._compute(plan, state_reply, in_flight, models)
+                elif (state_reply or b"") == plan.request.seq:  # no state needed reading
+                    ahead = self._compute(plan, None, in_flight, models)
+            reply = conn.read_response()
+        except redis.exceptions.NoScriptError:
+            # the reply was read whole: the connection stays usable
+            raise CommitRefusedError("noscript", "COMMIT was not loaded") from None
+        except BaseException:
+            conn.disconnect()  # a reply may still be in flight on it
+            raise
+        finally:
+            pool.release(conn)
+        return Exchange(commit, reply, batches, in_flight, ahead)
+
+    def _compute(
+        self, plan: Plan, flat: list | None, in_flight: dict[str, CachedState], models: Models
+    ) -> Ahead | None:
+        """The planned batch computed from its states read ahead (`flat`, the read script's
+        reply) and those the commit in flight writes; None when the states moved since (it
+        is then computed the usual way, in its turn)."""
+        t1 = time.perf_counter()
+        model, shadow = models.current, models.shadow
+        states = self.states.complete(plan.request, flat, *models.spec(), in_flight=in_flight)
+        if states is None:
+            return None
+        t2 = time.perf_counter()
+        commit = models.build(plan.batch, states)
+        prepared = self.committer.prepare(commit)
+        return Ahead(plan.batch, states, commit, prepared, model, shadow,
+                     (t2 - t1, time.perf_counter() - t2))  # fmt: skip

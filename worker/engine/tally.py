@@ -1,0 +1,78 @@
+"""Counting what took effect, once: every entry of an applied commit under its one outcome,
+the live quality of the labelled sessions, latency, state resets and the stage times.
+
+Only applied commits are counted, each once: one whose reply was lost is counted when Redis
+shows it applied (Consumer._settle, Partition.settled_by), one that an earlier send applied
+on the `applied` reply to its resend.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from worker.engine.adapters.commit import CommitResult
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.compute.batch import Batch
+from worker.engine.compute.pipeline import OUTCOMES, Commit, UserStates
+from worker.engine.compute.quality import LiveQuality
+
+log = logging.getLogger("intentstream.worker")
+
+
+class Tally:
+    """One worker's counts of applied commits, into its metrics and live quality."""
+
+    def __init__(self, metrics: WorkerMetrics, quality: LiveQuality) -> None:
+        self.metrics = metrics
+        self.quality = quality
+        for role in ("current", "shadow"):  # computed at scrape time
+            metrics.live_auc.labels(role).set_function(lambda r=role: quality.auc(r))
+
+    def commit(self, commit: Commit) -> None:
+        """Count a commit that took effect: every entry once, under its one outcome."""
+        m, now = self.metrics, time.time()
+        for outcome in OUTCOMES:
+            if commit.outcomes[outcome]:
+                m.events.labels(outcome).inc(commit.outcomes[outcome])
+        if commit.unknown_types:
+            m.unknown_types.inc(commit.unknown_types)
+        for role, (scores, labels) in commit.quality.items():
+            if len(labels):
+                self.quality.add(role, scores, labels)
+                m.labelled_sessions.labels(role, "positive").inc(int(labels.sum()))
+                m.labelled_sessions.labels(role, "negative").inc(int((~labels).sum()))
+        m.latency.observe_many(np.maximum(0.0, now - commit.arrival_ms / 1000.0))
+        m.last_processed.set(now)
+        if commit.dead:
+            log.info("dead-lettered entries",
+                     extra={"partition": commit.partition, "count": len(commit.dead)})  # fmt: skip
+
+    def batch(
+        self, batch: Batch, states: UserStates, commit: Commit, result: CommitResult,
+        stages: dict[str, float],
+    ) -> None:  # fmt: skip
+        """Count a batch whose commit applied: the commit, the states it reset, and the
+        seconds of its stages (state, model, commit; parse is the batch's own)."""
+        m = self.metrics
+        for reason, n in states.resets.items():
+            m.state_resets.labels(reason).inc(n)
+        # keys of another type the read did not see (the cache held those users' states)
+        unseen = result.replaced - states.resets["wrong_type"]
+        if unseen > 0:
+            m.state_resets.labels("wrong_type").inc(unseen)
+        self.commit(commit)
+        m.batch_seconds.labels("parse").observe(batch.parse_seconds)
+        for stage, seconds in stages.items():
+            m.batch_seconds.labels(stage).observe(seconds)
+        m.batch_size.observe(len(batch))
+
+    def lost(self, p: int, deleted: int) -> None:
+        """Count entries of partition p trimmed or deleted while pending: never readable
+        again."""
+        if deleted:
+            self.metrics.events.labels("lost").inc(deleted)
+            log.warning("pending entries were deleted before they were processed",
+                        extra={"partition": p, "count": deleted})  # fmt: skip
