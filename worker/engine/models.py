@@ -18,6 +18,7 @@ import logging
 import redis
 from threadpoolctl import threadpool_limits
 
+from model.artifact import state_space_of
 from model.scoring import ScoringModel
 from worker.common.registry import Registry, RegistryError
 from worker.common.settings import Settings
@@ -66,8 +67,7 @@ def tune_gc() -> None:
 def state_space(model: ScoringModel) -> str:
     """Which hidden states a model reads: its meta's `state_space` (a model trained from
     another's weights continues its space), else its own version."""
-    declared = (model.model.meta.model_extra or {}).get("state_space")
-    return str(declared) if declared else model.version
+    return state_space_of(model.model.meta.model_extra or {}, model.version)
 
 
 class Models:
@@ -161,7 +161,7 @@ class Models:
         if version not in self._spaces:
             try:
                 meta = Registry(self.r, self.s.prefix).meta(version)
-                self._spaces[version] = str(meta.get("state_space") or version)
+                self._spaces[version] = state_space_of(meta, version)
             except (RegistryError, redis.ResponseError):
                 self._spaces[version] = version
         return self._spaces[version]

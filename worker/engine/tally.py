@@ -67,7 +67,7 @@ class Tally:
         m.batch_seconds.labels("parse").observe(batch.parse_seconds)
         for stage, seconds in stages.items():
             m.batch_seconds.labels(stage).observe(seconds)
-        m.batch_size.observe(len(batch))
+        m.batch_entries.observe(len(batch))
 
     def lost(self, p: int, deleted: int) -> None:
         """Count entries of partition p trimmed or deleted while pending: never readable

@@ -183,7 +183,6 @@ class WorkerMetrics:
                 self.batch_entries,
             )
         )
-        self.batch_size = self.batch_entries  # its callers' name (consumer.py)
         self.lag = Gauge(
             "intentstream_lag_entries",
             "Entries in the partition's stream not yet delivered to the group (counted when "
