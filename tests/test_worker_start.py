@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
+import urllib.error
+import urllib.request
 
 import pytest
 import redis
 
+from tests.conftest import run_cli
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.common.local_redis import LocalRedis, free_port
 from worker.common.publisher import publish
@@ -17,8 +20,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_worker_waits_for_redis_at_start_then_scores(golden_path, tmp_path):
-    port = free_port()
-    worker = WorkerProcess(f"redis://127.0.0.1:{port}/0", golden_path, tmp_path / "w.log")
+    port, metrics = free_port(), free_port()
+    worker = WorkerProcess(f"redis://127.0.0.1:{port}/0", golden_path, tmp_path / "w.log",
+                           "--metrics-port", str(metrics))  # fmt: skip
     worker.start()
     server = None
     try:
@@ -26,6 +30,11 @@ def test_worker_waits_for_redis_at_start_then_scores(golden_path, tmp_path):
         assert worker.proc.poll() is None, worker.log()
         retries = [json.loads(line) for line in worker.log().splitlines()]
         assert all(r["level"] == "warning" and "retrying in" in r["msg"] for r in retries)
+        # waiting is healthy (no restart by a liveness probe), not ready
+        assert run_cli("healthcheck", "--metrics-port", str(metrics)).returncode == 0
+        with pytest.raises(urllib.error.HTTPError) as ready:
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=5)
+        assert ready.value.code == 503
         server = LocalRedis(port=port).start()
         client = redis.Redis.from_url(server.url)
         publish(client, [{"user_id": "u", "type": "view"}, {"user_id": "u", "type": "coupon"}])

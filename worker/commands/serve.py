@@ -13,6 +13,7 @@ import argparse
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -66,11 +67,15 @@ def _is_unreachable(exc: BaseException) -> bool:
     )
 
 
-def connected(settings: Settings, stop: Stop) -> Client | None:
-    """A client whose Redis answered PING, retried with backoff while Redis is unreachable;
-    None if stopped first."""
+def connected(
+    settings: Settings, stop: Stop, alive: Callable[[], None] = lambda: None
+) -> Client | None:
+    """A client whose Redis answered PING, retried with backoff while Redis is unreachable
+    (calling `alive` at each try: the process is healthy, only not ready); None if stopped
+    first."""
     delay = FIRST_RETRY_SECONDS
     while True:
+        alive()
         try:
             client = connect_settings(settings)
             client.ping()
@@ -115,7 +120,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             return 2
     try:
         source = FileModelSource(settings.model) if settings.model is not None else None
-        client = connected(settings, stop)
+        client = connected(settings, stop, alive=health.beat)
         if client is None:
             return stop.exit_code(0)
         if source is None:
