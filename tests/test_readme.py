@@ -33,7 +33,8 @@ ELSEWHERE = {
 # Long-running commands get a bound; the rest of each line runs unchanged.
 BOUNDED = {
     "intentstream worker": " --max-seconds 3 --metrics-port 0",
-    "intentstream bench": " --events 3000 --users 300 --subset 300",
+    "intentstream bench": " --events 3000 --users 300 --subset 300 --repeat 1 --latency-seconds 1",
+    "intentstream train": " --epochs 2",
     "python -m model.bench": " --hidden 8 --batch 1 64 --repeats 3",
     "python -m model.train_bench": " --events 5000 --users 300 --epochs 1 --hidden 8",
 }
