@@ -75,6 +75,16 @@ def as_run_here(command: str, url: str, port: int) -> str:
     return command
 
 
+def server_state(server) -> str:
+    """Whether the test's redis-server still runs, and its log's tail: what a failure that
+    looks like "connection refused" needs (a new user saw one once; not reproduced since)."""
+    code = server.process.poll()
+    log = Path(server.dir) / "redis.log"
+    tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+    state = "running" if code is None else f"exited with {code}"
+    return f"the test's redis-server ({server.url}): {state}; its log ends:\n" + "\n".join(tail)
+
+
 def test_every_readme_command_runs(redis_server, tmp_path):
     """Every page's commands in order, each page from an empty Redis and its own directory."""
     pages = {doc: readme_commands(doc) for doc in DOCS}
@@ -110,7 +120,9 @@ def test_every_readme_command_runs(redis_server, tmp_path):
                 timeout=300,
             )  # fmt: skip
             where = doc.relative_to(ROOT)
-            assert result.returncode == 0, f"{where}: {shell}\n{result.stdout}\n{result.stderr}"
+            assert result.returncode == 0, (
+                f"{where}: {shell}\n{result.stdout}\n{result.stderr}\n" + server_state(redis_server)
+            )
             ran += 1
     assert ran >= 15
 
