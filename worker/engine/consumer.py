@@ -278,7 +278,7 @@ class Consumer:
             self._block(p, f"partition {p}: {exc}")
 
     def _block(self, p: int, detail: str) -> None:
-        backoff = self.parts[p].block(time.monotonic(), detail)
+        backoff = self.parts[p].block(time.monotonic())
         self.metrics.bad_keys.inc()
         log.error("partition stopped by bad data; retrying later",
                   extra={"partition": p, "error": detail, "retry_in_s": backoff})  # fmt: skip

@@ -34,7 +34,6 @@ class Partition:
         self.queued: deque[tuple[int, Batch]] = deque()
         self.ahead: Ahead | None = None  # the batch computed while the commit before it ran
         self.blocked_until = 0.0  # monotonic time: no reads before it
-        self.blocked_by = ""  # the bad data it last stopped for
         self._backoff = 0.0
         # a commit whose reply was lost, and its token: counted once Redis shows it applied
         self.unsettled: tuple[bytes, Commit] | None = None
@@ -50,12 +49,11 @@ class Partition:
         self.cursor.rewind()
         self._cache.drop(self.number)
 
-    def block(self, now: float, detail: str) -> float:
+    def block(self, now: float) -> float:
         """Stop this partition's reads after bad data, for 1 s doubling (at each block) up
         to a minute, and forget it. Returns the wait."""
         self._backoff = min(60.0, max(1.0, self._backoff * 2))
         self.blocked_until = now + self._backoff
-        self.blocked_by = detail
         self.forget()
         return self._backoff
 
