@@ -32,7 +32,8 @@ log = logging.getLogger("intentstream.worker")
 # Failures at start that Redis coming back cures (a refused login or command does not).
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError,
                 RedisClusterException)  # fmt: skip
-FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS = 0.5, 30.0
+# The longest wait stays well inside /healthz's 30 s staleness: waiting is healthy.
+FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS = 0.5, 10.0
 
 
 class Stop(threading.Event):
