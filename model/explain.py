@@ -14,7 +14,8 @@ A session is its events e_1..e_n (types, times) and prev_ts, the time of the eve
 With one event, removing it leaves nothing to replay: score_without is then the score of the
 zero state, head(b_q), the model's score before any evidence. The reasons are the events with
 the largest |delta_j|, ties going to the later event (the one nearer the score); an event with
-delta exactly 0 changed nothing and is no reason.
+delta exactly 0 changed nothing and is no reason. An empty session has no score (score_all
+NaN) and no reasons.
 
 Every session's variants (n + 1 sequences each) go into one `advance` call, one slot per
 variant, so a batch of sessions costs one kernel call.
