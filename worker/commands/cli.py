@@ -9,6 +9,7 @@ import traceback
 from importlib.metadata import PackageNotFoundError, version
 
 from model.features import KNOWN_FEATURES
+from worker.commands import explain as explain_command
 from worker.commands import healthcheck
 from worker.commands.args import Parser, csv, port_number, positive_float, positive_int
 from worker.commands.errors import USAGE_EXIT, explain, say
@@ -212,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="lines per kernel call (a terminal is scored line by line)",
     )
     score.set_defaults(func=cmd_score)
+
+    explain_command.add_parser(sub)  # why a user's score is what it is
 
     worker = sub.add_parser("worker", help="consume event streams and write scores (the main job)")
     add_setting_flags(worker)

@@ -1,0 +1,156 @@
+"""The reasons of a score: which events of the session moved it most, by leave-one-out replay.
+
+A session is its events e_1..e_n (types, times) and prev_ts, the time of the event before e_1
+(-1 = none). Its states are rebuilt as the worker rebuilds a state from `recent`
+(worker/engine/compute/pipeline.py): h = 0, the last time prev_ts, then the events through
+`ScoringModel.advance`. So gaps, the gap feature and session resets follow docs/contract.md
+(The model) in every replay.
+
+    score_all     = the score after replaying e_1..e_n
+    score_without = the score after replaying the events without e_j: the next event's gap is
+                    then measured from the latest earlier time (e_{j-1}'s, or prev_ts)
+    delta_j       = score_all - score_without_j
+
+With one event, removing it leaves nothing to replay: score_without is then the score of the
+zero state, head(b_q), the model's score before any evidence. The reasons are the events with
+the largest |delta_j|, ties going to the later event (the one nearer the score); an event with
+delta exactly 0 changed nothing and is no reason. An empty session has no score (score_all
+NaN) and no reasons.
+
+Every session's variants (n + 1 sequences each) go into one `advance` call, one slot per
+variant, so a batch of sessions costs one kernel call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.scoring import ScoringModel
+
+TOP_REASONS = 3
+
+
+@dataclass(frozen=True)
+class Session:
+    """The events to explain, in order, and the time of the event before them (-1 = none)."""
+
+    prev_ts: int
+    types: Sequence[str]
+    ts: Sequence[int]
+
+    def __post_init__(self) -> None:
+        if len(self.types) != len(self.ts):
+            raise ValueError(f"a session has {len(self.types)} types and {len(self.ts)} times")
+
+    def __len__(self) -> int:
+        return len(self.types)
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One event that moved the score: its 1-based position e_j, type, time and delta_j."""
+
+    position: int
+    type: str
+    ts: int
+    delta: float
+
+    def to_dict(self) -> dict[str, object]:
+        """The reason as an action entry lists it (docs/contract.md): type, ts, delta."""
+        return {"type": self.type, "ts": self.ts, "delta": self.delta}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A session's score and, per event e_j (index j - 1), the score without it and the delta."""
+
+    session: Session
+    score_all: float
+    scores_without: np.ndarray  # (n,) float64
+    deltas: np.ndarray  # (n,) float64: score_all - scores_without
+
+    def top(self, k: int = TOP_REASONS) -> list[Reason]:
+        """The (at most) k events with the largest |delta|, largest first; ties: later first."""
+        n = len(self.deltas)
+        size = np.abs(self.deltas)
+        # lexsort's last key sorts first: |delta| descending, then position descending
+        order = np.lexsort((-np.arange(n), -size))
+        picked = [int(j) for j in order if size[j] > 0][:k]
+        types, ts = self.session.types, self.session.ts
+        return [Reason(j + 1, types[j], int(ts[j]), float(self.deltas[j])) for j in picked]
+
+
+def zero_state_score(model: ScoringModel) -> float:
+    """The score of the zero state: head(0 W_hq + b_q) = head(b_q), in float64."""
+    z = float(np.asarray(model.model.arrays["head.b_q"], np.float64)[0])
+    return 1.0 / (1.0 + np.exp(-z)) if model.model.meta.head == "sigmoid" else z
+
+
+def _variants(n: int) -> np.ndarray:
+    """The event indices of the n variants without one event: row j is 0..n-1 without j."""
+    keep = ~np.eye(n, dtype=np.bool_)
+    return np.tile(np.arange(n), (n, 1))[keep].reshape(n, n - 1)
+
+
+def leave_one_out(model: ScoringModel, sessions: Sequence[Session]) -> list[Explanation]:
+    """Each session's score and its leave-one-out deltas (module docstring), with one kernel
+    call for all the sessions."""
+    slots: list[np.ndarray] = []  # per session: the slot of each replayed event
+    events: list[np.ndarray] = []  # per session: the index of each replayed event in it
+    prev: list[np.ndarray] = []  # per slot: the time before its first event
+    first_slot = np.zeros(len(sessions) + 1, np.int64)  # session i: slots [first, first + n]
+    for i, s in enumerate(sessions):
+        n = len(s)
+        n_slots = n + 1 if n else 0  # the full replay, then one per removed event
+        first_slot[i + 1] = first_slot[i] + n_slots
+        if not n:
+            continue
+        idx = np.concatenate([np.arange(n), _variants(n).ravel()])
+        local = np.concatenate([np.zeros(n, np.int64), np.repeat(np.arange(1, n + 1), n - 1)])
+        slots.append(first_slot[i] + local)
+        events.append(idx)
+        prev.append(np.full(n_slots, s.prev_ts, np.int64))
+    scores = _last_scores(model, sessions, slots, events, prev, int(first_slot[-1]))
+    empty = zero_state_score(model)
+    out = []
+    for i, s in enumerate(sessions):
+        n = len(s)
+        if not n:
+            out.append(Explanation(s, float("nan"), np.zeros(0), np.zeros(0)))
+            continue
+        row = scores[first_slot[i] : first_slot[i + 1]]
+        without = row[1:] if n > 1 else np.array([empty])
+        score_all = float(row[0])
+        out.append(Explanation(s, score_all, without, score_all - without))
+    return out
+
+
+def _last_scores(
+    model: ScoringModel, sessions: Sequence[Session], slots: list[np.ndarray],
+    events: list[np.ndarray], prev: list[np.ndarray], n_slots: int,
+) -> np.ndarray:  # fmt: skip
+    """Replay every variant from the zero state in one `advance`; return each slot's score
+    after its last event (NaN for a slot without events)."""
+    out = np.full(n_slots, np.nan)
+    if not slots:
+        return out
+    slot = np.concatenate(slots)
+    present = [s for s in sessions if len(s)]
+    type_idx = np.concatenate(
+        [model.type_indices(list(s.types))[e] for s, e in zip(present, events, strict=True)]
+    )
+    ts = np.concatenate(
+        [np.asarray(s.ts, np.int64)[e] for s, e in zip(present, events, strict=True)]
+    )
+    state = np.zeros((n_slots, *model.state_shape), np.float32)
+    last_ts = np.concatenate(prev)
+    scores = model.advance(state, last_ts, slot, type_idx, ts)
+    # a slot's events are contiguous and in order: its score is that of its last event
+    last = np.full(n_slots, -1, np.int64)
+    np.maximum.at(last, slot, np.arange(slot.shape[0]))
+    has = last >= 0
+    out[has] = scores[last[has]]
+    return out
