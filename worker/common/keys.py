@@ -1,5 +1,5 @@
 """Every Redis key name intentstream uses (docs/contract.md: Events in, User state and scores
-out, Model artifacts and the registry), built in this one module.
+out, Model artifacts and the registry, intent rules), built in this one module.
 
 Every key of partition p carries the hash tag `{p}`, so a partition's stream, states, scores,
 dead letters and coordination keys live in one Redis Cluster slot and one Lua script may
@@ -127,3 +127,16 @@ class Keys:
     def model_updates(self) -> str:
         """Pub/sub channel announcing promotions."""
         return f"{self.prefix}:model:updates"
+
+    # ---- intent rules ---------------------------------------------------------------------
+
+    @property
+    def rules(self) -> str:
+        """Hash: rule name -> the rule's JSON, and `:version`, bumped by every change
+        (worker/common/rules.py)."""
+        return f"{self.prefix}:rules"
+
+    @property
+    def rules_updates(self) -> str:
+        """Pub/sub channel announcing each new rules version."""
+        return f"{self.prefix}:rules:updates"
