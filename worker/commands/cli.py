@@ -26,6 +26,7 @@ from worker.commands.models import (
 )
 from worker.commands.publish import cmd_publish
 from worker.commands.resize import ResizeRefusedError, resize
+from worker.commands.rules import add_parser as add_rules_parser
 from worker.commands.score import cmd_score
 from worker.commands.serve import cmd_worker, stop_on_signals
 from worker.commands.train import add_train_config_flags, run_train
@@ -202,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp = registry_command("export", "write a version's artifact to a file", cmd_model_export)
     exp.add_argument("version", help="a registry version (see `model list`)")
     exp.add_argument("--out", required=True, help="artifact file to write (.npz)")
+
+    add_rules_parser(sub)  # `intentstream rules ...`: worker/commands/rules.py
 
     score = sub.add_parser("score", help="score JSON-lines events offline, state in memory")
     score.add_argument("--model", required=True, help="model artifact file")

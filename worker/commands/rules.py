@@ -1,0 +1,187 @@
+"""The `intentstream rules ...` sub-commands: set, list, show and delete the intent rules in
+Redis (worker/common/rule_store.py); workers pick each change up by its version."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from worker.commands.args import csv, positive_int
+from worker.common.connection import Client, connect_settings
+from worker.common.keys import Keys
+from worker.common.rule_store import delete_rule, read_rule, read_rules, set_rule
+from worker.common.rules import (
+    Rule,
+    RuleError,
+    format_duration,
+    make_rule,
+    parse_duration,
+    rule_to_dict,
+    rule_to_json,
+)
+from worker.common.settings import add_setting_flags, load_settings
+
+RULES_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
+
+_EXAMPLES = """\
+examples:
+  intentstream rules set coupon --above 0.7 --rearm-below 0.5 --cooldown 15m
+  intentstream rules set checkout-nudge --above 0.85 --min-events 3 --types add_to_cart,checkout
+  intentstream rules list
+  intentstream rules show coupon
+  intentstream rules delete coupon
+
+A rule fires an action when a user's score reaches --above at an event, once per arming:
+it re-arms at the first later score below --rearm-below, and at each new session. Every
+change bumps the rules' version; running workers follow it."""
+
+_SET_EXAMPLES = """\
+examples:
+  intentstream rules set coupon --above 0.7
+  intentstream rules set coupon --above 0.7 --rearm-below 0.5 --cooldown 15m
+  intentstream rules set late-cart --above 0.9 --min-events 5 --types add_to_cart --cooldown 1d
+
+`set` replaces a rule of that name whole: flags not given take their defaults."""
+
+
+def duration(text: str) -> int:
+    """argparse type: a duration (500ms, 90s, 15m, 2h, 1d; a bare number is seconds) in ms."""
+    try:
+        return parse_duration(text)
+    except RuleError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `rules` and its actions."""
+    rules = sub.add_parser(
+        "rules",
+        help="the intent rules: when a score fires an action",
+        description="Set, list, show and delete the intent rules in Redis.",
+        epilog=_EXAMPLES,
+    )
+    rsub = rules.add_subparsers(dest="rules_command", required=True, metavar="ACTION")
+
+    def action(name: str, help: str, func, epilog: str | None = None) -> argparse.ArgumentParser:
+        cmd = rsub.add_parser(name, help=help, description=help, epilog=epilog)
+        add_setting_flags(cmd, RULES_FLAGS)
+        cmd.set_defaults(func=func)
+        return cmd
+
+    st = action("set", "add a rule or replace the one of that name", cmd_rules_set, _SET_EXAMPLES)
+    st.add_argument("name", help="the rule's name: 1-64 letters, digits, _ . - (e.g. coupon)")
+    st.add_argument(
+        "--above",
+        type=float,
+        required=True,
+        metavar="X",
+        help="fire when the score after an event is >= X",
+    )
+    st.add_argument(
+        "--rearm-below",
+        type=float,
+        default=None,
+        metavar="Y",
+        help="after firing, re-arm at the first later score < Y; Y <= X (default: X)",
+    )
+    st.add_argument(
+        "--cooldown",
+        type=duration,
+        default=0,
+        metavar="DURATION",
+        help="at least this long in event time between two firings for one user: 500ms, "
+        "90s, 15m, 2h, 1d, a bare number of seconds (default: 0, none)",
+    )
+    st.add_argument(
+        "--min-events",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="fire only once the session holds N events, this one included (at most 100000)",
+    )
+    st.add_argument(
+        "--types",
+        type=csv,
+        default=[],
+        metavar="A,B,...",
+        help="fire only at events of these types (default: any type)",
+    )
+    ls = action("list", "list the rules and their version", cmd_rules_list)
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sh = action("show", "print one rule as JSON (as stored)", cmd_rules_show)
+    sh.add_argument("name", help="the rule's name (see `rules list`)")
+    de = action("delete", "remove a rule", cmd_rules_delete)
+    de.add_argument("name", help="the rule's name (see `rules list`)")
+    # `rules backtest` registers here too (rsub), with its body in a module of its own.
+
+
+def _client(args: argparse.Namespace) -> tuple[Client, Keys]:
+    settings = load_settings(args, model=None)
+    return connect_settings(settings), Keys(settings.prefix)
+
+
+def number(x: float) -> str:
+    """A threshold as given (repr, so nothing is rounded away), 1.0 as 1."""
+    text = repr(x)
+    return text.removesuffix(".0") if "e" not in text else text
+
+
+def describe_rule(rule: Rule) -> str:
+    """One line: the rule's conditions in words."""
+    types = ", ".join(rule.types) if rule.types else "any type"
+    return (
+        f"above {number(rule.above)}, re-arm below {number(rule.rearm)}, cooldown "
+        f"{format_duration(rule.cooldown_ms)}, min events {rule.min_events}, {types}"
+    )
+
+
+def cmd_rules_set(args: argparse.Namespace) -> int:
+    # an invalid rule raises RuleError (a ValueError): main() prints its one line, exit 2,
+    # before anything is sent to Redis
+    rule = make_rule(
+        name=args.name,
+        above=args.above,
+        rearm_below=args.rearm_below,
+        cooldown_ms=args.cooldown,
+        min_events=args.min_events,
+        types=tuple(args.types),
+    )
+    client, keys = _client(args)
+    version = set_rule(client, keys, rule)
+    print(f"rule {rule.name} set: {describe_rule(rule)} (rules version {version})")
+    return 0
+
+
+def cmd_rules_list(args: argparse.Namespace) -> int:
+    client, keys = _client(args)
+    ruleset = read_rules(client, keys)
+    if args.json:
+        doc = {"version": ruleset.version, "rules": [rule_to_dict(r) for r in ruleset.rules]}
+        print(json.dumps(doc, sort_keys=True))
+        return 0
+    header = ("name", "above", "rearm_below", "cooldown", "min_events", "types")
+    rows = [
+        (r.name, number(r.above), number(r.rearm), format_duration(r.cooldown_ms),
+         str(r.min_events), ",".join(r.types) or "(any)")
+        for r in ruleset.rules
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if not rows:
+        print("(no rules: `intentstream rules set NAME --above X` adds one)")
+    print(f"rules version {ruleset.version}")
+    return 0
+
+
+def cmd_rules_show(args: argparse.Namespace) -> int:
+    client, keys = _client(args)
+    print(rule_to_json(read_rule(client, keys, args.name)).decode())
+    return 0
+
+
+def cmd_rules_delete(args: argparse.Namespace) -> int:
+    client, keys = _client(args)
+    version = delete_rule(client, keys, args.name)
+    print(f"rule {args.name} deleted (rules version {version})")
+    return 0
