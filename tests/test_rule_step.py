@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,7 +93,7 @@ def run_kernel(rule_set, events, cuts):
     last = np.full(4, -1, np.int64)
     fired = []
     bounds = [0, *sorted(set(cuts)), len(events)]
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         batch = events[lo:hi]
         if not batch:
             continue

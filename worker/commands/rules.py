@@ -7,6 +7,7 @@ import argparse
 import json
 
 from worker.commands.args import csv, positive_int
+from worker.commands.backtest import cmd_rules_backtest
 from worker.common.connection import Client, connect_settings
 from worker.common.keys import Keys
 from worker.common.rule_store import delete_rule, read_rule, read_rules, set_rule
@@ -22,6 +23,12 @@ from worker.common.rules import (
 from worker.common.settings import add_setting_flags, load_settings
 
 RULES_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
+
+_BACKTEST_EXAMPLES = """\
+examples:
+  intentstream rules backtest --from-redis
+  intentstream rules backtest --data events.jsonl --rules rules.json --model model.npz --json
+"""
 
 _EXAMPLES = """\
 examples:
@@ -112,7 +119,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sh.add_argument("name", help="the rule's name (see `rules list`)")
     de = action("delete", "remove a rule", cmd_rules_delete)
     de.add_argument("name", help="the rule's name (see `rules list`)")
-    # `rules backtest` registers here too (rsub), with its body in a module of its own.
+    bt = rsub.add_parser(
+        "backtest",
+        help="replay events through the rules: the actions they would have written, and "
+        "per rule actions/day, precision, recall and lead time",
+        description="Replay events through the worker's own pipeline (model, rules, reasons) "
+        "and print the actions the rules would have written, then per rule: actions per "
+        "day, precision (actioned sessions that went on to purchase), recall (purchasing "
+        "sessions actioned before the purchase) and the median lead time to the purchase.",
+        epilog=_BACKTEST_EXAMPLES,
+    )
+    source = bt.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", nargs="+", metavar="FILE",
+                        help="JSON-lines event files (user_id, type, ts, event_id)")  # fmt: skip
+    source.add_argument("--from-redis", action="store_true",
+                        help="the events retained in the partition streams")  # fmt: skip
+    bt.add_argument("--rules", metavar="FILE",
+                    help="a JSON file of rules (a list, or `rules list --json`'s output) "
+                    "instead of the rules in Redis")  # fmt: skip
+    bt.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_setting_flags(bt, [*RULES_FLAGS, "model", "max_model_bytes", "batch_size",
+                           "history_events", "event_id_window", "max_ts_skew_ms"])  # fmt: skip
+    bt.set_defaults(func=cmd_rules_backtest)
 
 
 def _client(args: argparse.Namespace) -> tuple[Client, Keys]:

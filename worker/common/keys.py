@@ -46,6 +46,10 @@ class Keys:
     def deadletter(self, p: int) -> str:
         return f"{self.prefix}:deadletter:{{{p}}}"
 
+    def actions(self, p: int) -> str:
+        """The actions the intent rules fired for partition p's users."""
+        return f"{self.prefix}:actions:{{{p}}}"
+
     def state(self, p: int, user_id: str) -> str:
         return f"{self.prefix}:state:{{{p}}}:{user_id}"
 

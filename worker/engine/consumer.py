@@ -43,16 +43,18 @@ from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
 from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
 from worker.engine.adapters.ownership import Ownership
-from worker.engine.adapters.states import PartitionDataError, StateReader, written
+from worker.engine.adapters.rule_source import RuleSource
+from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, distinct_users
 from worker.engine.compute.quality import LiveQuality
-from worker.engine.compute.state_cache import CachedState, StateCache
+from worker.engine.compute.state_cache import CachedState, StateCache, written
 from worker.engine.models import Models, tune_gc
 from worker.engine.models import pin_blas as pin_blas  # the bench tunes as run() does
 from worker.engine.partition import Partitions
 from worker.engine.readahead import Ahead, ReadAhead
+from worker.engine.rulebook import Rulebook
 from worker.engine.tally import Tally
 
 log = logging.getLogger("intentstream.worker")
@@ -94,6 +96,8 @@ class Consumer:
         self.quality = LiveQuality()
         self.models = Models(model_source, client, s, self.metrics, self.quality, self.cache)
         self.states = StateReader(client, self.keys, self.cache, self.models.space_of)
+        self.rulebook = Rulebook(RuleSource(client, self.keys, s.model_poll_seconds),
+                                 self.metrics)  # fmt: skip
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
@@ -201,6 +205,7 @@ class Consumer:
             self.ownership.release_all()
         except redis.RedisError as exc:
             log.warning("could not release leases", extra={"error": str(exc)})
+        self.rulebook.close()
         log.info("worker stopped", extra={"consumer": self.s.consumer})
 
     # ---- one round of the loop ---------------------------------------------------------
@@ -226,6 +231,8 @@ class Consumer:
             self._process_queued()
             self._renew_leases()
         self.models.follow()  # between batches
+        self.rulebook.follow()
+        self.models.rules = self.rulebook.table
         self._settle()
         parts = self._readable()
         if not parts:

@@ -31,6 +31,7 @@ from worker.engine.adapters.model_source import (
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, UserStates, build_commit
 from worker.engine.compute.quality import LiveQuality
+from worker.engine.compute.rules import RuleTable
 from worker.engine.compute.state_cache import StateCache
 
 log = logging.getLogger("intentstream.worker")
@@ -86,6 +87,7 @@ class Models:
         self.quality = quality
         self.cache = cache  # dropped when the states it holds are of another space
         self._spaces: dict[str, str] = {}  # state space by model version
+        self.rules: RuleTable | None = None  # the intent rules in force (engine/rulebook.py)
 
     def warm_up(self) -> None:
         """Compile both models' kernels, then pin BLAS to one thread."""
@@ -103,9 +105,8 @@ class Models:
     def build(self, batch: Batch, states: UserStates) -> Commit:
         """A batch's Commit, computed by the models running now."""
         s = self.s
-        return build_commit(
-            batch, states, self.current, s.history_events, self.shadow, s.event_id_window
-        )
+        return build_commit(batch, states, self.current, s.history_events, self.shadow,
+                            s.event_id_window, self.rules)  # fmt: skip
 
     def follow(self) -> None:
         """Take a newer model or a changed shadow from the source, if there is one; a model

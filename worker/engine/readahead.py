@@ -43,11 +43,11 @@ from worker.engine.adapters.commit import (
     PreparedCommit,
     settle,
 )
-from worker.engine.adapters.states import StateReader, StateRequest, written
+from worker.engine.adapters.states import StateReader, StateRequest
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, UserStates, distinct_users
-from worker.engine.compute.state_cache import CachedState
+from worker.engine.compute.state_cache import CachedState, written
 from worker.engine.models import Models
 
 

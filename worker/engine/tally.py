@@ -44,6 +44,10 @@ class Tally:
                 self.quality.add(role, scores, labels)
                 m.labelled_sessions.labels(role, "positive").inc(int(labels.sum()))
                 m.labelled_sessions.labels(role, "negative").inc(int((~labels).sum()))
+        for action in commit.actions:
+            m.actions.labels(action.rule).inc()
+        for rule, n in commit.shadow_actions.items():
+            m.shadow_actions.labels(rule).inc(n)
         m.latency.observe_many(np.maximum(0.0, now - commit.arrival_ms / 1000.0))
         m.last_processed.set(now)
         if commit.dead:

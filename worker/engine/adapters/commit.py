@@ -1,8 +1,9 @@
 """The atomic, conditional commit of one partition batch (docs/contract.md, User state and
 scores out): its Lua script, and the packing of a pipeline `Commit` into the script's arguments.
 
-One script call writes the score entries, the dead letters, the XACK of every entry, and the
-users' states, or, when a check fails, writes nothing and says why:
+One script call writes the score entries, the actions the intent rules fired, the dead
+letters, the XACK of every entry, and the users' states (their rule states with them), or,
+when a check fails, writes nothing and says why:
 
     not_owned    the partition's lease is another process's (or gone)
     not_pending  an entry is no longer pending for this consumer (claimed by another, or
@@ -10,7 +11,7 @@ users' states, or, when a check fails, writes nothing and says why:
     behind       an older entry of the partition is still pending (read, not committed): it
                  must be applied first, or a user's later event would make it look applied
     conflict     a commit of the partition landed since the states were read
-    bad_key      a scores, dead-letter or sequence key holds data of another type
+    bad_key      a scores, actions, dead-letter or sequence key holds data of another type
 
 and one success besides `ok`: `applied`, when this very commit was applied by an earlier send
 whose reply was lost (redis-py resends on timeouts): the caller counts it as committed.
@@ -40,7 +41,8 @@ MAX_DEAD_FIELDS = 32
 COMMIT_SCRIPT = """
 local events_key, scores_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local lease_key, seq_key, acked_key, last_commit_key = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local FIRST_STATE = 8 -- KEYS[8..] are the users' state keys, U of them
+local actions_key = KEYS[8]
+local FIRST_STATE = 9 -- KEYS[9..] are the users' state keys, U of them
 local U = #KEYS - FIRST_STATE + 1
 
 local group, consumer, holder, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -49,14 +51,18 @@ local scores_maxlen, dead_maxlen, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
 local n_ack, n_scores = tonumber(ARGV[10]), tonumber(ARGV[11])
 local shadow = ARGV[12]           -- the shadow model's version, '' = none
 local SH = shadow ~= '' and 1 or 0
+local RU = tonumber(ARGV[13])     -- 1: intent rules are set, states carry `rules`
+local n_actions = tonumber(ARGV[14])
 -- Then runs of plain arguments (nothing to parse here), a column at a time:
-local ACK = 13                    -- the batch's entry ids, stream order
+local ACK = 15                    -- the batch's entry ids, stream order
 local STATE = ACK + n_ack         -- U each: h, score, last_id, last_ts, n, recent, event_ids
-                                  --   [, shadow_h, shadow_score]
-local SCORE = STATE + (7 + 2 * SH) * U -- n_scores each: user_id, score, event_id, type, ts
-                                       --   [, shadow_score]
-local DEAD = SCORE + (5 + SH) * n_scores -- per dead letter: pair count, source_id, error,
-                                         -- pairs...
+                                  --   [, rules] [, shadow_h, shadow_score [, shadow_rules]]
+local STATE_COLUMNS = 7 + RU + SH * (2 + RU)
+local SCORE = STATE + STATE_COLUMNS * U -- n_scores each: user_id, score, event_id, type, ts
+                                        --   [, shadow_score]
+local ACTION = SCORE + (5 + SH) * n_scores -- n_actions each: user_id, rule, score, event_id,
+                                           --   ts, reasons
+local DEAD = ACTION + 6 * n_actions -- per dead letter: pair count, source_id, error, pairs...
 local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
 
 -- ---- checks: nothing is written above this line ----
@@ -78,7 +84,8 @@ if type(seq) == 'table' or (seq and not string.match(seq, '^%d+$')) then
 end
 seq = seq or ''
 if seq ~= read_seq then return {'conflict', seq} end
-for _, key in ipairs({scores_key, dead_key}) do
+for _, key in ipairs(n_actions > 0 and {scores_key, dead_key, actions_key}
+                     or {scores_key, dead_key}) do
   local t = redis.call('TYPE', key)['ok']
   if t ~= 'stream' and t ~= 'none' then return {'bad_key', key} end
 end
@@ -96,6 +103,14 @@ for b = SCORE, SCORE + S - 1 do
                'type', ARGV[b + 3 * S], 'ts', ARGV[b + 4 * S], 'model', model,
                'shadow_score', ARGV[b + 5 * S], 'shadow_model', shadow)
   end
+end
+
+local A = n_actions
+for a = ACTION, ACTION + A - 1 do
+  redis.call('XADD', actions_key, 'MAXLEN', '~', scores_maxlen, '*',
+             'user_id', ARGV[a], 'rule', ARGV[a + A], 'score', ARGV[a + 2 * A],
+             'event_id', ARGV[a + 3 * A], 'ts', ARGV[a + 4 * A], 'model', model,
+             'reasons', ARGV[a + 5 * A])
 end
 
 local d = DEAD
@@ -133,18 +148,33 @@ local function write_state(key, ...)
 end
 for i = 1, U do
   local key, b = KEYS[FIRST_STATE - 1 + i], STATE + i - 1
-  if ARGV[b + 6 * U] == '' then
+  local event_ids = ARGV[b + 6 * U]
+  if RU == 0 and event_ids == '' then
     write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
                 'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
                 'recent', ARGV[b + 5 * U])
+  elseif RU == 0 then
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
+                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
+                'recent', ARGV[b + 5 * U], 'event_ids', event_ids)
+  elseif event_ids == '' then
+    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
+                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
+                'recent', ARGV[b + 5 * U], 'rules', ARGV[b + 7 * U])
   else
     write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
                 'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
-                'recent', ARGV[b + 5 * U], 'event_ids', ARGV[b + 6 * U])
+                'recent', ARGV[b + 5 * U], 'event_ids', event_ids, 'rules', ARGV[b + 7 * U])
   end
   if SH == 1 then
-    redis.call('HSET', key, 'shadow_h', ARGV[b + 7 * U], 'shadow_score', ARGV[b + 8 * U],
-               'shadow_model', shadow)
+    local c = b + (7 + RU) * U
+    if RU == 0 then
+      redis.call('HSET', key, 'shadow_h', ARGV[c], 'shadow_score', ARGV[c + U],
+                 'shadow_model', shadow)
+    else
+      redis.call('HSET', key, 'shadow_h', ARGV[c], 'shadow_score', ARGV[c + U],
+                 'shadow_model', shadow, 'shadow_rules', ARGV[c + 2 * U])
+    end
   end
 end
 return {'ok', new_seq, replaced, previous}
@@ -210,15 +240,32 @@ def decimals(values: np.ndarray) -> list[str]:
 
 def state_columns(c: Commit, score_text: list[str]) -> list:
     """The state rows' columns: h, score, last_id, last_ts, n, recent, event_ids
-    (space-separated), and shadow_h, shadow_score when a shadow model runs. The h columns
-    are arrays (one row per state), the others lists. `score_text`: the scores' decimals."""
+    (space-separated), rules (when rules are set), and shadow_h, shadow_score (and
+    shadow_rules) when a shadow model runs. The h columns are arrays (one row per state),
+    the others lists. `score_text`: the scores' decimals."""
     if not c.users:
         return []
     scores = [score_text[i] for i in c.last_scored.tolist()]  # each user's last score
     columns = [c.h, scores, c.last_ids, c.last_ts.tolist(), c.n.tolist(), c.recent, c.event_ids]
+    if c.rules is not None:
+        columns.append(c.rules)
     if c.shadow_h is not None:
         columns += [c.shadow_h, decimals(c.shadow_user_scores)]
+        if c.rules is not None:
+            columns.append(c.shadow_rules)
     return columns
+
+
+def action_columns(c: Commit) -> list[list]:
+    """The action entries' columns: user_id, rule, score, event_id, ts, reasons."""
+    if not c.actions:
+        return []
+    a = c.actions
+    return [
+        [x.user_id for x in a], [x.rule for x in a],
+        decimals(np.asarray([x.score for x in a], np.float32)), [x.event_id for x in a],
+        [x.ts for x in a], [x.reasons for x in a],
+    ]  # fmt: skip
 
 
 def rows_of(h: np.ndarray) -> list[bytes]:
@@ -335,7 +382,7 @@ class CommitScript:
         p, keys = c.partition, self.keys
         return [
             keys.events(p), keys.scores(p), keys.deadletter(p), keys.lease(p),
-            keys.commit_seq(p), keys.acked(p), keys.last_commit(p),
+            keys.commit_seq(p), keys.acked(p), keys.last_commit(p), keys.actions(p),
             *(keys.state(p, u) for u in c.users),
         ]  # fmt: skip
 
@@ -344,16 +391,18 @@ class CommitScript:
         return [
             self.group, self.consumer, self.holder, self.token(c), c.seq, c.model,
             lim.scores_maxlen, lim.deadletter_maxlen, lim.state_ttl_ms,
-            len(c.ack_ids), len(c.scores), c.shadow_model,
+            len(c.ack_ids), len(c.scores), c.shadow_model, int(c.rules is not None),
+            len(c.actions),
         ]  # fmt: skip
 
     def _body(self, c: Commit) -> list[list]:
         """The arguments after the head, as columns: ack ids, the state columns, the score
-        columns, the dead letters."""
+        columns, the action columns, the dead letters."""
         limit = self.limits.deadletter_max_value_bytes
         dead = [x for d in c.dead for x in dead_letter_items(d, limit)]
         text = decimals(c.scores)
-        return [c.ack_ids, *state_columns(c, text), *score_columns(c, text), dead]
+        return [c.ack_ids, *state_columns(c, text), *score_columns(c, text), *action_columns(c),
+                dead]  # fmt: skip
 
     def prepare(self, c: Commit) -> PreparedCommit:
         """The EVALSHA of a Commit packed but for its head (which holds the read sequence,

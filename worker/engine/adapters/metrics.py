@@ -226,6 +226,29 @@ class WorkerMetrics:
             ["result"],
             registry=r,
         )
+        self.actions = Counter(
+            "intentstream_actions",
+            "Actions written by the intent rules (the current model's scores), by rule.",
+            ["rule"],
+            registry=r,
+        )
+        self.shadow_actions = Counter(
+            "intentstream_shadow_actions",
+            "Actions the shadow model's scores would have fired (not written), by rule.",
+            ["rule"],
+            registry=r,
+        )
+        self.rules_version = Gauge(
+            "intentstream_rules_version",
+            "Version of the intent rule set in force (0 = none ever set).",
+            registry=r,
+        )
+        self.rules_reloads = Counter(
+            "intentstream_rules_reloads",
+            "Intent rule set changes, by result: loaded, rejected (the old set stays).",
+            ["result"],
+            registry=r,
+        )
         self.redis_errors = Counter(
             "intentstream_redis_errors",
             "Redis connection errors, timeouts and unexpected replies.",

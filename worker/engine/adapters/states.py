@@ -14,7 +14,6 @@ partition's reads (PartitionDataError), never the other partitions.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -24,12 +23,16 @@ import redis
 from worker.common.dedup import bounded
 from worker.common.keys import Keys
 from worker.engine.compute.batch import entry_id
-from worker.engine.compute.pipeline import Commit, ShadowStates, UserStates
+from worker.engine.compute.pipeline import ShadowStates, UserStates
 from worker.engine.compute.recent import valid
-from worker.engine.compute.state_cache import CachedState, StateCache
+from worker.engine.compute.state_cache import CachedState, StateCache, copy_known
 
 FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
-          "shadow_model", "score", "shadow_score")  # fmt: skip
+          "shadow_model", "score", "shadow_score", "rules", "shadow_rules")  # fmt: skip
+
+# A rule-state field longer than this was not written by a worker (64 rules of ~90 bytes):
+# read as none, so crafted data costs no parsing time.
+MAX_RULES_BYTES = 8192
 
 # KEYS: 1 the partition's commit sequence, 2.. state keys. Returns the sequence (nil before
 # the first commit), then the FIELDS of each state key (nil when absent; h = -1 when the key
@@ -42,40 +45,23 @@ end
 local out = {seq}
 for i = 2, #KEYS do
   local v = redis.pcall('HMGET', KEYS[i], 'h', 'last_id', 'last_ts', 'model', 'n', 'event_ids',
-                       'recent', 'shadow_h', 'shadow_model', 'score', 'shadow_score')
+                       'recent', 'shadow_h', 'shadow_model', 'score', 'shadow_score', 'rules',
+                       'shadow_rules')
   if v.err then
     out[#out + 1] = -1
-    for _ = 2, 11 do out[#out + 1] = false end
+    for _ = 2, 13 do out[#out + 1] = false end
   else
-    for j = 1, 11 do out[#out + 1] = v[j] end
+    for j = 1, 13 do out[#out + 1] = v[j] end
   end
 end
 return out
 """
 
 
-def _copy_known(states: UserStates, rows: list[int], known: list[CachedState]) -> None:
-    """Copy known states into their rows, a column at a time (and the shadow model's, when
-    `states.shadow` is set)."""
-    h, last_ts, last_id, n, event_ids, recent, score, sh_h, sh_score, _ = zip(*known, strict=True)
-    idx = np.asarray(rows)
-    states.h[idx] = np.stack(h)
-    states.last_ts[idx] = last_ts
-    states.n[idx] = n
-    states.score[idx] = score
-    for i, lid, eids, rec in zip(rows, last_id, event_ids, recent, strict=True):
-        states.last_id[i], states.event_ids[i], states.recent[i] = lid, eids, rec
-    shadow = states.shadow
-    if shadow is None:
-        return
-    shadow.last_ts[idx] = last_ts
-    have = [k for k, x in enumerate(sh_h) if x is not None and x.shape == shadow.h.shape[1:]]
-    if have:
-        shadow.h[idx[have]] = np.stack([sh_h[k] for k in have])
-        shadow.score[idx[have]] = [sh_score[k] for k in have]
-    kept = set(have)
-    # written without the shadow (it started since): rebuilt from the recent events
-    shadow.replay += [i for k, i in enumerate(rows) if k not in kept and states.recent[i]]
+def _rule_field(raw: bytes | None) -> bytes:
+    """A stored rule-state field, b"" when absent or too long to be a worker's
+    (compute/rules.py parses and validates the rest)."""
+    return raw if raw and len(raw) <= MAX_RULES_BYTES else b""
 
 
 def _number(raw: bytes | None) -> float:
@@ -204,7 +190,8 @@ class StateReader:
         if shadow is not None and states.shadow is None:  # all known: nothing was read
             n = len(request.users)
             h = np.zeros((n, *shadow[0]), np.float32)
-            states.shadow = ShadowStates(h, states.last_ts.copy(), score=np.full(n, np.nan))
+            states.shadow = ShadowStates(h, states.last_ts.copy(), score=np.full(n, np.nan),
+                                         rules=[b""] * n)  # fmt: skip
         rows = [i for i, c in enumerate(request.known) if c is not None and i not in pending]
         known = [request.known[i] for i in rows]
         if request.pending:
@@ -212,7 +199,7 @@ class StateReader:
             rows += request.pending
             known += [in_flight[request.users[i]] for i in request.pending]
         if rows:
-            _copy_known(states, rows, known)
+            copy_known(states, rows, known)
         states.seq = seq
         return states
 
@@ -222,11 +209,12 @@ class StateReader:
         """Validate the script's reply (after the sequence) into `states`."""
         width = len(FIELDS)
         shadow_scores = np.full(len(states.users), np.nan)
+        shadow_rules = [b""] * len(states.users)
         mine: list[tuple[int, bytes | None]] = []  # (row, h blob of this model's space)
         theirs: list[tuple[int, bytes | None]] = []  # the same for the shadow model
         for k, i in enumerate(rows):
             row = flat[1 + width * k : 1 + width * (k + 1)]
-            h, lid, lts, by, cnt, eids, recent, sh_h, sh_by, score, sh_score = row
+            h, lid, lts, by, cnt, eids, recent, sh_h, sh_by, score, sh_score, rules, sh_rules = row
             if isinstance(h, int):
                 states.resets["wrong_type"] += 1
                 continue
@@ -243,19 +231,22 @@ class StateReader:
             if eids:
                 states.event_ids[i] = bounded(eids)
             states.recent[i] = valid(recent)
+            states.rules[i] = _rule_field(rules)
             stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
             mine.append((i, self._blob_of(stored, space)))
             states.score[i] = _number(score)
             if shadow is not None:
                 theirs.append((i, self._blob_of(stored, shadow[1])))
                 shadow_scores[i] = _number(sh_score)
+                shadow_rules[i] = _rule_field(sh_rules)
         missing, invalid = self._load(states.h, mine, shape)
         for reason, bad in (("model", missing), ("invalid", invalid)):
             for i in bad:
                 self._rebuild(states, i, reason)
         if shadow is not None:
             states.shadow = ShadowStates(np.zeros((len(states.users), *shadow[0]), np.float32),
-                                         states.last_ts.copy(), score=shadow_scores)  # fmt: skip
+                                         states.last_ts.copy(), score=shadow_scores,
+                                         rules=shadow_rules)  # fmt: skip
             missing, invalid = self._load(states.shadow.h, theirs, shadow[0])
             states.shadow.replay = [i for i in missing + invalid if states.recent[i]]
 
@@ -298,26 +289,3 @@ class StateReader:
         """Cache the states a commit wrote (see `written`), at the sequence it moved the
         partition to."""
         self.cache.store(p, seq, written)
-
-
-def written(commit: Commit) -> dict[str, CachedState]:
-    """The states a commit writes, as the cache holds them.
-
-    Entries hold only tuples, numbers, bytes, str and array views, which the garbage
-    collector stops tracking: a cache of lists and dataclasses made every full collection
-    walk ~6 objects per cached user (measured: 31% of the worker's time, pauses of 0.2 s at
-    50,000 users)."""
-    stamp = time.monotonic()
-    k = len(commit.users)
-    if commit.shadow_h is not None and commit.shadow_user_scores is not None:
-        sh_h, sh_scores = commit.shadow_h, commit.shadow_user_scores.tolist()
-    else:
-        sh_h, sh_scores = [None] * k, [float("nan")] * k
-    return {
-        u: (h, lts, key, n, eids, recent, score, shh, shs, stamp)
-        for u, h, lts, key, n, eids, recent, score, shh, shs in zip(
-            commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
-            commit.n.tolist(), commit.event_ids, commit.recent, commit.user_scores.tolist(),
-            sh_h, sh_scores, strict=True,
-        )
-    }  # fmt: skip

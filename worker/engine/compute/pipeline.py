@@ -16,9 +16,12 @@ import numpy as np
 from model.artifact import label_type_of
 from model.scoring import ScoringModel
 from worker.common.dedup import DEFAULT_WINDOW, Memory
+from worker.engine.compute import actions as act
+from worker.engine.compute.actions import Action, ScoredEvents
 from worker.engine.compute.batch import Batch, DeadLetter
 from worker.engine.compute.quality import label_samples
 from worker.engine.compute.recent import extend_packed, names_of, unpack
+from worker.engine.compute.rules import RuleTable
 
 NO_HISTORY = b""  # a packed history with no events (compute/recent.py)
 
@@ -33,6 +36,7 @@ class ShadowStates:
     last_ts: np.ndarray  # (U,) int64, a copy: the main model's advance moves its own
     replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
     score: np.ndarray | None = None  # (U,) its last score of each user, NaN = none
+    rules: list[bytes] = field(default_factory=list)  # its rule states (`shadow_rules`)
 
 
 @dataclass
@@ -48,6 +52,7 @@ class UserStates:
     seq: bytes  # the partition's commit sequence the states were read at
     score: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (U,) last score, NaN = none
     recent: list[bytes] = field(default_factory=list)  # the users' recent events, packed
+    rules: list[bytes] = field(default_factory=list)  # the users' rule states, b"" = none
     replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
     resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
     shadow: ShadowStates | None = None  # when a shadow model scores beside the current
@@ -66,6 +71,7 @@ class UserStates:
             seq=seq,
             score=np.full(n, np.nan),
             recent=[NO_HISTORY] * n,
+            rules=[b""] * n,
         )
 
 
@@ -104,6 +110,12 @@ class Commit:
     unknown_types: int  # scored events of types the model does not know
     # labelled-session samples (score, label) per model role, for live quality
     quality: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # with intent rules set: each state row's rule states (None = no rules), the actions
+    # fired (the current model's), and the firings the shadow model's scores would make
+    rules: list[bytes] | None = None
+    shadow_rules: list[bytes] | None = None
+    actions: list[Action] = field(default_factory=list)
+    shadow_actions: Counter[str] = field(default_factory=Counter)
 
 
 def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
@@ -196,6 +208,32 @@ def gap_ms(model: ScoringModel) -> float:
     return model.model.meta.session_gap_seconds * 1000.0
 
 
+def _act(
+    rules: RuleTable, model: ScoringModel, states: UserStates, events: ScoredEvents,
+    event_ids: list[bytes], touched: np.ndarray, history_events: int,
+    shadow: tuple[ScoringModel, ShadowStates, np.ndarray] | None,
+) -> dict:  # fmt: skip
+    """The Commit's rule fields: each written row's rule states, the actions the current
+    model's scores fire (with reasons), and the firings the shadow's scores would make."""
+    rule_states = act.rule_states_of(rules, states.rules, states.recent)
+    firings = act.fire(rules, rule_states, events, model)
+    out: dict = {"rules": act.packed_rows(rules, rule_states, touched)}
+    if len(firings.event):
+        sessions = act.sessions_at(firings, events, states.recent, history_events, gap_ms(model))
+        reasons = act.reasons_json(model, sessions)
+        out["actions"] = act.actions_of(rules, firings, events, states.users, event_ids, reasons)
+    if shadow is not None:
+        shadow_model, sh, shadow_scores = shadow
+        sh_states = act.rule_states_of(rules, sh.rules or [b""] * len(states.users),
+                                       states.recent)  # fmt: skip
+        sh_events = ScoredEvents(events.slot, events.types, shadow_model.type_indices(events.types),
+                                 events.ts, shadow_scores, events.ts_before)  # fmt: skip
+        sh_firings = act.fire(rules, sh_states, sh_events, shadow_model)
+        out["shadow_rules"] = act.packed_rows(rules, sh_states, touched)
+        out["shadow_actions"] = act.fired_per_rule(rules, sh_firings)
+    return out
+
+
 def build_commit(
     batch: Batch,
     states: UserStates,
@@ -203,6 +241,7 @@ def build_commit(
     history_events: int = 0,
     shadow: ScoringModel | None = None,
     event_id_window: int = DEFAULT_WINDOW,
+    rules: RuleTable | None = None,
 ) -> Commit:
     """Decide every entry's outcome, advance the states, and return what to commit.
 
@@ -211,7 +250,8 @@ def build_commit(
     recent events (no score entries for those steps). Each written state keeps its last
     `history_events` events of the current session (0 = none), and remembers its last
     `event_id_window` producer event ids. A shadow model (with `states.shadow`) scores the
-    same events from its own states.
+    same events from its own states. With `rules` (not empty), the rules step over the
+    scores and the Commit carries the actions they fire and the users' rule states.
     """
     slot = user_slots(batch, states.users)
     ts_before = states.last_ts.copy()  # the advances move last_ts
@@ -257,6 +297,12 @@ def build_commit(
     row_of_slot[touched] = np.arange(len(touched))
     applied = np.bincount(k_slot, minlength=len(states.users))[touched]
     touched_list = touched.tolist()
+    score_event_ids = [batch.event_ids[i] or batch.entry_ids[i] for i in idx.tolist()]
+    acted: dict = {}
+    if rules is not None and len(rules):
+        events = ScoredEvents(k_slot, types, type_idx, ts, scores, ts_before)
+        acted = _act(rules, model, states, events, score_event_ids, touched, history_events,
+                     (shadow, sh, shadow_scores) if sh is not None else None)  # fmt: skip
     outcomes = {
         "scored": len(idx),
         "duplicate": len(batch.users) - len(idx),
@@ -291,7 +337,7 @@ def build_commit(
         score_types=types,
         scores=scores,
         score_ts=ts,
-        score_event_ids=[batch.event_ids[i] or batch.entry_ids[i] for i in idx.tolist()],
+        score_event_ids=score_event_ids,
         arrival_ms=np.fromiter((batch.entry_keys[i][0] for i in idx), np.float64, len(idx)),
         dead=batch.dead,
         outcomes=outcomes,
@@ -301,4 +347,5 @@ def build_commit(
         shadow_scores=shadow_scores if sh is not None else None,
         shadow_user_scores=shadow_scores[last_event[touched]] if sh is not None else None,
         quality=quality,
+        **acted,
     )

@@ -83,9 +83,7 @@ class RuleTable:
                 mask[:, r] = [t in listed for t in event_types] + [False]
         return mask
 
-    def allowed(
-        self, mask: np.ndarray, type_idx: np.ndarray, types: Sequence[str]
-    ) -> np.ndarray:
+    def allowed(self, mask: np.ndarray, type_idx: np.ndarray, types: Sequence[str]) -> np.ndarray:
         """(E, R) bool: whether each event's type is taken by each rule. `mask` is
         `type_mask` of the model that indexed the types; events of a type the model does not
         know are checked by name (rare: unknown types are counted as a data problem)."""
@@ -114,9 +112,7 @@ class RuleStates:
         )
 
 
-def parse_rule_state(
-    raw: bytes, names: Sequence[str], states: RuleStates, row: int
-) -> bool:
+def parse_rule_state(raw: bytes, names: Sequence[str], states: RuleStates, row: int) -> bool:
     """Load one user's `rules` field into row `row` of `states` (rules of `names`); returns
     False, leaving the row fresh, when the field is malformed."""
     parts = raw.split(b" ")

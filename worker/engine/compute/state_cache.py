@@ -18,14 +18,28 @@ from collections import OrderedDict
 
 import numpy as np
 
+from worker.engine.compute.pipeline import Commit, UserStates
+
 # One user's state as last committed: h (L, H) float32 (a view of the batch's state array,
 # which nothing writes after its commit), last_ts ms, last_id (ms, seq), n, recent producer
 # event ids, recent events (packed, compute/recent.py), last score, the shadow model's h and
-# last score (None and NaN without one), commit time (monotonic; always last). Plain tuples:
+# last score (None and NaN without one), the rule states and the shadow's (b"" = none), commit
+# time (monotonic; always last). Plain tuples:
 # thousands are made per batch, and the garbage collector stops tracking tuples of atoms
 # (see adapters/states.py: written).
 CachedState = tuple[
-    np.ndarray, int, tuple[int, int], int, bytes, bytes, float, np.ndarray | None, float, float
+    np.ndarray,
+    int,
+    tuple[int, int],
+    int,
+    bytes,
+    bytes,
+    float,
+    np.ndarray | None,
+    float,
+    bytes,
+    bytes,
+    float,
 ]
 
 
@@ -74,3 +88,57 @@ class StateCache:
         for q in [p] if p is not None else list(self._users):
             self._users.pop(q, None)
             self._seq.pop(q, None)
+
+
+def copy_known(states: UserStates, rows: list[int], known: list[CachedState]) -> None:
+    """Copy known states into their rows, a column at a time (and the shadow model's, when
+    `states.shadow` is set)."""
+    h, last_ts, last_id, n, event_ids, recent, score, sh_h, sh_score, rules, sh_rules, _ = zip(
+        *known, strict=True
+    )
+    idx = np.asarray(rows)
+    states.h[idx] = np.stack(h)
+    states.last_ts[idx] = last_ts
+    states.n[idx] = n
+    states.score[idx] = score
+    for i, lid, eids, rec, rul in zip(rows, last_id, event_ids, recent, rules, strict=True):
+        states.last_id[i], states.event_ids[i], states.recent[i] = lid, eids, rec
+        states.rules[i] = rul
+    shadow = states.shadow
+    if shadow is None:
+        return
+    shadow.last_ts[idx] = last_ts
+    for i, rul in zip(rows, sh_rules, strict=True):
+        shadow.rules[i] = rul
+    have = [k for k, x in enumerate(sh_h) if x is not None and x.shape == shadow.h.shape[1:]]
+    if have:
+        shadow.h[idx[have]] = np.stack([sh_h[k] for k in have])
+        shadow.score[idx[have]] = [sh_score[k] for k in have]
+    kept = set(have)
+    # written without the shadow (it started since): rebuilt from the recent events
+    shadow.replay += [i for k, i in enumerate(rows) if k not in kept and states.recent[i]]
+
+
+def written(commit: Commit) -> dict[str, CachedState]:
+    """The states a commit writes, as the cache holds them.
+
+    Entries hold only tuples, numbers, bytes, str and array views, which the garbage
+    collector stops tracking: a cache of lists and dataclasses made every full collection
+    walk ~6 objects per cached user (measured: 31% of the worker's time, pauses of 0.2 s at
+    50,000 users)."""
+    stamp = time.monotonic()
+    k = len(commit.users)
+    if commit.shadow_h is not None and commit.shadow_user_scores is not None:
+        sh_h, sh_scores = commit.shadow_h, commit.shadow_user_scores.tolist()
+    else:
+        sh_h, sh_scores = [None] * k, [float("nan")] * k
+    rules = commit.rules if commit.rules is not None else [b""] * k
+    sh_rules = commit.shadow_rules if commit.shadow_rules is not None else [b""] * k
+    return {
+        u: (h, lts, key, n, eids, recent, score, shh, shs, rul, shr, stamp)
+        for u, h, lts, key, n, eids, recent, score, shh, shs, rul, shr in zip(
+            commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
+            commit.n.tolist(), commit.event_ids, commit.recent, commit.user_scores.tolist(),
+            sh_h, sh_scores, rules, sh_rules, strict=True,
+        )
+    }  # fmt: skip
