@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from model.synthetic import synthetic_events
+from tests.actions_check import assert_actions_exactly_once, set_firing_rules
 from tests.test_cluster import KEYS, P, start_worker
 from tests.test_worker import scrape
 from tests.test_worker_faults import assert_exactly_once_and_equal, with_event_ids
@@ -88,9 +89,11 @@ def true_undelivered(r, p: int) -> int:
 def run_kill_9(cluster, model_path, tmp_path, seed: int, *extra: str):
     """Publish a backlog, start a worker, kill -9 partition 0's master once the worker is
     well into partition 0 (with most of it left), and wait until it drains what the new
-    master holds. Returns (client, held events, worker, address killed)."""
+    master holds; intent rules that fire are set first. Returns (client, held events,
+    worker, address killed, rules)."""
     r = connect(cluster.url, cluster=True)
     events = with_event_ids(synthetic_events(16_000, 1600, seed=seed))
+    rules = set_firing_rules(r, model_path, events)
     publish(r, events, partitions=P)
     in_0 = sum(partition_of(e["user_id"], P) == 0 for e in events)
     worker = start_worker(cluster.url, model_path, tmp_path / "w.log", "a", "--cluster", *extra)
@@ -109,7 +112,7 @@ def run_kill_9(cluster, model_path, tmp_path, seed: int, *extra: str):
         worker.kill()
         print(worker.log()[-5000:])
         raise
-    return r, held, worker, old
+    return r, held, worker, old, rules
 
 
 def test_kill_9_of_a_master_is_recovered_with_every_held_event_scored_once_and_true_lag(
@@ -120,7 +123,7 @@ def test_kill_9_of_a_master_is_recovered_with_every_held_event_scored_once_and_t
     # with nothing undelivered): the gauge must equal what is really undelivered, for every
     # partition, once the worker drains; 0, no phantom lag.
     port = free_port()
-    r, held, worker, old = run_kill_9(cluster, model_path, tmp_path, 37, "--metrics-port",
+    r, held, worker, old, rules = run_kill_9(cluster, model_path, tmp_path, 37, "--metrics-port",
                                       str(port))  # fmt: skip
     try:
 
@@ -143,6 +146,8 @@ def test_kill_9_of_a_master_is_recovered_with_every_held_event_scored_once_and_t
     assert old in log and "redis unavailable" in log  # it did see the dead node
     assert len(held) >= 15_000  # replication keeps up with a publisher on loopback
     assert_held_scored_once_and_states_equal(r, held, model_path)
+    # the actions too: a commit lost with the old master took its actions with it
+    assert_actions_exactly_once(r, held, model_path, P, rules)
 
 
 def test_after_a_master_is_killed_the_retry_reaches_the_promoted_replica_on_every_path(

@@ -24,6 +24,8 @@ from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
 from worker.common.publisher import publish
+from worker.common.rule_store import set_rule
+from worker.common.rules import make_rule
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.model_source import FileModelSource
@@ -245,6 +247,7 @@ def test_a_commit_sent_twice_applies_once_and_counts_once(redis_server, golden_p
         return results[-1]
 
     consumer._send = lambda commit, *_: sent_twice(commit)
+    set_rule(r, consumer.keys, make_rule(name="first", above=0.0, rearm_below=0.0))
     for t in GOLDEN_EVENTS:
         r.xadd(STREAM0, {"user_id": "alice", "type": t})
     r.xadd(STREAM0, {"user_id": "", "type": "view"})
@@ -256,6 +259,8 @@ def test_a_commit_sent_twice_applies_once_and_counts_once(redis_server, golden_p
     assert r.hget("intentstream:state:{0}:alice", "n") == b"3"
     assert consumer.metrics.count("scored") == 3
     assert consumer.metrics.count("deadletter") == 1
+    assert r.xlen("intentstream:actions:{0}") == 1  # the action of alice's first event, once
+    assert consumer.metrics.value("intentstream_actions_total", rule="first") == 1
 
 
 def test_events_at_or_below_last_id_are_acknowledged_without_effect(redis_server, golden_path):

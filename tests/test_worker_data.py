@@ -22,6 +22,8 @@ from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
 from worker.common.publisher import publish
+from worker.common.rule_store import set_rule
+from worker.common.rules import make_rule
 
 pytestmark = pytest.mark.integration
 
@@ -130,6 +132,8 @@ def test_counters_are_exact_when_commit_replies_are_lost(redis_server, golden_pa
 
     consumer.committer.run = losing(consumer.committer.run)
     consumer._commit_and_prefetch = losing(consumer._commit_and_prefetch)
+    # fires at each user's first event, and never re-arms: one action per user, exactly
+    set_rule(r, KEYS, make_rule(name="first", above=0.0, rearm_below=0.0))
     publish(r, [{"user_id": f"u{i % 5}", "type": "view"} for i in range(100)])
     for _ in range(3):
         r.xadd(KEYS.events(0), {"user_id": "", "type": "view"})
@@ -147,6 +151,9 @@ def test_counters_are_exact_when_commit_replies_are_lost(redis_server, golden_pa
     assert consumer.metrics.count("scored") == 100
     assert consumer.metrics.count("deadletter") == 3
     assert consumer.metrics.count("duplicate") == 0
+    actions = r.xrange(KEYS.actions(0))
+    assert sorted(f[b"user_id"] for _, f in actions) == [f"u{i}".encode() for i in range(5)]
+    assert consumer.metrics.value("intentstream_actions_total", rule="first") == 5
 
 
 def test_counters_are_exact_under_a_client_kill_storm(redis_server, tmp_path: Path):

@@ -13,6 +13,7 @@ import pytest
 from model.artifact import load_model
 from model.scoring import InMemoryScorer, ScoringModel
 from model.synthetic import synthetic_events
+from tests.actions_check import assert_actions_exactly_once, set_firing_rules
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import partition_of
@@ -62,6 +63,7 @@ def test_kill_9_at_random_points_loses_nothing_and_applies_nothing_twice(
 ):
     events = with_event_ids(synthetic_events(30000, 1000, seed=9))
     r = connect(redis_server.url)
+    rules = set_firing_rules(r, model_path, events)
     publish(r, events, partitions=PARTITIONS)
     rng = random.Random(4)
     log = tmp_path / "w.log"
@@ -90,6 +92,7 @@ def test_kill_9_at_random_points_loses_nothing_and_applies_nothing_twice(
     finally:
         assert final.terminate() == 0  # after exit, nothing more can be written
     assert_exactly_once_and_equal(r, events, model_path)
+    assert_actions_exactly_once(r, events, model_path, PARTITIONS, rules)
 
 
 def ready_status(port: int) -> int:
@@ -102,6 +105,7 @@ def ready_status(port: int) -> int:
 def test_redis_restart_mid_run_is_survived(aof_redis_server, model_path, tmp_path):
     events = with_event_ids(synthetic_events(5000, 300, seed=12))
     r = connect(aof_redis_server.url)
+    rules = set_firing_rules(r, model_path, events)
     publish(r, events, partitions=PARTITIONS)
     port = free_port()
     worker = WorkerProcess(
@@ -124,6 +128,7 @@ def test_redis_restart_mid_run_is_survived(aof_redis_server, model_path, tmp_pat
         assert worker.terminate() == 0
     assert "redis unavailable" in worker.log()
     assert_exactly_once_and_equal(r, events, model_path)
+    assert_actions_exactly_once(r, events, model_path, PARTITIONS, rules)
 
 
 def test_two_workers_share_the_partitions_and_one_takes_over_when_the_other_dies(
@@ -131,6 +136,7 @@ def test_two_workers_share_the_partitions_and_one_takes_over_when_the_other_dies
 ):
     events = with_event_ids(synthetic_events(12_000, 600, seed=21))
     r = connect(redis_server.url)
+    rules = set_firing_rules(r, model_path, events)
     publish(r, events[:4000], partitions=4)
     common = ["--partitions", "4", "--batch-size", "50", "--lease-ms", "1000"]
     w1 = WorkerProcess(redis_server.url, model_path, tmp_path / "w1.log", *common,
@@ -155,3 +161,4 @@ def test_two_workers_share_the_partitions_and_one_takes_over_when_the_other_dies
         assert w2.terminate() == 0
     assert "handed partitions over" in w1.log() + w2.log()
     assert_exactly_once_and_equal(r, events, model_path, partitions=4)
+    assert_actions_exactly_once(r, events, model_path, 4, rules)

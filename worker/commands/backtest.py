@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,7 @@ import numpy as np
 from model.artifact import label_type_of
 from worker.commands.explain import explaining_model, iso_time
 from worker.commands.registry_access import registry_of
-from worker.common.events import EventError, event_from_json
+from worker.common.events import Event, EventError, event_from_json
 from worker.common.keys import Keys, partition_of
 from worker.common.partitions import recorded_partitions
 from worker.common.rule_store import read_rules
@@ -51,11 +51,10 @@ def rules_of_file(path: str) -> RuleSet:
 
 
 def file_entries(paths: list[str], partitions: int) -> tuple[dict[int, list], int]:
-    """Each partition's stream entries of JSON-lines event files, in file order, with ids
-    1-0, 2-0, ...; and the number of bad lines skipped (reported on stderr)."""
-    streams: dict[int, list] = {p: [] for p in range(partitions)}
+    """Each partition's stream entries of JSON-lines event files, in file order; and the
+    number of bad lines skipped (reported on stderr)."""
+    events: list[Event] = []
     bad = 0
-    number = 0
     for path in paths:
         try:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -65,20 +64,26 @@ def file_entries(paths: list[str], partitions: int) -> tuple[dict[int, list], in
             if not line.strip():
                 continue
             try:
-                e = event_from_json(line)
+                events.append(event_from_json(line))
             except EventError as exc:
                 bad += 1
                 if bad <= 10:
                     print(f"{path}:{line_no}: {exc}", file=sys.stderr)
-                continue
-            number += 1
-            fields = [b"user_id", e.user_id.encode(), b"type", e.type.encode()]
-            if e.ts is not None:
-                fields += [b"ts", str(e.ts).encode()]
-            if e.event_id is not None:
-                fields += [b"event_id", e.event_id.encode()]
-            streams[partition_of(e.user_id, partitions)].append([f"{number}-0".encode(), fields])
-    return streams, bad
+    return event_entries(events, partitions), bad
+
+
+def event_entries(events: Iterable[Event], partitions: int) -> dict[int, list]:
+    """Each partition's stream entries of the events, in order, with ids 1-0, 2-0, ...: the
+    fields a producer would send (user_id, type, ts, event_id)."""
+    streams: dict[int, list] = {p: [] for p in range(partitions)}
+    for number, e in enumerate(events, start=1):
+        fields = [b"user_id", e.user_id.encode(), b"type", e.type.encode()]
+        if e.ts is not None:
+            fields += [b"ts", str(e.ts).encode()]
+        if e.event_id is not None:
+            fields += [b"event_id", e.event_id.encode()]
+        streams[partition_of(e.user_id, partitions)].append([f"{number}-0".encode(), fields])
+    return streams
 
 
 def redis_entries(client, keys: Keys, partitions: int, page: int = 10_000) -> dict[int, list]:
