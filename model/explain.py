@@ -31,6 +31,9 @@ import numpy as np
 from model.scoring import ScoringModel
 
 TOP_REASONS = 3
+# A session of n events costs n * n replayed events: the reasons look at its last 64 at most
+# (4,096 events, about a millisecond), however long the kept history (history-events).
+MAX_EVENTS = 64
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,12 @@ class Session:
 
     def __len__(self) -> int:
         return len(self.types)
+
+    def tail(self, n: int) -> Session:
+        """The session's last n events, after the time of the event before them."""
+        if len(self) <= n:
+            return self
+        return Session(int(self.ts[-n - 1]), self.types[-n:], self.ts[-n:])
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,8 @@ def _variants(n: int) -> np.ndarray:
 
 def leave_one_out(model: ScoringModel, sessions: Sequence[Session]) -> list[Explanation]:
     """Each session's score and its leave-one-out deltas (module docstring), with one kernel
-    call for all the sessions."""
+    call for all the sessions; a session longer than MAX_EVENTS is explained by its tail."""
+    sessions = [s.tail(MAX_EVENTS) for s in sessions]
     slots: list[np.ndarray] = []  # per session: the slot of each replayed event
     events: list[np.ndarray] = []  # per session: the index of each replayed event in it
     prev: list[np.ndarray] = []  # per slot: the time before its first event

@@ -178,3 +178,16 @@ def test_ties_go_to_the_later_event_and_top_is_bounded():
 def test_a_session_needs_a_time_per_type():
     with pytest.raises(ValueError, match="2 types and 1 times"):
         Session(-1, ["a", "b"], [1])
+
+
+def test_a_long_session_is_explained_by_its_last_max_events():
+    from model.explain import MAX_EVENTS
+
+    model = ScoringModel(a_model("rnn", 1, 8, True, "sigmoid", 0.0, seed=4))
+    rng = np.random.default_rng(8)
+    long = random_session(rng, MAX_EVENTS + 6)
+    (ex,) = leave_one_out(model, [long])
+    tail = Session(long.ts[5], long.types[6:], long.ts[6:])
+    (want,) = leave_one_out(model, [tail])
+    assert len(ex.deltas) == MAX_EVENTS and ex.session == tail
+    np.testing.assert_array_equal(ex.deltas, want.deltas)
