@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from model.calibration import calibration_of
 from model.features import KNOWN_FEATURES
 
 FORMAT = "intentstream.model/1"
@@ -157,7 +158,23 @@ def validate_model(meta: ModelMeta, arrays: dict[str, np.ndarray]) -> Model:
             raise ArtifactError(f"array '{name}' contains NaN or infinite values")
         if a.dtype == np.float64 and np.any(np.abs(a) > np.finfo(np.float32).max):
             raise ArtifactError(f"array '{name}' has values beyond float32's range")
+    _check_calibration(meta)
     return Model(meta=meta, arrays={n: np.array(arrays[n]) for n in expected})
+
+
+def _check_calibration(meta: ModelMeta) -> None:
+    """A recorded calibration must be a valid map, on a sigmoid head (model/calibration.py)."""
+    extra = meta.model_extra or {}
+    if "calibration" not in extra:
+        return
+    try:
+        calibration_of(extra)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(x) for x in problem["loc"]) or "calibration"
+        raise ArtifactError(f"meta 'calibration' is invalid: {where}: {problem['msg']}") from None
+    if meta.head != "sigmoid":
+        raise ArtifactError("meta 'calibration' needs a sigmoid head (it maps the head's logit)")
 
 
 def _meta_from_array(raw: np.ndarray) -> ModelMeta:

@@ -1,6 +1,6 @@
-"""Evaluation (docs/contract.md, Training data and labels): ROC AUC and log loss, at the last
-step of each session and over all steps, for the RNN and for a bag-of-event-types logistic
-regression on the same split."""
+"""Evaluation (docs/contract.md, Training data and labels): ROC AUC, log loss, calibration
+error and Brier score, at the last step of each session and over all steps, for the RNN and
+for a bag-of-event-types logistic regression on the same split."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from scipy.stats import rankdata
 
 from model.artifact import Model
 from model.bptt import predict
+from model.calibration import brier_score, expected_calibration_error, scoring_arrays
 from model.sessions import Session, pad
 
 
@@ -55,19 +56,31 @@ def step_scores(params: dict[str, np.ndarray], sessions: list[Session], n_featur
 
 
 def metrics_of(all_y, all_p, last_y, last_p) -> dict[str, float]:
-    """AUC and log loss at the last step and over all steps."""
+    """AUC, log loss, calibration error (ECE) and Brier score, at the last step and over all
+    steps."""
     return {
         "auc_last": roc_auc(last_y, last_p),
         "auc_all": roc_auc(all_y, all_p),
         "logloss_last": log_loss(last_y, last_p),
         "logloss_all": log_loss(all_y, all_p),
+        "ece_last": expected_calibration_error(last_y, last_p),
+        "ece_all": expected_calibration_error(all_y, all_p),
+        "brier_last": brier_score(last_y, last_p),
+        "brier_all": brier_score(all_y, all_p),
     }
 
 
-def evaluate_model(model: Model, sessions: list[Session]) -> dict[str, float]:
-    """Metrics of a model on sessions built with its own vocabulary and features."""
-    params = {k: v.astype(np.float64) for k, v in model.arrays.items()}
-    return metrics_of(*step_scores(params, sessions, len(model.meta.features)))
+def model_step_scores(model: Model, sessions: list[Session], raw: bool = False):
+    """`step_scores` of a model as it scores (calibrated, unless `raw`)."""
+    arrays = scoring_arrays(model.arrays, model.meta.model_extra, raw)
+    params = {k: v.astype(np.float64) for k, v in arrays.items()}
+    return step_scores(params, sessions, len(model.meta.features))
+
+
+def evaluate_model(model: Model, sessions: list[Session], raw: bool = False) -> dict[str, float]:
+    """Metrics of a model on sessions built with its own vocabulary and features, as it
+    scores (calibrated, unless `raw`)."""
+    return metrics_of(*model_step_scores(model, sessions, raw))
 
 
 class BagOfTypes:

@@ -12,18 +12,23 @@ from collections.abc import Sequence
 import numpy as np
 
 from model.artifact import Model
+from model.calibration import scoring_arrays
 from model.cell import CellWeights, cell_weights, step_batch, work_size
 from model.features import event_gaps, feature_matrix, session_resets
 from model.params import pack
 
 
 class ScoringModel:
-    """A validated model prepared for the kernels, with its type vocabulary."""
+    """A validated model prepared for the kernels, with its type vocabulary; it scores
+    calibrated probabilities when the artifact has a calibration, raw scores if asked."""
 
-    def __init__(self, model: Model, version: str | None = None) -> None:
+    def __init__(self, model: Model, version: str | None = None, raw: bool = False) -> None:
         self.model = model
         meta = model.meta
-        a = model.arrays
+        # the artifact's calibration folded into the head (model/calibration.py): scores are
+        # probabilities at no cost per event; `raw` scores with the head as trained
+        a = scoring_arrays(model.arrays, meta.model_extra, raw)
+        self.raw = raw
         self.layers = meta.layers
         self.hidden = meta.hidden
         self.version = version or model.version

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from threadpoolctl import threadpool_limits
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
 from model.bptt import clip_global_norm, packed_loss_and_gradients
+from model.calibration import fit_platt
 from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
 from model.optim import make_optimizer
 from model.params import Params, pack, unpack
@@ -58,6 +60,9 @@ class TrainConfig(BaseModel):
     # Types seen fewer times in the data take the unknown row: one stray XADD must not
     # become a vocabulary entry with an untrained embedding.
     min_type_count: int = Field(10, ge=1)
+    # Fit the calibration map (model/calibration.py) on the validation users' scores, so a
+    # score is a probability: 0.7 means about 70% of such sessions buy.
+    calibrate: bool = True
 
 
 @dataclass
@@ -254,10 +259,18 @@ def _train(
             "training diverged in epoch 1 (the loss is not finite); lower --lr or --clip"
         )
     kept = {k: np.array(v) for k, v in unpack(best.params).items()}
-    rnn_scores = step_scores(pack(kept, config.cell, np.float64), valid_s, F)
+    raw_scores = step_scores(pack(kept, config.cell, np.float64), valid_s, F)
+    calibration, rnn_scores = None, raw_scores
+    if config.calibrate:
+        calibration = fit_platt(raw_scores[1], raw_scores[0])
+        rnn_scores = cross_fitted(pack(kept, config.cell, np.float64), valid_s, F)
     baseline = BagOfTypes(len(types) + 1).fit(train_s)
     base_scores = baseline.step_scores(valid_s)
-    metrics = metrics_of(*rnn_scores)
+    # AUCs of the raw scores: the map is monotone, so they are the calibrated model's too
+    # (the cross-fitted scores mix two maps); the rest of the calibrated scores out of fold
+    metrics = metrics_of(*rnn_scores) | {
+        k: v for k, v in metrics_of(*raw_scores).items() if k.startswith("auc")
+    }
     base_metrics = metrics_of(*base_scores)
     data = _summary(events, train_s, valid_s, set(types))
     kept_epoch = {
@@ -273,14 +286,18 @@ def _train(
         "epochs": history,
         "kept_epoch": kept_epoch,
         "metrics": metrics,
+        "metrics_raw": metrics_of(*raw_scores),
+        "calibration": calibration.model_dump() if calibration is not None else None,
         "baseline": base_metrics,
         "seconds": time.time() - started,
     }
-    inherited = {"version", "state_space", "metrics", "baseline_metrics", "kept_epoch", "data"}
+    inherited = {"version", "state_space", "metrics", "baseline_metrics", "kept_epoch", "data",
+                 "calibration"}  # fmt: skip
     meta = {k: v for k, v in model.meta.model_dump().items() if k not in inherited} | {
         "label_type": config.label_type,
         **({"state_space": state_space} if init is not None and state_space else {}),
         "created_at": time.time(),
+        **({"calibration": calibration.model_dump()} if calibration is not None else {}),
         "metrics": metrics,
         "baseline_metrics": base_metrics,
         "kept_epoch": {k: v for k, v in kept_epoch.items() if k != "reason"},
@@ -293,6 +310,22 @@ def _train(
         "baseline": roc_curve(base_scores[2], base_scores[3]),
     }
     return TrainResult(trained, report, valid_s, curves)
+
+
+def cross_fitted(params: Params, sessions: list[Session], n_features: int):
+    """The sessions' calibrated step scores, each fold's (users split in two by a hash of
+    their id) from the map fitted on the other: the calibration measured on users it was
+    not fitted on."""
+    folds = [[s for s in sessions if zlib.crc32(s.user_id.encode()) % 2 == k] for k in (0, 1)]
+    if not all(folds) or any(len({s.label for s in f}) < 2 for f in folds):
+        scores = step_scores(params, sessions, n_features)  # too few users to cross-fit
+        cal = fit_platt(scores[1], scores[0])
+        return scores[0], cal.apply(scores[1]), scores[2], cal.apply(scores[3])
+    raw = [step_scores(params, fold, n_features) for fold in folds]
+    maps = [fit_platt(r[1], r[0]) for r in raw]
+    out = [(r[0], maps[1 - k].apply(r[1]), r[2], maps[1 - k].apply(r[3]))
+           for k, r in enumerate(raw)]  # fmt: skip
+    return tuple(np.concatenate([o[i] for o in out]) for i in range(4))
 
 
 def evaluate_on(model: Model, events: list[dict], config: TrainConfig) -> dict[str, float]:

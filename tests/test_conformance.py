@@ -24,6 +24,7 @@ import pytest
 
 from model.artifact import Model, random_model, save_model
 from model.bptt import loss_and_gradients, predict
+from model.calibration import scoring_arrays
 from model.cell import step_batch, step_one
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
@@ -101,7 +102,21 @@ def random_cases() -> list[Case]:
     ]
 
 
-CASES = golden_cases() + random_cases()
+def calibrated_cases() -> list[Case]:
+    """Models whose artifact records a calibration map: every path must score with it."""
+    out = []
+    for base, (a, b) in zip(
+        [random_case("rnn", 2, 12, True, "sigmoid", 90, seed=71),
+         random_case("gru", 1, 8, True, "sigmoid", 60, seed=72)],
+        [(1.7, -0.4), (0.6, 0.3)], strict=True,
+    ):  # fmt: skip
+        extra = {"calibration": {"method": "platt", "a": a, "b": b}}
+        meta = base.model.meta.model_validate(base.model.meta.model_dump() | extra)
+        out.append(Case(f"{base.name}-calibrated", Model(meta, base.model.arrays), base.events))
+    return out
+
+
+CASES = golden_cases() + random_cases() + calibrated_cases()
 IDS = [c.name for c in CASES]
 
 
@@ -137,7 +152,12 @@ def reference_scores(case: Case) -> np.ndarray:
             meta.head, meta.cell,
         )  # fmt: skip
         out.append(score)
-    return np.array(out)
+    cal = (meta.model_extra or {}).get("calibration")
+    if cal is None:
+        return np.array(out)
+    # the recorded map on the head's logit: p = sigmoid(a z + b), z = logit(raw score)
+    z = np.log(np.array(out)) - np.log1p(-np.array(out))
+    return 1.0 / (1.0 + np.exp(-(cal["a"] * z + cal["b"])))
 
 
 def via_step_one(case: Case) -> np.ndarray:
@@ -196,7 +216,8 @@ def via_training(case: Case, dtype: type = np.float64) -> np.ndarray:
     """The training forward pass (model/bptt.py's predict): float64 as evaluation runs it,
     float32 as training runs it."""
     batch, where = training_batch(case)
-    params = {k: v.astype(dtype) for k, v in case.model.arrays.items()}
+    arrays = scoring_arrays(case.model.arrays, case.model.meta.model_extra)  # as evaluation
+    params = {k: v.astype(dtype) for k, v in arrays.items()}
     P = predict(params, batch, head=case.model.meta.head, cell=case.model.meta.cell)
     return np.array([P[i, k] for i, k in where])
 
@@ -236,6 +257,8 @@ def test_order_of_events_changes_the_golden_score():
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_path_equals_the_reference(case, path):
     compute, tol = IN_PROCESS[path]
+    if "calibration" in (case.model.meta.model_extra or {}):
+        tol = max(tol, 1e-8)  # the oracle maps logit(score): 1 - p loses digits near 1
     np.testing.assert_allclose(compute(case), reference_scores(case), rtol=tol, atol=tol)
 
 
@@ -246,11 +269,13 @@ def test_training_loss_is_the_reference_log_loss(case):
     """The loss training minimises (and promotion compares) is the reference's per-step BCE,
     also when the windows are shorter than the sessions (state carried across them)."""
     batch, _ = training_batch(case)
-    params = {k: v.astype(np.float64) for k, v in case.model.arrays.items()}
+    arrays = scoring_arrays(case.model.arrays, case.model.meta.model_extra)
+    params = {k: v.astype(np.float64) for k, v in arrays.items()}
     p = reference_scores(case)  # every session is negative: loss = mean -log(1 - p)
     for bptt in (2, 35):
         loss, _ = loss_and_gradients(params, batch, bptt=bptt, cell=case.model.meta.cell)
-        assert loss == pytest.approx(float(np.mean(-np.log1p(-p))), rel=1e-10)
+        rel = 1e-8 if "calibration" in (case.model.meta.model_extra or {}) else 1e-10
+        assert loss == pytest.approx(float(np.mean(-np.log1p(-p))), rel=rel)
 
 
 def write_model(case: Case, directory: Path) -> Path:
