@@ -333,3 +333,21 @@ def test_worker_end_to_end_equals_the_reference(case, shared_redis, tmp_path):
         mine = [i for i, (u, _, _) in enumerate(case.events) if u == user]
         got = [float(row["score"]) for row in rows if row["user_id"] == user]
         np.testing.assert_allclose(got, expected[mine], rtol=2e-5, atol=2e-5, err_msg=user)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", calibrated_cases(), ids=lambda c: c.name)
+def test_the_raw_score_stays_available(case, tmp_path):
+    """`intentstream score --raw` (and the worker's raw-scores setting, the same flag to
+    ScoringModel) scores with the head as trained."""
+    lines = [json.dumps({"user_id": u, "type": t, "ts": ts}) for u, t, ts in case.events]
+    path = write_model(case, tmp_path)
+    out = run_cli("score", "--raw", "--model", str(path), stdin="\n".join(lines))
+    assert out.returncode == 0, out.stderr
+    got = np.array([json.loads(line)["score"] for line in out.stdout.splitlines()])
+    meta = case.model.meta.model_validate(
+        {k: v for k, v in case.model.meta.model_dump().items() if k != "calibration"}
+    )
+    raw_case = Case(case.name, Model(meta, case.model.arrays), case.events)
+    np.testing.assert_allclose(got, reference_scores(raw_case), rtol=2e-5, atol=2e-5)
+    assert np.abs(got - reference_scores(case)).max() > 1e-3  # and it is not the calibrated

@@ -215,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="lines per kernel call (a terminal is scored line by line)",
     )
+    score.add_argument(
+        "--raw",
+        action="store_true",
+        help="the head's score as trained, without the artifact's calibration",
+    )
     score.set_defaults(func=cmd_score)
 
     explain_command.add_parser(sub)  # why a user's score is what it is

@@ -17,7 +17,7 @@ from worker.commands.event_files import chunks, reported_events
 def cmd_score(args: argparse.Namespace) -> int:
     """The `intentstream score` command; returns its exit code."""
     try:
-        scoring = ScoringModel(load_model(args.model))
+        scoring = ScoringModel(load_model(args.model), raw=args.raw)
     except ArtifactError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -120,14 +120,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
                 args)  # fmt: skip
             return 2
     try:
-        source = FileModelSource(settings.model) if settings.model is not None else None
+        raw = settings.raw_scores
+        source = FileModelSource(settings.model, raw) if settings.model is not None else None
         client = connected(settings, stop, alive=health.beat)
         if client is None:
             return stop.exit_code(0)
         if source is None:
-            source = RegistryModelSource(
-                client, settings.prefix, settings.model_poll_seconds, settings.max_model_bytes
-            )
+            source = RegistryModelSource(client, settings.prefix, settings.model_poll_seconds,
+                                         settings.max_model_bytes, raw)  # fmt: skip
         check_partitions(client, Keys(settings.prefix), settings.partitions)
     except (ArtifactError, RegistryError, SettingsError) as exc:
         say("error", str(exc), args)

@@ -34,6 +34,8 @@ TRAIN_HELP = {
     "least --min-type-count times); others take the unknown row",
     "min_type_count": "types seen fewer times in the data take the unknown row (listed in "
     "the report)",
+    "calibrate": "fit the calibration map on the validation users, so scores are "
+    "probabilities (--no-calibrate: the raw head)",
     "bptt": "truncation: steps gradients flow back",
     "clip": "global gradient norm bound",
     "optimizer": "the update rule",

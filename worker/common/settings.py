@@ -57,6 +57,11 @@ class Settings(BaseSettings):
         description="refuse registry model artifacts larger than this, in bytes (measured "
         "with STRLEN before they are read)",
     )
+    raw_scores: bool = Field(
+        False,
+        description="score with the model's head as trained, without the calibration its "
+        "artifact records (scores are then not probabilities)",
+    )
     batch_size: int = Field(512, ge=1, le=100_000, description="max entries per read")
     block_ms: int = Field(1000, ge=1, description="blocking read time in ms")
     socket_timeout: float = Field(5.0, gt=0, description="Redis socket timeout in seconds")

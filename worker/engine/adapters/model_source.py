@@ -39,9 +39,9 @@ class ModelRejectedError(Exception):
 class FileModelSource:
     """A model file given with --model: loaded once, never swapped."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, raw: bool = False) -> None:
         model = load_model(path)
-        self.current = ScoringModel(model, version=file_version(model, path))
+        self.current = ScoringModel(model, version=file_version(model, path), raw=raw)
 
     shadow: ScoringModel | None = None  # a pinned file has no challenger
 
@@ -69,8 +69,10 @@ class RegistryModelSource:
         prefix: str,
         poll_seconds: float = 2.0,
         max_bytes: int = DEFAULT_MAX_MODEL_BYTES,
+        raw: bool = False,
     ) -> None:
         self.registry = Registry(client, prefix)
+        self.raw = raw  # score with the heads as trained (no calibration)
         self.max_bytes = max_bytes
         self.poll_seconds = poll_seconds
         self._lock = threading.Lock()
@@ -283,6 +285,7 @@ class RegistryModelSource:
 
     def _prepared(self, version: str) -> ScoringModel:
         """A version's model, size-checked, validated and with its kernels compiled."""
-        model = ScoringModel(self.registry.load(version, self.max_bytes), version=version)
+        model = ScoringModel(self.registry.load(version, self.max_bytes), version=version,
+                             raw=self.raw)  # fmt: skip
         model.warm_up()
         return model
