@@ -39,6 +39,10 @@ BOUNDED = {
     "python -m model.train_bench": " --events 5000 --users 300 --epochs 1 --hidden 8",
 }
 
+# Commands that read what a page's worker writes (states, actions): the reader's worker runs
+# all along in a second shell, this test's is bounded, so it runs once more (bounded) first.
+AFTER_THE_WORKER = re.compile(r"intentstream explain |redis-cli (-p \d+ )?XREADGROUP ")
+
 
 def readme_commands(doc: Path = README) -> list[str]:
     """Shell commands of a page's indented blocks, continuation lines joined."""
@@ -113,6 +117,12 @@ def test_every_readme_command_runs(redis_server, tmp_path):
                     "intentstream model init --event-types view,add_to_cart,coupon,purchase "
                     "--out model.npz", shell=True, cwd=cwd, env=env, check=True,
                     capture_output=True,
+                )  # fmt: skip
+            if AFTER_THE_WORKER.match(command):
+                subprocess.run(
+                    ["bash", "-c", as_run_here("intentstream worker", redis_server.url,
+                                               redis_server.port)],
+                    cwd=cwd, env=env, check=True, capture_output=True, timeout=300,
                 )  # fmt: skip
             shell = as_run_here(command, redis_server.url, redis_server.port)
             result = subprocess.run(
