@@ -1,6 +1,7 @@
 """deploy/redis/users.acl on a real redis-server (started with deploy/redis/redis.conf): the
-worker, a producer and the trainer do their whole jobs under their own users with no ACL
-denial, and each is refused what it must not do."""
+worker, a producer, the trainer, whoever sets the intent rules and a shop reading its actions
+do their whole jobs under their own users with no ACL denial, and each is refused what it
+must not do."""
 
 from __future__ import annotations
 
@@ -26,9 +27,14 @@ from worker.common.local_redis import LocalCluster, free_port, redis_server_bina
 ACL = DEPLOY / "redis" / "users.acl"
 CONF = DEPLOY / "redis" / "redis.conf"
 # The development passwords whose SHA-256 users.acl holds (compose.yaml uses them too).
-PASSWORDS = {u: f"intentstream-dev-{u}" for u in ("admin", "worker", "producer", "trainer", "keda")}
+PASSWORDS = {
+    u: f"intentstream-dev-{u}"
+    for u in ("admin", "worker", "producer", "trainer", "keda", "ruler", "shop")
+}
 STREAM = "intentstream:events:{0}"
 STATE = "intentstream:state:{0}:user-1"
+ACTIONS = "intentstream:actions:{0}"
+RULES = "intentstream:rules"
 
 
 def acl_users() -> dict[str, list[str]]:
@@ -158,11 +164,44 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
         stdout=log, stderr=log, env=clean_env(),
     )  # fmt: skip
     try:
+        # ruler: a rule the worker picks up (it subscribed to the announcements at start)
+        result = cli("rules", "set", "first", "--above", "0", "--redis-url", url(port, "ruler"))
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: b"intent rules changed" in (tmp_path / "worker.log").read_bytes(), 30,
+                 "the worker taking the rule")  # fmt: skip
+
         # producer: events in
         result = cli("publish", "--synthetic", "3000", "--users", "150",
                      "--redis-url", url(port, "producer"))  # fmt: skip
         assert result.returncode == 0, result.stderr
         wait_for(lambda: count_scores(admin) == 3000, 90, "3000 scores by the worker")
+        assert admin.xlen(ACTIONS) > 0, "the rule should have fired (XADD in the commit)"
+
+        # ruler: lists, backtests over the retained events, explains a user, deletes a rule
+        for args in (
+            ["rules", "list"],
+            ["rules", "show", "first"],
+            ["rules", "backtest", "--from-redis"],
+            ["explain", "user-1"],
+            ["rules", "set", "spare", "--above", "2"],
+            ["rules", "delete", "spare"],
+        ):
+            result = cli(*args, "--redis-url", url(port, "ruler"))
+            assert result.returncode == 0, f"{args}: {result.stdout}{result.stderr}"
+
+        # shop: its consumer group on the actions, read and acknowledged; scores read
+        shop = client(port, "shop")
+        shop.xgroup_create(ACTIONS, "shop", id="0", mkstream=True)
+        read = shop.xreadgroup("shop", "web", {ACTIONS: ">"}, count=10)
+        ids = [entry_id for entry_id, _ in read[0][1]]
+        assert len(ids) == 10 and shop.xack(ACTIONS, "shop", *ids) == 10
+        assert shop.xpending(ACTIONS, "shop")["pending"] == 0
+        assert shop.xautoclaim(ACTIONS, "shop", "web", 0, justid=True) is not None
+        assert shop.xinfo_groups(ACTIONS)[0]["name"] == b"shop"
+        assert shop.xinfo_consumers(ACTIONS, "shop") and shop.xinfo_stream(ACTIONS)["length"]
+        assert shop.xlen(ACTIONS) == len(shop.xrange(ACTIONS)) == len(shop.xrevrange(ACTIONS))
+        assert shop.xrevrange("intentstream:scores:{0}", count=1)
+        assert shop.xread({"intentstream:scores:{0}": "0"}, count=1)
 
         # trainer: reads the retained history, publishes and promotes; the worker swaps
         result = cli("train", "--from-redis", "--epochs", "1", "--hidden", "8", "--quiet",
@@ -205,7 +244,10 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
     assert keda.info("server")["redis_version"]
     assert admin.acl_log() == [], "KEDA's reads were refused"
 
-    worker_c, producer, trainer = (client(port, u) for u in ("worker", "producer", "trainer"))
+    worker_c, producer, trainer, ruler, shop = (
+        client(port, u) for u in ("worker", "producer", "trainer", "ruler", "shop")
+    )
+    rule = '{"above":0.5}'
     denied = {
         # the worker cannot write events or the registry, nor announce models
         "worker XADD events": lambda: worker_c.xadd(STREAM, {"user_id": "x", "type": "view"}),
@@ -220,6 +262,12 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
         ),
         "worker PUBLISH": lambda: worker_c.publish("intentstream:model:updates", "9"),
         "worker FLUSHALL": lambda: worker_c.flushall(),
+        # nor set the intent rules, nor announce them
+        "worker HSET rules": lambda: worker_c.hset(RULES, "x", rule),
+        "worker HSET rules in a script": lambda: in_script(
+            worker_c, "return redis.call('HSET', KEYS[1], 'x', '{}')", RULES
+        ),
+        "worker PUBLISH rules": lambda: worker_c.publish("intentstream:rules:updates", "9"),
         "worker CONFIG": lambda: worker_c.config_set("maxmemory-policy", "allkeys-lru"),
         # a producer cannot read states, scores, events or the registry
         "producer HGETALL state": lambda: producer.hgetall(STATE),
@@ -240,6 +288,29 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
         "trainer XADD events": lambda: trainer.xadd(STREAM, {"user_id": "x", "type": "view"}),
         "trainer HGETALL state": lambda: trainer.hgetall(STATE),
         "trainer XTRIM events": lambda: trainer.xtrim(STREAM, maxlen=0),
+        "trainer HSET rules": lambda: trainer.hset(RULES, "x", rule),
+        # whoever sets the rules reads what a backtest and an explanation need, writes nothing
+        # else: no events, states, registry, actions, config
+        "ruler XADD events": lambda: ruler.xadd(STREAM, {"user_id": "x", "type": "view"}),
+        "ruler HSET state": lambda: ruler.hset(STATE, "rules", "0"),
+        "ruler SET registry": lambda: ruler.set("intentstream:model:current", "1"),
+        "ruler PUBLISH model": lambda: ruler.publish("intentstream:model:updates", "9"),
+        "ruler XADD actions": lambda: ruler.xadd(ACTIONS, {"rule": "x"}),
+        "ruler XRANGE actions": lambda: ruler.xrange(ACTIONS, count=1),
+        "ruler HSET config": lambda: ruler.hset("intentstream:config", "partitions", 3),
+        "ruler DEL rules": lambda: ruler.delete(RULES),
+        # a shop reads its actions and the scores: it cannot forge an action or a score, nor
+        # drop entries, nor see the rules, the states or the events
+        "shop XADD actions": lambda: shop.xadd(ACTIONS, {"rule": "x"}),
+        "shop XDEL actions": lambda: shop.xdel(ACTIONS, b"1-1"),
+        "shop XTRIM actions": lambda: shop.xtrim(ACTIONS, maxlen=0),
+        "shop DEL actions": lambda: shop.delete(ACTIONS),
+        "shop XGROUP DESTROY actions": lambda: shop.xgroup_destroy(ACTIONS, "shop"),
+        "shop XADD scores": lambda: shop.xadd("intentstream:scores:{0}", {"score": "1"}),
+        "shop XGROUP CREATE scores": lambda: shop.xgroup_create("intentstream:scores:{0}", "s"),
+        "shop HGETALL rules": lambda: shop.hgetall(RULES),
+        "shop HGETALL state": lambda: shop.hgetall(STATE),
+        "shop XRANGE events": lambda: shop.xrange(STREAM, count=1),
         # KEDA reads stream and group info only
         "keda XRANGE events": lambda: keda.xrange(STREAM, count=1),
         "keda XREADGROUP": lambda: keda.xreadgroup("intentstream-workers", "k", {STREAM: ">"}),
@@ -276,7 +347,7 @@ def test_cluster_client_rights_and_nothing_that_changes_the_cluster(acl_redis):
     def dryrun(user: str, command: list[str]) -> bool:
         return admin.execute_command("ACL", "DRYRUN", user, *command) == b"OK"
 
-    for user in ("worker", "trainer", "keda"):
+    for user in ("worker", "trainer", "keda", "ruler", "shop"):
         missing = [c for c in CLUSTER_CLIENT if not dryrun(user, c)]
         assert missing == [], f"{user} cannot connect with --cluster: lacks {missing}"
         allowed = [c for c in CHANGES_THE_CLUSTER if dryrun(user, c)]
@@ -404,6 +475,7 @@ def test_the_worker_corrects_a_phantom_lag_under_its_user(acl_redis):
 
 # Each role's job, command by command (what its process sends), for the ACL matrix below.
 E0, SC0, D0, ST0 = STREAM, "intentstream:scores:{0}", "intentstream:deadletter:{0}", STATE
+A0, RU = ACTIONS, RULES
 JOBS: dict[str, list[list[str]]] = {
     "worker": [
         ["XREADGROUP", "GROUP", "g", "c", "COUNT", "5", "STREAMS", E0, ">"],
@@ -415,6 +487,11 @@ JOBS: dict[str, list[list[str]]] = {
         ["HSETNX", "intentstream:config", "partitions", "2"],
         ["FUNCTION", "LOAD", "x"], ["GET", "intentstream:model:current"],
         ["STRLEN", "intentstream:model:1"], ["LRANGE", "intentstream:model:history", "0", "-1"],
+        # the intent rules (adapters/rule_source.py, common/rule_store.py) and the actions,
+        # which the commit script writes (TYPE, XADD: Redis checks them against the caller)
+        ["HGET", RU, ":version"], ["HGETALL", RU], ["TYPE", RU],
+        ["SUBSCRIBE", "intentstream:rules:updates"], ["TYPE", A0],
+        ["XADD", A0, "MAXLEN", "~", "1000000", "*", "user_id", "u", "rule", "r"],
     ],
     "producer": [
         ["FCALL", "intentstream_append_v1", "2", E0, "intentstream:route:{0}", "1", "2",
@@ -427,6 +504,28 @@ JOBS: dict[str, list[list[str]]] = {
         ["PUBLISH", "intentstream:model:updates", "7"],
     ],
     "keda": [["XINFO", "GROUPS", E0], ["XPENDING", E0, "g"], ["INFO", "server"]],
+    # `intentstream rules set/delete/list/show` (common/rule_store.py: WATCH, the checks, then
+    # MULTI/EXEC with the write and the version, then PUBLISH), `rules backtest --from-redis`
+    # and `explain`: the registry's model, the partition count, the events, a state
+    "ruler": [
+        ["WATCH", RU], ["TYPE", RU], ["HGET", RU, ":version"], ["HEXISTS", RU, "coupon"],
+        ["HLEN", RU], ["HSET", RU, "coupon", '{"above":0.7}'], ["HDEL", RU, "coupon"],
+        ["HINCRBY", RU, ":version", "1"], ["UNWATCH"],
+        ["PUBLISH", "intentstream:rules:updates", "2"], ["HGETALL", RU], ["HGET", RU, "coupon"],
+        ["GET", "intentstream:model:current"], ["STRLEN", "intentstream:model:1"],
+        ["GET", "intentstream:model:meta:1"], ["HGET", "intentstream:config", "partitions"],
+        ["XRANGE", E0, "-", "+", "COUNT", "10000"], ["HGETALL", ST0],
+    ],
+    # a shop's consumer group on its actions, and reads of the scores
+    "shop": [
+        ["XGROUP", "CREATE", A0, "shop", "$", "MKSTREAM"],
+        ["XREADGROUP", "GROUP", "shop", "web", "COUNT", "10", "STREAMS", A0, ">"],
+        ["XACK", A0, "shop", "1-1"], ["XPENDING", A0, "shop"],
+        ["XAUTOCLAIM", A0, "shop", "web", "60000", "0-0"], ["XINFO", "GROUPS", A0],
+        ["XINFO", "CONSUMERS", A0, "shop"], ["XINFO", "STREAM", A0], ["XLEN", A0],
+        ["XRANGE", A0, "-", "+"], ["XREVRANGE", SC0, "+", "-", "COUNT", "3"],
+        ["XREAD", "COUNT", "10", "STREAMS", SC0, "0"],
+    ],
 }  # fmt: skip
 # What no role but admin may do: stop, empty or reconfigure anything.
 NOBODY = [
@@ -442,6 +541,17 @@ SHARED = {
     ("worker", "HGETALL intentstream:config"), ("worker", "GET intentstream:route:{0}"),
     ("worker", "INFO server"), ("worker", f"XINFO GROUPS {E0}"), ("worker", f"XPENDING {E0} g"),
     ("trainer", "GET intentstream:model:current"),
+    # the worker reads what the ruler writes, and what a backtest or an explanation reads
+    ("worker", f"TYPE {RU}"), ("worker", f"HGET {RU} :version"), ("worker", f"HGETALL {RU}"),
+    ("worker", f"HGET {RU} coupon"), ("worker", "GET intentstream:model:current"),
+    ("worker", "STRLEN intentstream:model:1"), ("worker", "GET intentstream:model:meta:1"),
+    ("worker", "HGET intentstream:config partitions"), ("worker", f"HGETALL {ST0}"),
+    ("worker", f"XLEN {A0}"), ("producer", "HGET intentstream:config partitions"),
+    ("trainer", "GET intentstream:model:meta:1"), ("trainer", f"XRANGE {E0} - + COUNT 10000"),
+    # the ruler reads the rules as the worker does, and the events and models as the trainer
+    ("ruler", f"TYPE {RU}"), ("ruler", f"HGET {RU} :version"), ("ruler", f"HGETALL {RU}"),
+    ("ruler", "GET intentstream:model:current"), ("ruler", "STRLEN intentstream:model:1"),
+    ("ruler", f"XRANGE {E0} - + COUNT 10"),
 }  # fmt: skip
 # Known and documented (docs/deploy.md, "Redis users and TLS"): an ACL cannot restrict arguments, so
 # the worker, which trims history (XTRIM MINID) and records routes, may also trim more and

@@ -13,8 +13,11 @@ import yaml
 
 from tests.deploy_tools import DEPLOY, metric_names, scrape_text
 from tests.workers import WorkerProcess, wait_for
+from worker.common.keys import Keys
 from worker.common.local_redis import free_port
 from worker.common.publisher import publish
+from worker.common.rule_store import set_rule
+from worker.common.rules import make_rule
 from worker.engine.adapters.metrics import DEAD_LETTER_OUTCOMES, EVENT_OUTCOMES
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "intentstream.json"
@@ -31,6 +34,12 @@ NEW_PANELS = {
     "intentstream_batch_entries_bucket",
     "intentstream_build_info",
 }
+# Issue 21's intent actions: actions by rule, the rule set in force and its reloads.
+ACTION_PANELS = {
+    "intentstream_actions_total",
+    "intentstream_rules_version",
+    "intentstream_rules_reloads_total",
+}
 # What issue 11 asks the dashboard to show, by a metric each panel group must name.
 REQUIRED = {
     "intentstream_events_total",  # throughput by outcome, dead letters
@@ -45,6 +54,7 @@ REQUIRED = {
     "intentstream_redis_memory_used_bytes",
     "intentstream_redis_maxmemory_bytes",
 } | NEW_PANELS
+REQUIRED |= ACTION_PANELS
 # Grafana's built-in variables, as a query would see them.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
 
@@ -187,19 +197,24 @@ def test_dashboard_and_alerts_name_only_metrics_a_live_worker_exports(
     """Fails while the worker does not export a metric a panel or an alert reads (e.g. the
     Redis memory gauges until the worker exports them)."""
     port = free_port()
+    client = redis.Redis.from_url(redis_server.url)
+    set_rule(client, Keys(), make_rule(name="first", above=0.0))  # fires once per session
     worker = WorkerProcess(
         redis_server.url, golden_path, tmp_path / "worker.log", "--metrics-port", str(port)
     ).start()
     try:
-        client = redis.Redis.from_url(redis_server.url)
         publish(client, [{"user_id": f"u{i}", "type": "view"} for i in range(20)])
         client.xadd("intentstream:events:{0}", {"junk": "no user"})  # a dead letter
 
         def settled() -> bool:
             text = scrape_text(port)
-            return "intentstream_lag_entries{" in text and 'outcome="deadletter"} 1.0' in text
+            return (
+                "intentstream_lag_entries{" in text
+                and 'outcome="deadletter"} 1.0' in text
+                and 'intentstream_actions_total{rule="first"}' in text
+            )
 
-        wait_for(settled, 60, "a batch, a dead letter and a maintenance tick")
+        wait_for(settled, 60, "a batch, a dead letter, an action and a maintenance tick")
         exported = metric_names(scrape_text(port)) | PROMETHEUS_SERIES
     finally:
         worker.terminate()
@@ -211,4 +226,4 @@ def test_dashboard_and_alerts_name_only_metrics_a_live_worker_exports(
         if name not in exported
     }
     assert not missing, "named but not exported:\n" + "\n".join(sorted(missing))
-    assert exported >= NEW_PANELS
+    assert exported >= NEW_PANELS | ACTION_PANELS

@@ -39,6 +39,11 @@ BOUNDED = {
     "python -m model.train_bench": " --events 5000 --users 300 --epochs 1 --hidden 8",
 }
 
+# Commands that read what a page's worker writes (states, actions): the reader's worker runs
+# all along in a second shell, this test's is bounded, so on a page that started one it runs
+# once more (bounded) first.
+AFTER_THE_WORKER = re.compile(r"intentstream explain |redis-cli (-p \d+ )?XREADGROUP ")
+
 
 def readme_commands(doc: Path = README) -> list[str]:
     """Shell commands of a page's indented blocks, continuation lines joined."""
@@ -104,6 +109,7 @@ def test_every_readme_command_runs(redis_server, tmp_path):
         (cwd / "events.jsonl").write_text(
             "".join(json.dumps({"user_id": f"u{i}", "type": "view"}) + "\n" for i in range(20))
         )
+        worker = None  # the page's worker command, as run here
         for command in page:
             if any(command.startswith(p) for p in ELSEWHERE):
                 continue
@@ -114,7 +120,12 @@ def test_every_readme_command_runs(redis_server, tmp_path):
                     "--out model.npz", shell=True, cwd=cwd, env=env, check=True,
                     capture_output=True,
                 )  # fmt: skip
+            if worker and AFTER_THE_WORKER.match(command):
+                subprocess.run(["bash", "-c", worker], cwd=cwd, env=env, check=True,
+                               capture_output=True, timeout=300)  # fmt: skip
             shell = as_run_here(command, redis_server.url, redis_server.port)
+            if command.startswith("intentstream worker"):
+                worker = shell
             result = subprocess.run(
                 ["bash", "-c", shell], cwd=cwd, env=env, capture_output=True, text=True,
                 timeout=300,
