@@ -167,3 +167,30 @@ def test_a_shadow_model_counts_its_would_be_firings_and_writes_none(model, event
                               HISTORY, rules=rules)  # fmt: skip
     assert sum(commit.shadow_actions.values()) > 0
     assert commit.shadow_actions == Counter(a.rule for a in as_current.actions)
+
+
+def test_a_rule_state_left_stale_while_no_rule_was_set_is_not_read(model) -> None:
+    """While no rule is set, commits leave the `rules` field alone; when rules come back,
+    the stored field (of fewer events) must not count the session short: the same firing
+    whether the states come from the cache or, after a restart, from Redis."""
+    rule = RuleTable.of([Rule(name="probe", above=0.0, min_events=4)], version=1)
+    t0 = 1_700_000_000_000
+    raw = entries_of([{"user_id": "carol", "type": "view", "ts": t0 + 1000 * i} for i in range(6)])
+    states = UserStates.empty(["carol"], model.state_shape)
+    first = build_commit(parse_batch(0, raw[:2], 1, 2**62), states, model, HISTORY, rules=rule)
+    assert first.rules == [b"2 2"] and not first.actions  # 2 events: too few for min_events 4
+
+    # no rules for three events: the field stays as it was in Redis
+    states = UserStates.empty(["carol"], model.state_shape)
+    states.h[0], states.last_ts[0], states.n[0] = first.h[0], first.last_ts[0], 2
+    states.last_id[0], states.recent[0], states.rules[0] = (2, 0), first.recent[0], b"2 2"
+    middle = build_commit(parse_batch(0, raw[2:5], 1, 2**62), states, model, HISTORY)
+    assert middle.rules is None
+
+    # rules again; the state as Redis holds it after a restart: n = 5, rules still "2 2"
+    states = UserStates.empty(["carol"], model.state_shape)
+    states.h[0], states.last_ts[0], states.n[0] = middle.h[0], middle.last_ts[0], 5
+    states.last_id[0], states.recent[0], states.rules[0] = (5, 0), middle.recent[0], b"2 2"
+    last = build_commit(parse_batch(0, raw[5:], 1, 2**62), states, model, HISTORY, rules=rule)
+    assert [a.rule for a in last.actions] == ["probe"]  # the session's 6th event fires it
+    assert last.rules == [b"6 6 probe:0:%d" % (t0 + 5000)]

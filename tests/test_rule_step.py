@@ -89,7 +89,8 @@ def run_kernel(rule_set, events, cuts):
     table = RuleTable.of(rule_set)
     mask = table.type_mask(MODEL_TYPES)
     index = {t: i for i, t in enumerate(MODEL_TYPES)}
-    stored = dict.fromkeys(range(4), b"0")
+    stored = dict.fromkeys(range(4), b"0 0")
+    applied = np.zeros(4, np.int64)  # each user's count of applied events (the state's n)
     last = np.full(4, -1, np.int64)
     fired = []
     bounds = [0, *sorted(set(cuts)), len(events)]
@@ -99,7 +100,7 @@ def run_kernel(rule_set, events, cuts):
             continue
         states = RuleStates.fresh(4, len(table))
         for u in range(4):
-            assert parse_rule_state(stored[u], table.names, states, u)
+            assert parse_rule_state(stored[u], table.names, states, u, int(applied[u]))
         slot = np.asarray([u for u, *_ in batch], np.int64)
         types = [t for _, _, t, _ in batch]
         type_idx = np.asarray([index.get(t, len(MODEL_TYPES)) for t in types], np.int64)
@@ -108,7 +109,8 @@ def run_kernel(rule_set, events, cuts):
         got = step(table, states, last, GAP_SECONDS, slot, scores, ts,
                    table.allowed(mask, type_idx, types))  # fmt: skip
         fired += [(lo + e, table.names[r]) for e, r in zip(got.event, got.rule, strict=True)]
-        for u, raw in zip(range(4), pack_rule_states(table.names, states, np.arange(4)),
+        applied += np.bincount(slot, minlength=4)
+        for u, raw in zip(range(4), pack_rule_states(table.names, states, np.arange(4), applied),
                           strict=True):  # fmt: skip
             stored[u] = raw
         for u, t in zip(slot.tolist(), ts.tolist(), strict=True):
@@ -158,19 +160,28 @@ def test_rule_state_field_round_trips_and_rejects_garbage() -> None:
     states.session_n[:] = [3, 7]
     states.armed[1, 1] = False
     states.last_fired[1, 1] = 12345
-    packed = pack_rule_states(table.names, states, np.arange(2))
-    assert packed == [b"3", b"7 b:0:12345"]
+    packed = pack_rule_states(table.names, states, np.arange(2), np.array([10, 20]))
+    assert packed == [b"10 3", b"20 7 b:0:12345"]
     again = RuleStates.fresh(2, 2)
-    for row, raw in enumerate(packed):
-        assert parse_rule_state(raw, table.names, again, row)
+    for row, (raw, n) in enumerate(zip(packed, (10, 20), strict=True)):
+        assert parse_rule_state(raw, table.names, again, row, n)
     assert again.session_n.tolist() == [3, 7]
     assert again.armed.tolist() == [[True, True], [True, False]]
     assert again.last_fired[1].tolist() == [NEVER, 12345]
-    for bad in (b"", b"x", b"-1", b"3 a:2:5", b"3 a:1", b"3 a:1:z", b"\xff"):
+    for bad in (b"", b"x", b"10", b"10 -1", b"10 3 a:2:5", b"10 3 a:1", b"10 3 a:1:z", b"\xff"):
         fresh = RuleStates.fresh(1, 2)
-        assert not parse_rule_state(bad, table.names, fresh, 0)
+        assert not parse_rule_state(bad, table.names, fresh, 0, 10)
         assert fresh.session_n[0] == 0 and fresh.armed.all()
     # a deleted rule's entry is dropped; a new rule starts armed
     only_c = RuleStates.fresh(1, 1)
-    assert parse_rule_state(b"7 b:0:12345", ("c",), only_c, 0)
+    assert parse_rule_state(b"20 7 b:0:12345", ("c",), only_c, 0, 20)
     assert only_c.armed[0, 0] and only_c.last_fired[0, 0] == NEVER
+
+
+def test_a_field_written_at_another_event_count_is_stale() -> None:
+    # commits leave the field alone while no rule is set: the events applied meanwhile
+    # would be missing from its session count
+    table = RuleTable.of([R("a", 0.5)])
+    states = RuleStates.fresh(1, 1)
+    assert not parse_rule_state(b"2 2 a:0:5", table.names, states, 0, 5)
+    assert states.session_n[0] == 0 and states.armed.all()

@@ -55,13 +55,18 @@ class ScoredEvents:
     ts_before: np.ndarray  # (U,) each user's last event time before the batch, -1 = none
 
 
-def rule_states_of(table: RuleTable, raw: list[bytes], recent: list[bytes]) -> RuleStates:
-    """The users' rule states from their `rules` fields. A user without one (no rules were
-    set when they were last written, or the field is malformed) has every rule armed, and
-    the events of `recent` as the session's count so far."""
+def rule_states_of(
+    table: RuleTable, raw: list[bytes], recent: list[bytes], n: np.ndarray
+) -> RuleStates:
+    """The users' rule states from their `rules` fields, given their applied-event counts.
+    A user without one (no rules were set when they were last written, or the field is
+    malformed or stale) has every rule armed, and the events of `recent` as the session's
+    count so far."""
     states = RuleStates.fresh(len(raw), len(table))
+    counts = n.tolist()
     for row, field in enumerate(raw):
-        if not (field and parse_rule_state(field, table.names, states, row)) and recent[row]:
+        loaded = bool(field) and parse_rule_state(field, table.names, states, row, counts[row])
+        if not loaded and recent[row]:
             states.session_n[row] = len(unpack(recent[row]))
     return states
 
@@ -126,6 +131,8 @@ def fired_per_rule(table: RuleTable, firings: Firings) -> Counter[str]:
     return Counter(table.names[r] for r in firings.rule.tolist())
 
 
-def packed_rows(table: RuleTable, states: RuleStates, rows: np.ndarray) -> list[bytes]:
-    """The `rules` field of each written row."""
-    return pack_rule_states(table.names, states, rows)
+def packed_rows(
+    table: RuleTable, states: RuleStates, rows: np.ndarray, n: np.ndarray
+) -> list[bytes]:
+    """The `rules` field of each written row, whose applied-event counts are now `n`."""
+    return pack_rule_states(table.names, states, rows, n)

@@ -210,14 +210,14 @@ def gap_ms(model: ScoringModel) -> float:
 
 def _act(
     rules: RuleTable, model: ScoringModel, states: UserStates, events: ScoredEvents,
-    event_ids: list[bytes], touched: np.ndarray, history_events: int,
+    event_ids: list[bytes], touched: np.ndarray, n_after: np.ndarray, history_events: int,
     shadow: tuple[ScoringModel, ShadowStates, np.ndarray] | None,
 ) -> dict:  # fmt: skip
     """The Commit's rule fields: each written row's rule states, the actions the current
     model's scores fire (with reasons), and the firings the shadow's scores would make."""
-    rule_states = act.rule_states_of(rules, states.rules, states.recent)
+    rule_states = act.rule_states_of(rules, states.rules, states.recent, states.n)
     firings = act.fire(rules, rule_states, events, model)
-    out: dict = {"rules": act.packed_rows(rules, rule_states, touched)}
+    out: dict = {"rules": act.packed_rows(rules, rule_states, touched, n_after)}
     if len(firings.event):
         sessions = act.sessions_at(firings, events, states.recent, history_events, gap_ms(model))
         reasons = act.reasons_json(model, sessions)
@@ -225,11 +225,11 @@ def _act(
     if shadow is not None:
         shadow_model, sh, shadow_scores = shadow
         sh_states = act.rule_states_of(rules, sh.rules or [b""] * len(states.users),
-                                       states.recent)  # fmt: skip
+                                       states.recent, states.n)  # fmt: skip
         sh_events = ScoredEvents(events.slot, events.types, shadow_model.type_indices(events.types),
                                  events.ts, shadow_scores, events.ts_before)  # fmt: skip
         sh_firings = act.fire(rules, sh_states, sh_events, shadow_model)
-        out["shadow_rules"] = act.packed_rows(rules, sh_states, touched)
+        out["shadow_rules"] = act.packed_rows(rules, sh_states, touched, n_after)
         out["shadow_actions"] = act.fired_per_rule(rules, sh_firings)
     return out
 
@@ -301,7 +301,8 @@ def build_commit(
     acted: dict = {}
     if rules is not None and len(rules):
         events = ScoredEvents(k_slot, types, type_idx, ts, scores, ts_before)
-        acted = _act(rules, model, states, events, score_event_ids, touched, history_events,
+        acted = _act(rules, model, states, events, score_event_ids, touched,
+                     states.n[touched] + applied, history_events,
                      (shadow, sh, shadow_scores) if sh is not None else None)  # fmt: skip
     outcomes = {
         "scored": len(idx),

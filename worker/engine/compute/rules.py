@@ -11,7 +11,12 @@ A user's rule state is committed with the score in one atomic step, so it is pla
 session's event count and, per rule that is not in its initial state (armed, never fired), a
 flag and the time it last fired. Layout of the state field `rules` (ASCII):
 
-    <session events> [<rule>:<armed 0|1>:<last fired ms> ...]
+    <n> <session events> [<rule>:<armed 0|1>:<last fired ms> ...]
+
+`n` is the user's count of applied events when it was written (the state's `n`): while no
+rule is set, commits leave the field alone, so a field whose `n` is not the state's own is
+stale and reads as none (the session's count then comes from `recent`, as for a user who
+never had one).
 
 Rules absent from the field are armed and never fired: a new rule starts fresh for every
 user, and a deleted rule's entries fall away at the user's next commit.
@@ -112,14 +117,19 @@ class RuleStates:
         )
 
 
-def parse_rule_state(raw: bytes, names: Sequence[str], states: RuleStates, row: int) -> bool:
-    """Load one user's `rules` field into row `row` of `states` (rules of `names`); returns
-    False, leaving the row fresh, when the field is malformed."""
+def parse_rule_state(
+    raw: bytes, names: Sequence[str], states: RuleStates, row: int, n: int
+) -> bool:
+    """Load one user's `rules` field into row `row` of `states` (rules of `names`), given the
+    user's applied-event count `n`; returns False, leaving the row fresh, when the field is
+    malformed or stale (written at another count)."""
     parts = raw.split(b" ")
     try:
-        session_n = int(parts[0])
+        if len(parts) < 2 or int(parts[0]) != n:
+            return False
+        session_n = int(parts[1])
         entries = []
-        for part in parts[1:]:
+        for part in parts[2:]:
             name, armed, last = part.split(b":")
             if armed not in (b"0", b"1"):
                 return False
@@ -138,10 +148,13 @@ def parse_rule_state(raw: bytes, names: Sequence[str], states: RuleStates, row: 
     return True
 
 
-def pack_rule_states(names: Sequence[str], states: RuleStates, rows: np.ndarray) -> list[bytes]:
-    """The `rules` field of each of `rows`: users whose rules are all in their initial state
-    (the common case) cost one int format."""
-    packed = list(map(b"%d".__mod__, states.session_n[rows].tolist()))
+def pack_rule_states(
+    names: Sequence[str], states: RuleStates, rows: np.ndarray, n: np.ndarray
+) -> list[bytes]:
+    """The `rules` field of each of `rows`, whose users' applied-event counts are now `n`:
+    users whose rules are all in their initial state (the common case) cost one format."""
+    packed = list(map(b"%d %d".__mod__, zip(n.tolist(), states.session_n[rows].tolist(),
+                                             strict=True)))  # fmt: skip
     moved = ~states.armed[rows] | (states.last_fired[rows] != NEVER)
     for k in np.flatnonzero(moved.any(axis=1)).tolist():
         u = int(rows[k])
