@@ -11,6 +11,8 @@ import pytest
 from model.artifact import random_model, save_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import run_cli
+from worker.bench.rules import QUIET_ABOVE, bench_rules
+from worker.bench.throughput import main as bench_main
 from worker.bench.throughput import run_competent, run_worker
 from worker.bench.workload import preload
 from worker.common.connection import connect
@@ -82,3 +84,40 @@ def test_bench_reports_ratios_redis_cpu_latency_and_memory():
     for history in (32, 0):
         assert re.search(rf"history-events +{history}: state \d+ B .* = [\d.]+x raw; retained "
                          r"event \d+ B", out)  # fmt: skip
+
+
+def test_the_rules_bench_takes_every_path_of_the_rule_step_and_none_fires():
+    quiet = bench_rules(3, QUIET_ABOVE)
+    assert [r.name for r in quiet] == ["bench-0", "bench-1", "bench-2"]
+    assert quiet[0].types and quiet[1].min_events > 1 and quiet[2].cooldown_ms > 0
+    assert all(r.above > 1.0 for r in quiet)  # above any sigmoid score
+    assert [bool(r.types) for r in bench_rules(4, 0.5)] == [True, False, False, True]
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [(["--rules", "65"], "from 0 to 64 rules"), (["--rules", "x"], "not a whole number"),
+     (["--rules", "3", "--rules-fire", "1"], "a quantile from 0"),
+     (["--rules", "3", "--rules-fire", "p90"], "not a number")],
+)  # fmt: skip
+def test_the_rules_bench_refuses_bad_flags_before_starting(flags, problem, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench_main(flags)
+    assert exit_.value.code == 2
+    assert problem in capsys.readouterr().err
+
+
+def test_bench_rules_reports_the_cost_of_quiet_and_firing_rules():
+    result = run_cli("bench", "--events", "3000", "--users", "300", "--rules", "3",
+                     "--repeat", "2", timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    number = r"[\d,.]+"
+    assert re.search(rf"^no rules +{number} +{number} +{number} +0 +0 ", out, re.M)
+    assert re.search(rf"^3 rules, none firing +{number} +{number} +{number} +0 +0 ", out, re.M)
+    fired = re.search(rf"^3 rules firing \(p90 = [\d.]+\) +{number} +{number} +{number} +"
+                      r"([\d,]+) ", out, re.M)  # fmt: skip
+    assert fired and int(fired.group(1).replace(",", "")) > 0
+    assert re.search(r"3 rules, none firing: events/s [\d.]+, worker CPU per event [\d.]+ .*"
+                     r"goal <= 1.10", out)  # fmt: skip
+    assert re.search(r"an action costs [\d.]+ µs of worker CPU", out)

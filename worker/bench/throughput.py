@@ -3,7 +3,8 @@
     intentstream bench [--redis-url URL] [--events 200000] [--users 50000] [--hidden 64]
 
 With `--workers 1,2,4 [--partitions 8] [--cluster]` it runs the scaling benchmark instead
-(worker/bench/scaling.py: real worker processes, CPU per event, fleet arithmetic).
+(worker/bench/scaling.py: real worker processes, CPU per event, fleet arithmetic); with
+`--rules 3 [--rules-fire 0.9]` what intent rules cost the worker (worker/bench/rules.py).
 
 Each variant gets the same preloaded backlog on a flushed database and consumes it to the
 end. Variants:
@@ -40,20 +41,19 @@ import redis
 from model.artifact import Model, random_model, save_model
 from model.bench import machine_line
 from model.reference import reference_step
-from model.scoring import ScoringModel
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from worker.bench.inprocess import consume, start_worker
 from worker.bench.load import run_load_bench
+from worker.bench.rules import add_arguments as add_rules_arguments
+from worker.bench.rules import run_rules_bench
 from worker.bench.scaling import main as scaling_main
 from worker.bench.workload import GROUP, SCORES, STATE, STREAM, preload
 from worker.common.cli_help import HelpFormatter
 from worker.common.connection import connect
 from worker.common.dedup import DEFAULT_WINDOW
 from worker.common.local_redis import LocalRedis
-from worker.common.settings import Settings
-from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.compute.recent import extended, pack, unpack
-from worker.engine.consumer import Consumer, pin_blas, tune_gc
 
 
 class Result:
@@ -98,34 +98,11 @@ class RedisCost:
         return ", ".join(f"{name} {us:.1f}" for name, us in best)
 
 
-class _NoModel(ScoringModel):
-    """The worker's I/O path alone: states pass through, every score is 0."""
-
-    def advance(self, state, last_ts, slot, type_idx, ts_ms):
-        return np.zeros(slot.shape[0], np.float32)
-
-
 def run_worker(
     url: str, model_path: Path, n: int, batch: int, no_model: bool, history_events: int = 32
 ) -> tuple[float, list]:
-    settings = Settings(redis_url=url, model=model_path, batch_size=batch, consumer="bench",
-                        metrics_port=0, block_ms=100, retention_seconds=0,
-                        history_events=history_events)  # fmt: skip
-    source = FileModelSource(model_path)
-    if no_model:
-        source.current = _NoModel(source.current.model, source.current.version)
-    metrics = WorkerMetrics()
-    consumer = Consumer(settings, connect(url), source, metrics)
-    consumer.model.warm_up()
-    pin_blas()  # as Consumer.run does
-    tune_gc()
-    latencies = []
-    t0 = time.perf_counter()
-    while (before := metrics.count("scored")) < n:
-        t = time.perf_counter()
-        consumer.tick()
-        latencies.append((int(metrics.count("scored") - before), time.perf_counter() - t))
-    return time.perf_counter() - t0, latencies
+    """The in-process worker over n events: (seconds, per-tick (events, seconds))."""
+    return consume(*start_worker(url, model_path, batch, no_model, history_events), n)
 
 
 def _read_batch(r: redis.Redis, batch: int):
@@ -328,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hash-max-listpack-value", type=int, default=None,
                    help="CONFIG SET on the bench's Redis first (states with h above 64 bytes are "
                    "hashtables at Redis's default)")  # fmt: skip
+    add_rules_arguments(p)  # --rules N: what intent rules cost (worker/bench/rules.py)
     args = p.parse_args(argv)
 
     server = None if args.redis_url else LocalRedis().start()
@@ -371,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
             # Redis allocator and CPU caches, and measured 20% slower in whatever position.
             preload(r, events[: min(len(events), 20_000)], args.event_ids)
             run_worker(url, model_path, min(len(events), 20_000), b, False, hist)
+            if args.rules:
+                run_rules_bench(r, url, model_path, events, args)
+                return 0
             step = torch_step(model) if args.cell == "rnn" else None  # e: nn.RNNCell
             if step is not None:
                 runs["e"] = ("e torch RNNCell", subset, lambda n: run_pipelined(r, n, b, step))

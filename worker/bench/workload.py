@@ -11,6 +11,7 @@ from worker.common.settings import Settings
 KEYS = Keys()  # the default prefix
 STREAM = KEYS.events(0)
 SCORES = KEYS.scores(0)
+ACTIONS = KEYS.actions(0)
 STATE = KEYS.state_prefix(0)  # + user id: a user's state (built per event in the hot loops)
 GROUP = Settings.model_fields["group"].default
 

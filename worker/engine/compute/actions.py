@@ -10,12 +10,14 @@ without one of its events, in one kernel call (model/explain.py).
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from model.explain import Session, leave_one_out
+from model.explain import Reason, Session, leave_one_out
 from model.scoring import ScoringModel
 from worker.engine.compute.recent import extended, unpack
 from worker.engine.compute.rules import (
@@ -63,10 +65,11 @@ def rule_states_of(
     malformed or stale) has every rule armed, and the events of `recent` as the session's
     count so far."""
     states = RuleStates.fresh(len(raw), len(table))
-    counts = n.tolist()
+    names, columns, counts = table.names, table.columns, n.tolist()
     for row, field in enumerate(raw):
-        loaded = bool(field) and parse_rule_state(field, table.names, states, row, counts[row])
-        if not loaded and recent[row]:
+        if field and parse_rule_state(field, names, states, row, counts[row], columns):
+            continue
+        if recent[row]:
             states.session_n[row] = len(unpack(recent[row]))
     return states
 
@@ -89,12 +92,14 @@ def sessions_at(
     event: the same bounded history whether the events came in one batch or many."""
     if keep == 0:
         return [Session(-1, [], []) for _ in firings.event]
-    by_user: dict[int, list[int]] = {}
-    for e, s in enumerate(events.slot.tolist()):
-        by_user.setdefault(s, []).append(e)
+    slots = events.slot.tolist()
+    by_user: dict[int, list[int]] = {slots[e]: [] for e in firings.event.tolist()}
+    for e, s in enumerate(slots):
+        if s in by_user:
+            by_user[s].append(e)
     out = []
     for e in firings.event.tolist():
-        s = int(events.slot[e])
+        s = slots[e]
         mine = [i for i in by_user[s] if i <= e]
         history = extended(unpack(recent[s]), events.ts[mine].tolist(),
                            [events.types[i] for i in mine], keep, gap_ms)  # fmt: skip
@@ -102,16 +107,29 @@ def sessions_at(
     return out
 
 
+@lru_cache(maxsize=4096)
+def _json_string(text: str) -> bytes:
+    """A type name as a JSON string (a shop has few types)."""
+    return json.dumps(text).encode()
+
+
+def _json_delta(delta: float) -> bytes:
+    """A delta as the reasons hold it: 6 significant digits, as json.dumps writes a float."""
+    value = float(f"{delta:.6g}")
+    return repr(value).encode() if math.isfinite(value) else json.dumps(value).encode()
+
+
+def reason_json(reasons: list[Reason]) -> bytes:
+    """The `reasons` field of an action: a JSON list of {"type", "ts", "delta"}, compact
+    (what json.dumps with separators (",", ":") writes, without its per-call setup)."""
+    return b"[%b]" % b",".join([b'{"type":%b,"ts":%d,"delta":%b}'
+                                % (_json_string(r.type), r.ts, _json_delta(r.delta))
+                                for r in reasons])  # fmt: skip
+
+
 def reasons_json(model: ScoringModel, sessions: list[Session]) -> list[bytes]:
     """Each session's reasons, as the `reasons` field: one kernel call for them all."""
-    return [
-        json.dumps(
-            [{"type": r.type, "ts": r.ts, "delta": float(f"{r.delta:.6g}")}
-             for r in explanation.top(MAX_REASONS)],
-            separators=(",", ":"),
-        ).encode()
-        for explanation in leave_one_out(model, sessions)
-    ]  # fmt: skip
+    return [reason_json(e.top(MAX_REASONS)) for e in leave_one_out(model, sessions)]
 
 
 def actions_of(

@@ -28,7 +28,7 @@ oracle of the property-based test.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numba as nb
@@ -61,6 +61,14 @@ class RuleTable:
     cooldown_ms: np.ndarray  # (R,) int64
     min_events: np.ndarray  # (R,) int64
     types: tuple[frozenset[str] | None, ...]  # None: any type
+    # type_mask per model vocabulary: a table meets one or two models, every batch
+    _masks: dict[tuple[str, ...], np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    columns: dict[str, int] = field(init=False, repr=False, compare=False)  # by rule name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", {name: r for r, name in enumerate(self.names)})
 
     @classmethod
     def of(cls, rules: Sequence[RuleLike], version: int = 0) -> RuleTable:
@@ -80,12 +88,18 @@ class RuleTable:
         return len(self.names)
 
     def type_mask(self, event_types: Sequence[str]) -> np.ndarray:
-        """(V + 1, R) bool: whether rule r takes an event of model type index v (the last row
-        is the model's unknown type, which no listed type matches: see `allowed`)."""
-        mask = np.ones((len(event_types) + 1, len(self)), np.bool_)
-        for r, listed in enumerate(self.types):
-            if listed is not None:
-                mask[:, r] = [t in listed for t in event_types] + [False]
+        """(V + 1, R) bool, read-only: whether rule r takes an event of model type index v
+        (the last row is the model's unknown type, which no listed type matches: see
+        `allowed`). Made once per vocabulary."""
+        key = tuple(event_types)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = np.ones((len(key) + 1, len(self)), np.bool_)
+            for r, listed in enumerate(self.types):
+                if listed is not None:
+                    mask[:, r] = [t in listed for t in key] + [False]
+            mask.flags.writeable = False
+            self._masks[key] = mask
         return mask
 
     def allowed(self, mask: np.ndarray, type_idx: np.ndarray, types: Sequence[str]) -> np.ndarray:
@@ -118,14 +132,22 @@ class RuleStates:
 
 
 def parse_rule_state(
-    raw: bytes, names: Sequence[str], states: RuleStates, row: int, n: int
-) -> bool:
-    """Load one user's `rules` field into row `row` of `states` (rules of `names`), given the
-    user's applied-event count `n`; returns False, leaving the row fresh, when the field is
-    malformed or stale (written at another count)."""
+    raw: bytes, names: Sequence[str], states: RuleStates, row: int, n: int,
+    columns: dict[str, int] | None = None,
+) -> bool:  # fmt: skip
+    """Load one user's `rules` field into row `row` of `states` (rules of `names`, whose
+    `columns` by name may be given), given the user's applied-event count `n`; returns
+    False, leaving the row fresh, when the field is malformed or stale (written at another
+    count)."""
+    written_at, _, rest = raw.partition(b" ")
+    if rest.isdigit():  # the common case: every rule armed and never fired
+        if not written_at.isdigit() or int(written_at) != n:
+            return False
+        states.session_n[row] = int(rest)
+        return True
     parts = raw.split(b" ")
     try:
-        if len(parts) < 2 or int(parts[0]) != n:
+        if len(parts) < 2 or not parts[0].isdigit() or int(parts[0]) != n:
             return False
         session_n = int(parts[1])
         entries = []
@@ -139,7 +161,7 @@ def parse_rule_state(
     if session_n < 0:
         return False
     states.session_n[row] = session_n
-    column = {name: r for r, name in enumerate(names)}
+    column = {name: r for r, name in enumerate(names)} if columns is None else columns
     for name, armed, last in entries:
         r = column.get(name)
         if r is not None:
@@ -156,12 +178,17 @@ def pack_rule_states(
     packed = list(map(b"%d %d".__mod__, zip(n.tolist(), states.session_n[rows].tolist(),
                                              strict=True)))  # fmt: skip
     moved = ~states.armed[rows] | (states.last_fired[rows] != NEVER)
-    for k in np.flatnonzero(moved.any(axis=1)).tolist():
-        u = int(rows[k])
-        packed[k] += b"".join(
-            b" %s:%d:%d" % (names[r].encode(), states.armed[u, r], states.last_fired[u, r])
-            for r in np.flatnonzero(moved[k]).tolist()
-        )
+    movers = np.flatnonzero(moved.any(axis=1))
+    if not len(movers):
+        return packed
+    encoded = [name.encode() for name in names]
+    # plain lists: indexing numpy arrays element by element costs ~100 ns a value
+    at = rows[movers]
+    for k, armed, last, which in zip(movers.tolist(), states.armed[at].tolist(),
+                                     states.last_fired[at].tolist(), moved[movers].tolist(),
+                                     strict=True):  # fmt: skip
+        packed[k] += b"".join([b" %s:%d:%d" % (encoded[r], armed[r], last[r])
+                               for r, m in enumerate(which) if m])  # fmt: skip
     return packed
 
 
