@@ -1,19 +1,23 @@
 """Scores as probabilities: the calibration map training fits on held-out users, and the
 measures of how well a score means what it says (docs/models.md, What a score means).
 
-The map is Platt scaling on the head's logit, p = sigmoid(a * z + b) with z = h W_hq + b_q:
-monotone (a > 0), so it never reorders users and the AUC is unchanged, two numbers fitted by
-Newton's method on every held-out step, and it folds into the head itself
-(W_hq' = a W_hq, b_q' = a b_q + b), so every path that scores with the artifact's head (the
-kernels, `intentstream score`, the worker, replays, shadow scoring) applies it at no cost per
-event. Isotonic regression would bend further, but its steps tie users that the model tells
-apart (an AUC loss where rules compare thresholds) and need a table lookup per event; a
-BCE-trained recurrent net's miscalibration is mostly a temperature and a shift, which the
-two numbers take out.
+The map is isotonic regression of the outcome on the raw score, fitted by pool-adjacent-
+violators on every held-out step, and read as the piecewise-linear curve through its blocks'
+centres (at most MAX_KNOTS of them), with (0, 0) and (1, 1) at the ends. Isotonic, not Platt
+scaling: a recurrent net's miscalibration is not always a temperature and a shift (measured
+on model/posterior.py: a model whose best Platt map, fitted on the test users themselves,
+still left an ECE of 0.025 over all steps, is brought to 0.016 by the isotonic map fitted on
+its validation users), and the pooled blocks follow whatever shape the raw scores have. The
+fitted probabilities are kept strictly increasing and inside [1e-4, 1 - 1e-4], so the map is
+strictly increasing: it never ties or reorders two users, the AUC is unchanged and rules
+compare thresholds on the same order.
 
-The artifact keeps the raw head and records the map in its meta (`calibration`), so the raw
-score stays available (`scoring_arrays(model, raw=True)`) and an artifact without the key
-scores as before.
+It is applied to the kernels' raw scores in the same batched call (`ScoringModel.advance`:
+one vectorised interpolation, ~10 ns an event), so every path that scores with the artifact
+(`intentstream score`, the worker, replays, shadow scoring, `model evaluate`) gives the
+calibrated probability. The artifact records it in its meta (`calibration`); the raw score
+stays available (`ScoringModel(..., raw=True)`), and an artifact without the key scores as
+before.
 """
 
 from __future__ import annotations
@@ -21,40 +25,43 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ECE_BINS = 15
-_EPS = 1e-7
+MAX_KNOTS = 128
+EDGE = 1e-4  # fitted probabilities stay in [EDGE, 1 - EDGE]: the ends (0, 0), (1, 1) stay apart
 
 
 class Calibration(BaseModel):
-    """The map from the head's logit z to a probability: sigmoid(a * z + b)."""
+    """The map from a raw score to a probability: linear through the knots (x, y)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: str = Field("platt", pattern="^platt$")
-    a: float = Field(gt=0)
-    b: float
+    method: str = Field("isotonic", pattern="^isotonic$")
+    x: list[float] = Field(min_length=1, max_length=1024)  # raw scores, strictly increasing
+    y: list[float] = Field(min_length=1, max_length=1024)  # probabilities, non-decreasing
 
-    @field_validator("a", "b")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be finite")
-        return v
+    @model_validator(mode="after")
+    def _monotone(self) -> Calibration:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"x has {len(self.x)} knots and y {len(self.y)}")
+        if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in self.x + self.y):
+            raise ValueError("knots must be finite numbers in [0, 1]")
+        if any(b <= a for a, b in zip(self.x, self.x[1:], strict=False)):
+            raise ValueError("x must be strictly increasing")
+        if any(b < a for a, b in zip(self.y, self.y[1:], strict=False)):
+            raise ValueError("y must not decrease")
+        return self
 
     def apply(self, raw: np.ndarray) -> np.ndarray:
-        """Calibrated probabilities of raw sigmoid scores (float64)."""
-        return _sigmoid(self.a * _logit(raw) + self.b)
+        """Calibrated probabilities of raw scores (float64)."""
+        return through_knots(raw, np.asarray(self.x), np.asarray(self.y))
 
 
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(np.asarray(p, np.float64), _EPS, 1 - _EPS)
-    return np.log(p) - np.log1p(-p)
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * z))  # no overflow warning for large |z|
+def through_knots(raw: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The map of knots x, y (float64 arrays, without the ends) applied to raw scores:
+    linear through (0, 0), the knots and (1, 1), vectorised."""
+    return np.interp(np.asarray(raw, np.float64), np.r_[0.0, x, 1.0], np.r_[0.0, y, 1.0])
 
 
 def calibration_of(meta_extra: dict | None) -> Calibration | None:
@@ -63,52 +70,62 @@ def calibration_of(meta_extra: dict | None) -> Calibration | None:
     return Calibration.model_validate(raw) if raw is not None else None
 
 
-def scoring_arrays(
-    arrays: dict[str, np.ndarray], meta_extra: dict | None, raw: bool = False
-) -> dict[str, np.ndarray]:
-    """The arrays a model scores with: its calibration folded into the head, unless `raw`
-    (or it has none)."""
-    cal = calibration_of(meta_extra)
-    return arrays if raw or cal is None else fold_into_head(arrays, cal)
+def fit_isotonic(raw: np.ndarray, labels: np.ndarray) -> Calibration:
+    """The isotonic map of held-out labels on their raw scores (pool-adjacent-violators),
+    as at most MAX_KNOTS block centres."""
+    x, y, w = _pool_adjacent_violators(np.asarray(raw, np.float64), np.asarray(labels, float))
+    x, y = _at_most(MAX_KNOTS, x, y, w)
+    keep = (np.concatenate([[True], np.diff(x) > 0])) & (x > 0) & (x < 1)
+    x, y = x[keep], np.clip(y[keep], EDGE, 1 - EDGE)
+    if not len(x):  # every score at 0 or 1: nothing to map
+        return Calibration(x=[0.5], y=[0.5])
+    # strictly increasing (blocks clipped to the same edge get apart by a hair)
+    y = np.maximum.accumulate(y + 1e-9 * np.arange(len(y)))
+    return Calibration(x=x.tolist(), y=np.minimum(y, 1 - EDGE / 2).tolist())
 
 
-def fold_into_head(arrays: dict[str, np.ndarray], cal: Calibration) -> dict[str, np.ndarray]:
-    """The artifact's arrays with the map folded into the head: the same probabilities as
-    `cal.apply` of the raw scores, computed by the head itself."""
-    out = dict(arrays)
-    w, b = arrays["head.W_hq"], arrays["head.b_q"]
-    out["head.W_hq"] = (w.astype(np.float64) * cal.a).astype(w.dtype)
-    out["head.b_q"] = (b.astype(np.float64) * cal.a + cal.b).astype(b.dtype)
-    return out
+def _pool_adjacent_violators(
+    raw: np.ndarray, labels: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks of the sorted scores whose mean labels increase: (mean score, mean label,
+    weight) of each."""
+    order = np.argsort(raw, kind="stable")
+    xs, ys = raw[order], labels[order]
+    # equal scores pool first (they cannot be told apart)
+    starts = np.flatnonzero(np.concatenate([[True], np.diff(xs) > 0]))
+    w = np.diff(np.append(starts, len(xs))).astype(np.float64)
+    sx, sy = np.add.reduceat(xs, starts), np.add.reduceat(ys, starts)
+    bx, by, bw = [], [], []
+    for px, py, pw in zip(sx.tolist(), sy.tolist(), w.tolist(), strict=True):
+        bx.append(px)
+        by.append(py)
+        bw.append(pw)
+        while len(bw) > 1 and by[-2] * bw[-1] >= by[-1] * bw[-2]:
+            x1, y1, w1 = bx.pop(), by.pop(), bw.pop()
+            bx[-1] += x1
+            by[-1] += y1
+            bw[-1] += w1
+    weight = np.asarray(bw)
+    return np.asarray(bx) / weight, np.asarray(by) / weight, weight
 
 
-def fit_platt(raw: np.ndarray, labels: np.ndarray, iterations: int = 50) -> Calibration:
-    """The Platt map that minimises the log loss of held-out raw scores against their
-    labels (Newton's method; a tiny ridge keeps it defined on separable data)."""
-    z = _logit(raw)
-    y = np.asarray(labels, np.float64)
-    a, b = 1.0, 0.0
-    for _ in range(iterations):
-        p = _sigmoid(a * z + b)
-        r = p - y
-        w = np.maximum(p * (1 - p), 1e-12)
-        g = np.array([r @ z + 1e-6 * (a - 1.0), r.sum()])
-        H = np.array([[w @ (z * z) + 1e-6, w @ z], [w @ z, w.sum() + 1e-6]])
-        step = np.linalg.solve(H, g)
-        a, b = a - step[0], b - step[1]
-        if not (math.isfinite(a) and math.isfinite(b)) or a <= 0:
-            return Calibration(a=1.0, b=0.0)  # the raw scores already order nothing better
-        if np.abs(step).max() < 1e-10:
-            break
-    return Calibration(a=float(a), b=float(b))
+def _at_most(k: int, x: np.ndarray, y: np.ndarray, w: np.ndarray):
+    """Adjacent blocks merged (weighted) into at most k of about equal weight."""
+    if len(x) <= k:
+        return x, y
+    edges = np.searchsorted(np.cumsum(w), np.linspace(0, w.sum(), k + 1)[1:-1])
+    groups = np.split(np.arange(len(x)), np.unique(edges))
+    gx = np.array([np.average(x[g], weights=w[g]) for g in groups if len(g)])
+    gy = np.array([np.average(y[g], weights=w[g]) for g in groups if len(g)])
+    return gx, gy
 
 
 def expected_calibration_error(y: np.ndarray, p: np.ndarray, bins: int = ECE_BINS) -> float:
     """ECE: the mean |observed rate - mean score| over equal-width score bins, weighted by
     the share of scores in each bin."""
     y, p = np.asarray(y, np.float64), np.asarray(p, np.float64)
-    if not len(p):
-        return float("nan")
+    if not len(p) or not (0.0 <= p.min() and p.max() <= 1.0):
+        return float("nan")  # no scores, or scores that are not probabilities (identity head)
     which = np.minimum((p * bins).astype(np.int64), bins - 1)
     count = np.bincount(which, minlength=bins)
     gap = np.abs(np.bincount(which, y, bins) - np.bincount(which, p, bins))
@@ -126,7 +143,7 @@ def reliability(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per equal-width bin: the mean score, the observed rate, and the count (NaN where a bin
     is empty): the points of a reliability diagram."""
-    y, p = np.asarray(y, np.float64), np.asarray(p, np.float64)
+    y, p = np.asarray(y, np.float64), np.clip(np.asarray(p, np.float64), 0.0, 1.0)
     which = np.minimum((p * bins).astype(np.int64), bins - 1)
     count = np.bincount(which, minlength=bins).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -9,7 +9,7 @@ from scipy.stats import rankdata
 
 from model.artifact import Model
 from model.bptt import predict
-from model.calibration import brier_score, expected_calibration_error, scoring_arrays
+from model.calibration import brier_score, calibration_of, expected_calibration_error
 from model.sessions import Session, pad
 
 
@@ -72,9 +72,12 @@ def metrics_of(all_y, all_p, last_y, last_p) -> dict[str, float]:
 
 def model_step_scores(model: Model, sessions: list[Session], raw: bool = False):
     """`step_scores` of a model as it scores (calibrated, unless `raw`)."""
-    arrays = scoring_arrays(model.arrays, model.meta.model_extra, raw)
-    params = {k: v.astype(np.float64) for k, v in arrays.items()}
-    return step_scores(params, sessions, len(model.meta.features))
+    params = {k: v.astype(np.float64) for k, v in model.arrays.items()}
+    all_y, all_p, last_y, last_p = step_scores(params, sessions, len(model.meta.features))
+    cal = None if raw else calibration_of(model.meta.model_extra)
+    if cal is not None:
+        all_p, last_p = cal.apply(all_p), cal.apply(last_p)
+    return all_y, all_p, last_y, last_p
 
 
 def evaluate_model(model: Model, sessions: list[Session], raw: bool = False) -> dict[str, float]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from model.artifact import Model
-from model.calibration import scoring_arrays
+from model.calibration import calibration_of, through_knots
 from model.cell import CellWeights, cell_weights, step_batch, work_size
 from model.features import event_gaps, feature_matrix, session_resets
 from model.params import pack
@@ -25,10 +25,10 @@ class ScoringModel:
     def __init__(self, model: Model, version: str | None = None, raw: bool = False) -> None:
         self.model = model
         meta = model.meta
-        # the artifact's calibration folded into the head (model/calibration.py): scores are
-        # probabilities at no cost per event; `raw` scores with the head as trained
-        a = scoring_arrays(model.arrays, meta.model_extra, raw)
-        self.raw = raw
+        a = model.arrays
+        self.raw = raw  # the head's scores as trained, without the artifact's calibration
+        cal = None if raw else calibration_of(meta.model_extra)
+        self._knots = (np.asarray(cal.x), np.asarray(cal.y)) if cal is not None else None
         self.layers = meta.layers
         self.hidden = meta.hidden
         self.version = version or model.version
@@ -70,7 +70,14 @@ class ScoringModel:
         scores = np.empty(slot.shape[0], np.float32)
         work = self.scratch(slot.shape[0])
         step_batch(self.kernel_weights, state, slot, type_idx, x_feat, reset, scores, work)
-        return scores
+        return self.calibrated(scores)
+
+    def calibrated(self, raw: np.ndarray) -> np.ndarray:
+        """Raw head scores as the model reports them: through its calibration map
+        (model/calibration.py), or as they are for a raw or uncalibrated model."""
+        if self._knots is None:
+            return raw
+        return through_knots(raw, *self._knots).astype(np.float32)
 
     def scratch(self, n_events: int) -> np.ndarray:
         """Kernel scratch for a batch of n_events, grown on demand and reused across batches."""

@@ -28,7 +28,7 @@ from threadpoolctl import threadpool_limits
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
 from model.bptt import clip_global_norm, packed_loss_and_gradients
-from model.calibration import fit_platt
+from model.calibration import fit_isotonic
 from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
 from model.optim import make_optimizer
 from model.params import Params, pack, unpack
@@ -262,7 +262,7 @@ def _train(
     raw_scores = step_scores(pack(kept, config.cell, np.float64), valid_s, F)
     calibration, rnn_scores = None, raw_scores
     if config.calibrate:
-        calibration = fit_platt(raw_scores[1], raw_scores[0])
+        calibration = fit_isotonic(raw_scores[1], raw_scores[0])
         rnn_scores = cross_fitted(pack(kept, config.cell, np.float64), valid_s, F)
     baseline = BagOfTypes(len(types) + 1).fit(train_s)
     base_scores = baseline.step_scores(valid_s)
@@ -319,10 +319,10 @@ def cross_fitted(params: Params, sessions: list[Session], n_features: int):
     folds = [[s for s in sessions if zlib.crc32(s.user_id.encode()) % 2 == k] for k in (0, 1)]
     if not all(folds) or any(len({s.label for s in f}) < 2 for f in folds):
         scores = step_scores(params, sessions, n_features)  # too few users to cross-fit
-        cal = fit_platt(scores[1], scores[0])
+        cal = fit_isotonic(scores[1], scores[0])
         return scores[0], cal.apply(scores[1]), scores[2], cal.apply(scores[3])
     raw = [step_scores(params, fold, n_features) for fold in folds]
-    maps = [fit_platt(r[1], r[0]) for r in raw]
+    maps = [fit_isotonic(r[1], r[0]) for r in raw]
     out = [(r[0], maps[1 - k].apply(r[1]), r[2], maps[1 - k].apply(r[3]))
            for k, r in enumerate(raw)]  # fmt: skip
     return tuple(np.concatenate([o[i] for o in out]) for i in range(4))

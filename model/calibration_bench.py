@@ -1,0 +1,131 @@
+"""Do scores keep their meaning across training runs? Models trained with different settings
+on the posterior shop (model/posterior.py), judged on users none of them saw against the
+exact posterior: calibration error, the share of sessions above thresholds, and the distance
+to the true probability.
+
+    python -m model.calibration_bench [--users 5000] [--test-users 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.artifact import Model
+from model.calibration import brier_score, expected_calibration_error
+from model.evaluate import roc_auc
+from model.posterior import LABEL, posterior_shop
+from model.scoring import InMemoryScorer, ScoringModel
+from model.train import TrainConfig, train
+
+SETTINGS = {
+    "defaults": {},
+    "--epochs 3": {"epochs": 3},
+    "--cell gru": {"cell": "gru"},
+    "--seed 7 --lr 0.02": {"seed": 7, "lr": 0.02},
+}
+THRESHOLDS = (0.4, 0.6)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Every input event of the test sessions: score, exact posterior, session label, and
+    whether it is its session's last input."""
+
+    score: np.ndarray
+    posterior: np.ndarray
+    label: np.ndarray
+    last: np.ndarray
+
+
+def scored_steps(model: Model | None, events: list[dict], posterior: dict, gap_ms: float,
+               raw: bool = False) -> Steps:  # fmt: skip
+    """The test events scored in stream order as the worker would (model None: the exact
+    posterior as the score), cut into sessions as training cuts them."""
+    if model is not None:
+        scorer = InMemoryScorer(ScoringModel(model, raw=raw))
+        scores = scorer.score([e["user_id"] for e in events], [e["type"] for e in events],
+                              np.array([e["ts"] for e in events], np.int64))  # fmt: skip
+    else:
+        scores = np.array([posterior.get((e["user_id"], e["ts"]), np.nan) for e in events])
+    by_user: dict[str, list] = defaultdict(list)
+    for e, s in zip(events, scores.tolist(), strict=True):
+        by_user[e["user_id"]].append((e, s))
+    rows: list[tuple] = []
+    for evs in by_user.values():
+        session: list = []
+        for e, s in evs:
+            if session and e["ts"] - session[-1][0]["ts"] > gap_ms:
+                rows += _session_rows(session, posterior)
+                session = []
+            session.append((e, s))
+        rows += _session_rows(session, posterior)
+    a = np.array(rows, np.float64).reshape(-1, 4)
+    return Steps(a[:, 0], a[:, 1], a[:, 2], a[:, 3] == 1)
+
+
+def _session_rows(session: list, posterior: dict) -> list[tuple]:
+    """(score, posterior, label, last) of a session's inputs: the events before its first
+    purchase, labelled by whether there is one."""
+    inputs = []
+    for e, s in session:
+        if e["type"] == LABEL:
+            break
+        inputs.append((e, s))
+    label = float(len(inputs) < len(session))
+    return [
+        (s, posterior[(e["user_id"], e["ts"])], label, float(k == len(inputs) - 1))
+        for k, (e, s) in enumerate(inputs)
+    ]
+
+
+def figures(steps: Steps) -> dict[str, float]:
+    """AUC, ECE, Brier (last input and every step), shares above thresholds, mean |score -
+    posterior|."""
+    last = steps.last
+    out = {
+        "auc_last": roc_auc(steps.label[last], steps.score[last]),
+        "ece_last": expected_calibration_error(steps.label[last], steps.score[last]),
+        "ece_all": expected_calibration_error(steps.label, steps.score),
+        "brier_last": brier_score(steps.label[last], steps.score[last]),
+        "mae_posterior": float(np.mean(np.abs(steps.score - steps.posterior))),
+    }
+    for t in THRESHOLDS:
+        out[f"share_{t:g}"] = float(np.mean(steps.score[last] >= t))
+    return out
+
+
+def run(users: int, test_users: int, seed: int = 1) -> dict[str, dict[str, float]]:
+    """Each setting's figures (raw and calibrated) and the exact posterior's, on one test
+    set."""
+    events, _ = posterior_shop(users, seed=seed)
+    test, posterior = posterior_shop(test_users, seed=seed + 1000)
+    gap_ms = TrainConfig().session_gap_seconds * 1000
+    table = {"true posterior": figures(scored_steps(None, test, posterior, gap_ms))}
+    for name, overrides in SETTINGS.items():
+        model = train(events, TrainConfig(**overrides)).model
+        table[f"{name}, raw"] = figures(scored_steps(model, test, posterior, gap_ms, raw=True))
+        table[name] = figures(scored_steps(model, test, posterior, gap_ms))
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=5000, help="training users")
+    parser.add_argument("--test-users", type=int, default=4000, help="held-out test users")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    table = run(args.users, args.test_users, args.seed)
+    keys = ["auc_last", "ece_last", "ece_all", "brier_last", "mae_posterior",
+            *(f"share_{t:g}" for t in THRESHOLDS)]  # fmt: skip
+    print("| model | " + " | ".join(keys) + " |")
+    print("| --- " * (len(keys) + 1) + "|")
+    for name, f in table.items():
+        print(f"| {name} | " + " | ".join(f"{f[k]:.3f}" for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()
