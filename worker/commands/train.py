@@ -101,12 +101,33 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
     return read_event_files(args.data)
 
 
+METRIC_COLUMNS = (
+    ("AUC last", "auc_last"), ("AUC all", "auc_all"), ("logloss last", "logloss_last"),
+    ("logloss all", "logloss_all"), ("ECE last", "ece_last"), ("ECE all", "ece_all"),
+    ("Brier last", "brier_last"), ("Brier all", "brier_all"),
+)  # fmt: skip
+
+
 def _print_metrics(report: dict) -> None:
-    head = ("validation users", "AUC last", "AUC all", "logloss last", "logloss all")
-    print("\n{:<24} {:>9} {:>9} {:>13} {:>12}".format(*head))
-    for name, m in (("rnn", report["metrics"]), ("bag-of-types baseline", report["baseline"])):
-        row = (m["auc_last"], m["auc_all"], m["logloss_last"], m["logloss_all"])
-        print("{:<24} {:>9.4f} {:>9.4f} {:>13.4f} {:>12.4f}".format(name, *row))
+    """The validation metrics table: the model as it scores (calibrated, its calibration
+    measured cross-fitted), its raw head when calibrated, and the baseline."""
+    widths = [max(len(h), 6) for h, _ in METRIC_COLUMNS]
+    print(f"\n{'validation users':<24}" + "".join(
+        f" {h:>{w}}" for (h, _), w in zip(METRIC_COLUMNS, widths, strict=True)))  # fmt: skip
+    rows = [("rnn", report["metrics"])]
+    if report.get("calibration") is not None and report.get("metrics_raw"):
+        rows.append(("rnn, raw head", report["metrics_raw"]))
+    rows.append(("bag-of-types baseline", report["baseline"]))
+    for name, m in rows:
+        values = "".join(
+            f" {m.get(k, float('nan')):>{w}.4f}"
+            for (_, k), w in zip(METRIC_COLUMNS, widths, strict=True)
+        )
+        print(f"{name:<24}{values}")
+    cal = report.get("calibration")
+    if cal is not None:
+        print(f"calibration: Platt, p = sigmoid({cal['a']:.4f} * logit + {cal['b']:.4f}), fitted "
+              "on the validation users (its ECE and Brier above are cross-fitted)")  # fmt: skip
 
 
 def _print_left_out(report: dict, min_count: int) -> None:
@@ -127,6 +148,18 @@ def _push_metrics(url: str, report: dict) -> None:
         "intentstream_train_validation_logloss": (
             "Validation log loss, last step.",
             m["logloss_last"],
+        ),
+        "intentstream_train_validation_ece": (
+            "Validation expected calibration error, last step.",
+            m["ece_last"],
+        ),
+        "intentstream_train_validation_ece_all_steps": (
+            "Validation expected calibration error, all steps.",
+            m["ece_all"],
+        ),
+        "intentstream_train_validation_brier": (
+            "Validation Brier score, last step.",
+            m["brier_last"],
         ),
         "intentstream_train_sessions": ("Training sessions.", data["train_sessions"]),
         "intentstream_train_events": ("Events read.", data["events"]),
