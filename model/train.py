@@ -337,7 +337,8 @@ def evaluate_on(model: Model, events: list[dict], config: TrainConfig) -> dict[s
 
 
 def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path]:
-    """report.json and report.png (loss curves; ROC of model and baseline) in directory."""
+    """report.json and report.png (loss curves; ROC of model and baseline; the reliability
+    diagram of the validation users' scores, calibrated and, faintly, raw) in directory."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -349,7 +350,7 @@ def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path
     json_path, png_path = out / "report.json", out / "report.png"
     json_path.write_text(json.dumps(result.report, indent=2, sort_keys=True))
     epochs = result.report["epochs"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.4))
     x = [e["epoch"] for e in epochs]
     ax1.plot(x, [e["train_loss"] for e in epochs], "o-", label="training")
     ax1.plot(x, [e["validation_loss"] for e in epochs], "o-", label="validation")
@@ -364,7 +365,35 @@ def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path
     ax2.set(xlabel="false positive rate", ylabel="true positive rate",
             title="ROC at each session's last step (validation users)")  # fmt: skip
     ax2.legend(loc="lower right")
+    _reliability_panel(ax3, result)
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
     return json_path, png_path
+
+
+def _reliability_panel(ax, result: TrainResult) -> None:
+    """The validation users' scores binned: calibrated as reported (cross-fitted), the raw
+    head's faintly; at the last step (solid) and over all steps (dashed)."""
+    from model.reliability_plot import Curve, draw_reliability
+
+    model, valid = result.model, result.validation_sessions
+    title = "Reliability (validation users)"
+    if model is None or not valid:
+        ax.set(title=title)
+        ax.text(0.5, 0.5, "no validation scores", ha="center", va="center")
+        return
+    params = pack(model.arrays, model.meta.cell, np.float64)
+    F = len(model.meta.features)
+    raw = step_scores(params, valid, F)
+    calibrated = result.report.get("calibration") is not None
+    curves = []
+    if calibrated:
+        cal = cross_fitted(params, valid, F)
+        curves += [Curve("calibrated, last step", cal[2], cal[3], "C0"),
+                   Curve("calibrated, all steps", cal[0], cal[1], "C1", dashed=True)]  # fmt: skip
+    name = "raw" if calibrated else "raw (not calibrated)"
+    curves += [Curve(f"{name}, last step", raw[2], raw[3], "C0", faint=calibrated),
+               Curve(f"{name}, all steps", raw[0], raw[1], "C1", faint=calibrated,
+                     dashed=True)]  # fmt: skip
+    draw_reliability(ax, curves, title + (", calibrated cross-fitted" if calibrated else ""))

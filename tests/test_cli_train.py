@@ -90,3 +90,66 @@ def test_off_a_terminal_progress_is_one_line_per_epoch_and_a_bad_report_is_refus
     refused = run_cli("train", "--data", str(data), "--epochs", "3", "--report", str(taken))
     assert refused.returncode == 2
     assert refused.stderr.strip() == f"error: --report {taken}: exists and is not a directory"
+
+
+def test_the_report_draws_a_reliability_panel_with_the_raw_scores_faintly(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from model.train import train
+
+    seen = []
+    original = Figure.savefig
+
+    def capture(self, *args, **kwargs):
+        seen.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    result = train(synthetic_events(6000, 300, seed=4), TrainConfig(hidden=8, epochs=1))
+    write_report(result, tmp_path)
+    panel = seen[0].axes[2]
+    assert panel.get_title().startswith("Reliability")
+    lines = {ln.get_label(): ln for ln in panel.get_lines() if not ln.get_label().startswith("_")}
+    m = result.report["metrics"]
+    want_last = f"calibrated, last step (ECE {m['ece_last']:.3f})"
+    assert want_last in lines and f"calibrated, all steps (ECE {m['ece_all']:.3f})" in lines
+    raw = result.report["metrics_raw"]
+    faint = lines[f"raw, last step (ECE {raw['ece_last']:.3f})"]
+    assert faint.get_alpha() < lines[want_last].get_alpha()
+    # the drawn points are the binned scores whose ECE the report holds
+    x, y = lines[want_last].get_data()
+    assert len(x) and np.all((x >= 0) & (x <= 1)) and np.all((y >= 0) & (y <= 1))
+
+
+@pytest.mark.integration
+def test_train_prints_and_reports_calibration_beside_the_auc(tmp_path):
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in synthetic_events(6000, 300, seed=4)))
+    report_dir = tmp_path / "report"
+    result = run_cli("train", "--data", str(data), "--hidden", "8", "--epochs", "1", "--quiet",
+                     "--report", str(report_dir))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((report_dir / "report.json").read_text())
+    keys = {"auc_last", "auc_all", "logloss_last", "logloss_all", "ece_last", "ece_all",
+            "brier_last", "brier_all"}  # fmt: skip
+    assert keys <= set(report["metrics"]) and keys <= set(report["metrics_raw"])
+    assert report["calibration"]["method"] == "platt" and report["calibration"]["a"] > 0
+    lines = result.stdout.splitlines()
+    head = next(line for line in lines if line.startswith("validation users"))
+    assert head.split("validation users")[1].split() == [
+        "AUC", "last", "AUC", "all", "logloss", "last", "logloss", "all",
+        "ECE", "last", "ECE", "all", "Brier", "last", "Brier", "all",
+    ]  # fmt: skip
+    m = report["metrics"]
+    rnn = next(line for line in lines if line.startswith("rnn "))
+    assert [float(v) for v in rnn.split()[1:]] == pytest.approx(
+        [m[k] for k in ("auc_last", "auc_all", "logloss_last", "logloss_all", "ece_last",
+                        "ece_all", "brier_last", "brier_all")], abs=1e-4)  # fmt: skip
+    raw = next(line for line in lines if line.startswith("rnn, raw head"))
+    assert float(raw.split()[7]) == pytest.approx(report["metrics_raw"]["ece_last"], abs=1e-4)
+    assert "calibration: Platt" in result.stdout
+    png = (report_dir / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width = int.from_bytes(png[16:20], "big")
+    assert width > 1600  # three panels: loss, ROC, reliability

@@ -368,3 +368,75 @@ def test_model_evaluate_agrees_with_trains_validation_auc_and_fine_tuning_contin
     assert f"--since 1s: 0 of {events} events, 0 of {sessions} sessions" in none.stderr
     bad = run_cli("model", "evaluate", "1", "--from-redis", "--since", "yesterday", *url)
     assert bad.returncode == 2 and "--since" in bad.stderr
+
+
+def test_model_evaluate_prints_calibration_and_draws_the_versions_reliability(tmp_path):
+    import json
+    import re
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from model.artifact import save_model, validate_model
+    from model.evaluate import evaluate_model
+    from model.sessions import sessionize
+    from model.synthetic import synthetic_events
+    from model.train import TrainConfig, train
+    from tests.conftest import run_cli
+
+    events = list(synthetic_events(6000, 300, seed=4))
+    calibrated = train(events, TrainConfig(hidden=8, epochs=1)).model
+    meta = calibrated.meta.model_dump()
+    meta.pop("calibration")
+    raw = validate_model(ModelMeta.model_validate(meta), calibrated.arrays)
+    save_model(calibrated, tmp_path / "cal.npz")
+    save_model(raw, tmp_path / "raw.npz")
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in events))
+    names = [str(tmp_path / "cal.npz"), str(tmp_path / "raw.npz")]
+
+    received = []
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            received.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    gateway = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=gateway.serve_forever, daemon=True).start()
+    png = tmp_path / "reliability.png"
+    try:
+        out = run_cli("model", "evaluate", *names, "--data", str(data), "--reliability", str(png),
+                      "--pushgateway", f"127.0.0.1:{gateway.server_port}")  # fmt: skip
+    finally:
+        gateway.shutdown()
+    assert out.returncode == 0, out.stderr
+    head, *rows = out.stdout.splitlines()
+    columns = ["auc_last", "logloss_last", "ece_last", "brier_last",
+               "auc_all", "logloss_all", "ece_all", "brier_all"]  # fmt: skip
+    assert head.split() == ["model", "sessions", "positive", *columns]
+    sessions = sessionize(events, raw.meta.event_types, raw.meta.features,
+                          raw.meta.session_gap_seconds)  # fmt: skip
+    for row, model in zip(rows, (calibrated, raw), strict=True):
+        want = evaluate_model(model, sessions)
+        assert [float(v) for v in row.split()[3:]] == pytest.approx(
+            [want[k] for k in columns], abs=1e-4
+        )
+    # the calibration moves ECE and Brier, never the AUC
+    cal_row, raw_row = ([float(v) for v in r.split()[3:]] for r in rows)
+    assert cal_row[0] == raw_row[0] and cal_row[2] != raw_row[2]
+    image = png.read_bytes()
+    assert image[:8] == b"\x89PNG\r\n\x1a\n" and len(image) > 10_000
+    body = received[0]
+    names_pushed = set(re.findall(r"^(intentstream_\w+)\{", body, re.M))
+    assert {f"intentstream_evaluate_{k}" for k in columns} <= names_pushed
+    assert all(re.fullmatch(r"intentstream_evaluate_[a-z_]+", n) for n in names_pushed)
+    assert f'intentstream_evaluate_ece_last{{model="{names[0]}"}}' in body
+
+    as_json = run_cli("model", "evaluate", names[0], "--data", str(data), "--json")
+    got = json.loads(as_json.stdout)[names[0]]
+    assert got["calibrated"] is True and set(columns) <= set(got)
+    assert got["ece_last"] == pytest.approx(evaluate_model(calibrated, sessions)["ece_last"])

@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     registry_command("rollback", "make the previous current version current", cmd_model_rollback)
     ev = registry_command(
         "evaluate",
-        "versions (or .npz files) side by side on live data: ROC AUC and log loss",
+        "versions (or .npz files) side by side on live data: ROC AUC, log loss, ECE, Brier",
         cmd_model_evaluate,
     )
     ev.add_argument("versions", nargs="+", metavar="VERSION|FILE", help="what to compare")
@@ -195,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--label-type", default="purchase", help="for models whose meta names none")
     ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ev.add_argument("--pushgateway", metavar="URL", help="push the metrics to a Pushgateway")
+    ev.add_argument("--reliability", metavar="FILE.png",
+                    help="write the versions' reliability diagrams (PNG) there")  # fmt: skip
     sha = registry_command(
         "shadow", "score every event with a challenger version too (or --off)", cmd_model_shadow
     )

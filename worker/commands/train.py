@@ -19,7 +19,19 @@ from worker.commands.history import read_history
 from worker.commands.registry_access import with_registry
 from worker.common.connection import connect_settings
 from worker.common.registry import Registry
+from worker.common.rule_store import read_rules
+from worker.common.rules import RuleError
 from worker.common.settings import load_settings
+
+# The promotion gate's calibration check (docs/models.md, The promotion gate): a candidate
+# whose ECE over all steps is more than ECE_MARGIN above the current model's, on the same
+# validation users, is not promoted. All steps, not the last: a rule reads the score after
+# every event, and the last step (the event before the purchase, known only in hindsight) is
+# where a map fitted on all steps is not meant to hold. 0.02: above the spread of ECE between
+# equally good models on a few hundred validation sessions (~0.01), below the drift a
+# threshold notices (a rule at 0.8 firing where 76% buy).
+GATE_ECE = "ece_all"
+ECE_MARGIN = 0.02
 
 # Flag help of each TrainConfig field; the flags, their types and defaults come from the
 # fields themselves (see add_train_config_flags), so the defaults exist once, in TrainConfig.
@@ -47,6 +59,8 @@ TRAIN_HELP = {
     "cell": "rnn (Elman) or gru (long sessions; see docs/models.md, Choosing a cell)",
     "validation_fraction": "fraction of users held out for validation",
     "seed": "initialisation, split and shuffling",
+    "calibrate": "fit the calibration map on the validation users, so a score is a probability "
+    "(--no-calibrate: the head as trained)",
 }
 # Fields whose flag is not `--field-name` (kept as the docs and users know them).
 TRAIN_FLAG_NAMES = {"session_gap_seconds": "--session-gap"}
@@ -103,12 +117,33 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
     return read_event_files(args.data)
 
 
+METRIC_COLUMNS = (
+    ("AUC last", "auc_last"), ("AUC all", "auc_all"), ("logloss last", "logloss_last"),
+    ("logloss all", "logloss_all"), ("ECE last", "ece_last"), ("ECE all", "ece_all"),
+    ("Brier last", "brier_last"), ("Brier all", "brier_all"),
+)  # fmt: skip
+
+
 def _print_metrics(report: dict) -> None:
-    head = ("validation users", "AUC last", "AUC all", "logloss last", "logloss all")
-    print("\n{:<24} {:>9} {:>9} {:>13} {:>12}".format(*head))
-    for name, m in (("rnn", report["metrics"]), ("bag-of-types baseline", report["baseline"])):
-        row = (m["auc_last"], m["auc_all"], m["logloss_last"], m["logloss_all"])
-        print("{:<24} {:>9.4f} {:>9.4f} {:>13.4f} {:>12.4f}".format(name, *row))
+    """The validation metrics table: the model as it scores (calibrated, its calibration
+    measured cross-fitted), its raw head when calibrated, and the baseline."""
+    widths = [max(len(h), 6) for h, _ in METRIC_COLUMNS]
+    print(f"\n{'validation users':<24}" + "".join(
+        f" {h:>{w}}" for (h, _), w in zip(METRIC_COLUMNS, widths, strict=True)))  # fmt: skip
+    rows = [("rnn", report["metrics"])]
+    if report.get("calibration") is not None and report.get("metrics_raw"):
+        rows.append(("rnn, raw head", report["metrics_raw"]))
+    rows.append(("bag-of-types baseline", report["baseline"]))
+    for name, m in rows:
+        values = "".join(
+            f" {m.get(k, float('nan')):>{w}.4f}"
+            for (_, k), w in zip(METRIC_COLUMNS, widths, strict=True)
+        )
+        print(f"{name:<24}{values}")
+    cal = report.get("calibration")
+    if cal is not None:
+        print(f"calibration: Platt, p = sigmoid({cal['a']:.4f} * logit + {cal['b']:.4f}), fitted "
+              "on the validation users (its ECE and Brier above are cross-fitted)")  # fmt: skip
 
 
 def _print_left_out(report: dict, min_count: int) -> None:
@@ -129,6 +164,18 @@ def _push_metrics(url: str, report: dict) -> None:
         "intentstream_train_validation_logloss": (
             "Validation log loss, last step.",
             m["logloss_last"],
+        ),
+        "intentstream_train_validation_ece": (
+            "Validation expected calibration error, last step.",
+            m["ece_last"],
+        ),
+        "intentstream_train_validation_ece_all_steps": (
+            "Validation expected calibration error, all steps.",
+            m["ece_all"],
+        ),
+        "intentstream_train_validation_brier": (
+            "Validation Brier score, last step.",
+            m["brier_last"],
         ),
         "intentstream_train_sessions": ("Training sessions.", data["train_sessions"]),
         "intentstream_train_events": ("Events read.", data["events"]),
@@ -195,7 +242,7 @@ def unwritable_directory(path: Path) -> str | None:
 
 def run_train(args: argparse.Namespace) -> int:
     """The `intentstream train` command; returns its exit code."""
-    from model.train import evaluate_on, train, write_report  # see add_train_config_flags
+    from model.train import train, write_report  # see add_train_config_flags
 
     if args.report:
         try:
@@ -240,18 +287,85 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"published version {version}")
         if not args.promote:
             return 0
-        current = reg.current()
-        if current is not None and not args.force:
-            theirs = evaluate_on(reg.load(current), events, config)["auc_last"]
-            ours = report["metrics"]["auc_last"]
-            if not ours >= theirs:  # a NaN AUC never promotes
-                print(
-                    f"not promoted: validation AUC {ours:.4f} is below current version "
-                    f"{current}'s {theirs:.4f} on the same users (--force promotes anyway)"
-                )
-                return 1
+        refusals = gate(reg, result, events, config, force=args.force)
+        for line in refusals:
+            print(line)
+        if refusals:
+            return 1
         reg.promote(version)
         print(f"promoted version {version} to current")
         return 0
 
     return with_registry(args, publish)
+
+
+def live_rules(reg: Registry) -> tuple:
+    """The rules in force under the registry's prefix; none (with a warning) when they do
+    not read."""
+    try:
+        return read_rules(reg.r, reg.keys).rules
+    except RuleError as exc:
+        print(f"warning: rule shares not shown: {exc}", file=sys.stderr)
+        return ()
+
+
+def validation_scores(model, events: list[dict], config):
+    """A model's validation sessions (train's split, built with its vocabulary, features and
+    session gap, labelled by config's label type) and its step scores of them."""
+    from model.evaluate import model_step_scores
+    from model.sessions import sessionize, split_by_user
+
+    sessions = sessionize(events, model.meta.event_types, model.meta.features,
+                          model.meta.session_gap_seconds, config.label_type)  # fmt: skip
+    _, valid = split_by_user(sessions, config.validation_fraction, config.seed)
+    return valid, model_step_scores(model, valid)
+
+
+def gate(reg: Registry, result, events: list[dict], config, force: bool) -> list[str]:
+    """The promotion gate of `train --promote`: print each live rule's share of validation
+    sessions fired under the current model and the candidate; return the refusals (one line
+    each; none with `force` or without a current model). The candidate is measured as it
+    will score (its map fitted on these users), the current model as it scores, both on the
+    same validation users."""
+    from model.evaluate import metrics_of, model_step_scores
+    from worker.commands.rule_shares import fire_shares, share_lines
+
+    current, rules = reg.current(), live_rules(reg)
+    if current is None and not rules:
+        return []
+    ours_valid = result.validation_sessions
+    ours_scores = model_step_scores(result.model, ours_valid)
+    if current is not None:
+        current_model = reg.load(current)
+        theirs_valid, theirs_scores = validation_scores(current_model, events, config)
+    if rules:
+        now = None
+        if current is not None and theirs_valid:
+            now = fire_shares(rules, current_model, theirs_valid, theirs_scores[1])
+        after = fire_shares(rules, result.model, ours_valid, ours_scores[1])
+        for line in share_lines(rules, after, now, current, len(ours_valid)):
+            print(line)
+    if current is None or force:
+        return []
+    theirs = metrics_of(*theirs_scores)
+    ours = metrics_of(*ours_scores)
+    print(
+        f"validation ECE, current version {current} -> candidate: all steps "
+        f"{theirs['ece_all']:.4f} -> {ours['ece_all']:.4f}, last step "
+        f"{theirs['ece_last']:.4f} -> {ours['ece_last']:.4f} (the gate reads all steps)"
+    )
+    refusals = []
+    auc, their_auc = result.report["metrics"]["auc_last"], theirs["auc_last"]
+    if not auc >= their_auc:  # a NaN AUC never promotes
+        refusals.append(
+            f"not promoted: validation AUC {auc:.4f} is below current version "
+            f"{current}'s {their_auc:.4f} on the same users (--force promotes anyway)"
+        )
+    ece, their_ece = ours[GATE_ECE], theirs[GATE_ECE]
+    if ece > their_ece + ECE_MARGIN:
+        refusals.append(
+            f"not promoted: validation calibration error (ECE, all steps) {ece:.4f} is more "
+            f"than {ECE_MARGIN} above current version {current}'s {their_ece:.4f} on the same "
+            "users (--force promotes anyway)"
+        )
+    return refusals
