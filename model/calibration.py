@@ -124,7 +124,7 @@ def expected_calibration_error(y: np.ndarray, p: np.ndarray, bins: int = ECE_BIN
     """ECE: the mean |observed rate - mean score| over equal-width score bins, weighted by
     the share of scores in each bin."""
     y, p = np.asarray(y, np.float64), np.asarray(p, np.float64)
-    if not len(p) or not (0.0 <= p.min() and p.max() <= 1.0):
+    if not len(p) or not (p.min() >= 0.0 and p.max() <= 1.0):
         return float("nan")  # no scores, or scores that are not probabilities (identity head)
     which = np.minimum((p * bins).astype(np.int64), bins - 1)
     count = np.bincount(which, minlength=bins)

@@ -134,7 +134,8 @@ def test_train_prints_and_reports_calibration_beside_the_auc(tmp_path):
     keys = {"auc_last", "auc_all", "logloss_last", "logloss_all", "ece_last", "ece_all",
             "brier_last", "brier_all"}  # fmt: skip
     assert keys <= set(report["metrics"]) and keys <= set(report["metrics_raw"])
-    assert report["calibration"]["method"] == "platt" and report["calibration"]["a"] > 0
+    cal = report["calibration"]
+    assert cal["method"] == "isotonic" and len(cal["x"]) == len(cal["y"]) >= 1
     lines = result.stdout.splitlines()
     head = next(line for line in lines if line.startswith("validation users"))
     assert head.split("validation users")[1].split() == [
@@ -148,7 +149,7 @@ def test_train_prints_and_reports_calibration_beside_the_auc(tmp_path):
                         "ece_all", "brier_last", "brier_all")], abs=1e-4)  # fmt: skip
     raw = next(line for line in lines if line.startswith("rnn, raw head"))
     assert float(raw.split()[7]) == pytest.approx(report["metrics_raw"]["ece_last"], abs=1e-4)
-    assert "calibration: Platt" in result.stdout
+    assert "calibration: isotonic" in result.stdout
     png = (report_dir / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width = int.from_bytes(png[16:20], "big")

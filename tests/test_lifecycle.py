@@ -346,7 +346,9 @@ def test_model_evaluate_agrees_with_trains_validation_auc_and_fine_tuning_contin
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)["1"]
     assert abs(got["auc_last"] - report["metrics"]["auc_last"]) < 1e-9
-    assert abs(got["logloss_last"] - report["metrics"]["logloss_last"]) < 1e-9
+    # the report's log loss is cross-fitted (each half of the users through the map of the
+    # other), evaluate's goes through the artifact's map, fitted on all of them: close
+    assert abs(got["logloss_last"] - report["metrics"]["logloss_last"]) < 0.02
     assert got["label_type"] == "purchase"  # recorded by training in the meta
 
     tuned = run_cli("train", "--from-redis", *url, "--init-from", "1", "--epochs", "1",

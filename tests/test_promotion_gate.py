@@ -33,11 +33,12 @@ def test_the_gate_refuses_a_clearly_worse_calibrated_candidate_and_shows_rule_sh
     train = ["train", "--from-redis", "--redis-url", redis_server.url, "--hidden", "16",
              "--epochs", "3", "--quiet"]  # fmt: skip
 
-    # the current model: the candidate's very weights with a bad map (p = sigmoid(3 z + 1))
+    # the current model: the candidate's very weights with a bad map (every score pushed up)
     made = run_cli(*train, "--out", str(tmp_path / "m.npz"))
     assert made.returncode == 0, made.stderr
     model = load_model(tmp_path / "m.npz")
-    meta = model.meta.model_dump() | {"calibration": {"method": "platt", "a": 3.0, "b": 1.0}}
+    bad = {"method": "isotonic", "x": [0.05, 0.95], "y": [0.6, 0.99]}
+    meta = model.meta.model_dump() | {"calibration": bad}
     registry.publish_model(validate_model(ModelMeta.model_validate(meta), model.arrays), True)
     set_rule(r, keys, make_rule(name="hot", above=0.5))
     set_rule(r, keys, make_rule(name="carts", above=0.3, types=["add_to_cart"], min_events=2))

@@ -46,8 +46,6 @@ TRAIN_HELP = {
     "least --min-type-count times); others take the unknown row",
     "min_type_count": "types seen fewer times in the data take the unknown row (listed in "
     "the report)",
-    "calibrate": "fit the calibration map on the validation users, so scores are "
-    "probabilities (--no-calibrate: the raw head)",
     "bptt": "truncation: steps gradients flow back",
     "clip": "global gradient norm bound",
     "optimizer": "the update rule",
@@ -142,8 +140,8 @@ def _print_metrics(report: dict) -> None:
         print(f"{name:<24}{values}")
     cal = report.get("calibration")
     if cal is not None:
-        print(f"calibration: Platt, p = sigmoid({cal['a']:.4f} * logit + {cal['b']:.4f}), fitted "
-              "on the validation users (its ECE and Brier above are cross-fitted)")  # fmt: skip
+        print(f"calibration: isotonic, {len(cal['x'])} knots, fitted on the validation users "
+              "(its ECE and Brier above are cross-fitted)")  # fmt: skip
 
 
 def _print_left_out(report: dict, min_count: int) -> None:
