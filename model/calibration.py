@@ -61,7 +61,13 @@ class Calibration(BaseModel):
 def through_knots(raw: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """The map of knots x, y (float64 arrays, without the ends) applied to raw scores:
     linear through (0, 0), the knots and (1, 1), vectorised."""
-    return np.interp(np.asarray(raw, np.float64), np.r_[0.0, x, 1.0], np.r_[0.0, y, 1.0])
+    xs, ys = with_ends(x, y)
+    return np.interp(np.asarray(raw, np.float64), xs, ys)
+
+
+def with_ends(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The knots with (0, 0) and (1, 1) added: what np.interp reads."""
+    return np.r_[0.0, x, 1.0], np.r_[0.0, y, 1.0]
 
 
 def calibration_of(meta_extra: dict | None) -> Calibration | None:

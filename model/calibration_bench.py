@@ -4,11 +4,13 @@ exact posterior: calibration error, the share of sessions above thresholds, and 
 to the true probability.
 
     python -m model.calibration_bench [--users 5000] [--test-users 4000]
+    python -m model.calibration_bench --cost      # what applying the map costs per event
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -112,12 +114,52 @@ def run(users: int, test_users: int, seed: int = 1) -> dict[str, dict[str, float
     return table
 
 
+def cost_per_event(batch: int = 512, hidden: int = 64, rounds: int = 41) -> dict[str, float]:
+    """Median ns per event of ScoringModel.advance over one batch, without and with a
+    128-knot calibration map (rounds alternated, the same states and events)."""
+    from model.artifact import random_model, validate_model
+    from model.calibration import Calibration
+
+    types = ["view", "search", "add_to_cart", "coupon", "checkout"]
+    plain = random_model(types, hidden=hidden, features=["gap"], seed=1)
+    knots = np.linspace(0.01, 0.99, 128)
+    cal = Calibration(x=knots.tolist(), y=(knots**1.5).tolist())
+    meta = plain.meta.model_validate(plain.meta.model_dump() | {"calibration": cal.model_dump()})
+    models = {"raw head": ScoringModel(plain),
+              "calibrated": ScoringModel(validate_model(meta, plain.arrays))}  # fmt: skip
+    rng = np.random.default_rng(0)
+    slot = rng.integers(0, batch // 2, batch)
+    type_idx = rng.integers(0, len(types), batch)
+    ts = 1_700_000_000_000 + np.cumsum(rng.integers(1000, 60_000, batch))
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for m in models.values():
+        m.warm_up()
+    for _ in range(rounds):
+        for name, m in models.items():
+            state = np.zeros((batch // 2, *m.state_shape), np.float32)
+            last = np.full(batch // 2, -1, np.int64)
+            t0 = time.perf_counter()
+            for _ in range(20):
+                m.advance(state, last.copy(), slot, type_idx, ts)
+            times[name].append((time.perf_counter() - t0) / (20 * batch) * 1e9)
+    out = {name: float(np.median(t)) for name, t in times.items()}
+    out["ratio"] = out["calibrated"] / out["raw head"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=5000, help="training users")
     parser.add_argument("--test-users", type=int, default=4000, help="held-out test users")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cost", action="store_true", help="measure the map's cost instead")
     args = parser.parse_args(argv)
+    if args.cost:
+        cost = cost_per_event()
+        print(f"ScoringModel.advance, 512-event batch, H = 64, ns/event (median of 41 rounds): "
+              f"raw head {cost['raw head']:.0f}, calibrated {cost['calibrated']:.0f}, "
+              f"ratio {cost['ratio']:.3f}")  # fmt: skip
+        return
     table = run(args.users, args.test_users, args.seed)
     keys = ["auc_last", "ece_last", "ece_all", "brier_last", "mae_posterior",
             *(f"share_{t:g}" for t in THRESHOLDS)]  # fmt: skip

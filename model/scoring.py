@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from model.artifact import Model
-from model.calibration import calibration_of, through_knots
+from model.calibration import calibration_of, with_ends
 from model.cell import CellWeights, cell_weights, step_batch, work_size
 from model.features import event_gaps, feature_matrix, session_resets
 from model.params import pack
@@ -28,7 +28,7 @@ class ScoringModel:
         a = model.arrays
         self.raw = raw  # the head's scores as trained, without the artifact's calibration
         cal = None if raw else calibration_of(meta.model_extra)
-        self._knots = (np.asarray(cal.x), np.asarray(cal.y)) if cal is not None else None
+        self._knots = with_ends(np.asarray(cal.x), np.asarray(cal.y)) if cal is not None else None
         self.layers = meta.layers
         self.hidden = meta.hidden
         self.version = version or model.version
@@ -73,11 +73,12 @@ class ScoringModel:
         return self.calibrated(scores)
 
     def calibrated(self, raw: np.ndarray) -> np.ndarray:
-        """Raw head scores as the model reports them: through its calibration map
+        """Raw head scores as the model reports them, in place: through its calibration map
         (model/calibration.py), or as they are for a raw or uncalibrated model."""
         if self._knots is None:
             return raw
-        return through_knots(raw, *self._knots).astype(np.float32)
+        np.copyto(raw, np.interp(raw, *self._knots), casting="same_kind")
+        return raw
 
     def scratch(self, n_events: int) -> np.ndarray:
         """Kernel scratch for a batch of n_events, grown on demand and reused across batches."""
