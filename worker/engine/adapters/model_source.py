@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from contextlib import suppress
 from pathlib import Path
 
 import redis
@@ -19,6 +18,7 @@ from model.artifact import file_version, load_model
 from model.scoring import ScoringModel
 from worker.common.connection import refresh_topology
 from worker.common.registry import NoSuchVersionError, Registry, RegistryError
+from worker.engine.adapters.announcements import start_listener
 
 log = logging.getLogger("intentstream.models")
 
@@ -89,10 +89,8 @@ class RegistryModelSource:
         self._trouble = False
         self._wake = threading.Event()
         self._closed = threading.Event()
-        self._listener = threading.Thread(
-            target=self._listen, args=(client,), name="model-updates", daemon=True
-        )
-        self._listener.start()
+        self._listener = start_listener(client, self.registry.channel, self._wake, self._closed,
+                                        "model-updates")  # fmt: skip
         self._loader = threading.Thread(target=self._follow, name="model-loader", daemon=True)
         self._loader.start()
 
@@ -176,23 +174,6 @@ class RegistryModelSource:
         return None
 
     # ---- the loader thread ---------------------------------------------------------------
-
-    def _listen(self, client: redis.Redis) -> None:
-        while not self._closed.is_set():
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-            try:
-                pubsub.subscribe(self.registry.channel)
-                while not self._closed.is_set():
-                    if pubsub.get_message(timeout=1.0) is not None:
-                        self._wake.set()
-            except redis.RedisError:
-                self._closed.wait(1.0)  # polling covers the gap
-                # a cluster's pub/sub dials the channel's slot's node as the client maps
-                # it, and redis-py never re-reads that map on a pub/sub error
-                refresh_topology(client)
-            finally:
-                with suppress(redis.RedisError):
-                    pubsub.close()
 
     def _follow(self) -> None:
         while not self._closed.is_set():

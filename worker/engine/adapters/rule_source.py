@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import suppress
 
 import redis
 
@@ -19,6 +18,7 @@ from worker.common.connection import refresh_topology
 from worker.common.keys import Keys
 from worker.common.rule_store import read_rules, rules_version
 from worker.common.rules import RuleError
+from worker.engine.adapters.announcements import start_listener
 from worker.engine.compute.rules import RuleTable
 
 log = logging.getLogger("intentstream.worker")
@@ -43,8 +43,8 @@ class RuleSource:
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._trouble = False
-        self._listener = threading.Thread(target=self._listen, name="rules-updates", daemon=True)
-        self._listener.start()
+        self._listener = start_listener(client, keys.rules_updates, self._wake, self._closed,
+                                        "rules-updates")  # fmt: skip
 
     def poll(self) -> RuleTable | None:
         """The new rule set if its version moved and it validated, else None. Cheap between
@@ -86,18 +86,3 @@ class RuleSource:
 
     def close(self) -> None:
         self._closed.set()
-
-    def _listen(self) -> None:
-        while not self._closed.is_set():
-            pubsub = self.r.pubsub(ignore_subscribe_messages=True)
-            try:
-                pubsub.subscribe(self.keys.rules_updates)
-                while not self._closed.is_set():
-                    if pubsub.get_message(timeout=1.0) is not None:
-                        self._wake.set()
-            except redis.RedisError:
-                self._closed.wait(1.0)  # polling covers the gap
-                refresh_topology(self.r)
-            finally:
-                with suppress(redis.RedisError):
-                    pubsub.close()
