@@ -29,6 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ECE_BINS = 15
 MAX_KNOTS = 128
+# A session's steps share its label: the evidence is counted in sessions, and a knot needs
+# about this many of them, or the pooled blocks follow the validation set's noise.
+SESSIONS_PER_KNOT = 100
 EDGE = 1e-4  # fitted probabilities stay in [EDGE, 1 - EDGE]: the ends (0, 0), (1, 1) stay apart
 
 
@@ -76,11 +79,16 @@ def calibration_of(meta_extra: dict | None) -> Calibration | None:
     return Calibration.model_validate(raw) if raw is not None else None
 
 
-def fit_isotonic(raw: np.ndarray, labels: np.ndarray) -> Calibration:
+def knots_for(sessions: int) -> int:
+    """How many knots a map fitted on this many held-out sessions can carry."""
+    return max(2, min(MAX_KNOTS, sessions // SESSIONS_PER_KNOT))
+
+
+def fit_isotonic(raw: np.ndarray, labels: np.ndarray, max_knots: int = MAX_KNOTS) -> Calibration:
     """The isotonic map of held-out labels on their raw scores (pool-adjacent-violators),
-    as at most MAX_KNOTS block centres."""
+    as at most `max_knots` block centres."""
     x, y, w = _pool_adjacent_violators(np.asarray(raw, np.float64), np.asarray(labels, float))
-    x, y = _at_most(MAX_KNOTS, x, y, w)
+    x, y = _at_most(max_knots, x, y, w)
     keep = (np.concatenate([[True], np.diff(x) > 0])) & (x > 0) & (x < 1)
     x, y = x[keep], np.clip(y[keep], EDGE, 1 - EDGE)
     if not len(x):  # every score at 0 or 1: nothing to map

@@ -28,7 +28,7 @@ from threadpoolctl import threadpool_limits
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
 from model.bptt import clip_global_norm, packed_loss_and_gradients
-from model.calibration import fit_isotonic
+from model.calibration import fit_isotonic, knots_for
 from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
 from model.optim import make_optimizer
 from model.params import Params, pack, unpack
@@ -63,6 +63,9 @@ class TrainConfig(BaseModel):
     # Fit the calibration map (model/calibration.py) on the validation users' scores, so a
     # score is a probability: 0.7 means about 70% of such sessions buy.
     calibrate: bool = True
+    # Below this many validation sessions the map is not fitted: measured on
+    # model/posterior.py, maps from a few hundred sessions made unseen users' scores worse.
+    calibration_min_sessions: int = Field(1000, ge=2)
 
 
 @dataclass
@@ -260,10 +263,12 @@ def _train(
         )
     kept = {k: np.array(v) for k, v in unpack(best.params).items()}
     raw_scores = step_scores(pack(kept, config.cell, np.float64), valid_s, F)
-    calibration, rnn_scores = None, raw_scores
+    calibration, rnn_scores, calibration_note = None, raw_scores, "not asked (--no-calibrate)"
     if config.calibrate:
-        calibration = fit_isotonic(raw_scores[1], raw_scores[0])
-        rnn_scores = cross_fitted(pack(kept, config.cell, np.float64), valid_s, F)
+        calibration, rnn_scores, calibration_note = _calibrated(
+            pack(kept, config.cell, np.float64), valid_s, F, raw_scores,
+            config.calibration_min_sessions,
+        )  # fmt: skip
     baseline = BagOfTypes(len(types) + 1).fit(train_s)
     base_scores = baseline.step_scores(valid_s)
     # AUCs of the raw scores: the map is monotone, so they are the calibrated model's too
@@ -288,6 +293,7 @@ def _train(
         "metrics": metrics,
         "metrics_raw": metrics_of(*raw_scores),
         "calibration": calibration.model_dump() if calibration is not None else None,
+        "calibration_note": calibration_note,
         "baseline": base_metrics,
         "seconds": time.time() - started,
     }
@@ -312,6 +318,38 @@ def _train(
     return TrainResult(trained, report, valid_s, curves)
 
 
+def _calibrated(
+    params: Params, sessions: list[Session], n_features: int, raw_scores, min_sessions: int
+):
+    """The map fitted on all the validation sessions, their cross-fitted calibrated scores,
+    and a note; the map only when, cross-fitted, it lowers the ECE over all steps against
+    the raw head's: a map that makes scores worse for users it was not fitted on (a small
+    validation set's noise) never ships."""
+    if len(sessions) < min_sessions:
+        return (
+            None,
+            raw_scores,
+            (
+                f"not applied: {len(sessions)} validation sessions, fewer than the {min_sessions} "
+                "a map needs (--calibration-min-sessions; its knots would follow their noise)"
+            ),
+        )
+    fitted = cross_fitted(params, sessions, n_features)
+    ece_raw = metrics_of(*raw_scores)["ece_all"]
+    ece_cal = metrics_of(*fitted)["ece_all"]
+    if not ece_cal < ece_raw:
+        return (
+            None,
+            raw_scores,
+            (
+                f"not applied: on held-out users it would raise the ECE over all steps from "
+                f"{ece_raw:.4f} to {ece_cal:.4f} (too few validation sessions to fit a map?)"
+            ),
+        )
+    cal = fit_isotonic(raw_scores[1], raw_scores[0], knots_for(len(sessions)))
+    return cal, fitted, f"isotonic, {len(cal.x)} knots, from {len(sessions)} validation sessions"
+
+
 def cross_fitted(params: Params, sessions: list[Session], n_features: int):
     """The sessions' calibrated step scores, each fold's (users split in two by a hash of
     their id) from the map fitted on the other: the calibration measured on users it was
@@ -319,10 +357,10 @@ def cross_fitted(params: Params, sessions: list[Session], n_features: int):
     folds = [[s for s in sessions if zlib.crc32(s.user_id.encode()) % 2 == k] for k in (0, 1)]
     if not all(folds) or any(len({s.label for s in f}) < 2 for f in folds):
         scores = step_scores(params, sessions, n_features)  # too few users to cross-fit
-        cal = fit_isotonic(scores[1], scores[0])
+        cal = fit_isotonic(scores[1], scores[0], knots_for(len(sessions)))
         return scores[0], cal.apply(scores[1]), scores[2], cal.apply(scores[3])
     raw = [step_scores(params, fold, n_features) for fold in folds]
-    maps = [fit_isotonic(r[1], r[0]) for r in raw]
+    maps = [fit_isotonic(r[1], r[0], knots_for(len(f))) for r, f in zip(raw, folds, strict=True)]
     out = [(r[0], maps[1 - k].apply(r[1]), r[2], maps[1 - k].apply(r[3]))
            for k, r in enumerate(raw)]  # fmt: skip
     return tuple(np.concatenate([o[i] for o in out]) for i in range(4))

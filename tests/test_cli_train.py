@@ -106,7 +106,8 @@ def test_the_report_draws_a_reliability_panel_with_the_raw_scores_faintly(tmp_pa
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", capture)
-    result = train(synthetic_events(6000, 300, seed=4), TrainConfig(hidden=8, epochs=1))
+    config = TrainConfig(hidden=16, epochs=3, calibration_min_sessions=50)  # a small data set
+    result = train(synthetic_events(12000, 600, seed=4), config)
     write_report(result, tmp_path)
     panel = seen[0].axes[2]
     assert panel.get_title().startswith("Reliability")
@@ -125,9 +126,11 @@ def test_the_report_draws_a_reliability_panel_with_the_raw_scores_faintly(tmp_pa
 @pytest.mark.integration
 def test_train_prints_and_reports_calibration_beside_the_auc(tmp_path):
     data = tmp_path / "events.jsonl"
-    data.write_text("".join(json.dumps(e) + "\n" for e in synthetic_events(6000, 300, seed=4)))
+    # enough validation sessions for a map that helps users it was not fitted on
+    data.write_text("".join(json.dumps(e) + "\n" for e in synthetic_events(12000, 600, seed=4)))
     report_dir = tmp_path / "report"
-    result = run_cli("train", "--data", str(data), "--hidden", "8", "--epochs", "1", "--quiet",
+    result = run_cli("train", "--data", str(data), "--hidden", "16", "--epochs", "3", "--quiet",
+                     "--calibration-min-sessions", "50",
                      "--report", str(report_dir))  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads((report_dir / "report.json").read_text())

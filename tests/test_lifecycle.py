@@ -385,8 +385,9 @@ def test_model_evaluate_prints_calibration_and_draws_the_versions_reliability(tm
     from model.train import TrainConfig, train
     from tests.conftest import run_cli
 
-    events = list(synthetic_events(6000, 300, seed=4))
-    calibrated = train(events, TrainConfig(hidden=8, epochs=1)).model
+    events = list(synthetic_events(12000, 600, seed=4))
+    config = TrainConfig(hidden=16, epochs=3, calibration_min_sessions=50)
+    calibrated = train(events, config).model
     meta = calibrated.meta.model_dump()
     meta.pop("calibration")
     raw = validate_model(ModelMeta.model_validate(meta), calibrated.arrays)

@@ -37,6 +37,7 @@ BOUNDED = {
     "intentstream train": " --epochs 2",
     "python -m model.bench": " --hidden 8 --batch 1 64 --repeats 3",
     "python -m model.train_bench": " --events 5000 --users 300 --epochs 1 --hidden 8",
+    "python -m model.calibration_bench": " --users 400 --test-users 300",
 }
 
 # Commands that read what a page's worker writes (states, actions): the reader's worker runs

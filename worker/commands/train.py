@@ -46,6 +46,8 @@ TRAIN_HELP = {
     "least --min-type-count times); others take the unknown row",
     "min_type_count": "types seen fewer times in the data take the unknown row (listed in "
     "the report)",
+    "calibration_min_sessions": "fit the calibration map only on at least this many "
+    "validation sessions (fewer: scores stay the raw head's)",
     "bptt": "truncation: steps gradients flow back",
     "clip": "global gradient norm bound",
     "optimizer": "the update rule",
@@ -142,6 +144,8 @@ def _print_metrics(report: dict) -> None:
     if cal is not None:
         print(f"calibration: isotonic, {len(cal['x'])} knots, fitted on the validation users "
               "(its ECE and Brier above are cross-fitted)")  # fmt: skip
+    elif report.get("calibration_note"):
+        print(f"calibration: {report['calibration_note']}")
 
 
 def _print_left_out(report: dict, min_count: int) -> None:
