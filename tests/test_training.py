@@ -229,6 +229,16 @@ def test_a_run_forced_to_collapse_keeps_the_earlier_epoch(monkeypatch, cell):
     assert result.model.meta.model_extra["kept_epoch"]["epoch"] == 1
 
 
+def test_fine_tuning_an_lstm_keeps_its_cell_and_continues_its_state_space():
+    events = synthetic(4000, 200, seed=1)
+    parent = train(events, TrainConfig(hidden=8, epochs=1, seed=3, cell="lstm")).model
+    tuned = train(events, TrainConfig(epochs=1, seed=3), init=parent, state_space="1").model
+    assert (tuned.meta.cell, tuned.meta.hidden) == ("lstm", 8)  # the parent's, not the config's
+    assert tuned.meta.model_extra["state_space"] == "1"
+    assert set(tuned.arrays) == set(parent.arrays)
+    assert any(not np.array_equal(tuned.arrays[k], parent.arrays[k]) for k in parent.arrays)
+
+
 def test_a_loss_that_turns_nan_never_reaches_the_artifact(monkeypatch):
     events = synthetic(4000, 200, seed=1)
     config = TrainConfig(hidden=8, epochs=6, seed=3)
