@@ -36,7 +36,7 @@ class ModelMeta(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     format: Literal["intentstream.model/1"]
-    cell: Literal["rnn", "gru"]
+    cell: Literal["rnn", "gru", "lstm"]
     layers: int = Field(ge=1, le=16)
     hidden: int = Field(ge=1, le=4096)
     event_types: list[str] = Field(min_length=1)
@@ -85,8 +85,8 @@ class Model:
 
 
 # Per-layer arrays of each cell, by kind: input weights (input x H), recurrent weights (H x H),
-# biases (H). Gates are listed in PyTorch's order (r, z, n), which the packed layout
-# of model/params.py keeps.
+# biases (H). Gates are listed in PyTorch's order (GRU: r, z, n; LSTM: i, f, g, o), which the
+# packed layout of model/params.py keeps.
 CELL_ARRAYS: dict[str, dict[str, tuple[str, ...]]] = {
     "rnn": {"input": ("W_xh",), "recurrent": ("W_hh",), "bias": ("b_h",)},
     "gru": {
@@ -94,7 +94,21 @@ CELL_ARRAYS: dict[str, dict[str, tuple[str, ...]]] = {
         "recurrent": ("W_hr", "W_hz", "W_hn"),
         "bias": ("b_r", "b_z", "b_xn", "b_hn"),
     },
+    "lstm": {
+        "input": ("W_xi", "W_xf", "W_xg", "W_xo"),
+        "recurrent": ("W_hi", "W_hf", "W_hg", "W_ho"),
+        "bias": ("b_i", "b_f", "b_g", "b_o"),
+    },
 }
+
+# Floats per layer of a user's state, in units of H: an LSTM keeps h then c (2H), the others h.
+STATE_WIDTH = {"rnn": 1, "gru": 1, "lstm": 2}
+
+
+def state_shape(meta: ModelMeta) -> tuple[int, int]:
+    """The shape of one user's state: (layers, hidden), (layers, 2 * hidden) for an LSTM
+    (each layer's h, then its cell state c)."""
+    return (meta.layers, STATE_WIDTH[meta.cell] * meta.hidden)
 
 
 def layer_array_names(cell: str, layer: int) -> list[str]:
@@ -112,8 +126,11 @@ def array_names(layers: int, cell: str = "rnn") -> list[str]:
 
 
 def cell_of(arrays: dict[str, np.ndarray]) -> str:
-    """The cell whose arrays these are ("gru" when layer 0 has GRU arrays, else "rnn")."""
-    return "gru" if "layer0.W_xr" in arrays else "rnn"
+    """The cell whose arrays these are ("gru" or "lstm" when layer 0 has that cell's arrays,
+    else "rnn")."""
+    if "layer0.W_xr" in arrays:
+        return "gru"
+    return "lstm" if "layer0.W_xi" in arrays else "rnn"
 
 
 def expected_shapes(meta: ModelMeta, embedding_dim: int) -> dict[str, tuple[int, ...]]:

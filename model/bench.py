@@ -1,12 +1,13 @@
 """Kernel benchmark: microseconds per event of the batched cell, beside baselines in one run.
 
-    python -m model.bench [--cells rnn gru] [--hidden 32 64 128] [--batch 1 64 1024]
+    python -m model.bench [--cells rnn gru lstm] [--hidden 32 64 128] [--batch 1 64 1024]
 
 Columns: the batched Numba kernel alone (`step_batch`), the full batch path the worker uses
 (`ScoringModel.advance`: gaps, features, resets, kernel), the float64 numpy reference one event
-at a time, and PyTorch's `nn.RNNCell` or `nn.GRUCell` (+ embedding and linear head) over the
-same batch when torch is installed. Medians over repeats; ratios are against the kernel in the
-same run, and a last table puts each GRU kernel figure beside the Elman one.
+at a time, and PyTorch's `nn.RNNCell`, `nn.GRUCell` or `nn.LSTMCell` (+ embedding and linear
+head) over the same batch when torch is installed. Medians over repeats; ratios are against the
+kernel in the same run, and a last table puts each GRU and LSTM kernel figure beside the Elman
+one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from model.artifact import Model, random_model
+from model.artifact import Model, random_model, state_shape
 from model.cell import step_batch
 from model.features import feature_matrix
 from model.reference import reference_step
@@ -76,7 +77,7 @@ def numpy_reference_us(model: Model, n_events: int, rng) -> float:
     """µs/event of the float64 numpy reference, one event at a time."""
     params = model.arrays
     F = len(model.meta.features)
-    h = np.zeros((model.meta.layers, model.meta.hidden))
+    h = np.zeros(state_shape(model.meta))
     types = rng.integers(0, len(EVENT_TYPES) + 1, n_events)
     feats = rng.uniform(0, 5, (n_events, F))
 
@@ -89,8 +90,8 @@ def numpy_reference_us(model: Model, n_events: int, rng) -> float:
 
 
 def torch_cell_us(model: Model, batch: int, repeats: int, rng) -> float | None:
-    """µs/event of PyTorch nn.RNNCell / nn.GRUCell over one batch of distinct users, or None
-    without torch (random weights: the speed does not depend on them)."""
+    """µs/event of PyTorch nn.RNNCell / nn.GRUCell / nn.LSTMCell over one batch of distinct
+    users, or None without torch (random weights: the speed does not depend on them)."""
     try:
         import torch
     except ImportError:
@@ -100,18 +101,23 @@ def torch_cell_us(model: Model, batch: int, repeats: int, rng) -> float | None:
     H, D = model.meta.hidden, model.embedding_dim
     F = len(model.meta.features)
     emb = torch.nn.Embedding.from_pretrained(torch.tensor(a["embedding"], dtype=torch.float32))
-    make = torch.nn.GRUCell if model.meta.cell == "gru" else torch.nn.RNNCell
+    make = {"gru": torch.nn.GRUCell, "lstm": torch.nn.LSTMCell}.get(
+        model.meta.cell, torch.nn.RNNCell
+    )
     cells = [make(D + F if layer == 0 else H, H) for layer in range(model.meta.layers)]
     head = torch.nn.Linear(H, 1)
     types = torch.tensor(rng.integers(0, len(EVENT_TYPES) + 1, batch))
     feats = torch.tensor(rng.uniform(0, 5, (batch, F)), dtype=torch.float32)
-    hs = [torch.zeros(batch, H) for _ in cells]
+    lstm = model.meta.cell == "lstm"
+    hs = [(torch.zeros(batch, H), torch.zeros(batch, H)) if lstm else torch.zeros(batch, H)
+          for _ in cells]  # fmt: skip
 
     def run():
         with torch.inference_mode():
             x = torch.cat([emb(types), feats], dim=1)
             for layer, cell in enumerate(cells):
-                x = hs[layer] = cell(x, hs[layer])
+                hs[layer] = cell(x, hs[layer])
+                x = hs[layer][0] if lstm else hs[layer]
             torch.sigmoid(head(x))
 
     return median_seconds(run, repeats) / batch * 1e6
@@ -133,7 +139,9 @@ def machine_line() -> str:
 def main(argv: list[str] | None = None) -> None:
     """Print the kernel benchmark table."""
     p = argparse.ArgumentParser(prog="python -m model.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--cells", nargs="+", choices=["rnn", "gru"], default=["rnn", "gru"])
+    p.add_argument(
+        "--cells", nargs="+", choices=["rnn", "gru", "lstm"], default=["rnn", "gru", "lstm"]
+    )
     p.add_argument("--hidden", type=int, nargs="+", default=[32, 64, 128])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64, 1024])
     p.add_argument("--layers", type=int, default=1)
@@ -170,10 +178,12 @@ def main(argv: list[str] | None = None) -> None:
                         f"{cell:>4} {H:>4} {batch:>6} {users:>6} {k:8.3f} {adv:8.3f} "
                         f"{ref:8.2f} {tor_s} {ref / k:8.1f} {x_tor}"
                     )
-    if set(args.cells) == {"rnn", "gru"}:
-        print("\nGRU kernel / Elman kernel, same run:")
+    for gated in ("gru", "lstm"):
+        if not {"rnn", gated} <= set(args.cells):
+            continue
+        print(f"\n{gated.upper()} kernel / Elman kernel, same run:")
         for (cell, H, batch, users), k in kernels.items():
-            if cell == "gru":
+            if cell == gated:
                 print(f"  H {H:>4} batch {batch:>5} users {users:>5}: "
                       f"{k / kernels['rnn', H, batch, users]:5.2f}x")  # fmt: skip
 

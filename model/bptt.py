@@ -1,10 +1,11 @@
-"""Truncated backpropagation through time for the Elman cell and the GRU, in Numba
+"""Truncated backpropagation through time for the Elman cell, the GRU and the LSTM, in Numba
 (docs/contract.md, The model; Training data and labels).
 
 A mini-batch of B sessions, padded to T steps, runs in windows of `bptt` steps: forward
 through a window from the state carried over from the previous one (carried without
 gradient), then backward through that window only. So a loss at step t reaches inputs at most
-`bptt - 1` steps back, as in the truncation of the tutorials' `num_steps` (docs/contract.md,
+`bptt - 1` steps back (an LSTM carries its cell state c beside h the same way), as in the
+truncation of the tutorials' `num_steps` (docs/contract.md,
 The model). Gradients of the shared
 parameters sum over steps and sessions; the loss is per-step binary cross-entropy on the
 sigmoid head, weighted by the mask (0 on padding) and divided by `norm`.
@@ -20,7 +21,7 @@ import numba as nb
 import numpy as np
 
 from model.artifact import cell_of
-from model.params import CELL_GRU, Params, pack, unpack
+from model.params import CELL_GRU, CELL_LSTM, Params, pack, unpack
 from model.sessions import SessionBatch
 
 
@@ -106,27 +107,86 @@ def _layer_backward(p, g, layer, dh, inp, h_prev, h, gates):
 
 
 @nb.njit(cache=True)
+def _lstm_forward(p, layer, inp, h_prev, c_prev, h_out, c_out, gates):
+    """(h_out, c_out) = the LSTM on (inp, h_prev, c_prev); gates keeps i, f, g, o, tanh(c')."""
+    Wx, Wh = _weights(p, layer)
+    a = np.dot(inp, Wx) + np.dot(h_prev, Wh)
+    B, H = h_out.shape
+    bx = p.b_x[layer]
+    for i in range(B):
+        for j in range(H):
+            ig = 1.0 / (1.0 + np.exp(-(a[i, j] + bx[j])))
+            fg = 1.0 / (1.0 + np.exp(-(a[i, H + j] + bx[H + j])))
+            gg = np.tanh(a[i, 2 * H + j] + bx[2 * H + j])
+            og = 1.0 / (1.0 + np.exp(-(a[i, 3 * H + j] + bx[3 * H + j])))
+            c = fg * c_prev[i, j] + ig * gg
+            tc = np.tanh(c)
+            c_out[i, j] = c
+            h_out[i, j] = og * tc
+            gates[i, j] = ig
+            gates[i, H + j] = fg
+            gates[i, 2 * H + j] = gg
+            gates[i, 3 * H + j] = og
+            gates[i, 4 * H + j] = tc
+
+
+@nb.njit(cache=True)
+def _lstm_backward(p, g, layer, dh, dc, inp, h_prev, c_prev, gates):
+    """Add an LSTM layer's step gradients into g; return (d input, d previous h, d previous
+    c), given dh and dc, the gradients reaching this step's h' and c'."""
+    Wx, Wh = _weights(p, layer)
+    gWx, gWh = _weights(g, layer)
+    B, H = dh.shape
+    dA = np.empty((B, 4 * H), dh.dtype)  # pre-activation gradients, gates i | f | g | o
+    dc_prev = np.empty((B, H), dh.dtype)
+    for i in range(B):
+        for j in range(H):
+            ig, fg, gg = gates[i, j], gates[i, H + j], gates[i, 2 * H + j]
+            og, tc = gates[i, 3 * H + j], gates[i, 4 * H + j]
+            d = dh[i, j]
+            dct = dc[i, j] + d * og * (1 - tc * tc)  # everything reaching c'
+            dA[i, j] = dct * gg * ig * (1 - ig)
+            dA[i, H + j] = dct * c_prev[i, j] * fg * (1 - fg)
+            dA[i, 2 * H + j] = dct * ig * (1 - gg * gg)
+            dA[i, 3 * H + j] = d * tc * og * (1 - og)
+            dc_prev[i, j] = dct * fg
+    gWx += np.dot(inp.T, dA)
+    gWh += np.dot(h_prev.T, dA)
+    g.b_x[layer] += dA.sum(axis=0)
+    return np.dot(dA, Wx.T), np.dot(dA, Wh.T), dc_prev
+
+
+@nb.njit(cache=True)
 def _forward_backward(p, g, types, feats, mask, labels, bptt, norm):
     """Loss of the batch (weighted BCE sum / norm); adds the gradients into g (packed)."""
     B, T = types.shape
     L, H = p.b_hn.shape
     D = p.E.shape[1]
     dt = p.E.dtype
-    n_cache = 4 * H if p.cell == CELL_GRU else 1
+    lstm = p.cell == CELL_LSTM
+    n_cache = 4 * H if p.cell == CELL_GRU else (5 * H if lstm else 1)
     carry = np.zeros((L, B, H), dt)
+    carry_c = np.zeros((L, B, H) if lstm else (1, 1, 1), dt)  # an LSTM's cell states
     loss = 0.0
     for s in range(0, T, bptt):
         k = min(bptt, T - s)
         Hs = np.empty((k + 1, L, B, H), dt)
+        Cs = np.empty((k + 1, L, B, H) if lstm else (1, 1, 1, 1), dt)
         Gs = np.empty((k, L, B, n_cache), dt)
         Xs = np.empty((k, B, p.W_x0.shape[0]), dt)
         dz = np.zeros((k, B), dt)
         Hs[0] = carry
+        if lstm:
+            Cs[0] = carry_c
         for j in range(k):
             _inputs(p.E, types, feats, s + j, Xs[j])
             for layer in range(L):
                 inp = Xs[j] if layer == 0 else Hs[j + 1, layer - 1]
-                _layer_forward(p, layer, inp, Hs[j, layer], Hs[j + 1, layer], Gs[j, layer])
+                if lstm:
+                    _lstm_forward(p, layer, inp, Hs[j, layer], Cs[j, layer], Hs[j + 1, layer],
+                                  Cs[j + 1, layer], Gs[j, layer])  # fmt: skip
+                else:
+                    _layer_forward(p, layer, inp, Hs[j, layer], Hs[j + 1, layer], Gs[j, layer])
             z = np.dot(Hs[j + 1, L - 1], p.w_q) + p.b_q[0]
             for i in range(B):
                 m = mask[i, s + j]
@@ -138,7 +198,10 @@ def _forward_backward(p, g, types, feats, mask, labels, bptt, norm):
                     q = 1.0 / (1.0 + np.exp(-zi))
                     dz[j, i] = m * (q - y) / norm
         carry = Hs[k].copy()  # next window starts here, without gradient
+        if lstm:
+            carry_c = Cs[k].copy()
         dH_next = np.zeros((L, B, H), dt)  # from step j+1 into the state of step j
+        dC_next = np.zeros((L, B, H) if lstm else (1, 1, 1), dt)  # the same for c (LSTM)
         for j in range(k - 1, -1, -1):
             d_below = np.zeros((B, H), dt)
             for layer in range(L - 1, -1, -1):
@@ -150,7 +213,15 @@ def _forward_backward(p, g, types, feats, mask, labels, bptt, norm):
                 else:
                     dh = dH_next[layer] + d_below
                 inp = Xs[j] if layer == 0 else Hs[j + 1, layer - 1]
-                d_inp, d_prev = _layer_backward(p, g, layer, dh, inp, Hs[j, layer], h, Gs[j, layer])
+                if lstm:
+                    d_inp, d_prev, dc_prev = _lstm_backward(
+                        p, g, layer, dh, dC_next[layer], inp, Hs[j, layer], Cs[j, layer],
+                        Gs[j, layer],
+                    )  # fmt: skip
+                    dC_next[layer] = dc_prev
+                else:
+                    d_inp, d_prev = _layer_backward(p, g, layer, dh, inp, Hs[j, layer], h,
+                                                    Gs[j, layer])  # fmt: skip
                 dH_next[layer] = d_prev
                 if layer > 0:
                     d_below = d_inp
@@ -167,9 +238,12 @@ def _predict_logits(p, types, feats):
     B, T = types.shape
     L, H = p.b_hn.shape
     dt = p.E.dtype
-    n_cache = 4 * H if p.cell == CELL_GRU else 1
+    lstm = p.cell == CELL_LSTM
+    n_cache = 4 * H if p.cell == CELL_GRU else (5 * H if lstm else 1)
     Hc = np.zeros((L, B, H), dt)
     Hn = np.empty((L, B, H), dt)
+    Cc = np.zeros((L, B, H) if lstm else (1, 1, 1), dt)  # an LSTM's cell states
+    Cn = np.empty((L, B, H) if lstm else (1, 1, 1), dt)
     gates = np.empty((B, n_cache), dt)
     X = np.empty((B, p.W_x0.shape[0]), dt)
     Z = np.empty((B, T), dt)
@@ -177,9 +251,13 @@ def _predict_logits(p, types, feats):
         _inputs(p.E, types, feats, t, X)
         for layer in range(L):
             inp = X if layer == 0 else Hn[layer - 1]
-            _layer_forward(p, layer, inp, Hc[layer], Hn[layer], gates)
+            if lstm:
+                _lstm_forward(p, layer, inp, Hc[layer], Cc[layer], Hn[layer], Cn[layer], gates)
+            else:
+                _layer_forward(p, layer, inp, Hc[layer], Hn[layer], gates)
         Z[:, t] = np.dot(Hn[L - 1], p.w_q) + p.b_q[0]
         Hc, Hn = Hn, Hc
+        Cc, Cn = Cn, Cc
     return Z
 
 
@@ -216,9 +294,9 @@ def loss_and_gradients(
     """Mean per-step BCE of a batch of sessions and its truncated-BPTT gradient.
 
     `params` are named as the artifact's arrays (embedding, layer{l}.W_xh, ... or the GRU's
-    layer{l}.W_xr, ..., head.W_hq, head.b_q), all float32 or all float64; the gradients come
-    back under the same names and dtype. The loss averages over the batch's real steps (mask
-    weights); gradients flow back at most `bptt` steps.
+    layer{l}.W_xr, ... or the LSTM's layer{l}.W_xi, ..., head.W_hq, head.b_q), all float32 or
+    all float64; the gradients come back under the same names and dtype. The loss averages
+    over the batch's real steps (mask weights); gradients flow back at most `bptt` steps.
     """
     loss, g = packed_loss_and_gradients(as_params(params, cell), batch, bptt)
     return loss, {k: np.array(v) for k, v in unpack(g).items()}

@@ -1,5 +1,5 @@
-"""Recurrent cell kernels (docs/contract.md, The model), compiled by Numba: the Elman cell
-and the GRU.
+"""Recurrent cell kernels (docs/contract.md, The model), compiled by Numba: the Elman cell,
+the GRU and the LSTM.
 
 Row-vector convention, as in the tutorials the model comes from (docs/contract.md, The
 model): for layer l with h^0_t = x_t,
@@ -7,11 +7,16 @@ model): for layer l with h^0_t = x_t,
     Elman:  h^l_t = tanh(h^{l-1}_t W^l_xh + h^l_{t-1} W^l_hh + b^l_h)
     GRU:    r = sig(x W_xr + h W_hr + b_r)    z = sig(x W_xz + h W_hz + b_z)
             n = tanh(x W_xn + b_xn + r ⊙ (h W_hn + b_hn))    h' = (1 - z) ⊙ n + z ⊙ h
+    LSTM:   i = sig(x W_xi + h W_hi + b_i)    f = sig(x W_xf + h W_hf + b_f)
+            g = tanh(x W_xg + h W_hg + b_g)   o = sig(x W_xo + h W_ho + b_o)
+            c' = f ⊙ c + i ⊙ g    h' = o ⊙ tanh(c')
     score_t = head(h^L_t W_hq + b_q)
 
-(x is the layer's input, h its previous state, sig the logistic function: PyTorch's nn.GRU,
-transposed.) The kernels read the packed layout of model/params.py, where a layer's gates sit
-side by side in columns, so a wave's recurrent term is one product per layer for either cell.
+(x is the layer's input, h its previous state, sig the logistic function: PyTorch's nn.GRU
+and nn.LSTM, transposed.) A user's state is (L, H), (L, 2H) for the LSTM: each layer's h,
+then its c; the next layer and the head read h. The kernels read the packed layout of
+model/params.py, where a layer's gates sit side by side in columns, so a wave's recurrent term
+is one product per layer whatever the cell.
 x_t = [embedding[type_t], features_t], so layer 0's input term splits into a per-type row
 (embedding @ W_x0[:D] + b_x[0], computed once per model in `cell_weights`) plus
 features @ W_x0[D:]: the widest product of the step becomes a table lookup.
@@ -27,7 +32,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from model.params import CELL_GRU, GATES, Params
+from model.params import CELL_GRU, CELL_LSTM, GATES, Params
 
 # error_model="numpy" lets LLVM vectorise divisions (the Python model adds a zero check per
 # element); fastmath allows reassociation in the tanh polynomial and the dot products.
@@ -62,7 +67,7 @@ class CellWeights(NamedTuple):
     Python (about 0.5 µs more per call, which is the whole cost of a one-event batch).
     """
 
-    cell: int  # CELL_RNN or CELL_GRU
+    cell: int  # CELL_RNN, CELL_GRU or CELL_LSTM
     head: int  # HEAD_IDENTITY or HEAD_SIGMOID
     type_in: np.ndarray  # (V, G·H) E @ W_x0[:D] + b_x[0]: layer 0's input term per type
     W_fh: np.ndarray  # (F, G·H) W_x0[D:], the rows that multiply the numeric features
@@ -143,9 +148,11 @@ def _input_row(type_in, W_fh, type_idx, x_feat, out):
 
 @nb.njit(**_JIT)
 def step_one(w, h, type_idx, x_feat, reset):
-    """Advance one user's state h (L, H) by one event in place; return the event's score."""
+    """Advance one user's state h (L, H), (L, 2H) for an LSTM, by one event in place; return
+    the event's score."""
     cell, _, type_in, W_fh, W_h0, W_up, b_x, b_hn, _, _ = w
-    L, H = h.shape
+    L = h.shape[0]
+    H = W_h0.shape[0]
     GH = type_in.shape[1]
     if reset:
         h[:, :] = 0.0
@@ -174,10 +181,19 @@ def step_one(w, h, type_idx, x_feat, reset):
                 z = _sigmoid(zx[H + j] + zh[H + j])
                 n = _tanh(zx[2 * H + j] + r * (zh[2 * H + j] + b_hn[layer, j]))
                 h[layer, j] = n + z * (h[layer, j] - n)
+        elif cell == CELL_LSTM:
+            for j in range(H):
+                ig = _sigmoid(zx[j] + zh[j])
+                fg = _sigmoid(zx[H + j] + zh[H + j])
+                gg = _tanh(zx[2 * H + j] + zh[2 * H + j])
+                og = _sigmoid(zx[3 * H + j] + zh[3 * H + j])
+                cc = fg * h[layer, H + j] + ig * gg
+                h[layer, H + j] = cc
+                h[layer, j] = og * _tanh(cc)
         else:
             for j in range(H):
                 h[layer, j] = _tanh(zx[j] + zh[j])
-    return _score(w, h[L - 1])
+    return _score(w, h[L - 1, :H])
 
 
 @nb.njit(**_JIT)
@@ -220,17 +236,20 @@ def work_size(n_events: int, hidden: int, cell: str = "rnn") -> int:
 def step_batch(w, state, slot, type_idx, x_feat, reset, scores, work):
     """Apply a batch of events of many users, in order, with one call.
 
-    state (U, L, H): one row per distinct user of the batch, updated in place to each user's
-    state after their last event. Event e belongs to user slot[e], has type row type_idx[e]
-    and numeric features x_feat[e] (N, F); reset[e] zeroes the user's state before it (a new
-    session). scores (N,) receives one score per event. work is float32 scratch of at least
-    `work_size(N, H, cell)` elements, kept by the caller so a batch allocates no large buffers.
+    state (U, L, H), (U, L, 2H) for an LSTM: one row per distinct user of the batch, updated
+    in place to each user's state after their last event. Event e belongs to user slot[e], has
+    type row type_idx[e] and numeric features x_feat[e] (N, F); reset[e] zeroes the user's
+    state before it (a new session). scores (N,) receives one score per event. work is float32
+    scratch of at least `work_size(N, H, cell)` elements, kept by the caller so a batch
+    allocates no large buffers.
     """
     if slot.shape[0] == 0:
         return
     order, wave_start = _wave_order(slot, state.shape[0])
     if w[0] == CELL_GRU:
         _gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start)
+    elif w[0] == CELL_LSTM:
+        _lstm_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start)
     else:
         _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start)
 
@@ -330,3 +349,62 @@ def _gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wav
                     state[s, layer, j] = v
         for i in range(m):
             scores[order[lo + i]] = _score(w, B[i])
+
+
+@nb.njit(**_JIT)
+def _lstm_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start):
+    _, _, type_in, W_fh, W_h0, W_up, b_x, _, _, _ = w
+    n = slot.shape[0]
+    L = state.shape[1]
+    H = W_h0.shape[0]  # state rows are [h | c], 2H wide
+    F = x_feat.shape[1]
+    P = work[: n * H].reshape((n, H))  # layer 0: previous h of the wave's users
+    G = work[n * H : 3 * n * H].reshape((n, 2 * H))  # layers above: [h below | h previous]
+    Z = work[3 * n * H : 7 * n * H].reshape((n, 4 * H))  # all four gates: i | f | g | o
+    for k in range(wave_start.shape[0] - 1):
+        lo = wave_start[k]
+        m = wave_start[k + 1] - lo
+        # Layer 0: one product h_prev @ W_h0 for the wave (all four gates), then per row the
+        # type's input row (biases included) and the features.
+        for i in range(m):
+            e = order[lo + i]
+            s = slot[e]
+            if reset[e]:
+                state[s, :, :] = 0.0
+            for j in range(H):
+                P[i, j] = state[s, 0, j]
+        np.dot(P[:m], W_h0, Z[:m])
+        for i in range(m):
+            e = order[lo + i]
+            t = type_idx[e]
+            for c in range(4 * H):
+                Z[i, c] += type_in[t, c]
+            for f in range(F):
+                xf = x_feat[e, f]
+                for c in range(4 * H):
+                    Z[i, c] += xf * W_fh[f, c]
+        for layer in range(L):
+            if layer > 0:
+                # both terms of an upper layer in one product of [h below | h previous]
+                for i in range(m):
+                    s = slot[order[lo + i]]
+                    for j in range(H):
+                        G[i, H + j] = state[s, layer, j]
+                np.dot(G[:m], W_up[layer - 1], Z[:m])
+                for i in range(m):
+                    for c in range(4 * H):
+                        Z[i, c] += b_x[layer, c]
+            for i in range(m):
+                s = slot[order[lo + i]]
+                for j in range(H):
+                    ig = _sigmoid(Z[i, j])
+                    fg = _sigmoid(Z[i, H + j])
+                    gg = _tanh(Z[i, 2 * H + j])
+                    og = _sigmoid(Z[i, 3 * H + j])
+                    cc = fg * state[s, layer, H + j] + ig * gg
+                    v = og * _tanh(cc)
+                    state[s, layer, H + j] = cc
+                    state[s, layer, j] = v
+                    G[i, j] = v  # the next layer's input
+        for i in range(m):
+            scores[order[lo + i]] = _score(w, G[i, :H])

@@ -1,7 +1,7 @@
 """PyTorch weights → artifact arrays, in plain numpy (torch is never imported here).
 
-A model trained in PyTorch as `nn.Embedding(V, D)` → `nn.RNN` or `nn.GRU` (any number of
-layers, `bias=True`, tanh) → `nn.Linear(H, 1)` converts exactly: PyTorch computes
+A model trained in PyTorch as `nn.Embedding(V, D)` → `nn.RNN`, `nn.GRU` or `nn.LSTM` (any
+number of layers, `bias=True`, tanh) → `nn.Linear(H, 1)` converts exactly: PyTorch computes
 x W^T + b with weights stored (out, in); the artifact stores the transposes (row vectors, as
 in the tutorials the model comes from: docs/contract.md, The model). PyTorch's
 `weight_ih_l{l}` of a GRU stacks the gates r, z, n in that order:
@@ -9,7 +9,11 @@ in the tutorials the model comes from: docs/contract.md, The model). PyTorch's
     W_xr, W_xz, W_xn = weight_ih[:H].T, weight_ih[H:2H].T, weight_ih[2H:].T   (the same for hh)
     b_r = b_ir + b_hr    b_z = b_iz + b_hz    b_xn = b_in    b_hn = b_hn   (inside r ⊙ (...))
 
-An Elman layer: W_xh = weight_ih.T, W_hh = weight_hh.T, b_h = bias_ih + bias_hh.
+An Elman layer: W_xh = weight_ih.T, W_hh = weight_hh.T, b_h = bias_ih + bias_hh. An LSTM
+layer (no projection, `proj_size=0`) stacks its gates i, f, g, o in that order:
+
+    W_xi, W_xf, W_xg, W_xo = the four row blocks of weight_ih, transposed (the same for hh)
+    b_i = b_ii + b_hi    b_f = b_if + b_hf    b_g = b_ig + b_hg    b_o = b_io + b_ho
 
     state = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
     arrays = arrays_from_torch(state, cell="gru", layers=1)
@@ -41,7 +45,7 @@ def arrays_from_torch(
     """Artifact arrays (float32) from a state_dict given as numpy arrays.
 
     `embedding` names the embedding weight; `rnn` and `head` are the key prefixes of the
-    nn.RNN/nn.GRU and of the nn.Linear head.
+    nn.RNN/nn.GRU/nn.LSTM and of the nn.Linear head.
     """
 
     def get(key: str) -> np.ndarray:
@@ -64,8 +68,15 @@ def arrays_from_torch(
                 p + "W_hr": hr.T, p + "W_hz": hz.T, p + "W_hn": hn.T,
                 p + "b_r": bir + bhr, p + "b_z": biz + bhz, p + "b_xn": bin_, p + "b_hn": bhn,
             }  # fmt: skip
+        elif cell == "lstm":
+            if f"{rnn}weight_hr_l{layer}" in state:
+                raise ValueError("an nn.LSTM with proj_size > 0 has no artifact form")
+            W_x, W_h = _split_gates(w_ih, 4), _split_gates(w_hh, 4)
+            b = [i + h for i, h in zip(_split_gates(b_ih, 4), _split_gates(b_hh, 4), strict=True)]
+            for gate, wx, wh, bias in zip("ifgo", W_x, W_h, b, strict=True):
+                out |= {p + f"W_x{gate}": wx.T, p + f"W_h{gate}": wh.T, p + f"b_{gate}": bias}
         else:
-            raise ValueError(f"unknown cell {cell!r}; use rnn or gru")
+            raise ValueError(f"unknown cell {cell!r}; use rnn, gru or lstm")
     out["head.W_hq"] = get(f"{head}weight").T
     out["head.b_q"] = get(f"{head}bias")
     return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}

@@ -1,5 +1,6 @@
 """Synthetic sessions whose decisive evidence sits far from the end, with the exact
-Bayes-optimal score of each: the test bed where a gated cell (GRU) should beat the Elman cell.
+Bayes-optimal score of each: the test bed where a gated cell (GRU, LSTM) should beat the Elman
+cell.
 
 Each session is one user's: a hidden intent z (P(z) = 1/2) decides the purchase
 (P(buy | z) = 0.85, P(buy | not z) = 0.15), and shows only in a few evidence events among
@@ -104,16 +105,25 @@ def bayes_auc(sessions: list[tuple[list[str], bool, float]], users: set[str], se
     return roc_auc(np.array([b for b, _ in picked]), np.array([p for _, p in picked]))
 
 
+CELLS = ("rnn", "gru", "lstm")
+
+
 def compare_cells(
-    mode: Mode, n_sessions: int = 6000, hidden: int = 16, epochs: int = 10, seed: int = 1
+    mode: Mode,
+    n_sessions: int = 6000,
+    hidden: int = 16,
+    epochs: int = 10,
+    seed: int = 1,
+    cells: tuple[str, ...] = CELLS,
 ) -> dict[str, float]:
-    """Validation AUC (last step) of the Elman cell, the GRU and the Bayes-optimal score."""
+    """Validation AUC (last step) of each cell (Elman, GRU, LSTM) and of the Bayes-optimal
+    score."""
     from model.train import TrainConfig, train  # as roc_auc above
 
     sessions = long_range_sessions(n_sessions, mode, seed)
     events = list(long_range_events(n_sessions, mode, seed))
     out = {}
-    for cell in ("rnn", "gru"):
+    for cell in cells:
         config = TrainConfig(
             cell=cell, hidden=hidden, epochs=epochs, features=[], embedding_dim=8, seed=0,
             event_types=[*EVENT_TYPES, LABEL_TYPE], patience=epochs,
@@ -134,14 +144,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--cells", nargs="+", choices=CELLS, default=list(CELLS))
     args = p.parse_args(argv)
     print(f"{args.sessions} sessions, H = {args.hidden}, {args.epochs} epochs (best kept); "
           "validation AUC at the last step")  # fmt: skip
-    print(f"{'mode':<8} {'Bayes':>7} {'Elman':>7} {'GRU':>7} {'Elman/Bayes':>12} {'GRU/Bayes':>10}")
+    names = {"rnn": "Elman", "gru": "GRU", "lstm": "LSTM"}
+    cells = args.cells
+    print(f"{'mode':<8} {'Bayes':>7} " + " ".join(f"{names[c]:>7}" for c in cells) + " "
+          + " ".join(f"{names[c] + '/Bayes':>11}" for c in cells))  # fmt: skip
     for mode in ("head", "sparse", "short"):
-        r = compare_cells(mode, args.sessions, args.hidden, args.epochs, args.seed)
-        print(f"{mode:<8} {r['bayes']:>7.3f} {r['rnn']:>7.3f} {r['gru']:>7.3f} "
-              f"{r['rnn'] / r['bayes']:>12.3f} {r['gru'] / r['bayes']:>10.3f}")  # fmt: skip
+        r = compare_cells(mode, args.sessions, args.hidden, args.epochs, args.seed, tuple(cells))
+        print(f"{mode:<8} {r['bayes']:>7.3f} " + " ".join(f"{r[c]:>7.3f}" for c in cells) + " "
+              + " ".join(f"{r[c] / r['bayes']:>11.3f}" for c in cells), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 """The one packed layout of a model's parameters, shared by the scoring kernels and training.
 
 A layer's gates sit side by side in columns, in PyTorch's order: an Elman layer has one group
-(G = 1), a GRU layer three (r, z, n: G = 3). So a wave's input term and its recurrent term are
-one matrix product each per layer, whatever the cell.
+(G = 1), a GRU layer three (r, z, n: G = 3), an LSTM layer four (i, f, g, o: G = 4). So a
+wave's input term and its recurrent term are one matrix product each per layer, whatever the
+cell.
 
     E     (V, D)            embedding; the last row is for unknown types
     W_x0  (D+F, G·H)        layer 0's input weights: embedding rows, then feature rows
     W_h0  (H, G·H)          layer 0's recurrent weights
     W_up  (L-1, 2H, G·H)    layers 1..L-1: input rows [:H] (the layer below), recurrent rows [H:]
-    b_x   (L, G·H)          input-side biases: b_h (rnn); b_r, b_z, b_xn (gru)
-    b_hn  (L, H)            GRU's recurrent bias of n, inside r ⊙ (h W_hn + b_hn); 0 for rnn
+    b_x   (L, G·H)          input-side biases: b_h (rnn); b_r, b_z, b_xn (gru); b_i, b_f, b_g,
+                            b_o (lstm)
+    b_hn  (L, H)            GRU's recurrent bias of n, inside r ⊙ (h W_hn + b_hn); 0 otherwise
     w_q   (H,), b_q (1,)    the head
 
 Stacking a layer's input and recurrent rows lets the Elman kernel take both terms of an upper
@@ -27,14 +29,16 @@ from model.artifact import CELL_ARRAYS
 
 CELL_RNN = 0
 CELL_GRU = 1
-CELL_CODES = {"rnn": CELL_RNN, "gru": CELL_GRU}
-GATES = {"rnn": 1, "gru": 3}
+CELL_LSTM = 2
+CELL_CODES = {"rnn": CELL_RNN, "gru": CELL_GRU, "lstm": CELL_LSTM}
+CELL_NAMES = {code: name for name, code in CELL_CODES.items()}
+GATES = {"rnn": 1, "gru": 3, "lstm": 4}
 
 
 class Params(NamedTuple):
     """A model's parameters in the packed layout (all one dtype, C-contiguous)."""
 
-    cell: int  # CELL_RNN or CELL_GRU
+    cell: int  # CELL_RNN, CELL_GRU or CELL_LSTM
     E: np.ndarray
     W_x0: np.ndarray
     W_h0: np.ndarray
@@ -46,7 +50,7 @@ class Params(NamedTuple):
 
     @property
     def cell_name(self) -> str:
-        return "gru" if self.cell == CELL_GRU else "rnn"
+        return CELL_NAMES[self.cell]
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays by field name (for optimisers and clipping; updates write through)."""

@@ -32,11 +32,31 @@ def gru_layer(a: dict[str, np.ndarray], layer: int, x: np.ndarray, h: np.ndarray
     return (1.0 - z) * n + z * h
 
 
+def lstm_layer(
+    a: dict[str, np.ndarray], layer: int, x: np.ndarray, state: np.ndarray
+) -> np.ndarray:
+    """PyTorch nn.LSTM in row vectors; the layer's state is [h, c] (2H): returns [h', c'].
+
+    i = sigmoid(x W_xi + h W_hi + b_i)    f = sigmoid(x W_xf + h W_hf + b_f)
+    g = tanh(x W_xg + h W_hg + b_g)       o = sigmoid(x W_xo + h W_ho + b_o)
+    c' = f ⊙ c + i ⊙ g                    h' = o ⊙ tanh(c')
+    """
+    w = _float64_getter(a, layer)
+    H = state.shape[0] // 2
+    h, c = state[:H], state[H:]
+    i = _sigmoid(x @ w("W_xi") + h @ w("W_hi") + w("b_i"))
+    f = _sigmoid(x @ w("W_xf") + h @ w("W_hf") + w("b_f"))
+    g = np.tanh(x @ w("W_xg") + h @ w("W_hg") + w("b_g"))
+    o = _sigmoid(x @ w("W_xo") + h @ w("W_ho") + w("b_o"))
+    c_new = f * c + i * g
+    return np.concatenate([o * np.tanh(c_new), c_new])
+
+
 def _float64_getter(a: dict[str, np.ndarray], layer: int):
     return lambda name: np.asarray(a[f"layer{layer}.{name}"], np.float64)
 
 
-LAYERS = {"rnn": rnn_layer, "gru": gru_layer}
+LAYERS = {"rnn": rnn_layer, "gru": gru_layer, "lstm": lstm_layer}
 
 
 def reference_step(
@@ -47,17 +67,20 @@ def reference_step(
     head: str,
     cell: str | None = None,
 ) -> tuple[np.ndarray, float]:
-    """Return (new h (L, H), score) after one event, given the artifact's arrays by name.
+    """Return (new state, score) after one event, given the artifact's arrays by name.
 
-    `cell` ("rnn" or "gru") defaults to the one the array names show.
+    The state is one user's: (L, H), or (L, 2H) for an LSTM (each layer's h, then its c), as
+    the kernels keep it. `cell` ("rnn", "gru" or "lstm") defaults to the one the array names
+    show. A layer's output, the next layer's input and the head's, is its h.
     """
     layer_fn = LAYERS[cell or cell_of(params)]
     x = np.concatenate([params["embedding"][type_idx], features]).astype(np.float64)
+    H = params["head.W_hq"].shape[0]
     h_new = np.empty(h.shape, np.float64)
     below = x
     for layer in range(h.shape[0]):
         h_new[layer] = layer_fn(params, layer, below, np.asarray(h[layer], np.float64))
-        below = h_new[layer]
+        below = h_new[layer, :H]
     z = float(below @ params["head.W_hq"][:, 0] + params["head.b_q"][0])
     score = 1.0 / (1.0 + np.exp(-z)) if head == "sigmoid" else z
     return h_new, score

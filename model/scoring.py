@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.artifact import Model
+from model.artifact import Model, state_shape
 from model.calibration import calibration_of, with_ends
 from model.cell import CellWeights, cell_weights, step_batch, work_size
 from model.features import event_gaps, feature_matrix, session_resets
@@ -43,8 +43,9 @@ class ScoringModel:
 
     @property
     def state_shape(self) -> tuple[int, int]:
-        """(layers, hidden): the shape of one user's state."""
-        return (self.layers, self.hidden)
+        """The shape of one user's state: (layers, hidden); (layers, 2 * hidden) for an LSTM,
+        each layer's h then its c (model/artifact.py, state_shape)."""
+        return state_shape(self.model.meta)
 
     def type_indices(self, types: Sequence[str]) -> np.ndarray:
         """Embedding row of each event type; unknown types get the reserved last row."""
@@ -61,8 +62,8 @@ class ScoringModel:
     ) -> np.ndarray:
         """Apply events in order to the users' states in place; return one score per event.
 
-        state (U, L, H) float32 and last_ts (U,) int64 epoch ms (-1 = no previous event) hold
-        one row per distinct user; event e belongs to row slot[e].
+        state (U, *state_shape) float32 and last_ts (U,) int64 epoch ms (-1 = no previous
+        event) hold one row per distinct user; event e belongs to row slot[e].
         """
         gap, has_prev = event_gaps(slot, ts_ms, last_ts)
         x_feat = feature_matrix(self.model.meta.features, gap)

@@ -40,7 +40,7 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cell: Literal["rnn", "gru"] = "rnn"
+    cell: Literal["rnn", "gru", "lstm"] = "rnn"
     hidden: int = Field(64, ge=1)
     layers: int = Field(1, ge=1)
     embedding_dim: int = Field(16, ge=1)

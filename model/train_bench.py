@@ -1,8 +1,9 @@
-"""Training benchmark: this trainer beside PyTorch nn.RNN / nn.GRU on the same data, in one run.
+"""Training benchmark: this trainer beside PyTorch nn.RNN / nn.GRU / nn.LSTM on the same data.
 
-    python -m model.train_bench [--cell rnn|gru] [--events 100000] [--users 5000] [--hidden 64]
+    python -m model.train_bench [--cell rnn|gru|lstm] [--events 100000] [--users 5000] \
+        [--hidden 64]
 
-Both train the same architecture (embedding, one Elman or GRU layer, sigmoid head, features
+Both train the same architecture (embedding, one Elman, GRU or LSTM layer, sigmoid head, features
 [gap]) on the same mini-batches with the same truncation (bptt windows, state carried
 without gradient), Adam at the same learning rate, and clipping at the same global norm
 (PyTorch's clip_grad_norm_ divides by norm + 1e-6 and always rescales; ours rescales only
@@ -74,6 +75,8 @@ def pytorch(config: TrainConfig, train_s, valid_s, types, epochs: int):
     emb = torch.nn.Embedding(len(types) + 1, D)
     if config.cell == "gru":
         rnn = torch.nn.GRU(D + F, H, batch_first=True)
+    elif config.cell == "lstm":
+        rnn = torch.nn.LSTM(D + F, H, batch_first=True)
     else:
         rnn = torch.nn.RNN(D + F, H, batch_first=True, nonlinearity="tanh")
     head = torch.nn.Linear(H, 1)
@@ -86,12 +89,15 @@ def pytorch(config: TrainConfig, train_s, valid_s, types, epochs: int):
         mask = torch.from_numpy(b.mask.astype(np.float32))
         y = torch.from_numpy(b.labels.astype(np.float32))[:, None].expand_as(mask)
         h = torch.zeros(1, len(b.labels), H)
+        if config.cell == "lstm":
+            h = (h, torch.zeros(1, len(b.labels), H))  # h and the cell state c
         opt.zero_grad()
         norm = mask.sum()
         for s in range(0, b.types.shape[1], config.bptt):
             sl = slice(s, s + config.bptt)
             x = torch.cat([emb(types_t[:, sl]), feats[:, sl]], dim=2)
-            out, h = rnn(x, h.detach())
+            h = tuple(v.detach() for v in h) if isinstance(h, tuple) else h.detach()
+            out, h = rnn(x, h)
             z = head(out)[..., 0]
             loss = (
                 torch.nn.functional.binary_cross_entropy_with_logits(
@@ -117,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--events", type=int, default=100_000)
     p.add_argument("--users", type=int, default=5_000)
-    p.add_argument("--cell", choices=["rnn", "gru"], default="rnn")
+    p.add_argument("--cell", choices=["rnn", "gru", "lstm"], default="rnn")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     ours(config, train_s[:64], valid_s[:8], types, 1)  # compile / load the kernels first
     rows = [("intentstream (Numba)", *ours(config, train_s, valid_s, types, args.epochs))]
     try:
-        torch_name = "PyTorch nn.GRU" if args.cell == "gru" else "PyTorch nn.RNN"
+        torch_name = "PyTorch nn." + {"gru": "GRU", "lstm": "LSTM"}.get(args.cell, "RNN")
         rows.append((torch_name, *pytorch(config, train_s, valid_s, types, args.epochs)))
     except ImportError:
         print("(torch not installed: pip install torch==2.13.0 for the PyTorch row)")

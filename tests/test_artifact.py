@@ -18,6 +18,7 @@ from model.artifact import (
     random_model,
     save_model,
     sha256_hex,
+    state_shape,
 )
 from tests.golden import golden_model
 
@@ -201,7 +202,7 @@ def test_refuses_meta_that_is_not_json():
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("cell", "lstm", "cell"),
+        ("cell", "transformer", "cell"),
         ("layers", 0, "layers"),
         ("head", "softmax", "head"),
         ("event_types", ["view", "view"], "distinct"),
@@ -257,4 +258,27 @@ def test_gru_artifact_written_by_hand_loads_and_mixed_cells_are_refused():
     with pytest.raises(
         ArtifactError, match=r"'layer0\.W_hz' has shape \(3, 4\); expected \(3, 3\)"
     ):
+        model_from_bytes(npz_bytes(wrong, meta))
+
+
+def test_lstm_artifact_written_by_hand_loads_with_four_gates_and_wrong_shapes_are_refused():
+    H, D, V = 3, 2, len(TYPES) + 1
+    arrays = {"embedding": np.ones((V, D)), "head.W_hq": np.ones((H, 1)), "head.b_q": np.zeros(1)}
+    for gate in "ifgo":
+        arrays[f"layer0.W_x{gate}"] = np.full((D, H), 0.1)
+        arrays[f"layer0.W_h{gate}"] = np.eye(H)
+        arrays[f"layer0.b_{gate}"] = np.zeros(H)
+    meta = {"format": "intentstream.model/1", "cell": "lstm", "layers": 1, "hidden": H,
+            "event_types": TYPES, "head": "sigmoid", "session_gap_seconds": 0}  # fmt: skip
+    model = model_from_bytes(npz_bytes(arrays, meta))
+    assert model.meta.cell == "lstm"
+    assert model.parameter_count() == V * D + 4 * (D * H + H * H + H) + H + 1
+    assert state_shape(model.meta) == (1, 2 * H)  # h, then the cell state c
+    no_gate = {k: v for k, v in arrays.items() if k != "layer0.W_hf"}
+    with pytest.raises(ArtifactError, match=r"missing array\(s\): layer0\.W_hf"):
+        model_from_bytes(npz_bytes(no_gate, meta))
+    with pytest.raises(ArtifactError, match=r"unexpected array\(s\) for a 1-layer lstm model"):
+        model_from_bytes(npz_bytes(arrays | {"layer0.b_hn": np.zeros(H)}, meta))
+    wrong = arrays | {"layer0.b_o": np.zeros(H + 1)}
+    with pytest.raises(ArtifactError, match=r"'layer0\.b_o' has shape \(4,\); expected \(3,\)"):
         model_from_bytes(npz_bytes(wrong, meta))

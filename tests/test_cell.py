@@ -1,6 +1,6 @@
 """Kernel and scoring behaviour beyond one forward pass: states, carrying, resets, features.
 
-Scores of every path against the float64 reference, for both cells, are in
+Scores of every path against the float64 reference, for every cell, are in
 test_conformance.py; here the states themselves are checked too (property test).
 """
 
@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.artifact import Model, random_model
+from model.artifact import Model, random_model, state_shape
 from model.cell import step_batch
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
@@ -42,7 +42,7 @@ def batch_scores(sm: ScoringModel, slot, types, feats, reset=None, n_users=None)
 def reference_scores(model: Model, slot, types, feats, reset=None):
     """Scores and final states by the numpy reference, one event at a time."""
     n_users = int(max(slot)) + 1
-    h = np.zeros((n_users, model.meta.layers, model.meta.hidden))
+    h = np.zeros((n_users, *state_shape(model.meta)))
     out = []
     for e in range(len(slot)):
         if reset is not None and reset[e]:
@@ -140,9 +140,43 @@ def test_gap_feature_is_log1p_seconds_since_previous_event():
     np.testing.assert_allclose(got, [s0, s1], atol=1e-5)
 
 
+def test_lstm_state_is_h_then_c_and_a_new_session_zeroes_both():
+    H, L = 6, 2
+    model = random_model(TYPES, hidden=H, layers=L, seed=7, cell="lstm", session_gap_seconds=60)
+    sm = ScoringModel(model)
+    assert sm.state_shape == (L, 2 * H)
+    t0 = 1_700_000_000_000
+    scorer = InMemoryScorer(sm)
+    types = ["view", "coupon", "add_to_cart"]
+    first = scorer.score(["u"] * 3, types, np.array([t0, t0 + 5_000, t0 + 9_000]))
+    state = scorer._state["u"]
+    h, c = state[:, :H], state[:, H:]
+    assert np.abs(c).min() > 0 and np.abs(h).max() < 1  # c is no copy of h
+    # h = o ⊙ tanh(c) elementwise, so |h| < |tanh(c)|
+    assert np.all(np.abs(h) <= np.abs(np.tanh(c)) + 1e-6)
+    ref = np.zeros((L, 2 * H))
+    for name in types:
+        ref, _ = reference_step(model.arrays, ref, TYPES.index(name), np.zeros(0), "sigmoid")
+    np.testing.assert_allclose(state, ref, atol=1e-6)
+    # 61 s later: a new session from zero h and zero c, so the same scores as the first time
+    again = scorer.score(["u"] * 3, types, np.array([t0 + 70_000, t0 + 75_000, t0 + 79_000]))
+    np.testing.assert_allclose(again, first, atol=1e-7)
+    # the cell state alone changes the next score: h zeroed, c kept is not the zero state
+    kept_c = state.copy()
+    kept_c[:, :H] = 0.0
+    scores = []
+    for start in (np.zeros_like(state), kept_c):
+        out = np.empty(1, np.float32)
+        one = np.zeros(1, np.int64)
+        step_batch(sm.weights, start[None].copy(), one, one, np.zeros((1, 0), np.float32),
+                   np.zeros(1, np.bool_), out, sm.scratch(1))  # fmt: skip
+        scores.append(out[0])
+    assert abs(scores[0] - scores[1]) > 1e-4
+
+
 @settings(max_examples=40, deadline=None)
 @given(
-    cell=st.sampled_from(["rnn", "gru"]),
+    cell=st.sampled_from(["rnn", "gru", "lstm"]),
     hidden=st.integers(1, 40),
     layers=st.integers(1, 3),
     n_types=st.integers(1, 6),

@@ -158,5 +158,27 @@ def test_model_init_writes_a_gru_that_scores(tmp_path: Path):
     assert "layer0.W_hn" in shown.stdout
     scored = run_cli("score", "--model", str(out), stdin=jsonl([{"user_id": "u", "type": "view"}]))
     assert scored.returncode == 0 and 0 < json.loads(scored.stdout)["score"] < 1
-    bad = run_cli("model", "init", "--cell", "lstm", "--event-types", "a", "--out", str(out))
-    assert bad.returncode == 2 and "invalid choice: 'lstm'" in bad.stderr
+    bad = run_cli("model", "init", "--cell", "tcn", "--event-types", "a", "--out", str(out))
+    assert bad.returncode == 2 and "invalid choice: 'tcn'" in bad.stderr
+
+
+@pytest.mark.integration
+def test_model_init_writes_an_lstm_that_scores(tmp_path: Path):
+    out = tmp_path / "lstm.npz"
+    args = ["model", "init", "--cell", "lstm", "--event-types", "view,add_to_cart",
+            "--hidden", "8", "--layers", "2", "--features", "gap", "--out", str(out)]  # fmt: skip
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    model = load_model(out)
+    assert model.meta.cell == "lstm" and model.arrays["layer1.W_xf"].shape == (8, 8)
+    assert model.arrays["layer0.W_xo"].shape == (9, 8) and model.arrays["layer0.b_g"].shape == (8,)
+    assert "layer0.W_xh" not in model.arrays and "layer0.b_hn" not in model.arrays
+    shown = run_cli("model", "show", str(out))
+    assert "cell:          lstm, 2 layer(s), hidden 8" in shown.stdout
+    events = [
+        {"user_id": "u", "type": "view", "ts": 1_700_000_000_000 + 1000 * i} for i in range(3)
+    ]
+    scored = run_cli("score", "--model", str(out), stdin=jsonl(events))
+    assert scored.returncode == 0, scored.stderr
+    rows = [json.loads(line)["score"] for line in scored.stdout.splitlines()]
+    assert len(rows) == 3 and all(0 < r < 1 for r in rows)

@@ -2,11 +2,11 @@
 equal the float64 reference's.
 
 Cases: the golden e-commerce example (docs/contract.md, The model; and its events in another
-order), and random Elman
-and GRU models with 1-3 layers, with and without the gap feature, both heads, session resets
-and unknown event types, several users interleaved. Paths: the reference, `step_one`,
-`step_batch`, `ScoringModel.advance`, the training forward pass (and its loss), the installed
-`intentstream score`, and the worker end to end on a private Redis.
+order), and random Elman, GRU and LSTM models with 1-3 layers, with and without the gap
+feature, both heads, session resets and unknown event types, several users interleaved.
+Paths: the reference, `step_one`, `step_batch`, `ScoringModel.advance`, the training forward
+pass (and its loss), the installed `intentstream score`, and the worker end to end on a
+private Redis.
 
 The oracle derives each event's inputs (gap, reset, type row) itself from the model's
 contract (docs/contract.md, The model), so a
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.artifact import Model, random_model, save_model
+from model.artifact import Model, random_model, save_model, state_shape
 from model.bptt import loss_and_gradients, predict
 from model.calibration import calibration_of
 from model.cell import step_batch, step_one
@@ -35,6 +35,7 @@ from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
 TYPES = ["view", "search", "add_to_cart", "coupon", "checkout"]
 UNKNOWN = ["teleport", "warp"]  # in no model's vocabulary
 USERS = ["ann", "bob", "cy", "dee"]
+CELLS = ("rnn", "gru", "lstm")
 T0 = 1_700_000_000_000
 
 
@@ -96,8 +97,8 @@ def random_cases() -> list[Case]:
         (2, 3, True, "identity", 60),
     ]
     return [
-        random_case(cell, *shape, seed=10 * i + (cell == "gru"))
-        for cell in ("rnn", "gru")
+        random_case(cell, *shape, seed=10 * i + CELLS.index(cell))
+        for cell in CELLS
         for i, shape in enumerate(shapes)
     ]
 
@@ -144,7 +145,7 @@ def inputs_of(case: Case) -> Inputs:
 
 def reference_scores(case: Case) -> np.ndarray:
     meta, x = case.model.meta, inputs_of(case)
-    h = np.zeros((len(USERS) + 1, meta.layers, meta.hidden))
+    h = np.zeros((len(USERS) + 1, *state_shape(meta)))  # an LSTM's rows: h, then c
     out = []
     for e, s in enumerate(x.slot):
         if x.reset[e]:
@@ -236,8 +237,8 @@ IN_PROCESS = {
 
 def test_cases_cover_what_they_claim():
     kinds = {(c.model.meta.cell, c.model.meta.layers) for c in CASES}
-    assert kinds >= {(cell, n) for cell in ("rnn", "gru") for n in (1, 2, 3)}
-    for cell in ("rnn", "gru"):
+    assert kinds >= {(cell, n) for cell in CELLS for n in (1, 2, 3)}
+    for cell in CELLS:
         mine = [c for c in CASES if c.model.meta.cell == cell and "golden" not in c.name]
         assert {c.model.meta.head for c in mine} == {"sigmoid", "identity"}
         assert {bool(c.model.meta.features) for c in mine} == {True, False}

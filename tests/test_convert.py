@@ -1,12 +1,12 @@
-"""PyTorch nn.GRU / nn.RNN weights convert exactly (when torch is installed; the conversion
-itself is plain numpy and runs without it)."""
+"""PyTorch nn.GRU / nn.LSTM / nn.RNN weights convert exactly (when torch is installed; the
+conversion itself is plain numpy and runs without it)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model.artifact import FORMAT, ModelMeta, validate_model
+from model.artifact import FORMAT, ModelMeta, state_shape, validate_model
 from model.convert import arrays_from_torch
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
@@ -34,12 +34,37 @@ def test_gru_state_dict_of_plain_arrays_converts_gate_by_gate():
         arrays_from_torch(state, "gru", layers=2)
 
 
-@pytest.mark.parametrize("cell", ["gru", "rnn"])
+def test_lstm_state_dict_of_plain_arrays_converts_gate_by_gate():
+    H, n_in = 2, 3
+    w_ih = np.arange(4 * H * n_in, dtype=np.float64).reshape(4 * H, n_in)
+    w_hh = 100 + np.arange(4 * H * H, dtype=np.float64).reshape(4 * H, H)
+    b_ih, b_hh = np.arange(8.0), 10 * np.arange(8.0)
+    state = {
+        "embedding.weight": np.zeros((4, n_in)), "rnn.weight_ih_l0": w_ih,
+        "rnn.weight_hh_l0": w_hh, "rnn.bias_ih_l0": b_ih, "rnn.bias_hh_l0": b_hh,
+        "head.weight": np.ones((1, H)), "head.bias": np.zeros(1),
+    }  # fmt: skip
+    a = arrays_from_torch(state, "lstm", layers=1)
+    for k, gate in enumerate("ifgo"):  # PyTorch's order of the row blocks
+        rows = slice(k * H, (k + 1) * H)
+        np.testing.assert_array_equal(a[f"layer0.W_x{gate}"], w_ih[rows].T)
+        np.testing.assert_array_equal(a[f"layer0.W_h{gate}"], w_hh[rows].T)
+        np.testing.assert_array_equal(a[f"layer0.b_{gate}"], b_ih[rows] + b_hh[rows])
+    assert len([k for k in a if k.startswith("layer0.")]) == 12
+    projected = state | {"rnn.weight_hr_l0": np.zeros((1, H))}
+    with pytest.raises(ValueError, match="proj_size"):
+        arrays_from_torch(projected, "lstm", layers=1)
+
+
+TORCH_CELLS = {"gru": "GRU", "rnn": "RNN", "lstm": "LSTM"}
+
+
+@pytest.mark.parametrize("cell", TORCH_CELLS)
 def test_a_trained_pytorch_model_scores_the_same_in_every_path(cell):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     F, H, D, L = 1, 12, 6, 2
-    rnn_cls = torch.nn.GRU if cell == "gru" else torch.nn.RNN
+    rnn_cls = getattr(torch.nn, TORCH_CELLS[cell])
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -76,7 +101,7 @@ def test_a_trained_pytorch_model_scores_the_same_in_every_path(cell):
     names = [TYPES[t] if t < len(TYPES) else "never-seen" for t in types[0].tolist()]
     got = InMemoryScorer(ScoringModel(model)).score(["u"] * 30, names, ts)
     np.testing.assert_allclose(got, want, atol=2e-5)
-    h, ref = np.zeros((L, H)), []
+    h, ref = np.zeros(state_shape(meta)), []  # an LSTM's: h, then c
     for t, g in zip(types[0].tolist(), gaps, strict=True):
         h, s = reference_step(model.arrays, h, t, np.array([g]), "sigmoid")
         ref.append(s)

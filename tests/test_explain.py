@@ -1,6 +1,6 @@
 """The reasons of a score (model/explain.py): leave-one-out deltas recomputed from their
-definition with the float64 reference of the cell, one event at a time, on random Elman and
-GRU models and random sessions (session gaps crossed, duplicated and out-of-order times,
+definition with the float64 reference of the cell, one event at a time, on random Elman, GRU
+and LSTM models and random sessions (session gaps crossed, duplicated and out-of-order times,
 unknown types).
 
 The oracle derives gaps, features and resets itself from docs/contract.md (The model), as
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.artifact import Model, random_model
+from model.artifact import Model, random_model, state_shape
 from model.explain import Explanation, Reason, Session, leave_one_out, zero_state_score
 from model.reference import reference_step
 from model.scoring import ScoringModel
@@ -28,7 +28,7 @@ def reference_replay(model: Model, prev_ts: int, types: list[str], ts: list[int]
     with no events, the zero state's score."""
     meta, a = model.meta, model.arrays
     index = {t: i for i, t in enumerate(meta.event_types)}
-    h = np.zeros((meta.layers, meta.hidden))
+    h = np.zeros(state_shape(meta))  # an LSTM's: h, then c
     z = float(a["head.b_q"][0])
     score = 1.0 / (1.0 + np.exp(-z)) if meta.head == "sigmoid" else z
     last = prev_ts
@@ -73,6 +73,9 @@ MODELS = [  # cell, layers, hidden, gap feature, head, session gap
     ("gru", 1, 8, True, "sigmoid", SESSION_GAP),
     ("gru", 2, 4, True, "identity", SESSION_GAP),
     ("gru", 1, 6, False, "sigmoid", 0.0),
+    ("lstm", 1, 8, True, "sigmoid", SESSION_GAP),
+    ("lstm", 2, 4, True, "identity", SESSION_GAP),
+    ("lstm", 1, 6, False, "sigmoid", 0.0),
 ]
 
 

@@ -138,10 +138,12 @@ def test_recent_events_pack_and_cut_at_session_gaps():
     assert capped == Recent.of(1000, [2000, 3000, 4000], ["ü-type", "a", "b"])
 
 
-def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it(cell):
     from worker.engine.compute.batch import parse_batch
 
-    model = ScoringModel(random_model(SMALL, hidden=8, features=["gap"], seed=3), version="9")
+    model = ScoringModel(random_model(SMALL, hidden=8, features=["gap"], seed=3, cell=cell),
+                         version="9")  # fmt: skip
     states = UserStates.empty(["u"], model.state_shape)
     states.recent[0] = pack(Recent.of(500, [1000, 2000], ["view", "search"]))
     states.replay.append(0)
@@ -161,11 +163,14 @@ def test_the_pipeline_replays_before_the_batch_and_emits_no_scores_for_it():
                                             ["view", "search", "add_to_cart"])  # fmt: skip
 
 
-def test_a_shadow_model_scores_like_alone_and_its_promotion_keeps_its_states(redis_server):
+@pytest.mark.parametrize("shadow_cell", ["rnn", "lstm"])  # an LSTM's state: (L, 2H), h then c
+def test_a_shadow_model_scores_like_alone_and_its_promotion_keeps_its_states(
+    redis_server, shadow_cell
+):
     r = connect(redis_server.url)
     reg = Registry(r)
     v1 = random_model(SMALL, hidden=16, features=["gap"], seed=1)
-    v2 = random_model(LARGE, hidden=32, layers=2, features=["gap"], seed=2)
+    v2 = random_model(LARGE, hidden=32, layers=2, features=["gap"], seed=2, cell=shadow_cell)
     reg.publish_model(v1, promote=True)
     reg.publish_model(v2)
     consumer = consumer_of(redis_server.url)
@@ -195,7 +200,10 @@ def test_a_shadow_model_scores_like_alone_and_its_promotion_keeps_its_states(red
     assert consumer.metrics.value("intentstream_state_resets_total", reason="replayed") == 0
 
 
-def test_a_shadow_scores_like_alone_from_cached_and_ahead_computed_states(redis_server):
+@pytest.mark.parametrize("shadow_cell", ["rnn", "lstm"])
+def test_a_shadow_scores_like_alone_from_cached_and_ahead_computed_states(
+    redis_server, shadow_cell
+):
     """With a shadow running, states come from the cache and from batches computed while the
     commit before them ran, for both models; sequence bumps between rounds refuse some of
     those batches. Both score columns equal each model run alone."""
@@ -207,7 +215,7 @@ def test_a_shadow_scores_like_alone_from_cached_and_ahead_computed_states(redis_
     types = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout",
              "purchase"]  # fmt: skip
     v1 = random_model(types, hidden=16, features=["gap"], seed=1)
-    v2 = random_model(types, hidden=24, layers=2, features=["gap"], seed=2)
+    v2 = random_model(types, hidden=24, layers=2, features=["gap"], seed=2, cell=shadow_cell)
     reg.publish_model(v1, promote=True)
     reg.publish_model(v2)
     reg.set_shadow("2")

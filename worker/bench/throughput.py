@@ -38,7 +38,7 @@ from tempfile import TemporaryDirectory
 import numpy as np
 import redis
 
-from model.artifact import Model, random_model, save_model
+from model.artifact import Model, random_model, save_model, state_shape
 from model.bench import machine_line
 from model.reference import reference_step
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
@@ -140,7 +140,7 @@ def run_competent(
     state field, every score entry field; states pass through, every score is 0): users
     deduplicated per batch, one pipeline of HMGETs, one pipeline of HSETs, XADDs, XACK."""
     gap_ms = model.meta.session_gap_seconds * 1000.0
-    zero_h = bytes(4 * model.meta.layers * model.meta.hidden)
+    zero_h = bytes(4 * int(np.prod(state_shape(model.meta))))  # an LSTM's: h and c
     done, latencies = 0, []
     t0 = time.perf_counter()
     while done < n:
@@ -180,7 +180,7 @@ def run_competent(
 def run_naive(r: redis.Redis, model: Model, n: int, batch: int) -> tuple[float, list]:
     """Variant d: one round trip per command per event, numpy reference step per event."""
     index = {t: i for i, t in enumerate(model.meta.event_types)}
-    unknown, shape = len(index), (model.meta.layers, model.meta.hidden)
+    unknown, shape = len(index), state_shape(model.meta)
     feats = np.zeros(len(model.meta.features))
     done, latencies = 0, []
     t0 = time.perf_counter()
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=200_000, help="backlog size")
     p.add_argument("--users", type=int, default=50_000, help="distinct users in the backlog")
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the random model")
-    p.add_argument("--cell", choices=["rnn", "gru"], default="rnn", help="the model's cell")
+    p.add_argument("--cell", choices=["rnn", "gru", "lstm"], default="rnn", help="the model's cell")
     p.add_argument("--batch-size", type=int, default=512, help="entries per read")
     p.add_argument("--subset", type=int, default=20_000, help="events for the slow variants d, e")
     p.add_argument("--variants", default="afbcde", help="run in this order, each repeat")

@@ -132,9 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument(
         "--cell",
-        choices=["rnn", "gru"],
+        choices=["rnn", "gru", "lstm"],
         default="rnn",
-        help="Elman RNN or GRU (see docs/models.md, Choosing a cell)",
+        help="Elman RNN, GRU or LSTM (see docs/models.md, Choosing a cell)",
     )
     init.add_argument("--hidden", type=positive_int, default=64, help="H, the state width")
     init.add_argument("--layers", type=positive_int, default=1, help="L, stacked layers")

@@ -56,7 +56,7 @@ TRAIN_HELP = {
     "epochs": "at most this many passes over the training sessions",
     "patience": "stop after this many epochs without a lower validation loss; the artifact "
     "holds the epoch with the lowest",
-    "cell": "rnn (Elman) or gru (long sessions; see docs/models.md, Choosing a cell)",
+    "cell": "rnn (Elman), gru or lstm (long sessions; see docs/models.md, Choosing a cell)",
     "validation_fraction": "fraction of users held out for validation",
     "seed": "initialisation, split and shuffling",
     "calibrate": "fit the calibration map on the validation users, so a score is a probability "
