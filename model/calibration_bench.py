@@ -27,6 +27,7 @@ SETTINGS = {
     "defaults": {},
     "--epochs 3": {"epochs": 3},
     "--cell gru": {"cell": "gru"},
+    "--cell lstm": {"cell": "lstm"},
     "--seed 7 --lr 0.02": {"seed": 7, "lr": 0.02},
 }
 THRESHOLDS = (0.4, 0.6)

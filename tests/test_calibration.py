@@ -105,7 +105,9 @@ def shop():
     return train_events, test_events, posterior
 
 
-@pytest.mark.parametrize("overrides", [{}, {"cell": "gru", "epochs": 4}], ids=str)
+@pytest.mark.parametrize(
+    "overrides", [{}, {"cell": "gru", "epochs": 4}, {"cell": "lstm", "epochs": 4}], ids=str
+)
 def test_calibrated_scores_meet_the_goal_on_users_no_run_saw(shop, overrides) -> None:
     """ECE <= 0.02 at the last event and over all steps, on held-out users, for training
     runs of different settings; and the share above 0.6 near the true one."""
