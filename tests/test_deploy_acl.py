@@ -502,6 +502,7 @@ JOBS: dict[str, list[list[str]]] = {
         ["XRANGE", E0, "-", "+", "COUNT", "10"], ["SET", "intentstream:model:7", "bytes"],
         ["INCR", "intentstream:model:seq"], ["RPUSH", "intentstream:model:history", "6"],
         ["PUBLISH", "intentstream:model:updates", "7"],
+        ["HGETALL", RU],  # the promotion gate's share of sessions per live rule
     ],
     "keda": [["XINFO", "GROUPS", E0], ["XPENDING", E0, "g"], ["INFO", "server"]],
     # `intentstream rules set/delete/list/show` (common/rule_store.py: WATCH, the checks, then
@@ -548,6 +549,10 @@ SHARED = {
     ("worker", "HGET intentstream:config partitions"), ("worker", f"HGETALL {ST0}"),
     ("worker", f"XLEN {A0}"), ("producer", "HGET intentstream:config partitions"),
     ("trainer", "GET intentstream:model:meta:1"), ("trainer", f"XRANGE {E0} - + COUNT 10000"),
+    # the trainer's promotion gate reads the rules as the worker does
+    ("trainer", f"HGETALL {RU}"), ("worker", f"HGETALL {RU}"), ("ruler", f"HGETALL {RU}"),
+    # ... and HGETALL reaches the config it could already read: the partition count, harmless
+    ("trainer", "HGETALL intentstream:config"),
     # the ruler reads the rules as the worker does, and the events and models as the trainer
     ("ruler", f"TYPE {RU}"), ("ruler", f"HGET {RU} :version"), ("ruler", f"HGETALL {RU}"),
     ("ruler", "GET intentstream:model:current"), ("ruler", "STRLEN intentstream:model:1"),
