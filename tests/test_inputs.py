@@ -3,6 +3,7 @@ parsing, the item memory and a batch's extra block, each against a plain-Python 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -12,17 +13,23 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from model.inputs import (
+    ITEM_MEMORY,
+    ITEM_MEMORY_BYTES,
     CategoricalInput,
     Inputs,
     ItemInput,
+    ItemMemory,
     NumericInput,
     bucket_ids,
     fnv1a32,
     input_columns,
     input_width,
+    item_flags,
     numeric_column,
+    pack_items,
     parse_inputs,
     table_shapes,
+    unpack_items,
     value_hash,
     value_hashes,
 )
@@ -236,3 +243,115 @@ def test_numeric_parsing_does_not_depend_on_the_batch(values):
             n_bad += 1
             assert missing[i] == 1 and value[i] == 0
     assert bad == n_bad
+
+
+# ---- the item memory ---------------------------------------------------------------------
+
+
+def reference_flags(slot, keys, new_session, memory: dict[int, list[int]]):
+    """item_flags in plain Python: memory[user] is the session's distinct items, oldest first."""
+    flags = []
+    for s, k, new in zip(slot, keys, new_session, strict=True):
+        seen = memory.setdefault(int(s), [])
+        if new:
+            seen.clear()
+        if k < 0:
+            flags.append((0.0, 0.0))
+            continue
+        flags.append((float(bool(seen) and seen[-1] == k), float(k in seen)))
+        if k in seen:
+            seen.remove(k)
+        seen.append(int(k))
+        del seen[:-ITEM_MEMORY]
+    return np.array(flags, np.float32).reshape(-1, 2)
+
+
+def run_flags(slot, keys, new_session, mem: ItemMemory):
+    return item_flags(
+        np.asarray(slot, np.int64),
+        np.asarray(keys, np.int64),
+        np.asarray(new_session, np.bool_),
+        mem.keys,
+        mem.count,
+    )
+
+
+def test_item_flags_hand_case():
+    # user 0: A A B (missing) B A, new session, A; user 1 interleaved: A then A
+    A, B = 11, 22
+    slot = [0, 0, 1, 0, 0, 0, 0, 1, 0]
+    keys = [A, A, A, B, -1, B, A, A, A]
+    new = [False, False, False, False, False, False, False, False, True]
+    mem = ItemMemory.empty(2)
+    flags = run_flags(slot, keys, new, mem)
+    assert flags.tolist() == [
+        [0, 0],  # A: first
+        [1, 1],  # A again
+        [0, 0],  # user 1's first A
+        [0, 0],  # B
+        [0, 0],  # no item: never the same, not remembered
+        [1, 1],  # B: the previous item-bearing event had B
+        [0, 1],  # A: seen earlier in the session
+        [1, 1],  # user 1's A again
+        [0, 0],  # A after a new session: forgotten
+    ]
+    assert mem.pack(0) == pack_items(np.array([A]), 1) == b"\x01" + A.to_bytes(4, "little")
+    assert mem.count.tolist() == [1, 1]
+
+
+def test_item_memory_keeps_the_last_16_distinct_items():
+    # 1..20 keeps 5..20; then 4 (forgotten, drops 5), 20 (seen, not the previous), 20 (same)
+    keys = [*range(1, 21), 4, 20, 20]
+    mem = ItemMemory.empty(1)
+    flags = run_flags([0] * len(keys), keys, [False] * len(keys), mem)
+    assert flags[-3:].tolist() == [[0, 0], [0, 1], [1, 1]]
+    assert mem.count[0] == ITEM_MEMORY
+    packed = mem.pack(0)
+    assert len(packed) == ITEM_MEMORY_BYTES == 65
+    kept, n = unpack_items(packed)
+    assert n == 16 and kept.tolist() == [*range(6, 20), 4, 20]
+
+
+def test_unpack_items_reads_malformed_as_empty():
+    good = pack_items(np.array([7, 2**32 - 1]), 2)
+    assert unpack_items(good)[1] == 2 and unpack_items(good)[0][1] == 2**32 - 1
+    empty = np.zeros(ITEM_MEMORY, np.int64)
+    for raw in [None, b"", good[:-1], good + b"\x00", bytes([17]) + b"\x00" * 68, b"\x02" * 9]:
+        keys, n = unpack_items(raw)
+        assert n == 0 and (keys == empty).all(), raw
+    assert pack_items(np.zeros(0, np.int64), 0) == b"\x00"
+    assert ItemMemory.of([None, b"junk", good]).count.tolist() == [0, 0, 2]
+
+
+events_st = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # slot
+        st.sampled_from([-1, *range(1, 24)]),  # item key: repeats, missing, more than K
+        st.integers(0, 5).map(lambda i: i == 0),  # a new session now and then
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=events_st, cuts=st.lists(st.integers(0, 120), max_size=5))
+def test_item_flags_split_batches_equal_one_pass(events, cuts):
+    """Batches split at random points, the memory packed and unpacked between them (as the
+    user's state is committed), give the flags and memory of one pass and of the reference."""
+    slot = [e[0] for e in events]
+    keys = [e[1] for e in events]
+    new = [e[2] for e in events]
+    one = ItemMemory.empty(4)
+    whole = run_flags(slot, keys, new, one)
+    assert np.array_equal(whole, reference_flags(slot, keys, new, {}))
+
+    packed: list[bytes | None] = [None] * 4
+    parts = []
+    bounds = [0, *sorted(c for c in cuts if c <= len(events)), len(events)]
+    for a, b in itertools.pairwise(bounds):
+        mem = ItemMemory.of(packed)
+        parts.append(run_flags(slot[a:b], keys[a:b], new[a:b], mem))
+        packed = [mem.pack(u) for u in range(4)]
+    assert np.array_equal(np.concatenate(parts), whole)
+    assert packed == [one.pack(u) for u in range(4)]
+    assert all(len(p) <= ITEM_MEMORY_BYTES for p in packed)
