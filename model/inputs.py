@@ -59,9 +59,9 @@ count little-endian uint32 hashes: at most 1 + 16 * 4 = 65 bytes per user and it
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import numba as nb
 import numpy as np
@@ -407,10 +407,14 @@ def item_flags(slot, item_key, new_session, memory, count):
     """same_as_previous and seen_in_session (N, 2) float32 of each event of a batch, in order.
 
     Event e belongs to user slot[e]; item_key[e] is its item's 32-bit hash (-1 = missing);
-    new_session[e] is True where a session starts (the memory is cleared first). memory
-    (U, K) int64 holds each slot's session items, oldest first, count (U,) how many; both are
-    updated in place: a present item moves to (or is appended at) the end, the oldest dropped
-    when K are kept. A missing item gets flags 0 and changes nothing.
+    new_session[e] is True where a session starts (the memory is cleared first): the model's
+    resets, model/features.py `session_resets`; a user's first event may be marked too, but
+    need not be, as a user without state unpacks to an empty memory (marking every event
+    without a previous timed one would also clear it between a new user's events without
+    `ts`, which the model's own session does not split). memory (U, K) int64 holds each
+    slot's session items, oldest first, count (U,) how many; both are updated in place: a
+    present item moves to (or is appended at) the end, the oldest dropped when K are kept. A
+    missing item gets flags 0 and changes nothing.
     """
     n = slot.shape[0]
     K = memory.shape[1]
@@ -443,3 +447,67 @@ def item_flags(slot, item_key, new_session, memory, count):
                 memory[s, j] = memory[s, j + 1]
             memory[s, K - 1] = key
     return flags
+
+
+# ---- a batch's extra block ---------------------------------------------------------------
+
+
+class InputCounts(NamedTuple):
+    """Per input and batch: values absent (None or empty) and values present but unusable."""
+
+    missing: int
+    bad: int
+
+
+def encode_inputs(
+    inputs: Inputs | Sequence[InputSpec],
+    tables: Mapping[str, np.ndarray],
+    raw: Mapping[str, Sequence],
+    slot: np.ndarray,
+    new_session: np.ndarray,
+    memory: Mapping[str, ItemMemory],
+) -> tuple[np.ndarray, dict[str, InputCounts]]:
+    """x's extra block (N, input_width) float32 for a batch, and each input's counts.
+
+    raw[name] holds the N events' values of each input (None = absent); tables holds each
+    categorical and item input's embedding table (`table_name`, (buckets, dim)); slot and
+    new_session are the batch's user slots and session starts (as item_flags reads them), and
+    memory[name] the item memory of each item input, updated in place. Embedding rows are
+    gathered with fancy indexing; per-event Python only where value_hashes and numeric_column
+    say.
+    """
+    specs = _specs(inputs)
+    n = slot.shape[0]
+    out = np.empty((n, input_width(specs)), np.float32)
+    counts: dict[str, InputCounts] = {}
+    col = 0
+    for spec in specs:
+        values = raw.get(spec.name)
+        if values is None or len(values) != n:
+            got = "none" if values is None else len(values)
+            raise ValueError(f"input {spec.name!r}: {n} values expected, got {got}")
+        if spec.kind == "numeric":
+            value, missing, bad = numeric_column(spec, values)
+            out[:, col] = value
+            out[:, col + 1] = missing
+            counts[spec.name] = InputCounts(int(missing.sum()) - bad, bad)
+            col += 2
+            continue
+        table = tables.get(table_name(spec))
+        if table is None or table.shape != (spec.buckets, spec.dim):
+            got = "none" if table is None else table.shape
+            raise ValueError(
+                f"input {spec.name!r}: table {table_name(spec)} must be "
+                f"({spec.buckets}, {spec.dim}), got {got}"
+            )
+        hashes = value_hashes(spec.name, values)
+        out[:, col : col + spec.dim] = table[buckets_of(hashes, spec.buckets)]
+        counts[spec.name] = InputCounts(int(np.count_nonzero(hashes < 0)), 0)
+        col += spec.dim
+        if spec.kind == "item":
+            mem = memory.get(spec.name)
+            if mem is None:
+                raise ValueError(f"input {spec.name!r}: no item memory given")
+            out[:, col : col + 2] = item_flags(slot, hashes, new_session, mem.keys, mem.count)
+            col += 2
+    return out, counts

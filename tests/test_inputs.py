@@ -16,11 +16,13 @@ from model.inputs import (
     ITEM_MEMORY,
     ITEM_MEMORY_BYTES,
     CategoricalInput,
+    InputCounts,
     Inputs,
     ItemInput,
     ItemMemory,
     NumericInput,
     bucket_ids,
+    encode_inputs,
     fnv1a32,
     input_columns,
     input_width,
@@ -28,6 +30,7 @@ from model.inputs import (
     numeric_column,
     pack_items,
     parse_inputs,
+    table_name,
     table_shapes,
     unpack_items,
     value_hash,
@@ -355,3 +358,68 @@ def test_item_flags_split_batches_equal_one_pass(events, cuts):
     assert np.array_equal(np.concatenate(parts), whole)
     assert packed == [one.pack(u) for u in range(4)]
     assert all(len(p) <= ITEM_MEMORY_BYTES for p in packed)
+
+
+# ---- a batch's extra block ---------------------------------------------------------------
+
+
+def test_encode_inputs_hand_case():
+    inputs = parse_inputs([PRICE, BRAND, PRODUCT])
+    rng = np.random.default_rng(0)
+    tables = {
+        name: rng.normal(size=shape).astype(np.float32)
+        for name, shape in table_shapes(inputs).items()
+    }
+    raw = {
+        "price": [b"19.99", None, b"oops", "5"],
+        "brand": [b"apple", b"apple", None, "samsung"],
+        "product_id": [b"p1", b"p1", b"p2", None],
+    }
+    slot = np.array([0, 0, 1, 0], np.int64)
+    new_session = np.zeros(4, np.bool_)
+    memory = {"product_id": ItemMemory.empty(2)}
+    x, counts = encode_inputs(inputs, tables, raw, slot, new_session, memory)
+
+    assert x.shape == (4, input_width(inputs)) and x.dtype == np.float32
+    assert counts == {
+        "price": InputCounts(missing=1, bad=1),
+        "brand": InputCounts(missing=1, bad=0),
+        "product_id": InputCounts(missing=1, bad=0),
+    }
+    brand_t = tables[table_name(inputs[1])]
+    item_t = tables[table_name(inputs[2])]
+    for e in range(4):
+        price = raw["price"][e]
+        try:
+            z = (math.log1p(float(price)) - 3.0) / 1.5
+            expect = [z, 0.0]
+        except (TypeError, ValueError):
+            expect = [0.0, 1.0]
+        expect += list(brand_t[reference_bucket("brand", raw["brand"][e], 64)])
+        expect += list(item_t[reference_bucket("product_id", raw["product_id"][e], 1000)])
+        expect += [[0, 0], [1, 1], [0, 0], [0, 0]][e]
+        assert x[e] == pytest.approx(np.array(expect, np.float32), rel=1e-6), e
+    assert np.array_equal(x[2, 2:5], brand_t[0])  # a missing value takes row 0
+    assert memory["product_id"].count.tolist() == [1, 1]
+
+
+def test_encode_inputs_without_inputs_is_an_empty_block():
+    x, counts = encode_inputs(Inputs([]), {}, {}, np.zeros(3, np.int64), np.zeros(3, np.bool_), {})
+    assert x.shape == (3, 0) and counts == {}
+
+
+def test_encode_inputs_rejects_what_does_not_fit():
+    inputs = parse_inputs([BRAND, PRODUCT])
+    tables = {name: np.zeros(shape, np.float32) for name, shape in table_shapes(inputs).items()}
+    raw = {"brand": [b"a"], "product_id": [b"p"]}
+    args = (np.zeros(1, np.int64), np.zeros(1, np.bool_), {"product_id": ItemMemory.empty(1)})
+    encode_inputs(inputs, tables, raw, *args)
+    with pytest.raises(ValueError, match="'brand': 1 values expected, got none"):
+        encode_inputs(inputs, tables, {"product_id": [b"p"]}, *args)
+    with pytest.raises(ValueError, match="'brand': 1 values expected, got 2"):
+        encode_inputs(inputs, tables, {**raw, "brand": [b"a", b"b"]}, *args)
+    wrong = {**tables, "input.brand.embedding": np.zeros((63, 3), np.float32)}
+    with pytest.raises(ValueError, match=r"must be \(64, 3\), got \(63, 3\)"):
+        encode_inputs(inputs, wrong, raw, *args)
+    with pytest.raises(ValueError, match="no item memory"):
+        encode_inputs(inputs, tables, raw, *args[:2], {})
