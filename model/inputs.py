@@ -1,0 +1,513 @@
+"""Declared model inputs beyond the event type and the gap (issue 22): numeric, categorical and
+item fields, their stable hash, and their encoding for a whole batch.
+
+Pure computation (numpy, Numba, pydantic): not yet read by the artifact, the kernels, training
+or the worker.
+
+Contract (to move into docs/contract.md, The model)
+----------------------------------------------------
+**Declared inputs.** A model may declare inputs beyond the event type and `gap`, each a field
+of the event (read from the entry or its `json` object) with a kind: `numeric`,
+`categorical` or `item`. For event t, x_t = [embedding[type_t], features_t, extra_t], where
+extra_t is the concatenation of every declared input's columns **in declaration order**:
+
+    numeric      2 columns      standardised value, missing flag
+    categorical  dim columns    the row of the input's embedding table for the value's bucket
+    item         dim + 2        the embedding row, then same_as_previous, then seen_in_session
+
+(`input_width` is the block's width.) A value is hashed with FNV-1a 32-bit over the UTF-8 bytes
+of `name + "\\x1f" + value` (the input's name, the unit separator, the value's text); its bucket
+is 1 + hash mod (buckets - 1). Bucket 0 is reserved for a missing value (absent, null or empty),
+so every table has a learned row for "no value". The hash is the same in every process and on
+every machine; changing it would silently break every trained model, so tests pin its values.
+Nothing is dead-lettered for an input: a missing or unusable value is encoded as such and
+counted.
+
+Numeric
+-------
+A `numeric` input (a price) is parsed as a float (Python's float syntax, as numpy reads
+bytes), transformed (`log1p` or `none`), then standardised, (v - mean) / scale, with the
+training set's mean and scale stored in the declaration. An absent, null or empty value is
+*missing*; one that does not parse, or is not finite after the transform (log1p of a value
+<= -1, an overflow), is *bad*. Both give value 0 and missing flag 1, and are counted (bad ones
+separately). The missing flag's row of the input weights is the learned default: a missing
+value contributes exactly that row to layer 0's input, as a present value of the mean would
+contribute nothing. No separate default parameter is needed.
+
+Categorical
+-----------
+A `categorical` input (category, brand) has `buckets` buckets and an embedding table
+`input.{name}.embedding` of shape (buckets, dim); x gets the row of the value's bucket (row 0
+for a missing value). Different values may share a bucket (a hash collision): choose buckets
+well above the number of distinct values that matter.
+
+Item
+----
+An `item` input (a product id) is hashed and embedded like a categorical, plus two flags kept
+from the user's state: `same_as_previous` (1 when the session's most recent event that had an
+item had this item) and `seen_in_session` (1 when the item is among the session's remembered
+items, the most recent included). Each user remembers the last K = 16 distinct items of the
+current session (most recent last; a repeat moves to the end, the oldest is dropped when
+full), by their full 32-bit hash, so the memory does not depend on the model's bucket count
+and two items collide with probability 2^-32, not 1/buckets. The memory restarts empty when a
+session starts (the model's session rule, model/features.py `session_resets`; a user without
+state starts empty). An event without the item has both flags 0, is not remembered and
+leaves the memory as it was. Packed in the user's state, the memory is one byte of count and
+count little-endian uint32 hashes: at most 1 + 16 * 4 = 65 bytes per user and item input.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Literal, NamedTuple
+
+import numba as nb
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
+
+# Event fields the worker reads itself: an input may not take their names.
+RESERVED_NAMES = ("user_id", "type", "ts", "event_id", "json", "producer")
+
+MISSING_BUCKET = 0  # every table's row for an absent, null or empty value
+ITEM_MEMORY = 16  # K: distinct items remembered per user and session
+ITEM_MEMORY_BYTES = 1 + 4 * ITEM_MEMORY  # the packed memory's upper bound (65)
+
+_FNV_OFFSET = 2166136261
+_FNV_PRIME = 16777619
+_SEP = b"\x1f"
+
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+_Name = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class NumericInput(BaseModel):
+    """A number (price): transformed, standardised with the training set's mean and scale,
+    and a missing flag."""
+
+    model_config = _STRICT
+
+    kind: Literal["numeric"] = "numeric"
+    name: _Name
+    transform: Literal["log1p", "none"]
+    mean: float = Field(allow_inf_nan=False)
+    scale: float = Field(gt=0, allow_inf_nan=False)
+
+    @classmethod
+    def fit(cls, name: str, transform: Literal["log1p", "none"], values: Sequence) -> NumericInput:
+        """The declaration standardising `values` (a training set's): the mean and standard
+        deviation of its usable transformed values (scale 1 when they do not vary)."""
+        probe = cls(name=name, transform=transform, mean=0.0, scale=1.0)
+        v, missing, _ = numeric_column(probe, values)
+        used = v[missing == 0].astype(np.float64)
+        mean = float(used.mean()) if used.size else 0.0
+        std = float(used.std()) if used.size else 0.0
+        return cls(name=name, transform=transform, mean=mean, scale=std if std > 1e-12 else 1.0)
+
+
+class CategoricalInput(BaseModel):
+    """A category (category code, brand): hashed into buckets, an embedding row per bucket."""
+
+    model_config = _STRICT
+
+    kind: Literal["categorical"] = "categorical"
+    name: _Name
+    buckets: int = Field(ge=2, le=2**20)
+    dim: int = Field(ge=1, le=64)
+
+
+class ItemInput(BaseModel):
+    """An item (product id): embedded as a categorical, plus the session's
+    same-as-previous and seen-in-session flags."""
+
+    model_config = _STRICT
+
+    kind: Literal["item"] = "item"
+    name: _Name
+    buckets: int = Field(ge=2, le=2**20)
+    dim: int = Field(ge=1, le=64)
+
+
+InputSpec = Annotated[NumericInput | CategoricalInput | ItemInput, Field(discriminator="kind")]
+
+
+class Inputs(RootModel[list[InputSpec]]):
+    """A model's declared inputs, in the order their columns follow the features in x."""
+
+    model_config = ConfigDict(frozen=True)
+
+    root: list[InputSpec] = Field(default_factory=list)
+
+    @field_validator("root")
+    @classmethod
+    def _names(cls, specs: list[InputSpec]) -> list[InputSpec]:
+        names = [s.name for s in specs]
+        reserved = [n for n in names if n in RESERVED_NAMES]
+        if reserved:
+            raise ValueError(f"input names {reserved} are event fields; reserved: {RESERVED_NAMES}")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"input names must be distinct; repeated: {repeated}")
+        return specs
+
+    def __iter__(self):  # type: ignore[override]
+        return iter(self.root)
+
+    def __len__(self) -> int:
+        return len(self.root)
+
+    def __getitem__(self, i: int) -> InputSpec:
+        return self.root[i]
+
+
+def parse_inputs(doc: object) -> Inputs:
+    """Inputs from a JSON-like list (meta.inputs, an inputs file); a problem raises ValueError
+    with one line naming where (e.g. `inputs.1.buckets: Input should be ...`)."""
+    try:
+        return Inputs.model_validate(doc)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, ['inputs', *e['loc']]))}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(f"invalid inputs: {problems}") from None
+
+
+def _specs(inputs: Inputs | Sequence[InputSpec]) -> list[InputSpec]:
+    return list(inputs.root) if isinstance(inputs, Inputs) else list(inputs)
+
+
+def spec_width(spec: InputSpec) -> int:
+    """The number of columns one input adds to x."""
+    if spec.kind == "numeric":
+        return 2
+    if spec.kind == "categorical":
+        return spec.dim
+    return spec.dim + 2
+
+
+def input_width(inputs: Inputs | Sequence[InputSpec]) -> int:
+    """The width of x's extra block: numeric 2, categorical dim, item dim + 2."""
+    return sum(spec_width(s) for s in _specs(inputs))
+
+
+def input_columns(inputs: Inputs | Sequence[InputSpec]) -> list[str]:
+    """A name per column of x's extra block, in order (for reports and explanations)."""
+    out: list[str] = []
+    for s in _specs(inputs):
+        if s.kind == "numeric":
+            out += [f"{s.name}.value", f"{s.name}.missing"]
+        else:
+            out += [f"{s.name}.embedding[{j}]" for j in range(s.dim)]
+            if s.kind == "item":
+                out += [f"{s.name}.same_as_previous", f"{s.name}.seen_in_session"]
+    return out
+
+
+def table_name(spec: CategoricalInput | ItemInput) -> str:
+    """The artifact name of an input's embedding table."""
+    return f"input.{spec.name}.embedding"
+
+
+def table_shapes(inputs: Inputs | Sequence[InputSpec]) -> dict[str, tuple[int, int]]:
+    """Artifact name -> (buckets, dim) of every embedding table the inputs need."""
+    return {table_name(s): (s.buckets, s.dim) for s in _specs(inputs) if s.kind != "numeric"}
+
+
+# ---- the stable hash ---------------------------------------------------------------------
+
+
+def fnv1a32(data: bytes, h: int = _FNV_OFFSET) -> int:
+    """FNV-1a 32-bit of `data`, continuing from state `h` (plain Python; the reference)."""
+    for b in data:
+        h = ((h ^ b) * _FNV_PRIME) & 0xFFFFFFFF
+    return h
+
+
+def value_hash(name: str, value: bytes | str) -> int:
+    """The 32-bit hash of one (non-empty) value of input `name` (plain Python)."""
+    raw = value.encode("utf-8") if isinstance(value, str) else value
+    return fnv1a32(name.encode("utf-8") + _SEP + raw)
+
+
+@nb.njit(cache=True)
+def _fnv1a_batch(buf, ends, seed):
+    """Each value's FNV-1a 32-bit hash continued from `seed` (the name's prefix), as int64;
+    -1 for an empty value (missing). Value i is buf[ends[i-1]:ends[i]]."""
+    n = ends.shape[0]
+    out = np.empty(n, np.int64)
+    start = 0
+    for i in range(n):
+        end = ends[i]
+        if end == start:
+            out[i] = -1
+        else:
+            h = np.uint64(seed)
+            for j in range(start, end):
+                h = ((h ^ np.uint64(buf[j])) * np.uint64(_FNV_PRIME)) & np.uint64(0xFFFFFFFF)
+            out[i] = np.int64(h)
+        start = end
+    return out
+
+
+def _as_bytes(v: object) -> bytes:
+    """A value's bytes for hashing: bytes as given, text as UTF-8, numbers as their text
+    (an integer id hashes as its digits, so 12345 and "12345" share a bucket), None as b""."""
+    if v is None:
+        return b""
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogatepass")
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v)).encode()
+    return str(v).encode("utf-8", "surrogatepass")
+
+
+def value_hashes(name: str, values: Sequence[bytes | str | int | float | None]) -> np.ndarray:
+    """The 32-bit hash of every value of a batch (int64), -1 where missing (None or empty).
+
+    Per-event Python: one comprehension (bytes as given, text encoded) and a join; the hash
+    itself runs in one Numba kernel over the concatenated bytes.
+    """
+    raw = [v if type(v) is bytes else _as_bytes(v) for v in values]
+    ends = np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)))
+    buf = np.frombuffer(b"".join(raw), np.uint8)
+    return _fnv1a_batch(buf, ends, fnv1a32(name.encode("utf-8") + _SEP))
+
+
+def buckets_of(hashes: np.ndarray, buckets: int) -> np.ndarray:
+    """Bucket of each hash: 1 + hash mod (buckets - 1); MISSING_BUCKET (0) where hash < 0."""
+    return np.where(hashes < 0, MISSING_BUCKET, 1 + hashes % (buckets - 1)).astype(np.int64)
+
+
+def bucket_ids(
+    name: str, values: Sequence[bytes | str | int | float | None], buckets: int
+) -> np.ndarray:
+    """Each value's bucket (int64): 0 for missing (None or empty), else 1..buckets-1."""
+    if buckets < 2:
+        raise ValueError(f"buckets must be at least 2, got {buckets}")
+    return buckets_of(value_hashes(name, values), buckets)
+
+
+# ---- numeric parsing ---------------------------------------------------------------------
+
+
+def _numeric_bytes(v: object) -> bytes | None:
+    """A numeric value as bytes for numpy's parser; None when missing (None or empty)."""
+    if v is None or v == b"" or v == "":
+        return None
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogatepass")
+    if isinstance(v, bool):  # JSON true/false is not a number
+        return b"?"
+    if isinstance(v, float):
+        return repr(v).encode()
+    if isinstance(v, int):
+        return str(v).encode() if abs(v) < 10**300 else b"inf"  # numpy reads long digits
+    return b"?"  # a list, an object: unparsable
+
+
+def _parse(vals: list[bytes]) -> np.ndarray:
+    """float64 of each value, NaN where it does not parse. The whole list goes through numpy
+    at once; a list with a failure is halved until the failures are alone (per item only for
+    them and their few neighbours), so a value parses the same in every batch."""
+    if not vals:
+        return np.zeros(0, np.float64)
+    try:
+        return np.array(vals, dtype=np.bytes_).astype(np.float64)
+    except (ValueError, TypeError, OverflowError):
+        if len(vals) == 1:
+            return np.array([np.nan])
+    half = len(vals) // 2
+    return np.concatenate([_parse(vals[:half]), _parse(vals[half:])])
+
+
+def numeric_column(
+    spec: NumericInput, values: Sequence[bytes | str | int | float | None]
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """A numeric input's two columns for a batch, and how many values were bad.
+
+    Returns (value (N,) float32: the standardised value, 0 where missing or bad;
+    missing (N,) float32: 1 where missing or bad; bad: how many were present but did not parse
+    or were not finite after the transform). Never raises on a value.
+    """
+    n = len(values)
+    raw = [v if type(v) is bytes and v else _numeric_bytes(v) for v in values]
+    present = np.fromiter((r is not None for r in raw), np.bool_, n)
+    v = np.full(n, np.nan)
+    v[present] = _parse([r for r in raw if r is not None])
+    with np.errstate(all="ignore"):
+        if spec.transform == "log1p":
+            v = np.log1p(v)
+        z = ((v - spec.mean) / spec.scale).astype(np.float32)
+    ok = np.isfinite(z)
+    bad = int(np.count_nonzero(present & ~ok))
+    return np.where(ok, z, np.float32(0)), (~ok).astype(np.float32), bad
+
+
+# ---- the item memory ---------------------------------------------------------------------
+
+
+@dataclass
+class ItemMemory:
+    """Per user slot, the session's last ITEM_MEMORY distinct item hashes (oldest first,
+    `count` of them valid), as the item_flags kernel reads and updates them."""
+
+    keys: np.ndarray  # (U, K) int64
+    count: np.ndarray  # (U,) int64
+
+    @classmethod
+    def empty(cls, n_users: int) -> ItemMemory:
+        return cls(np.zeros((n_users, ITEM_MEMORY), np.int64), np.zeros(n_users, np.int64))
+
+    @classmethod
+    def of(cls, packed: Sequence[bytes | None]) -> ItemMemory:
+        """Slots 0..U-1 from their packed fields (None or malformed = empty)."""
+        mem = cls.empty(len(packed))
+        for u, raw in enumerate(packed):
+            mem.keys[u], mem.count[u] = unpack_items(raw)
+        return mem
+
+    def pack(self, u: int) -> bytes:
+        """Slot u's memory as stored in the user's state."""
+        return pack_items(self.keys[u], int(self.count[u]))
+
+
+_COUNT = struct.Struct("<B")
+
+
+def pack_items(keys: np.ndarray, count: int) -> bytes:
+    """A user's item memory as bytes: uint8 count, then count uint32 hashes (little-endian),
+    oldest first: at most ITEM_MEMORY_BYTES (65)."""
+    n = min(max(int(count), 0), ITEM_MEMORY)
+    return _COUNT.pack(n) + np.asarray(keys[:n], "<u4").tobytes()
+
+
+def unpack_items(raw: bytes | None) -> tuple[np.ndarray, int]:
+    """A packed item memory as (keys (K,) int64, count); None or malformed reads as empty
+    (a wrong length, a count above ITEM_MEMORY, a repeated hash)."""
+    keys = np.zeros(ITEM_MEMORY, np.int64)
+    if not raw:
+        return keys, 0
+    n = raw[0]
+    if n > ITEM_MEMORY or len(raw) != 1 + 4 * n:
+        return keys, 0
+    vals = np.frombuffer(raw, "<u4", count=n, offset=1).astype(np.int64)
+    if np.unique(vals).shape[0] != n:
+        return keys, 0
+    keys[:n] = vals
+    return keys, int(n)
+
+
+@nb.njit(cache=True)
+def item_flags(slot, item_key, new_session, memory, count):
+    """same_as_previous and seen_in_session (N, 2) float32 of each event of a batch, in order.
+
+    Event e belongs to user slot[e]; item_key[e] is its item's 32-bit hash (-1 = missing);
+    new_session[e] is True where a session starts (the memory is cleared first): the model's
+    resets, model/features.py `session_resets`; a user's first event may be marked too, but
+    need not be, as a user without state unpacks to an empty memory (marking every event
+    without a previous timed one would also clear it between a new user's events without
+    `ts`, which the model's own session does not split). memory (U, K) int64 holds each
+    slot's session items, oldest first, count (U,) how many; both are updated in place: a
+    present item moves to (or is appended at) the end, the oldest dropped when K are kept. A
+    missing item gets flags 0 and changes nothing.
+    """
+    n = slot.shape[0]
+    K = memory.shape[1]
+    flags = np.zeros((n, 2), np.float32)
+    for e in range(n):
+        s = slot[e]
+        if new_session[e]:
+            count[s] = 0
+        key = item_key[e]
+        if key < 0:
+            continue
+        c = count[s]
+        at = -1
+        for j in range(c):
+            if memory[s, j] == key:
+                at = j
+                break
+        if at >= 0:
+            flags[e, 1] = 1.0
+            if at == c - 1:
+                flags[e, 0] = 1.0
+            for j in range(at, c - 1):  # move it to the end
+                memory[s, j] = memory[s, j + 1]
+            memory[s, c - 1] = key
+        elif c < K:
+            memory[s, c] = key
+            count[s] = c + 1
+        else:
+            for j in range(K - 1):  # drop the oldest
+                memory[s, j] = memory[s, j + 1]
+            memory[s, K - 1] = key
+    return flags
+
+
+# ---- a batch's extra block ---------------------------------------------------------------
+
+
+class InputCounts(NamedTuple):
+    """Per input and batch: values absent (None or empty) and values present but unusable."""
+
+    missing: int
+    bad: int
+
+
+def encode_inputs(
+    inputs: Inputs | Sequence[InputSpec],
+    tables: Mapping[str, np.ndarray],
+    raw: Mapping[str, Sequence],
+    slot: np.ndarray,
+    new_session: np.ndarray,
+    memory: Mapping[str, ItemMemory],
+) -> tuple[np.ndarray, dict[str, InputCounts]]:
+    """x's extra block (N, input_width) float32 for a batch, and each input's counts.
+
+    raw[name] holds the N events' values of each input (None = absent); tables holds each
+    categorical and item input's embedding table (`table_name`, (buckets, dim)); slot and
+    new_session are the batch's user slots and session starts (as item_flags reads them), and
+    memory[name] the item memory of each item input, updated in place. Embedding rows are
+    gathered with fancy indexing; per-event Python only where value_hashes and numeric_column
+    say.
+    """
+    specs = _specs(inputs)
+    n = slot.shape[0]
+    out = np.empty((n, input_width(specs)), np.float32)
+    counts: dict[str, InputCounts] = {}
+    col = 0
+    for spec in specs:
+        values = raw.get(spec.name)
+        if values is None or len(values) != n:
+            got = "none" if values is None else len(values)
+            raise ValueError(f"input {spec.name!r}: {n} values expected, got {got}")
+        if spec.kind == "numeric":
+            value, missing, bad = numeric_column(spec, values)
+            out[:, col] = value
+            out[:, col + 1] = missing
+            counts[spec.name] = InputCounts(int(missing.sum()) - bad, bad)
+            col += 2
+            continue
+        table = tables.get(table_name(spec))
+        if table is None or table.shape != (spec.buckets, spec.dim):
+            got = "none" if table is None else table.shape
+            raise ValueError(
+                f"input {spec.name!r}: table {table_name(spec)} must be "
+                f"({spec.buckets}, {spec.dim}), got {got}"
+            )
+        hashes = value_hashes(spec.name, values)
+        out[:, col : col + spec.dim] = table[buckets_of(hashes, spec.buckets)]
+        counts[spec.name] = InputCounts(int(np.count_nonzero(hashes < 0)), 0)
+        col += spec.dim
+        if spec.kind == "item":
+            mem = memory.get(spec.name)
+            if mem is None:
+                raise ValueError(f"input {spec.name!r}: no item memory given")
+            out[:, col : col + 2] = item_flags(slot, hashes, new_session, mem.keys, mem.count)
+            col += 2
+    return out, counts
