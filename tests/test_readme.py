@@ -30,6 +30,7 @@ ELSEWHERE = {
     ".venv/bin/ruff": "the lint step of scripts/test.sh",
     ".venv/bin/lint-imports": "the import contracts' step of scripts/test.sh",
 }
+SAMPLE = ROOT / "tests" / "data" / "rees46_sample.csv"
 # Long-running commands get a bound; the rest of each line runs unchanged.
 BOUNDED = {
     "intentstream worker": " --max-seconds 3 --metrics-port 0",
@@ -38,6 +39,8 @@ BOUNDED = {
     "python -m model.bench": " --hidden 8 --batch 1 64 --repeats 3",
     "python -m model.train_bench": " --events 5000 --users 300 --epochs 1 --hidden 8",
     "python -m model.calibration_bench": " --users 400 --test-users 300",
+    # the REES46 slice is outside the repo (and a clean clone): the bundled sample stands in
+    "python -m model.real_bench": f" --seeds 1 --epochs 1 --users 300 --data {SAMPLE}",
 }
 
 # Commands that read what a page's worker writes (states, actions): the reader's worker runs

@@ -86,11 +86,33 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+DATA_HELP = "event files: JSON lines, or CSV (--format); a .gz file is read gunzipped"
+
+
+def add_data_format_flags(cmd: argparse.ArgumentParser) -> None:
+    """`--format` and `--columns`: how the --data files read (worker/commands/event_files.py)."""
+    cmd.add_argument(
+        "--format",
+        choices=["jsonl", "opencdp", "csv"],
+        default="jsonl",
+        help="--data files: JSON lines, Open CDP / REES46 CSV (event_time, event_type, "
+        "product_id, category_code, brand, price, user_id), or CSV mapped by --columns",
+    )
+    cmd.add_argument(
+        "--columns",
+        metavar="MAPPING",
+        default=None,
+        help="--format csv: FIELD=COLUMN pairs, user_id and type required, e.g. "
+        "user_id=visitorid,type=event,ts=timestamp (ts: epoch ms, epoch s or ISO 8601)",
+    )
+
+
 def _add_train_flags(tr: argparse.ArgumentParser) -> None:
     """The `train` flags: data source, TrainConfig's fields, outputs. Built on first use."""
     src = tr.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
+    src.add_argument("--data", nargs="+", metavar="FILE", help=DATA_HELP)
     src.add_argument("--from-redis", action="store_true", help="the retained event streams")
+    add_data_format_flags(tr)
     add_setting_flags(tr, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
     add_train_config_flags(tr)
     tr.add_argument(
@@ -188,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("versions", nargs="+", metavar="VERSION|FILE", help="what to compare")
     src = ev.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-redis", action="store_true", help="the retained event streams")
-    src.add_argument("--data", nargs="+", metavar="FILE", help="JSON-lines event files")
+    src.add_argument("--data", nargs="+", metavar="FILE", help=DATA_HELP)
+    add_data_format_flags(ev)
     ev.add_argument("--since", metavar="AGE", help="only events this recent: 90m, 24h, 7d")
     ev.add_argument("--partitions", type=positive_int, default=None,
                     help="partitions to read (default: the recorded count)")  # fmt: skip

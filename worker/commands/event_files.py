@@ -1,34 +1,76 @@
-"""JSON-lines events as the commands read them (files, stdin): bad lines reported on stderr
-and skipped."""
+"""Event files as the commands read them (files, stdin): JSON lines, Open CDP / REES46 CSV or
+CSV with a column mapping (`--format`, `--columns`); bad lines reported on stderr and skipped."""
 
 from __future__ import annotations
 
+import gzip
 import sys
 from collections.abc import Iterable, Iterator
 from typing import TextIO
 
-from worker.common.events import Event, EventError, numbered_events
+from model.opencdp import OPENCDP, MappingError, csv_events, parse_mapping
+from worker.common.events import Event, numbered_events
 from worker.common.settings import SettingsError
 
+FORMATS = ("jsonl", "opencdp", "csv")
 
-def read_event_files(paths: list[str]) -> list[dict]:
-    """Events of JSON-lines files; bad lines are reported (the first ten) and skipped."""
+
+def data_format(format: str = "jsonl", columns: str | None = None):
+    """The CsvFormat of `--format`/`--columns` (None for JSON lines); SettingsError when they
+    do not fit together or the mapping is unusable."""
+    if columns is not None and format != "csv":
+        raise SettingsError("--columns is the mapping of --format csv")
+    if format == "jsonl":
+        return None
+    if format == "opencdp":
+        return OPENCDP
+    if format == "csv":
+        if not columns:
+            raise SettingsError("--format csv needs --columns user_id=COL,type=COL[,ts=COL,...]")
+        try:
+            return parse_mapping(columns)
+        except MappingError as exc:
+            raise SettingsError(f"--columns: {exc}") from None
+    raise SettingsError(f"--format: {format!r} is not one of {', '.join(FORMATS)}")
+
+
+def _open(path: str) -> TextIO:
+    """A text file, gunzipped when its name ends in .gz; universal newlines left to csv."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def read_event_files(paths: list[str], format: str = "jsonl", columns: str | None = None
+                     ) -> list[dict]:  # fmt: skip
+    """Events of JSON-lines or CSV files (`data_format`); bad lines are reported (the first
+    ten) and skipped. CSV events keep their extra mapped fields (strings)."""
+    fmt = data_format(format, columns)
     events, bad = [], 0
     for path in paths:
 
-        def report(number: int, exc: EventError, path: str = path) -> None:
+        def report(number: int, exc: object, path: str = path) -> None:
             nonlocal bad
             bad += 1
             if bad <= 10:
                 print(f"{path}:{number}: {exc}", file=sys.stderr)
 
         try:
-            with open(path, encoding="utf-8") as f:
-                for e in numbered_events(f, report):
-                    if e is not None:
-                        events.append({"user_id": e.user_id, "type": e.type, "ts": e.ts})
+            with _open(path) as f:
+                if fmt is None:
+                    for e in numbered_events(f, report):
+                        if e is not None:
+                            events.append({"user_id": e.user_id, "type": e.type, "ts": e.ts})
+                else:
+                    events.extend(csv_events(f, fmt, report))
         except OSError as exc:
-            raise SettingsError(f"cannot read --data {path}: {exc.strerror}") from None
+            raise SettingsError(f"cannot read --data {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise SettingsError(
+                f"cannot read --data {path}: not UTF-8 text ({exc.reason})"
+            ) from None
+        except MappingError as exc:
+            raise SettingsError(f"--data {path}: {exc}") from None
     if bad:
         print(f"skipped {bad} bad line(s)", file=sys.stderr)
     return events

@@ -131,7 +131,7 @@ def cmd_model_evaluate(args: argparse.Namespace) -> int:
             partitions = args.partitions or recorded_partitions(reg.r, reg.keys) or 1
             events, _ = read_history(reg.r, reg.prefix, partitions)
         else:
-            events = read_event_files(args.data)
+            events = read_event_files(args.data, args.format, args.columns)
         return run_evaluate(args, events, reg, cutoff)
 
     return with_registry(args, evaluate)

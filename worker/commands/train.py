@@ -115,7 +115,7 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
         if skipped:
             print(f"skipped {skipped} unparseable stream entries", file=sys.stderr)
         return events
-    return read_event_files(args.data)
+    return read_event_files(args.data, args.format, args.columns)
 
 
 METRIC_COLUMNS = (
