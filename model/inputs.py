@@ -1,4 +1,4 @@
-"""Declared model inputs beyond the event type and the gap (issue 22): numeric, categorical and
+"""Declared model inputs beyond the event type and the gap: numeric, categorical and
 item fields, their stable hash, and their encoding for a whole batch.
 
 Pure computation (numpy, Numba, pydantic): not yet read by the artifact, the kernels, training

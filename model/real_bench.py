@@ -37,7 +37,6 @@ from model.opencdp import opencdp_events
 from model.sessions import Session, sessionize, split_by_user
 from model.train import TrainConfig, train, vocabulary
 
-DEFAULT_DATA = Path("/work/shared/data/real/rees46_2019-Oct_head17k.csv.gz")
 CREDIT = ("REES46 Marketing Platform (rees46.com), Kaggle "
           "mkechinov/ecommerce-behavior-data-from-multi-category-store")  # fmt: skip
 GBDT = {"max_iter": 200, "learning_rate": 0.05, "max_leaf_nodes": 15, "min_samples_leaf": 20,
@@ -226,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m model.real_bench",
                                 description=__doc__.split("\n")[0])  # fmt: skip
     p.add_argument("--data", type=Path, default=None,
-                   help=f"Open CDP / REES46 CSV (.gz ok); default {DEFAULT_DATA}")  # fmt: skip
+                   help="Open CDP / REES46 CSV (.gz ok), e.g. the first rows of Kaggle's "
+                   "2019-Oct.csv")  # fmt: skip
     p.add_argument("--generator", action="store_true",
                    help="model/rich_shop.py's synthetic shop instead of --data")  # fmt: skip
     p.add_argument("--users", type=int, default=3000, help="--generator: users")
@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         events, bayes = rich_shop(args.users, seed=0)
         print(f"data: model/rich_shop.py, {args.users} users, seed 0")
     else:
-        path = args.data or DEFAULT_DATA
-        if not path.exists():
+        path = args.data
+        if path is None or not path.exists():
             print(f"error: no data at {path} (--data FILE: an Open CDP / REES46 CSV)",
                   file=sys.stderr)  # fmt: skip
             return 2
