@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -98,10 +99,18 @@ def zero_state_score(model: ScoringModel) -> float:
     return 1.0 / (1.0 + np.exp(-z)) if model.model.meta.head == "sigmoid" else z
 
 
-def _variants(n: int) -> np.ndarray:
-    """The event indices of the n variants without one event: row j is 0..n-1 without j."""
+@lru_cache(maxsize=MAX_EVENTS + 1)
+def _layout(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """For a session of n events, the replays' event indices (all n, then each variant
+    without one event: variant j is 0..n-1 without j) and each replayed event's slot within
+    the session (0 for the full replay, j + 1 for variant j). Cached: sessions repeat
+    lengths, and building these was most of an explanation's set-up."""
     keep = ~np.eye(n, dtype=np.bool_)
-    return np.tile(np.arange(n), (n, 1))[keep].reshape(n, n - 1)
+    variants = np.tile(np.arange(n), (n, 1))[keep].reshape(n, n - 1)
+    idx = np.concatenate([np.arange(n), variants.ravel()])
+    local = np.concatenate([np.zeros(n, np.int64), np.repeat(np.arange(1, n + 1), n - 1)])
+    idx.flags.writeable = local.flags.writeable = False
+    return idx, local
 
 
 def leave_one_out(model: ScoringModel, sessions: Sequence[Session]) -> list[Explanation]:
@@ -118,8 +127,7 @@ def leave_one_out(model: ScoringModel, sessions: Sequence[Session]) -> list[Expl
         first_slot[i + 1] = first_slot[i] + n_slots
         if not n:
             continue
-        idx = np.concatenate([np.arange(n), _variants(n).ravel()])
-        local = np.concatenate([np.zeros(n, np.int64), np.repeat(np.arange(1, n + 1), n - 1)])
+        idx, local = _layout(n)
         slots.append(first_slot[i] + local)
         events.append(idx)
         prev.append(np.full(n_slots, s.prev_ts, np.int64))
@@ -149,12 +157,11 @@ def _last_scores(
         return out
     slot = np.concatenate(slots)
     present = [s for s in sessions if len(s)]
-    type_idx = np.concatenate(
-        [model.type_indices(list(s.types))[e] for s, e in zip(present, events, strict=True)]
-    )
-    ts = np.concatenate(
-        [np.asarray(s.ts, np.int64)[e] for s, e in zip(present, events, strict=True)]
-    )
+    # every session's events in one array, then each replay's events gathered from it
+    starts = np.cumsum([0, *(len(s) for s in present[:-1])])
+    gather = np.concatenate([start + e for start, e in zip(starts, events, strict=True)])
+    type_idx = model.type_indices([t for s in present for t in s.types])[gather]
+    ts = np.fromiter((t for s in present for t in s.ts), np.int64)[gather]
     state = np.zeros((n_slots, *model.state_shape), np.float32)
     last_ts = np.concatenate(prev)
     scores = model.advance(state, last_ts, slot, type_idx, ts)
