@@ -5,6 +5,7 @@ refused with the running one kept."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,18 @@ def test_rules_reload_while_running_and_a_bad_set_is_refused(redis_server, model
         assert worker.terminate() == 0
     log = worker.log()
     assert "intent rules refused" in log and "broken" in log
+
+
+def test_backtest_of_real_shop_events_in_open_cdp_csv(redis_server, model_path, tmp_path):
+    sample = Path(__file__).parent / "data" / "rees46_sample.csv"
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps([{"name": "any", "above": 0.0, "rearm_below": 0.0}]))
+    report = backtest(redis_server.url, "--data", str(sample), "--format", "opencdp", "--rules",
+                      str(rules), "--model", str(model_path))  # fmt: skip
+    # the rule fires at every session's first event: as many actions as sessions with inputs
+    figures = report["rules"]["any"]
+    assert figures["actions"] == len(report["actions"]) == figures["actioned_sessions"] > 100
+    assert figures["purchasing_sessions"] > 10 and 0 < figures["recall"] <= 1
+    wrong = run_cli("rules", "backtest", "--redis-url", redis_server.url, "--data", str(sample),
+                    "--columns", "user_id=user_id", "--rules", str(rules))  # fmt: skip
+    assert wrong.returncode == 2 and "--columns" in wrong.stderr

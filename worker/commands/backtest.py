@@ -7,16 +7,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from model.artifact import label_type_of
+from worker.commands.event_files import data_format, read_event_files
 from worker.commands.explain import explaining_model, iso_time
 from worker.commands.registry_access import registry_of
-from worker.common.events import Event, EventError, event_from_json
+from worker.common.events import Event
 from worker.common.keys import Keys, partition_of
 from worker.common.partitions import recorded_partitions
 from worker.common.rule_store import read_rules
@@ -50,26 +50,14 @@ def rules_of_file(path: str) -> RuleSet:
         raise SettingsError(f"--rules {path}: {exc}") from None
 
 
-def file_entries(paths: list[str], partitions: int) -> tuple[dict[int, list], int]:
-    """Each partition's stream entries of JSON-lines event files, in file order; and the
-    number of bad lines skipped (reported on stderr)."""
-    events: list[Event] = []
-    bad = 0
-    for path in paths:
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise SettingsError(f"cannot read --data {path}: {exc.strerror}") from None
-        for line_no, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                events.append(event_from_json(line))
-            except EventError as exc:
-                bad += 1
-                if bad <= 10:
-                    print(f"{path}:{line_no}: {exc}", file=sys.stderr)
-    return event_entries(events, partitions), bad
+def file_entries(
+    paths: list[str], partitions: int, format: str = "jsonl", columns: str | None = None
+) -> dict[int, list]:
+    """Each partition's stream entries of event files (JSON lines, or CSV: `--format`), in
+    file order; bad lines are reported on stderr and skipped."""
+    events = [Event(**{k: e[k] for k in ("user_id", "type", "ts", "event_id") if k in e})
+              for e in read_event_files(paths, format, columns)]  # fmt: skip
+    return event_entries(events, partitions)
 
 
 def event_entries(events: Iterable[Event], partitions: int) -> dict[int, list]:
@@ -122,6 +110,7 @@ def cmd_rules_backtest(args: argparse.Namespace) -> int:
     settings: Settings = load_settings(args)
     if bool(args.data) == bool(args.from_redis):
         raise SettingsError("give either --data FILE or --from-redis")
+    data_format(args.format, args.columns)  # a bad --format/--columns fails before any read
     registry = registry_of(args)
     model = explaining_model(args, registry)
     ruleset = rules_of_file(args.rules) if args.rules else read_rules(registry.r, registry.keys)
@@ -134,7 +123,7 @@ def cmd_rules_backtest(args: argparse.Namespace) -> int:
         skew = settings.max_ts_skew_ms
     else:
         partitions = 1
-        streams, _ = file_entries(args.data, partitions)
+        streams = file_entries(args.data, partitions, args.format, args.columns)
         skew = NO_SKEW_LIMIT
     table = RuleTable.of(ruleset.rules, ruleset.version)
     run = replay(batches_of(streams, partitions, settings.batch_size, skew), model, table,

@@ -60,7 +60,10 @@ def read_event_files(paths: list[str], format: str = "jsonl", columns: str | Non
                 if fmt is None:
                     for e in numbered_events(f, report):
                         if e is not None:
-                            events.append({"user_id": e.user_id, "type": e.type, "ts": e.ts})
+                            event = {"user_id": e.user_id, "type": e.type, "ts": e.ts}
+                            if e.event_id is not None:  # a backtest's actions name it
+                                event["event_id"] = e.event_id
+                            events.append(event)
                 else:
                     events.extend(csv_events(f, fmt, report))
         except OSError as exc:

@@ -8,6 +8,7 @@ import json
 
 from worker.commands.args import csv, positive_int
 from worker.commands.backtest import cmd_rules_backtest
+from worker.commands.event_files import FORMATS
 from worker.common.connection import Client, connect_settings
 from worker.common.keys import Keys
 from worker.common.rule_store import delete_rule, read_rule, read_rules, set_rule
@@ -137,6 +138,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--rules", metavar="FILE",
                     help="a JSON file of rules (a list, or `rules list --json`'s output) "
                     "instead of the rules in Redis")  # fmt: skip
+    bt.add_argument("--format", choices=FORMATS, default="jsonl",
+                    help="--data's format: JSON lines, Open CDP / REES46 CSV, or CSV with "
+                    "--columns")  # fmt: skip
+    bt.add_argument("--columns", metavar="MAPPING", default=None,
+                    help="--format csv: user_id=COL,type=COL[,ts=COL,event_id=COL]")  # fmt: skip
     bt.add_argument("--json", action="store_true", help="print JSON instead of text")
     add_setting_flags(bt, [*RULES_FLAGS, "model", "max_model_bytes", "batch_size",
                            "history_events", "event_id_window", "max_ts_skew_ms"])  # fmt: skip
