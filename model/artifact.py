@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from model.calibration import calibration_of
 from model.features import KNOWN_FEATURES
+from model.inputs import Inputs, input_width, parse_inputs, table_shapes
 
-FORMAT = "intentstream.model/1"
+FORMAT = "intentstream.model/1"  # event type and features only
+FORMAT_2 = "intentstream.model/2"  # and declared inputs (meta.inputs, model/inputs.py)
+FORMATS = (FORMAT, FORMAT_2)
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -35,7 +38,7 @@ class ModelMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    format: Literal["intentstream.model/1"]
+    format: Literal["intentstream.model/1", "intentstream.model/2"]
     cell: Literal["rnn", "gru", "lstm"]
     layers: int = Field(ge=1, le=16)
     hidden: int = Field(ge=1, le=4096)
@@ -43,6 +46,33 @@ class ModelMeta(BaseModel):
     features: list[str] = Field(default_factory=list)
     head: Literal["sigmoid", "identity"]
     session_gap_seconds: float = Field(ge=0)
+    # format 2 only: the declared inputs, in the order their columns follow the features
+    inputs: Inputs | None = None
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _parse_inputs(cls, doc: object) -> object:
+        if doc is None or isinstance(doc, Inputs):
+            return doc
+        return parse_inputs(doc)
+
+    @model_validator(mode="after")
+    def _inputs_need_format_2(self) -> ModelMeta:
+        if self.format == FORMAT and self.inputs is not None:
+            raise ValueError(f"format {FORMAT!r} has no inputs; declaring them needs {FORMAT_2!r}")
+        return self
+
+    @property
+    def declared_inputs(self) -> Inputs:
+        """The declared inputs (none for a format 1 model)."""
+        return self.inputs if self.inputs is not None else Inputs([])
+
+    def to_json(self) -> dict:
+        """The meta as the artifact stores it (a format 1 meta has no `inputs` key)."""
+        doc = self.model_dump()
+        if doc.get("inputs") is None:
+            doc.pop("inputs", None)
+        return doc
 
     @field_validator("event_types")
     @classmethod
@@ -74,6 +104,15 @@ class Model:
     @property
     def embedding_dim(self) -> int:
         return int(self.arrays["embedding"].shape[1])
+
+    @property
+    def inputs(self) -> Inputs:
+        """The declared inputs (model/inputs.py); empty for a format 1 model."""
+        return self.meta.declared_inputs
+
+    def tables(self) -> dict[str, np.ndarray]:
+        """The embedding table of each categorical and item input, by artifact name."""
+        return {name: self.arrays[name] for name in table_shapes(self.inputs)}
 
     @property
     def version(self) -> str:
@@ -134,12 +173,15 @@ def cell_of(arrays: dict[str, np.ndarray]) -> str:
 
 
 def expected_shapes(meta: ModelMeta, embedding_dim: int) -> dict[str, tuple[int, ...]]:
-    """Shape each array must have for this meta and embedding width."""
+    """Shape each array must have for this meta and embedding width: layer 0's input weights
+    have D rows for the embedding, F for the features, then `input_width` for the declared
+    inputs; each categorical and item input has its table `input.{name}.embedding`."""
     H, F = meta.hidden, len(meta.features)
+    X = input_width(meta.declared_inputs)
     shapes: dict[str, tuple[int, ...]] = {"embedding": (len(meta.event_types) + 1, embedding_dim)}
     kinds = CELL_ARRAYS[meta.cell]
     for layer in range(meta.layers):
-        inputs = embedding_dim + F if layer == 0 else H
+        inputs = embedding_dim + F + X if layer == 0 else H
         for name in kinds["input"]:
             shapes[f"layer{layer}.{name}"] = (inputs, H)
         for name in kinds["recurrent"]:
@@ -148,16 +190,33 @@ def expected_shapes(meta: ModelMeta, embedding_dim: int) -> dict[str, tuple[int,
             shapes[f"layer{layer}.{name}"] = (H,)
     shapes["head.W_hq"] = (H, 1)
     shapes["head.b_q"] = (1,)
-    return shapes
+    return shapes | table_shapes(meta.declared_inputs)
+
+
+def _undeclared_tables(meta: ModelMeta, names: list[str]) -> None:
+    """Refuse an input table (`input.{name}.embedding`) the meta does not call for."""
+    kinds = {s.name: s.kind for s in meta.declared_inputs}
+    for name in names:
+        if not (name.startswith("input.") and name.endswith(".embedding")):
+            continue
+        which = name[len("input.") : -len(".embedding")]
+        if which not in kinds:
+            declared = list(kinds) or "none"
+            raise ArtifactError(
+                f"array '{name}' is the table of input {which!r}, which meta.inputs does not "
+                f"declare (declared: {declared})"
+            )
+        raise ArtifactError(f"array '{name}': input {which!r} is numeric and has no table")
 
 
 def validate_model(meta: ModelMeta, arrays: dict[str, np.ndarray]) -> Model:
     """Check names, shapes, dtypes and finiteness of the arrays against meta; return the Model."""
-    expected = array_names(meta.layers, meta.cell)
+    expected = [*array_names(meta.layers, meta.cell), *table_shapes(meta.declared_inputs)]
     missing = [n for n in expected if n not in arrays]
     if missing:
         raise ArtifactError(f"missing array(s): {', '.join(missing)}")
     extra = sorted(set(arrays) - set(expected))
+    _undeclared_tables(meta, extra)
     if extra:
         raise ArtifactError(
             f"unexpected array(s) for a {meta.layers}-layer {meta.cell} model: {extra}"
@@ -203,8 +262,10 @@ def _meta_from_array(raw: np.ndarray) -> ModelMeta:
         raise ArtifactError(f"array 'meta' is not UTF-8 JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ArtifactError("array 'meta' must hold a JSON object")
-    if doc.get("format") != FORMAT:
-        raise ArtifactError(f"unknown format {doc.get('format')!r}; expected {FORMAT!r}")
+    if doc.get("format") not in FORMATS:
+        raise ArtifactError(
+            f"unknown format {doc.get('format')!r}; expected one of {list(FORMATS)}"
+        )
     try:
         return ModelMeta.model_validate(doc)
     except ValidationError as exc:
@@ -261,7 +322,7 @@ def load_model(path: str | Path) -> Model:
 
 def model_to_bytes(model: Model) -> bytes:
     """Serialise a model to artifact bytes (an uncompressed .npz)."""
-    meta_json = json.dumps(model.meta.model_dump(), sort_keys=True).encode("utf-8")
+    meta_json = json.dumps(model.meta.to_json(), sort_keys=True).encode("utf-8")
     buf = io.BytesIO()
     np.savez(buf, meta=np.frombuffer(meta_json, np.uint8), **model.arrays)
     return buf.getvalue()
@@ -323,11 +384,15 @@ def random_model(
     seed: int = 0,
     dtype: type = np.float32,
     cell: str = "rnn",
+    inputs: Inputs | list | None = None,
 ) -> Model:
-    """A seeded random model: N(0, 1) embedding, PyTorch-style U(-1/sqrt(H), 1/sqrt(H)) cell."""
+    """A seeded random model: N(0, 1) embedding (and input tables), PyTorch-style
+    U(-1/sqrt(H), 1/sqrt(H)) cell. Given `inputs` (an Inputs or its JSON list), a format 2
+    model declaring them."""
     rng = np.random.default_rng(seed)
     meta = ModelMeta(
-        format=FORMAT,
+        format=FORMAT if inputs is None else FORMAT_2,
+        inputs=inputs,
         cell=cell,
         layers=layers,
         hidden=hidden,
@@ -340,7 +405,7 @@ def random_model(
     bound = 1.0 / np.sqrt(hidden)
     arrays = {}
     for name, shape in expected_shapes(meta, D).items():
-        if name == "embedding":
+        if name == "embedding" or name.startswith("input."):
             arrays[name] = rng.standard_normal(shape).astype(dtype)
         else:
             arrays[name] = rng.uniform(-bound, bound, shape).astype(dtype)

@@ -7,7 +7,7 @@ cell kernel -> new states and one score per event.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from model.artifact import Model, state_shape
 from model.calibration import calibration_of, with_ends
 from model.cell import CellWeights, cell_weights, step_batch, work_size
 from model.features import event_gaps, feature_matrix, session_resets
+from model.inputs import InputCounts, ItemMemory, encode_inputs
 from model.params import pack
 
 
@@ -40,6 +41,13 @@ class ScoringModel:
         # what the kernels get: a plain tuple unboxes faster than the NamedTuple (CellWeights)
         self.kernel_weights = tuple(self.weights)
         self._work = np.empty(0, np.float32)
+        # declared inputs (format 2): their columns follow the features in x_feat, and the
+        # kernels' W_fh (= W_x0[D:]) holds their rows after the features' rows
+        self.inputs = model.inputs
+        self.input_names = [s.name for s in self.inputs]
+        self.item_inputs = [s.name for s in self.inputs if s.kind == "item"]
+        self._tables = {n: np.ascontiguousarray(t, np.float32) for n, t in model.tables().items()}
+        self.input_counts: dict[str, InputCounts] = {}  # the last batch's, per input
 
     @property
     def state_shape(self) -> tuple[int, int]:
@@ -59,19 +67,42 @@ class ScoringModel:
         slot: np.ndarray,
         type_idx: np.ndarray,
         ts_ms: np.ndarray,
+        inputs: Mapping[str, Sequence] | None = None,
+        memory: Mapping[str, ItemMemory] | None = None,
     ) -> np.ndarray:
         """Apply events in order to the users' states in place; return one score per event.
 
         state (U, *state_shape) float32 and last_ts (U,) int64 epoch ms (-1 = no previous
         event) hold one row per distinct user; event e belongs to row slot[e].
+
+        A model that declares inputs (format 2) needs `inputs`: each declared input's raw
+        values, one per event (None = absent), and for each item input `memory[name]`, the
+        users' item memories (one row per state row), updated in place; the session starts
+        that clear it are the ones that reset the state. Each input's missing and bad values
+        of the batch are left in `input_counts`. A model without inputs ignores both.
         """
         gap, has_prev = event_gaps(slot, ts_ms, last_ts)
         x_feat = feature_matrix(self.model.meta.features, gap)
         reset = session_resets(gap, has_prev, self.model.meta.session_gap_seconds)
+        if self.input_names:
+            x_feat = self._with_inputs(x_feat, slot, reset, inputs, memory)
         scores = np.empty(slot.shape[0], np.float32)
         work = self.scratch(slot.shape[0])
         step_batch(self.kernel_weights, state, slot, type_idx, x_feat, reset, scores, work)
         return self.calibrated(scores)
+
+    def _with_inputs(self, x_feat, slot, reset, inputs, memory) -> np.ndarray:
+        """x_feat widened by the declared inputs' block (model/inputs.py, encode_inputs)."""
+        if inputs is None:
+            raise ValueError(f"the model declares inputs {self.input_names}; none were given")
+        extra, self.input_counts = encode_inputs(
+            self.inputs, self._tables, inputs, slot, reset, memory or {}
+        )
+        return np.ascontiguousarray(np.concatenate([x_feat, extra], axis=1))
+
+    def empty_memory(self, n_users: int) -> dict[str, ItemMemory]:
+        """Empty item memories of n_users rows for each item input (none without them)."""
+        return {name: ItemMemory.empty(n_users) for name in self.item_inputs}
 
     def calibrated(self, raw: np.ndarray) -> np.ndarray:
         """Raw head scores as the model reports them, in place: through its calibration map
@@ -92,19 +123,34 @@ class ScoringModel:
         """Compile (or load from cache) the kernels now, not on the first real batch."""
         state = np.zeros((1, *self.state_shape), np.float32)
         one = np.zeros(1, np.int64)
-        self.advance(state, np.full(1, -1, np.int64), one, one, one)
+        absent = dict.fromkeys(self.input_names, (None,)) if self.input_names else None
+        self.advance(state, np.full(1, -1, np.int64), one, one, one, absent, self.empty_memory(1))
 
 
 class InMemoryScorer:
-    """Per-user states kept in a dict: the state store of `intentstream score`."""
+    """Per-user states (and item memories) kept in dicts: the state store of
+    `intentstream score`."""
 
     def __init__(self, model: ScoringModel) -> None:
         self.model = model
         self._state: dict[str, np.ndarray] = {}
         self._last_ts: dict[str, int] = {}
+        # item input -> user -> (keys, count) of the session's items
+        self._items: dict[str, dict[str, tuple[np.ndarray, int]]] = {
+            name: {} for name in model.item_inputs
+        }
 
-    def score(self, user_ids: Sequence[str], types: Sequence[str], ts_ms: np.ndarray) -> np.ndarray:
-        """Score a batch of events in order, carrying each user's state across calls."""
+    def score(
+        self,
+        user_ids: Sequence[str],
+        types: Sequence[str],
+        ts_ms: np.ndarray,
+        inputs: Mapping[str, Sequence] | None = None,
+    ) -> np.ndarray:
+        """Score a batch of events in order, carrying each user's state across calls.
+
+        `inputs` holds each declared input's raw values, one per event (ScoringModel.advance);
+        a model without inputs ignores it."""
         users = list(dict.fromkeys(user_ids))
         row = {u: i for i, u in enumerate(users)}
         state = np.zeros((len(users), *self.model.state_shape), np.float32)
@@ -113,11 +159,27 @@ class InMemoryScorer:
             if u in self._state:
                 state[i] = self._state[u]
                 last_ts[i] = self._last_ts[u]
+        memory = self._memory_of(users)
         slot = np.fromiter((row[u] for u in user_ids), np.int64, len(user_ids))
         scores = self.model.advance(
-            state, last_ts, slot, self.model.type_indices(types), np.asarray(ts_ms, np.int64)
-        )
+            state, last_ts, slot, self.model.type_indices(types), np.asarray(ts_ms, np.int64),
+            inputs, memory,
+        )  # fmt: skip
         for i, u in enumerate(users):
             self._state[u] = state[i]
             self._last_ts[u] = int(last_ts[i])
+        for name, mem in memory.items():
+            kept = self._items[name]
+            for i, u in enumerate(users):
+                kept[u] = (mem.keys[i].copy(), int(mem.count[i]))
         return scores
+
+    def _memory_of(self, users: list[str]) -> dict[str, ItemMemory]:
+        """The users' item memories, one row per user (empty for a user not seen yet)."""
+        memory = self.model.empty_memory(len(users))
+        for name, mem in memory.items():
+            kept = self._items[name]
+            for i, u in enumerate(users):
+                if u in kept:
+                    mem.keys[i], mem.count[i] = kept[u]
+        return memory

@@ -282,3 +282,133 @@ def test_lstm_artifact_written_by_hand_loads_with_four_gates_and_wrong_shapes_ar
     wrong = arrays | {"layer0.b_o": np.zeros(H + 1)}
     with pytest.raises(ArtifactError, match=r"'layer0\.b_o' has shape \(4,\); expected \(3,\)"):
         model_from_bytes(npz_bytes(wrong, meta))
+
+
+# ---- format 2: declared inputs ------------------------------------------------------------
+
+INPUTS = [
+    {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 3.0, "scale": 1.5},
+    {"kind": "categorical", "name": "brand", "buckets": 11, "dim": 3},
+    {"kind": "item", "name": "product", "buckets": 17, "dim": 4},
+]
+INPUT_WIDTH = 2 + 3 + (4 + 2)
+LAYER0_INPUTS = {"rnn": ("W_xh",), "gru": ("W_xr", "W_xz", "W_xn"),
+                 "lstm": ("W_xi", "W_xf", "W_xg", "W_xo")}  # fmt: skip
+
+
+def format2_parts(cell: str = "gru") -> tuple[dict[str, np.ndarray], dict]:
+    model = random_model(TYPES, hidden=4, layers=2, features=["gap"], embedding_dim=3,
+                         cell=cell, inputs=INPUTS, seed=3)  # fmt: skip
+    return dict(model.arrays), json.loads(json.dumps(model.meta.to_json()))
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_format2_round_trip_widens_layer0_and_keeps_tables(tmp_path: Path, cell: str):
+    model = random_model(TYPES, hidden=4, layers=2, features=["gap"], embedding_dim=3,
+                         cell=cell, inputs=INPUTS, seed=3)  # fmt: skip
+    path = tmp_path / "m.npz"
+    save_model(model, path)
+    loaded = load_model(path)
+    assert loaded.meta == model.meta
+    assert loaded.meta.format == "intentstream.model/2"
+    assert [s.name for s in loaded.inputs] == ["price", "brand", "product"]
+    for name, a in model.arrays.items():
+        np.testing.assert_array_equal(loaded.arrays[name], a)
+    for w in LAYER0_INPUTS[cell]:
+        assert loaded.arrays[f"layer0.{w}"].shape == (3 + 1 + INPUT_WIDTH, 4)
+        assert loaded.arrays[f"layer1.{w}"].shape == (4, 4)
+    assert loaded.arrays["input.brand.embedding"].shape == (11, 3)
+    assert loaded.arrays["input.product.embedding"].shape == (17, 4)
+    assert set(loaded.tables()) == {"input.brand.embedding", "input.product.embedding"}
+    with np.load(path, allow_pickle=False) as raw:
+        doc = json.loads(raw["meta"].tobytes())
+    assert doc["format"] == "intentstream.model/2" and doc["inputs"] == INPUTS
+
+
+def test_format1_meta_stays_as_it_was():
+    model = random_model(TYPES, hidden=4, seed=0)
+    assert model.meta.format == "intentstream.model/1"
+    assert "inputs" not in json.loads(model_to_bytes_meta(model))
+    assert len(model.inputs) == 0 and model.tables() == {}
+
+
+def model_to_bytes_meta(model) -> bytes:
+    with np.load(io.BytesIO(model_to_bytes(model)), allow_pickle=False) as raw:
+        return raw["meta"].tobytes()
+
+
+def test_format2_without_inputs_loads_as_having_none():
+    arrays, meta = good_parts()
+    meta["format"] = "intentstream.model/2"
+    meta.pop("inputs", None)
+    assert len(model_from_bytes(npz_bytes(arrays, meta)).inputs) == 0
+
+
+def test_refuses_format1_with_inputs():
+    arrays, meta = format2_parts()
+    meta["format"] = "intentstream.model/1"
+    with pytest.raises(ArtifactError, match=r"has no inputs; declaring them needs 'intentstream"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_refuses_layer0_not_widened_by_the_inputs(cell: str):
+    arrays, meta = format2_parts(cell)
+    w = f"layer0.{LAYER0_INPUTS[cell][-1]}"
+    arrays[w] = arrays[w][:-1]
+    with pytest.raises(ArtifactError, match=rf"'{w}' has shape \(14, 4\); expected \(15, 4\)"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_a_table_of_the_wrong_shape():
+    arrays, meta = format2_parts()
+    arrays["input.brand.embedding"] = np.zeros((10, 3), np.float32)
+    with pytest.raises(ArtifactError, match=r"'input\.brand\.embedding' has shape \(10, 3\); "
+                                            r"expected \(11, 3\)"):  # fmt: skip
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_a_missing_table():
+    arrays, meta = format2_parts()
+    del arrays["input.product.embedding"]
+    with pytest.raises(ArtifactError, match=r"missing array\(s\): input\.product\.embedding"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_a_table_for_an_input_not_declared():
+    arrays, meta = format2_parts()
+    arrays["input.colour.embedding"] = np.zeros((5, 2), np.float32)
+    problem = r"table of input 'colour', which meta\.inputs does not declare \(declared: \['price'"
+    with pytest.raises(ArtifactError, match=problem):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_a_table_for_a_numeric_input():
+    arrays, meta = format2_parts()
+    arrays["input.price.embedding"] = np.zeros((5, 2), np.float32)
+    with pytest.raises(ArtifactError, match=r"input 'price' is numeric and has no table"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_a_non_finite_table():
+    arrays, meta = format2_parts()
+    arrays["input.brand.embedding"] = arrays["input.brand.embedding"].copy()
+    arrays["input.brand.embedding"][2, 1] = np.nan
+    with pytest.raises(ArtifactError, match=r"'input\.brand\.embedding' contains NaN"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda i: i[1].update(buckets=1), r"inputs\.1\.categorical\.buckets"),
+        (lambda i: i[0].update(name="ts"), r"event fields"),
+        (lambda i: i[2].update(name="brand"), r"repeated: \['brand'\]"),
+        (lambda i: i[0].update(kind="vector"), r"inputs\.0"),
+    ],
+)
+def test_refuses_invalid_inputs_naming_the_problem(change, problem):
+    arrays, meta = format2_parts()
+    change(meta["inputs"])
+    with pytest.raises(ArtifactError, match=r"invalid meta: inputs: .*" + problem):
+        model_from_bytes(npz_bytes(arrays, meta))

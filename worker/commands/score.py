@@ -1,11 +1,14 @@
 """The `intentstream score` command: JSON-lines events scored offline, each user's state in
-memory, one JSON line out per event."""
+memory, one JSON line out per event. A model that declares inputs (format 2) reads each of
+them from the line's top-level key of that name (absent: missing); other keys are ignored."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections import deque
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -27,14 +30,23 @@ def cmd_score(args: argparse.Namespace) -> int:
     # Interactive stdin: score each line as it comes instead of waiting for a full batch.
     batch = 1 if source.isatty() else args.batch_size
     bad = 0
+    names = scoring.input_names
+    fields: deque[dict] = deque()  # the declared fields of each line read, in order
+    lines = _recording(source, names, fields) if names else source
     with source:
-        for chunk in chunks(reported_events(source, sys.stderr), batch):
+        for chunk in chunks(reported_events(lines, sys.stderr), batch):
+            # one recorded entry per event of the chunk (a bad line's too), none left over
+            mine = [fields.popleft() for _ in chunk] if names else []
             good = [e for e in chunk if e is not None]
             bad += len(chunk) - len(good)
             if not good:
                 continue
+            inputs = None
+            if names:
+                kept = [f for f, e in zip(mine, chunk, strict=True) if e is not None]
+                inputs = {n: [f.get(n) for f in kept] for n in names}
             ts = np.fromiter((-1 if e.ts is None else e.ts for e in good), np.int64, len(good))
-            scores = scorer.score([e.user_id for e in good], [e.type for e in good], ts)
+            scores = scorer.score([e.user_id for e in good], [e.type for e in good], ts, inputs)
             out = [
                 json.dumps({"user_id": e.user_id, "type": e.type, "score": float(s)})
                 for e, s in zip(good, scores, strict=True)
@@ -45,3 +57,16 @@ def cmd_score(args: argparse.Namespace) -> int:
         print(f"{bad} bad line(s) skipped", file=sys.stderr)
         return 1
     return 0
+
+
+def _recording(lines: Iterable[str], names: list[str], out: deque[dict]) -> Iterator[str]:
+    """The lines as they are, recording on `out` the declared fields of each non-blank one
+    (the lines the event parser yields an event or a None for), {} when it is no object."""
+    for line in lines:
+        if line.strip():
+            try:
+                doc = json.loads(line)
+            except (ValueError, RecursionError):
+                doc = None
+            out.append({n: doc[n] for n in names if n in doc} if isinstance(doc, dict) else {})
+        yield line
