@@ -188,7 +188,6 @@ IDS = [c.name for c in CASES]
 INPUT_CASES = input_cases()
 ALL_CASES = CASES + INPUT_CASES
 ALL_IDS = [c.name for c in ALL_CASES]
-WORKER_LATER = "the worker reads declared inputs in a later change"
 
 
 def oracle_numeric(spec, value) -> tuple[float, float]:
@@ -506,7 +505,7 @@ def shared_redis():
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "case",
-    [*CASES, *(pytest.param(c, marks=pytest.mark.skip(reason=WORKER_LATER)) for c in INPUT_CASES)],
+    ALL_CASES,
     ids=ALL_IDS,
 )
 def test_worker_end_to_end_equals_the_reference(case, shared_redis, tmp_path):
@@ -515,8 +514,12 @@ def test_worker_end_to_end_equals_the_reference(case, shared_redis, tmp_path):
 
     prefix = f"conf-{case.name}"
     r = connect(shared_redis.url)
-    for u, t, ts in case.events:  # plain XADD, as a producer would send it
-        r.execute_command("XADD", f"{prefix}:events:{{0}}", "*", "user_id", u, "type", t, "ts", ts)
+    for e, (u, t, ts) in enumerate(case.events):  # plain XADD, as a producer would send it
+        fields = ["user_id", u, "type", t, "ts", ts]
+        for name, value in (case.fields[e] if case.fields else {}).items():
+            if value is not None:  # a producer omits a null field
+                fields += [name, value if isinstance(value, str) else json.dumps(value)]
+        r.execute_command("XADD", f"{prefix}:events:{{0}}", "*", *fields)
     worker = WorkerProcess(shared_redis.url, write_model(case, tmp_path), tmp_path / "w.log",
                            "--prefix", prefix)  # fmt: skip
     worker.start()

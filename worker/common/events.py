@@ -289,3 +289,42 @@ def parse_flat_entry(
             if fast is not None:
                 return _checked(fast, entry_ms, max_skew_ms)
     return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms, max_skew_ms)
+
+
+# A declared input's value longer than this is not a product id, a brand or a price: read as
+# absent (counted by the model as missing), so a crafted entry costs no hashing time.
+MAX_INPUT_BYTES = 256
+
+
+def input_values(flat: list, names: tuple[bytes, ...]) -> list[bytes | None]:
+    """The raw values of a model's declared inputs (docs/contract.md, The model) in one
+    entry: its fields of those names, else the keys of its `json` object (strings and numbers
+    as their text); None where absent, not a scalar, or longer than MAX_INPUT_BYTES."""
+    found: dict[bytes, bytes | None] = dict.fromkeys(names)
+    doc = None
+    for k in range(0, len(flat) - 1, 2):
+        name = flat[k]
+        if name in found:
+            found[name] = flat[k + 1]
+        elif name == b"json":
+            doc = flat[k + 1]
+    if doc is not None and b"user_id" not in flat[::2]:
+        found = _json_inputs(doc, names)
+    return [v if v is not None and len(v) <= MAX_INPUT_BYTES else None for v in found.values()]
+
+
+def _json_inputs(raw: bytes, names: tuple[bytes, ...]) -> dict[bytes, bytes | None]:
+    """The declared inputs of a `json` field's object (the event's own parse checked it)."""
+    try:
+        doc = json.loads(raw) if len(raw) <= 64 * 1024 else None
+    except ValueError:
+        doc = None
+    out: dict[bytes, bytes | None] = dict.fromkeys(names)
+    if isinstance(doc, dict):
+        for name in names:
+            v = doc.get(name.decode("utf-8", "replace"))
+            if isinstance(v, str):
+                out[name] = v.encode("utf-8", "replace")
+            elif isinstance(v, int | float) and not isinstance(v, bool):
+                out[name] = str(v).encode()
+    return out

@@ -231,6 +231,7 @@ class Consumer:
             self._process_queued()
             self._renew_leases()
         self.models.follow()  # between batches
+        self.reader.input_names = self.models.input_names()
         self.rulebook.follow()
         self.models.rules = self.rulebook.table
         self._settle()

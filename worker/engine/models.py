@@ -154,6 +154,11 @@ class Models:
         shadow = self.shadow.version if self.shadow is not None else "0"
         self.metrics.shadow_version.set(int(shadow) if shadow.isdigit() else 0)
 
+    def input_names(self) -> tuple[str, ...]:
+        """The fields the current and the shadow model declare as inputs, each once."""
+        models = [m for m in (self.current, self.shadow) if m is not None]
+        return tuple(dict.fromkeys(n for m in models for n in m.input_names))
+
     def space_of(self, version: str) -> str:
         """The state space of the model version that wrote a state: known from models this
         process ran, else from the registry's meta (looked up once); else the version."""

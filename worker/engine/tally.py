@@ -44,6 +44,11 @@ class Tally:
                 self.quality.add(role, scores, labels)
                 m.labelled_sessions.labels(role, "positive").inc(int(labels.sum()))
                 m.labelled_sessions.labels(role, "negative").inc(int((~labels).sum()))
+        for name, (missing, bad) in commit.input_counts.items():
+            if missing:
+                m.input_values.labels(name, "missing").inc(missing)
+            if bad:
+                m.input_values.labels(name, "bad").inc(bad)
         for action in commit.actions:
             m.actions.labels(action.rule).inc()
         for rule, n in commit.shadow_actions.items():

@@ -53,11 +53,13 @@ local shadow = ARGV[12]           -- the shadow model's version, '' = none
 local SH = shadow ~= '' and 1 or 0
 local RU = tonumber(ARGV[13])     -- 1: intent rules are set, states carry `rules`
 local n_actions = tonumber(ARGV[14])
+local IT = tonumber(ARGV[15])     -- 1: the model declares item inputs, states carry `items`
 -- Then runs of plain arguments (nothing to parse here), a column at a time:
-local ACK = 15                    -- the batch's entry ids, stream order
+local ACK = 16                    -- the batch's entry ids, stream order
 local STATE = ACK + n_ack         -- U each: h, score, last_id, last_ts, n, recent, event_ids
-                                  --   [, rules] [, shadow_h, shadow_score [, shadow_rules]]
-local STATE_COLUMNS = 7 + RU + SH * (2 + RU)
+                                  --   [, rules] [, items] [, shadow_h, shadow_score
+                                  --   [, shadow_rules]]
+local STATE_COLUMNS = 7 + RU + IT + SH * (2 + RU)
 local SCORE = STATE + STATE_COLUMNS * U -- n_scores each: user_id, score, event_id, type, ts
                                         --   [, shadow_score]
 local ACTION = SCORE + (5 + SH) * n_scores -- n_actions each: user_id, rule, score, event_id,
@@ -149,7 +151,22 @@ end
 for i = 1, U do
   local key, b = KEYS[FIRST_STATE - 1 + i], STATE + i - 1
   local event_ids = ARGV[b + 6 * U]
-  if RU == 0 and event_ids == '' then
+  if IT == 1 then -- the general case, one table of field/value pairs
+    local state = {'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
+                   'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
+                   'recent', ARGV[b + 5 * U]}
+    if event_ids ~= '' then
+      state[#state + 1] = 'event_ids'
+      state[#state + 1] = event_ids
+    end
+    if RU == 1 then
+      state[#state + 1] = 'rules'
+      state[#state + 1] = ARGV[b + 7 * U]
+    end
+    state[#state + 1] = 'items'
+    state[#state + 1] = ARGV[b + (7 + RU) * U]
+    write_state(key, unpack(state))
+  elseif RU == 0 and event_ids == '' then
     write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
                 'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
                 'recent', ARGV[b + 5 * U])
@@ -167,7 +184,7 @@ for i = 1, U do
                 'recent', ARGV[b + 5 * U], 'event_ids', event_ids, 'rules', ARGV[b + 7 * U])
   end
   if SH == 1 then
-    local c = b + (7 + RU) * U
+    local c = b + (7 + RU + IT) * U
     if RU == 0 then
       redis.call('HSET', key, 'shadow_h', ARGV[c], 'shadow_score', ARGV[c + U],
                  'shadow_model', shadow)
@@ -240,15 +257,18 @@ def decimals(values: np.ndarray) -> list[str]:
 
 def state_columns(c: Commit, score_text: list[str]) -> list:
     """The state rows' columns: h, score, last_id, last_ts, n, recent, event_ids
-    (space-separated), rules (when rules are set), and shadow_h, shadow_score (and
-    shadow_rules) when a shadow model runs. The h columns are arrays (one row per state),
-    the others lists. `score_text`: the scores' decimals."""
+    (space-separated), rules (when rules are set), items (when the model declares item
+    inputs), and shadow_h, shadow_score (and shadow_rules) when a shadow model runs. The h
+    columns are arrays (one row per state), the others lists. `score_text`: the scores'
+    decimals."""
     if not c.users:
         return []
     scores = [score_text[i] for i in c.last_scored.tolist()]  # each user's last score
     columns = [c.h, scores, c.last_ids, c.last_ts.tolist(), c.n.tolist(), c.recent, c.event_ids]
     if c.rules is not None:
         columns.append(c.rules)
+    if c.write_items:
+        columns.append(c.items)
     if c.shadow_h is not None:
         columns += [c.shadow_h, decimals(c.shadow_user_scores)]
         if c.rules is not None:
@@ -392,7 +412,7 @@ class CommitScript:
             self.group, self.consumer, self.holder, self.token(c), c.seq, c.model,
             lim.scores_maxlen, lim.deadletter_maxlen, lim.state_ttl_ms,
             len(c.ack_ids), len(c.scores), c.shadow_model, int(c.rules is not None),
-            len(c.actions),
+            len(c.actions), int(c.write_items),
         ]  # fmt: skip
 
     def _body(self, c: Commit) -> list[list]:

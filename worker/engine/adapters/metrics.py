@@ -226,6 +226,13 @@ class WorkerMetrics:
             ["result"],
             registry=r,
         )
+        self.input_values = Counter(
+            "intentstream_input_values",
+            "Declared-input values of scored events that were missing or unusable (bad), by "
+            "input: scored with the input's learned default, never dead-lettered.",
+            ["input", "outcome"],
+            registry=r,
+        )
         self.actions = Counter(
             "intentstream_actions",
             "Actions written by the intent rules (the current model's scores), by rule.",

@@ -28,7 +28,7 @@ from worker.engine.compute.recent import valid
 from worker.engine.compute.state_cache import CachedState, StateCache, copy_known
 
 FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
-          "shadow_model", "score", "shadow_score", "rules", "shadow_rules")  # fmt: skip
+          "shadow_model", "score", "shadow_score", "rules", "shadow_rules", "items")  # fmt: skip
 
 # A rule-state field longer than this was not written by a worker (64 rules of ~90 bytes):
 # read as none, so crafted data costs no parsing time.
@@ -46,12 +46,12 @@ local out = {seq}
 for i = 2, #KEYS do
   local v = redis.pcall('HMGET', KEYS[i], 'h', 'last_id', 'last_ts', 'model', 'n', 'event_ids',
                        'recent', 'shadow_h', 'shadow_model', 'score', 'shadow_score', 'rules',
-                       'shadow_rules')
+                       'shadow_rules', 'items')
   if v.err then
     out[#out + 1] = -1
-    for _ = 2, 13 do out[#out + 1] = false end
+    for _ = 2, 14 do out[#out + 1] = false end
   else
-    for j = 1, 13 do out[#out + 1] = v[j] end
+    for j = 1, 14 do out[#out + 1] = v[j] end
   end
 end
 return out
@@ -214,7 +214,22 @@ class StateReader:
         theirs: list[tuple[int, bytes | None]] = []  # the same for the shadow model
         for k, i in enumerate(rows):
             row = flat[1 + width * k : 1 + width * (k + 1)]
-            h, lid, lts, by, cnt, eids, recent, sh_h, sh_by, score, sh_score, rules, sh_rules = row
+            (
+                h,
+                lid,
+                lts,
+                by,
+                cnt,
+                eids,
+                recent,
+                sh_h,
+                sh_by,
+                score,
+                sh_score,
+                rules,
+                sh_rules,
+                items,
+            ) = row
             if isinstance(h, int):
                 states.resets["wrong_type"] += 1
                 continue
@@ -232,6 +247,7 @@ class StateReader:
                 states.event_ids[i] = bounded(eids)
             states.recent[i] = valid(recent)
             states.rules[i] = _rule_field(rules)
+            states.items[i] = _rule_field(items)  # the same bound: a worker writes < 8 KiB
             stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
             mine.append((i, self._blob_of(stored, space)))
             states.score[i] = _number(score)

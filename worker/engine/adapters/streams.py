@@ -56,6 +56,8 @@ class StreamReader:
         self.consumer = consumer
         self.partitions = partitions  # the count in force: an entry of another is misrouted
         self.max_skew_ms = max_skew_ms  # the timestamp rule's allowance (worker/common/events.py)
+        # the fields the running models declare as inputs (set as models swap: engine/models.py)
+        self.input_names: tuple[str, ...] = ()
         self.cluster = is_cluster(client)
         self._raw()
 
@@ -104,11 +106,9 @@ class StreamReader:
                 c.position = entries[-1][0] if entries else b">"
             step = size or len(entries) or 1
             for i in range(0, len(entries), step):
-                out.append(
-                    parse_batch(
-                        c.partition, entries[i : i + step], self.partitions, self.max_skew_ms
-                    )
-                )
+                batch = entries[i : i + step]
+                out.append(parse_batch(c.partition, batch, self.partitions, self.max_skew_ms,
+                                       self.input_names))  # fmt: skip
         return out
 
     def claim(self, cursor: Cursor, min_idle_ms: int) -> int:

@@ -14,6 +14,7 @@ from worker.common.events import (
     DEFAULT_MAX_TS_SKEW_MS,
     EventError,
     flat_fields,
+    input_values,
     parse_flat_entry,
 )
 from worker.common.keys import partition_of
@@ -47,6 +48,8 @@ class Batch:
     entry_keys: list[tuple[int, int]] = field(default_factory=list)  # the same, as (ms, seq)
     event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
     producers: list[Producer | None] = field(default_factory=list)  # publish()'s stamps
+    # the raw values of the declared inputs asked for (a model's, format 2), per valid event
+    inputs: dict[str, list[bytes | None]] = field(default_factory=dict)
     dead: list[DeadLetter] = field(default_factory=list)  # invalid and misrouted entries
     misrouted: int = 0  # of the dead letters: users of another partition
     lost: int = 0  # deleted while pending (nil fields)
@@ -57,13 +60,17 @@ class Batch:
 
 
 def parse_batch(
-    partition: int, entries: list, partitions: int = 1, max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS
-) -> Batch:
+    partition: int, entries: list, partitions: int = 1, max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS,
+    input_names: tuple[str, ...] = (),
+) -> Batch:  # fmt: skip
     """Parse raw XREADGROUP entries ([id, [field, value, ...] or nil]) of one partition of
     `partitions`; an event whose user belongs to another partition, or whose time breaks
-    the timestamp rule (`max_skew_ms`), is a dead letter."""
+    the timestamp rule (`max_skew_ms`), is a dead letter. The raw values of `input_names`
+    (the declared inputs of the models that will score it) are kept per valid event."""
     t0 = time.perf_counter()
     b = Batch(partition)
+    wanted = tuple(n.encode() for n in input_names)
+    columns = [b.inputs.setdefault(n, []) for n in input_names]
     for raw_id, entry in entries:
         b.ids.append(raw_id)
         key = entry_id(raw_id)
@@ -94,5 +101,8 @@ def parse_batch(
         b.entry_keys.append(key)
         b.event_ids.append(event_id)
         b.producers.append(producer)
+        if wanted:
+            for column, value in zip(columns, input_values(fields, wanted), strict=True):
+                column.append(value)
     b.parse_seconds = time.perf_counter() - t0
     return b

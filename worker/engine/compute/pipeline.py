@@ -19,6 +19,7 @@ from worker.common.dedup import DEFAULT_WINDOW, Memory
 from worker.engine.compute import actions as act
 from worker.engine.compute.actions import Action, ScoredEvents
 from worker.engine.compute.batch import Batch, DeadLetter
+from worker.engine.compute.items import memories_of, packed_items
 from worker.engine.compute.quality import label_samples
 from worker.engine.compute.recent import extend_packed, names_of, unpack
 from worker.engine.compute.rules import RuleTable
@@ -53,6 +54,7 @@ class UserStates:
     score: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (U,) last score, NaN = none
     recent: list[bytes] = field(default_factory=list)  # the users' recent events, packed
     rules: list[bytes] = field(default_factory=list)  # the users' rule states, b"" = none
+    items: list[bytes] = field(default_factory=list)  # the users' item memories, b"" = none
     replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
     resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
     shadow: ShadowStates | None = None  # when a shadow model scores beside the current
@@ -72,6 +74,7 @@ class UserStates:
             score=np.full(n, np.nan),
             recent=[NO_HISTORY] * n,
             rules=[b""] * n,
+            items=[b""] * n,
         )
 
 
@@ -114,6 +117,12 @@ class Commit:
     # fired (the current model's), and the firings the shadow model's scores would make
     rules: list[bytes] | None = None
     shadow_rules: list[bytes] | None = None
+    # each state row's item memories (compute/items.py), written when `write_items` (the model
+    # declares item inputs), else carried as read, so the cache holds what Redis does
+    items: list[bytes] | None = None
+    write_items: bool = False
+    # per declared input: (missing, bad) values of the batch's scored events
+    input_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     actions: list[Action] = field(default_factory=list)
     shadow_actions: Counter[str] = field(default_factory=Counter)
 
@@ -162,10 +171,13 @@ def _drop_producer_retries(
 def _advance(
     model: ScoringModel, h: np.ndarray, last_ts: np.ndarray, recent: list[bytes],
     replay: list[int], slot: np.ndarray, type_idx: np.ndarray, ts: np.ndarray,
+    inputs: dict[str, list] | None = None, memory: dict | None = None,
 ) -> np.ndarray:  # fmt: skip
     """Advance the states h (and last_ts) over the events in one kernel call; return their
     scores. Rows in `replay` first restart from zero at the time before their recent events
-    and replay them (their scores are not returned)."""
+    and replay them (their scores are not returned). A model's declared inputs take their
+    values from `inputs` (one per event) and its item memories from `memory`; replayed
+    events have none (their history keeps types and times only)."""
     rows = [r for r in replay if recent[r]]
     r_slot: list[int] = []
     if rows:
@@ -181,7 +193,24 @@ def _advance(
         slot = np.concatenate([np.asarray(r_slot, np.int64), slot])
         type_idx = np.concatenate([model.type_indices(r_types), type_idx])
         ts = np.concatenate([np.asarray(r_ts, np.int64), ts])
-    return model.advance(h, last_ts, slot, type_idx, ts)[len(r_slot) :]
+        if inputs is not None:
+            inputs = {name: [None] * len(r_slot) + values for name, values in inputs.items()}
+    if not model.input_names:
+        return model.advance(h, last_ts, slot, type_idx, ts)[len(r_slot) :]
+    return model.advance(h, last_ts, slot, type_idx, ts, inputs, memory)[len(r_slot) :]
+
+
+def inputs_of(batch: Batch, idx: np.ndarray, model: ScoringModel) -> dict[str, list] | None:
+    """The raw values of the model's declared inputs for the batch's events `idx` (None for
+    an input the batch was not parsed with: a model swapped in since)."""
+    if not model.input_names:
+        return None
+    rows = idx.tolist()
+    out = {}
+    for name in model.input_names:
+        column = batch.inputs.get(name)
+        out[name] = [column[i] for i in rows] if column is not None else [None] * len(rows)
+    return out
 
 
 def _recent_after(
@@ -262,8 +291,10 @@ def build_commit(
     types = [batch.types[i] for i in idx]
     ts = np.fromiter((batch.ts[i] for i in idx), np.int64, len(idx))
     type_idx = model.type_indices(types)
+    memory = memories_of(model.item_inputs, states.items) if model.item_inputs else None
     scores = _advance(model, states.h, states.last_ts, states.recent, states.replay,
-                      k_slot, type_idx, ts)  # fmt: skip
+                      k_slot, type_idx, ts, inputs_of(batch, idx, model), memory)  # fmt: skip
+    input_counts = {n: (c.missing, c.bad) for n, c in model.input_counts.items()}
     quality = {
         "current": label_samples(
             k_slot,
@@ -279,8 +310,11 @@ def build_commit(
     }
     sh = states.shadow if shadow is not None else None
     if sh is not None:
-        shadow_scores = _advance(shadow, sh.h, sh.last_ts, states.recent, sh.replay,
-                                 k_slot, shadow.type_indices(types), ts)  # fmt: skip
+        # its item flags from the stored memories as they were before this batch
+        sh_memory = memories_of(shadow.item_inputs, states.items) if shadow.item_inputs else None
+        shadow_scores = _advance(shadow, sh.h, sh.last_ts, states.recent, sh.replay, k_slot,
+                                 shadow.type_indices(types), ts, inputs_of(batch, idx, shadow),
+                                 sh_memory)  # fmt: skip
         quality["shadow"] = label_samples(
             k_slot, types, ts, shadow_scores,
             sh.score if sh.score is not None else np.full(len(states.users), np.nan),
@@ -348,5 +382,8 @@ def build_commit(
         shadow_scores=shadow_scores if sh is not None else None,
         shadow_user_scores=shadow_scores[last_event[touched]] if sh is not None else None,
         quality=quality,
+        items=packed_items(memory, touched) if memory else [states.items[s] for s in touched_list],
+        write_items=bool(memory),
+        input_counts=input_counts,
         **acted,
     )

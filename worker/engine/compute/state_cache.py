@@ -23,8 +23,8 @@ from worker.engine.compute.pipeline import Commit, UserStates
 # One user's state as last committed: h (L, H) float32 (a view of the batch's state array,
 # which nothing writes after its commit), last_ts ms, last_id (ms, seq), n, recent producer
 # event ids, recent events (packed, compute/recent.py), last score, the shadow model's h and
-# last score (None and NaN without one), the rule states and the shadow's (b"" = none), commit
-# time (monotonic; always last). Plain tuples:
+# last score (None and NaN without one), the rule states and the shadow's, the item memories
+# (b"" = none), commit time (monotonic; always last). Plain tuples:
 # thousands are made per batch, and the garbage collector stops tracking tuples of atoms
 # (see adapters/states.py: written).
 CachedState = tuple[
@@ -37,6 +37,7 @@ CachedState = tuple[
     float,
     np.ndarray | None,
     float,
+    bytes,
     bytes,
     bytes,
     float,
@@ -93,17 +94,18 @@ class StateCache:
 def copy_known(states: UserStates, rows: list[int], known: list[CachedState]) -> None:
     """Copy known states into their rows, a column at a time (and the shadow model's, when
     `states.shadow` is set)."""
-    h, last_ts, last_id, n, event_ids, recent, score, sh_h, sh_score, rules, sh_rules, _ = zip(
-        *known, strict=True
+    h, last_ts, last_id, n, event_ids, recent, score, sh_h, sh_score, rules, sh_rules, items, _ = (
+        zip(*known, strict=True)
     )
     idx = np.asarray(rows)
     states.h[idx] = np.stack(h)
     states.last_ts[idx] = last_ts
     states.n[idx] = n
     states.score[idx] = score
-    for i, lid, eids, rec, rul in zip(rows, last_id, event_ids, recent, rules, strict=True):
+    for i, lid, eids, rec, rul, it in zip(rows, last_id, event_ids, recent, rules, items,
+                                          strict=True):  # fmt: skip
         states.last_id[i], states.event_ids[i], states.recent[i] = lid, eids, rec
-        states.rules[i] = rul
+        states.rules[i], states.items[i] = rul, it
     shadow = states.shadow
     if shadow is None:
         return
@@ -134,11 +136,12 @@ def written(commit: Commit) -> dict[str, CachedState]:
         sh_h, sh_scores = [None] * k, [float("nan")] * k
     rules = commit.rules if commit.rules is not None else [b""] * k
     sh_rules = commit.shadow_rules if commit.shadow_rules is not None else [b""] * k
+    items = commit.items if commit.items is not None else [b""] * k
     return {
-        u: (h, lts, key, n, eids, recent, score, shh, shs, rul, shr, stamp)
-        for u, h, lts, key, n, eids, recent, score, shh, shs, rul, shr in zip(
+        u: (h, lts, key, n, eids, recent, score, shh, shs, rul, shr, it, stamp)
+        for u, h, lts, key, n, eids, recent, score, shh, shs, rul, shr, it in zip(
             commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
             commit.n.tolist(), commit.event_ids, commit.recent, commit.user_scores.tolist(),
-            sh_h, sh_scores, rules, sh_rules, strict=True,
+            sh_h, sh_scores, rules, sh_rules, items, strict=True,
         )
     }  # fmt: skip

@@ -1,0 +1,97 @@
+"""A worker scoring events with declared inputs (a format 2 model: price, brand, product) gives
+the scores `intentstream score` gives, through restarts that carry each user's item memory in
+their state, with fields sent flat or in a `json` object, missing or unusable."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from model.artifact import random_model, save_model
+from tests.conftest import run_cli
+from tests.test_worker import scrape
+from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+from worker.common.connection import connect
+from worker.common.keys import partition_of
+from worker.common.local_redis import free_port
+
+pytestmark = pytest.mark.integration
+
+P = 2
+TYPES = ["view", "add_to_cart", "purchase"]
+INPUTS = [
+    {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 3.0, "scale": 1.5},
+    {"kind": "categorical", "name": "brand", "buckets": 32, "dim": 4},
+    {"kind": "item", "name": "product_id", "buckets": 64, "dim": 4},
+]
+
+
+def rich_events(n: int, seed: int) -> list[dict]:
+    """Events of 20 users revisiting a few products; some prices missing or not numbers."""
+    rng = np.random.default_rng(seed)
+    t = 1_700_000_000_000
+    out = []
+    for i in range(n):
+        t += int(rng.integers(1_000, 20_000))
+        e = {"user_id": f"u{rng.integers(20)}", "type": str(rng.choice(TYPES)), "ts": t,
+             "event_id": f"e{i}", "product_id": f"p{rng.integers(6)}",
+             "brand": str(rng.choice(["acme", "globex", "initech"]))}  # fmt: skip
+        price = rng.random()
+        if price < 0.1:
+            e["price"] = "n/a"  # unusable: the input's default, counted
+        elif price > 0.2:
+            e["price"] = f"{rng.uniform(1, 500):.2f}"
+        if i % 7 == 0:
+            del e["product_id"]  # an event without the item
+        out.append(e)
+    return out
+
+
+def publish_raw(r, events: list[dict]) -> None:
+    """Plain XADDs as a producer sends them: every third one as a `json` object."""
+    for k, e in enumerate(events):
+        stream = f"intentstream:events:{{{partition_of(e['user_id'], P)}}}"
+        if k % 3 == 0:
+            r.xadd(stream, {"json": json.dumps(e)})
+        else:
+            r.xadd(stream, {key: str(v) for key, v in e.items()})
+
+
+def test_the_worker_scores_declared_inputs_as_score_does_across_restarts(redis_server, tmp_path):
+    model = random_model(TYPES, hidden=8, features=["gap"], seed=5, inputs=INPUTS,
+                         session_gap_seconds=60.0)  # fmt: skip
+    path = tmp_path / "rich.npz"
+    save_model(model, path)
+    events = rich_events(600, seed=3)
+    r = connect(redis_server.url)
+    port = free_port()
+    args = ["--partitions", str(P), "--batch-size", "37"]
+    publish_raw(r, events[:300])
+    first = WorkerProcess(redis_server.url, path, tmp_path / "w.log", *args).start()
+    try:
+        wait_for(lambda: count_scores(r, partitions=P) >= 300, what="the first half")
+    finally:
+        assert first.terminate() == 0
+    publish_raw(r, events[300:])  # a new process: the item memories come from the states
+    second = WorkerProcess(redis_server.url, path, tmp_path / "w2.log", *args, "--metrics-port",
+                           str(port)).start()  # fmt: skip
+    try:
+        wait_for(lambda: count_scores(r, partitions=P) >= len(events), what="all scores")
+        metrics = scrape(port)
+    finally:
+        assert second.terminate() == 0
+
+    offline = run_cli("score", "--model", str(path),
+                      stdin="\n".join(json.dumps(e) for e in events))  # fmt: skip
+    assert offline.returncode == 0, offline.stderr
+    want = {e["event_id"]: json.loads(line)["score"]
+            for e, line in zip(events, offline.stdout.splitlines(), strict=True)}  # fmt: skip
+    got = {row["event_id"]: float(row["score"]) for row in score_entries(r, partitions=P)}
+    assert set(got) == set(want)
+    np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=2e-5)
+    # the item memory is in the state, packed per input
+    some = r.hget(f"intentstream:state:{{{partition_of('u1', P)}}}:u1", "items")
+    assert some and b"product_id" in some
+    assert metrics.get('intentstream_input_values_total{input="price",outcome="bad"}', 0) > 0
