@@ -163,7 +163,7 @@ class InMemoryScorer:
             if u in self._state:
                 state[i] = self._state[u]
                 last_ts[i] = self._last_ts[u]
-        memory = self._memory_of(users)
+        memory = self._memory_of(users) if self._items else {}
         slot = np.fromiter((row[u] for u in user_ids), np.int64, len(user_ids))
         type_idx, ts = self.model.type_indices(types), np.asarray(ts_ms, np.int64)
         if self.model.input_names:
