@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from model.calibration import calibration_of
 from model.features import KNOWN_FEATURES
@@ -67,12 +75,17 @@ class ModelMeta(BaseModel):
         """The declared inputs (none for a format 1 model)."""
         return self.inputs if self.inputs is not None else Inputs([])
 
-    def to_json(self) -> dict:
-        """The meta as the artifact stores it (a format 1 meta has no `inputs` key)."""
-        doc = self.model_dump()
+    @model_serializer(mode="wrap")
+    def _without_absent_inputs(self, handler) -> dict:
+        # a format 1 meta dumps (into the artifact, the registry) as it always has
+        doc = handler(self)
         if doc.get("inputs") is None:
             doc.pop("inputs", None)
         return doc
+
+    def to_json(self) -> dict:
+        """The meta as the artifact stores it (a format 1 meta has no `inputs` key)."""
+        return self.model_dump()
 
     @field_validator("event_types")
     @classmethod

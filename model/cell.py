@@ -17,9 +17,11 @@ and nn.LSTM, transposed.) A user's state is (L, H), (L, 2H) for the LSTM: each l
 then its c; the next layer and the head read h. The kernels read the packed layout of
 model/params.py, where a layer's gates sit side by side in columns, so a wave's recurrent term
 is one product per layer whatever the cell.
-x_t = [embedding[type_t], features_t], so layer 0's input term splits into a per-type row
-(embedding @ W_x0[:D] + b_x[0], computed once per model in `cell_weights`) plus
-features @ W_x0[D:]: the widest product of the step becomes a table lookup.
+x_t = [embedding[type_t], features_t, extra_t] (extra_t: a format 2 model's declared inputs,
+model/inputs.py), so layer 0's input term splits into a per-type row (embedding @ W_x0[:D] +
+b_x[0], computed once per model in `cell_weights`) plus x_feat @ W_x0[D:], x_feat being the
+features and the inputs' block side by side: the widest product of the step becomes a table
+lookup.
 
 Kernels take weights as arguments (a `CellWeights` tuple): globals would be frozen at compile
 time and a hot-reloaded model would silently keep the old weights.
@@ -70,7 +72,7 @@ class CellWeights(NamedTuple):
     cell: int  # CELL_RNN, CELL_GRU or CELL_LSTM
     head: int  # HEAD_IDENTITY or HEAD_SIGMOID
     type_in: np.ndarray  # (V, G·H) E @ W_x0[:D] + b_x[0]: layer 0's input term per type
-    W_fh: np.ndarray  # (F, G·H) W_x0[D:], the rows that multiply the numeric features
+    W_fh: np.ndarray  # (F + input width, G·H) W_x0[D:]: the rows of x_feat (features, inputs)
     W_h0: np.ndarray  # (H, G·H)
     W_up: np.ndarray  # (L-1, 2H, G·H)
     b_x: np.ndarray  # (L, G·H)

@@ -1,27 +1,12 @@
 """Declared model inputs beyond the event type and the gap: numeric, categorical and
 item fields, their stable hash, and their encoding for a whole batch.
 
-Pure computation (numpy, Numba, pydantic): not yet read by the artifact, the kernels, training
-or the worker.
+Pure computation (numpy, Numba, pydantic). The artifact (format 2, model/artifact.py) holds
+the declarations and tables, and model/scoring.py appends `encode_inputs`' block to the
+features; training and the worker do not read inputs yet.
 
-Contract (to move into docs/contract.md, The model)
-----------------------------------------------------
-**Declared inputs.** A model may declare inputs beyond the event type and `gap`, each a field
-of the event (read from the entry or its `json` object) with a kind: `numeric`,
-`categorical` or `item`. For event t, x_t = [embedding[type_t], features_t, extra_t], where
-extra_t is the concatenation of every declared input's columns **in declaration order**:
-
-    numeric      2 columns      standardised value, missing flag
-    categorical  dim columns    the row of the input's embedding table for the value's bucket
-    item         dim + 2        the embedding row, then same_as_previous, then seen_in_session
-
-(`input_width` is the block's width.) A value is hashed with FNV-1a 32-bit over the UTF-8 bytes
-of `name + "\\x1f" + value` (the input's name, the unit separator, the value's text); its bucket
-is 1 + hash mod (buckets - 1). Bucket 0 is reserved for a missing value (absent, null or empty),
-so every table has a learned row for "no value". The hash is the same in every process and on
-every machine; changing it would silently break every trained model, so tests pin its values.
-Nothing is dead-lettered for an input: a missing or unusable value is encoded as such and
-counted.
+The contract, x_t's layout with inputs, the hash and its buckets, is docs/contract.md (The
+model, Declared inputs); the details of each kind follow.
 
 Numeric
 -------

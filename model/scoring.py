@@ -1,8 +1,9 @@
 """Applying a model to batches of events: the one path both `intentstream score` and the
 worker use, so offline and online scores are the same math.
 
-Data flows one way: events (slot, type, ts) -> features and session resets -> the batched
-cell kernel -> new states and one score per event.
+Data flows one way: events (slot, type, ts, and a format 2 model's declared inputs) ->
+features, session resets and the inputs' block -> the batched cell kernel -> new states (and
+item memories) and one score per event.
 """
 
 from __future__ import annotations
@@ -123,7 +124,10 @@ class ScoringModel:
         """Compile (or load from cache) the kernels now, not on the first real batch."""
         state = np.zeros((1, *self.state_shape), np.float32)
         one = np.zeros(1, np.int64)
-        absent = dict.fromkeys(self.input_names, (None,)) if self.input_names else None
+        if not self.input_names:
+            self.advance(state, np.full(1, -1, np.int64), one, one, one)
+            return
+        absent = dict.fromkeys(self.input_names, (None,))
         self.advance(state, np.full(1, -1, np.int64), one, one, one, absent, self.empty_memory(1))
 
 
@@ -159,12 +163,13 @@ class InMemoryScorer:
             if u in self._state:
                 state[i] = self._state[u]
                 last_ts[i] = self._last_ts[u]
-        memory = self._memory_of(users)
+        memory = self._memory_of(users) if self._items else {}
         slot = np.fromiter((row[u] for u in user_ids), np.int64, len(user_ids))
-        scores = self.model.advance(
-            state, last_ts, slot, self.model.type_indices(types), np.asarray(ts_ms, np.int64),
-            inputs, memory,
-        )  # fmt: skip
+        type_idx, ts = self.model.type_indices(types), np.asarray(ts_ms, np.int64)
+        if self.model.input_names:
+            scores = self.model.advance(state, last_ts, slot, type_idx, ts, inputs, memory)
+        else:  # a model without inputs (or a subclass) scores as it always has
+            scores = self.model.advance(state, last_ts, slot, type_idx, ts)
         for i, u in enumerate(users):
             self._state[u] = state[i]
             self._last_ts[u] = int(last_ts[i])

@@ -329,6 +329,7 @@ def test_format1_meta_stays_as_it_was():
     model = random_model(TYPES, hidden=4, seed=0)
     assert model.meta.format == "intentstream.model/1"
     assert "inputs" not in json.loads(model_to_bytes_meta(model))
+    assert "inputs" not in model.meta.model_dump()  # nor in the registry's meta
     assert len(model.inputs) == 0 and model.tables() == {}
 
 

@@ -572,3 +572,17 @@ def test_intentstream_score_keeps_each_lines_inputs_past_bad_and_blank_lines(tmp
     out = run_cli("score", "--model", str(write_model(plain, tmp_path)), stdin="\n".join(lines))
     got = np.array([json.loads(line)["score"] for line in out.stdout.splitlines()])
     np.testing.assert_allclose(got, reference_scores(plain), rtol=2e-5, atol=2e-5)
+
+
+def test_a_model_with_inputs_refuses_a_batch_without_them():
+    sm = ScoringModel(INPUT_CASES[0].model)
+    one = np.zeros(1, np.int64)
+    state = np.zeros((1, *sm.state_shape), np.float32)
+    with pytest.raises(ValueError, match=r"declares inputs \['price', 'brand', 'product'\]"):
+        sm.advance(state, np.full(1, -1, np.int64), one, one, one)
+    partial = {"price": ["1"], "brand": ["acme"]}
+    with pytest.raises(ValueError, match=r"input 'product': 1 values expected, got none"):
+        sm.advance(state, np.full(1, -1, np.int64), one, one, one, partial, sm.empty_memory(1))
+    given = partial | {"product": ["p1"]}
+    with pytest.raises(ValueError, match=r"input 'product': no item memory given"):
+        sm.advance(state, np.full(1, -1, np.int64), one, one, one, given)
