@@ -164,7 +164,14 @@ def _last_scores(
     ts = np.fromiter((t for s in present for t in s.ts), np.int64)[gather]
     state = np.zeros((n_slots, *model.state_shape), np.float32)
     last_ts = np.concatenate(prev)
-    scores = model.advance(state, last_ts, slot, type_idx, ts)
+    if model.input_names:
+        # a session's kept history holds types and times only: declared inputs replay as
+        # missing (their learned defaults), so the reasons weigh the types and the gaps
+        absent = {name: [None] * len(slot) for name in model.input_names}
+        scores = model.advance(state, last_ts, slot, type_idx, ts, absent,
+                               model.empty_memory(n_slots))  # fmt: skip
+    else:
+        scores = model.advance(state, last_ts, slot, type_idx, ts)
     # a slot's events are contiguous and in order: its score is that of its last event
     last = np.full(n_slots, -1, np.int64)
     np.maximum.at(last, slot, np.arange(slot.shape[0]))

@@ -194,3 +194,12 @@ def test_a_long_session_is_explained_by_its_last_max_events():
     (want,) = leave_one_out(model, [tail])
     assert len(ex.deltas) == MAX_EVENTS and ex.session == tail
     np.testing.assert_array_equal(ex.deltas, want.deltas)
+
+
+def test_a_model_with_declared_inputs_is_explained_by_types_and_gaps():
+    price = {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 3.0, "scale": 1.0}
+    inputs = [price, {"kind": "item", "name": "product_id", "buckets": 16, "dim": 2}]
+    model = ScoringModel(random_model(TYPES, hidden=6, features=["gap"], seed=2, inputs=inputs))
+    session = random_session(np.random.default_rng(3), 6)
+    (ex,) = leave_one_out(model, [session])
+    assert len(ex.deltas) == 6 and np.isfinite(ex.deltas).all()
