@@ -14,8 +14,10 @@ from tests.conftest import run_cli
 from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
 from worker.common.connection import connect
-from worker.common.keys import partition_of
+from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
+from worker.common.rule_store import set_rule
+from worker.common.rules import make_rule
 
 pytestmark = pytest.mark.integration
 
@@ -68,6 +70,7 @@ def test_the_worker_scores_declared_inputs_as_score_does_across_restarts(redis_s
     r = connect(redis_server.url)
     port = free_port()
     args = ["--partitions", str(P), "--batch-size", "37"]
+    set_rule(r, Keys(), make_rule(name="first", above=0.0, rearm_below=0.0))  # reasons too
     publish_raw(r, events[:300])
     first = WorkerProcess(redis_server.url, path, tmp_path / "w.log", *args).start()
     try:
@@ -95,3 +98,4 @@ def test_the_worker_scores_declared_inputs_as_score_does_across_restarts(redis_s
     some = r.hget(f"intentstream:state:{{{partition_of('u1', P)}}}:u1", "items")
     assert some and b"product_id" in some
     assert metrics.get('intentstream_input_values_total{input="price",outcome="bad"}', 0) > 0
+    assert sum(r.xlen(f"intentstream:actions:{{{p}}}") for p in range(P)) > 10
