@@ -119,12 +119,15 @@ def split_by_user(
     sessions: list[Session], validation_fraction: float, seed: int
 ) -> tuple[list[Session], list[Session]]:
     """Train and validation sessions; a user's sessions all land on one side."""
-    salt = str(seed).encode()
-    threshold = validation_fraction * 2**32
     train, valid = [], []
     for s in sessions:
-        (valid if zlib.crc32(salt + s.user_id.encode()) < threshold else train).append(s)
+        (valid if is_validation_user(s.user_id, validation_fraction, seed) else train).append(s)
     return train, valid
+
+
+def is_validation_user(user_id: str, validation_fraction: float, seed: int) -> bool:
+    """Whether split_by_user puts the user's sessions on the validation side."""
+    return zlib.crc32(str(seed).encode() + user_id.encode()) < validation_fraction * 2**32
 
 
 def pad(sessions: list[Session], n_features: int) -> SessionBatch:

@@ -3,14 +3,20 @@ rows as scoring encodes them, and BPTT fits the input tables."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
-from model.artifact import random_model
+from model.artifact import random_model, save_model
 from model.bptt import loss_and_gradients, predict
+from model.evaluate import model_step_scores
 from model.inputs import parse_inputs
+from model.rich_shop import rich_shop
 from model.scoring import InMemoryScorer, ScoringModel
 from model.sessions import pad, sessionize
+from model.train import TrainConfig, train
+from tests.conftest import run_cli
 
 TYPES = ["view", "cart", "purchase"]
 INPUTS = parse_inputs([
@@ -115,3 +121,65 @@ def test_a_batch_without_the_models_tables_is_refused():
     sessions = sessionize(shop_events(), TYPES, ["gap"], 1800, "purchase")
     with pytest.raises(ValueError, match="input table"):
         loss_and_gradients(model.arrays, pad(sessions, 1), inputs=INPUTS)
+
+
+SHOP_INPUTS = [
+    {"kind": "numeric", "name": "price", "transform": "log1p"},
+    {"kind": "categorical", "name": "brand", "buckets": 64, "dim": 3},
+    {"kind": "item", "name": "product_id", "buckets": 256, "dim": 4},
+]
+
+
+def shop_config(**kw) -> TrainConfig:
+    base = {"hidden": 8, "embedding_dim": 4, "epochs": 2, "batch_size": 32, "calibrate": False,
+            "min_type_count": 1, "seed": 3}  # fmt: skip
+    return TrainConfig(**(base | kw))
+
+
+def test_a_model_trained_with_inputs_scores_its_validation_sessions_through_the_cli(tmp_path):
+    events, _ = rich_shop(users=300, seed=5)
+    result = train(events, shop_config(inputs=SHOP_INPUTS))
+    model = result.model
+    assert [s.name for s in model.inputs] == ["price", "brand", "product_id"]
+    price = model.inputs[0]
+    valid_users = {s.user_id for s in result.validation_sessions}
+    used = [np.log1p(float(e["price"])) for e in events if e["user_id"] not in valid_users]
+    assert price.mean == pytest.approx(np.mean(used), rel=1e-6)
+    assert price.scale == pytest.approx(np.std(used), rel=1e-6)
+    assert result.report["inputs"][0]["mean"] == price.mean
+    assert result.report["config"]["inputs"][1] == {"kind": "categorical", "name": "brand",
+        "transform": "none", "buckets": 64, "dim": 3}  # fmt: skip
+    untrained = random_model(model.meta.event_types, 8, 1, ["gap"], 4, seed=3, inputs=model.inputs)
+    assert not np.allclose(model.arrays["input.brand.embedding"],
+                           untrained.arrays["input.brand.embedding"])  # fmt: skip
+    path = tmp_path / "model.npz"
+    save_model(model, path)
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = run_cli("score", "--model", str(path), str(data))
+    assert out.returncode == 0, out.stderr
+    scored = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(scored) == len(events)
+    theirs: dict[str, list[float]] = {}
+    for e, s in zip(events, scored, strict=True):
+        if e["user_id"] in valid_users and e["type"] != "purchase":  # the sessions' steps
+            theirs.setdefault(e["user_id"], []).append(s["score"])
+    P = model_step_scores(model, result.validation_sessions)[1]
+    ours: dict[str, list[float]] = {}
+    at = 0
+    for s in result.validation_sessions:
+        ours.setdefault(s.user_id, []).extend(P[at : at + len(s.types)])
+        at += len(s.types)
+    assert ours.keys() == theirs.keys()
+    for user in ours:
+        np.testing.assert_allclose(theirs[user], ours[user], atol=2e-5)
+    # the inputs carry what the types do not: the trained model beats one on types alone
+    typed = train(events, shop_config())
+    assert result.report["metrics"]["auc_last"] != typed.report["metrics"]["auc_last"]
+
+
+def test_fine_tuning_keeps_the_parents_inputs():
+    events, _ = rich_shop(users=200, seed=6)
+    parent = train(events, shop_config(inputs=SHOP_INPUTS, epochs=1)).model
+    child = train(events, shop_config(epochs=1), init=parent).model
+    assert child.inputs == parent.inputs

@@ -320,7 +320,8 @@ def validation_scores(model, events: list[dict], config):
     from model.sessions import sessionize, split_by_user
 
     sessions = sessionize(events, model.meta.event_types, model.meta.features,
-                          model.meta.session_gap_seconds, config.label_type)  # fmt: skip
+                          model.meta.session_gap_seconds, config.label_type,
+                          model.inputs)  # fmt: skip
     _, valid = split_by_user(sessions, config.validation_fraction, config.seed)
     return valid, model_step_scores(model, valid)
 
