@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from model.artifact import random_model, save_model
+from model.artifact import load_model, random_model, save_model
 from model.bptt import loss_and_gradients, predict
 from model.evaluate import model_step_scores
 from model.inputs import parse_inputs
@@ -17,6 +17,7 @@ from model.scoring import InMemoryScorer, ScoringModel
 from model.sessions import pad, sessionize
 from model.train import TrainConfig, train
 from tests.conftest import run_cli
+from worker.commands.event_files import read_event_files
 
 TYPES = ["view", "cart", "purchase"]
 INPUTS = parse_inputs([
@@ -183,3 +184,55 @@ def test_fine_tuning_keeps_the_parents_inputs():
     parent = train(events, shop_config(inputs=SHOP_INPUTS, epochs=1)).model
     child = train(events, shop_config(epochs=1), init=parent).model
     assert child.inputs == parent.inputs
+
+
+def test_json_lines_data_keep_their_other_scalar_fields(tmp_path):
+    data = tmp_path / "e.jsonl"
+    data.write_text(
+        '{"user_id": "a", "type": "view", "ts": 1000, "price": 9.5, "brand": "acme", '
+        '"tags": ["x"], "meta": {"k": 1}}\n\nnot json\n'
+        '{"user_id": "b", "type": "view", "event_id": "e1", "product_id": 12}\n'
+    )
+    events = read_event_files([str(data)])
+    assert events == [
+        {"user_id": "a", "type": "view", "ts": 1000, "price": 9.5, "brand": "acme"},
+        {"user_id": "b", "type": "view", "ts": None, "product_id": 12, "event_id": "e1"},
+    ]
+
+
+def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
+    events, _ = rich_shop(users=200, seed=7)
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = tmp_path / "m.npz"
+    run = run_cli(
+        "train", "--data", str(data), "--numeric", "price:log1p", "--categorical", "brand",
+        "--item", "product_id", "--buckets", "64", "--input-dim", "3", "--hidden", "8",
+        "--epochs", "1", "--no-calibrate", "--min-type-count", "1", "--quiet", "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    model = load_model(out)
+    assert [(s.kind, s.name) for s in model.inputs] == [
+        ("numeric", "price"), ("categorical", "brand"), ("item", "product_id")]  # fmt: skip
+    assert model.arrays["input.brand.embedding"].shape == (64, 3)
+    assert f"price: numeric, log1p, mean {model.inputs[0].mean:.6g}" in run.stdout
+    spec = tmp_path / "inputs.json"
+    spec.write_text(json.dumps([{"kind": "item", "name": "product_id", "buckets": 32, "dim": 2}]))
+    run = run_cli("train", "--data", str(data), "--inputs", str(spec), "--hidden", "4",
+                  "--epochs", "1", "--no-calibrate", "--min-type-count", "1", "--quiet",
+                  "--out", str(out))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert load_model(out).arrays["input.product_id.embedding"].shape == (32, 2)
+    init = tmp_path / "init.npz"
+    run = run_cli("model", "init", "--event-types", "view,add_to_cart", "--hidden", "4",
+                  "--features", "gap", "--numeric", "price", "--item", "product_id",
+                  "--out", str(init))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    fresh = load_model(init)
+    assert fresh.inputs[0].mean == 0.0 and fresh.inputs[0].scale == 1.0
+    assert fresh.arrays["input.product_id.embedding"].shape == (1024, 8)
+    scored = run_cli("score", "--model", str(init), str(data))
+    assert scored.returncode == 0, scored.stderr
+    bad = run_cli("model", "init", "--event-types", "view", "--numeric", "price:sqrt",
+                  "--out", str(init))  # fmt: skip
+    assert bad.returncode == 2 and "log1p or none" in bad.stderr
