@@ -21,17 +21,33 @@ import numba as nb
 import numpy as np
 
 from model.artifact import cell_of
+from model.inputs import Inputs
 from model.params import CELL_GRU, CELL_LSTM, Params, pack, unpack
 from model.sessions import SessionBatch
 
 
 @nb.njit(cache=True)
-def _inputs(E, types, feats, t, X):
-    """X[i] = [E[types[i, t]], feats[i, t]] for each session i."""
-    D = E.shape[1]
+def _inputs(p, types, feats, buckets, t, X):
+    """X[i] = [E[types[i, t]], feats[i, t]] for each session i, with each input table's row
+    of bucket buckets[i, t, k] in its columns (model/params.py, tab_at)."""
+    D = p.E.shape[1]
     for i in range(types.shape[0]):
-        X[i, :D] = E[types[i, t]]
+        X[i, :D] = p.E[types[i, t]]
         X[i, D:] = feats[i, t]
+        for k in range(p.tab_at.shape[0]):
+            off, dim, col = p.tab_at[k, 0], p.tab_at[k, 1], p.tab_at[k, 2]
+            row = off + buckets[i, t, k] * dim
+            X[i, col : col + dim] = p.tab[row : row + dim]
+
+
+@nb.njit(cache=True)
+def _input_tables_backward(p, g, buckets, t, d_x):
+    """Scatter-add d_x's embedding columns into the gradients of the rows _inputs took."""
+    for i in range(d_x.shape[0]):
+        for k in range(p.tab_at.shape[0]):
+            off, dim, col = p.tab_at[k, 0], p.tab_at[k, 1], p.tab_at[k, 2]
+            row = off + buckets[i, t, k] * dim
+            g.tab[row : row + dim] += d_x[i, col : col + dim]
 
 
 @nb.njit(cache=True)
@@ -157,7 +173,7 @@ def _lstm_backward(p, g, layer, dh, dc, inp, h_prev, c_prev, gates):
 
 
 @nb.njit(cache=True)
-def _forward_backward(p, g, types, feats, mask, labels, bptt, norm):
+def _forward_backward(p, g, types, feats, buckets, mask, labels, bptt, norm):
     """Loss of the batch (weighted BCE sum / norm); adds the gradients into g (packed)."""
     B, T = types.shape
     L, H = p.b_hn.shape
@@ -179,7 +195,7 @@ def _forward_backward(p, g, types, feats, mask, labels, bptt, norm):
         if lstm:
             Cs[0] = carry_c
         for j in range(k):
-            _inputs(p.E, types, feats, s + j, Xs[j])
+            _inputs(p, types, feats, buckets, s + j, Xs[j])
             for layer in range(L):
                 inp = Xs[j] if layer == 0 else Hs[j + 1, layer - 1]
                 if lstm:
@@ -229,11 +245,12 @@ def _forward_backward(p, g, types, feats, mask, labels, bptt, norm):
                     # padding comes after a session's last step, so its d_inp is zero
                     for i in range(B):
                         g.E[types[i, s + j]] += d_inp[i, :D]
+                    _input_tables_backward(p, g, buckets, s + j, d_inp)
     return loss / norm
 
 
 @nb.njit(cache=True)
-def _predict_logits(p, types, feats):
+def _predict_logits(p, types, feats, buckets):
     """Head logits (B, T) of every step, each session from a zero state."""
     B, T = types.shape
     L, H = p.b_hn.shape
@@ -248,7 +265,7 @@ def _predict_logits(p, types, feats):
     X = np.empty((B, p.W_x0.shape[0]), dt)
     Z = np.empty((B, T), dt)
     for t in range(T):
-        _inputs(p.E, types, feats, t, X)
+        _inputs(p, types, feats, buckets, t, X)
         for layer in range(L):
             inp = X if layer == 0 else Hn[layer - 1]
             if lstm:
@@ -261,11 +278,26 @@ def _predict_logits(p, types, feats):
     return Z
 
 
-def as_params(params: dict[str, np.ndarray] | Params, cell: str | None = None) -> Params:
-    """Packed parameters, from a Params (as is) or the artifact's arrays (in their dtype)."""
+def as_params(
+    params: dict[str, np.ndarray] | Params, cell: str | None = None, inputs: Inputs | None = None
+) -> Params:
+    """Packed parameters, from a Params (as is) or the artifact's arrays (in their dtype),
+    with the declared `inputs`' tables."""
     if isinstance(params, Params):
         return params
-    return pack(params, cell or cell_of(params), params["embedding"].dtype)
+    return pack(params, cell or cell_of(params), params["embedding"].dtype, inputs)
+
+
+def _buckets(p: Params, batch: SessionBatch) -> np.ndarray:
+    """The batch's input table rows, checked against the tables the parameters hold."""
+    B, T = batch.types.shape
+    buckets = batch.buckets if batch.buckets is not None else np.zeros((B, T, 0), np.int64)
+    if buckets.shape[2] != p.tab_at.shape[0]:
+        raise ValueError(
+            f"the batch has {buckets.shape[2]} input table columns, the model "
+            f"{p.tab_at.shape[0]} tables (sessionize with the model's inputs)"
+        )
+    return np.ascontiguousarray(buckets, np.int64)
 
 
 def packed_loss_and_gradients(p: Params, batch: SessionBatch, bptt: int = 35):
@@ -280,6 +312,7 @@ def packed_loss_and_gradients(p: Params, batch: SessionBatch, bptt: int = 35):
         g,
         batch.types,
         np.ascontiguousarray(batch.features, dt),
+        _buckets(p, batch),
         np.ascontiguousarray(batch.mask, dt),
         np.ascontiguousarray(batch.labels, dt),
         bptt,
@@ -289,7 +322,11 @@ def packed_loss_and_gradients(p: Params, batch: SessionBatch, bptt: int = 35):
 
 
 def loss_and_gradients(
-    params: dict[str, np.ndarray], batch: SessionBatch, bptt: int = 35, cell: str | None = None
+    params: dict[str, np.ndarray],
+    batch: SessionBatch,
+    bptt: int = 35,
+    cell: str | None = None,
+    inputs: Inputs | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """Mean per-step BCE of a batch of sessions and its truncated-BPTT gradient.
 
@@ -297,9 +334,11 @@ def loss_and_gradients(
     layer{l}.W_xr, ... or the LSTM's layer{l}.W_xi, ..., head.W_hq, head.b_q), all float32 or
     all float64; the gradients come back under the same names and dtype. The loss averages
     over the batch's real steps (mask weights); gradients flow back at most `bptt` steps.
+    A model with declared `inputs` has their tables among params (input.{name}.embedding)
+    and gets their gradients too.
     """
-    loss, g = packed_loss_and_gradients(as_params(params, cell), batch, bptt)
-    return loss, {k: np.array(v) for k, v in unpack(g).items()}
+    loss, g = packed_loss_and_gradients(as_params(params, cell, inputs), batch, bptt)
+    return loss, {k: np.array(v) for k, v in unpack(g, inputs).items()}
 
 
 def predict(
@@ -307,10 +346,12 @@ def predict(
     batch: SessionBatch,
     head: str = "sigmoid",
     cell: str | None = None,
+    inputs: Inputs | None = None,
 ) -> np.ndarray:
     """Scores (B, T) of every step of every session (from a zero state); padding included."""
-    p = as_params(params, cell)
-    Z = _predict_logits(p, batch.types, np.ascontiguousarray(batch.features, p.E.dtype))
+    p = as_params(params, cell, inputs)
+    feats = np.ascontiguousarray(batch.features, p.E.dtype)
+    Z = _predict_logits(p, batch.types, feats, _buckets(p, batch))
     return 1.0 / (1.0 + np.exp(-Z)) if head == "sigmoid" else Z
 
 

@@ -10,6 +10,7 @@ from scipy.stats import rankdata
 from model.artifact import Model
 from model.bptt import predict
 from model.calibration import brier_score, calibration_of, expected_calibration_error
+from model.params import pack
 from model.sessions import Session, pad
 
 
@@ -72,7 +73,7 @@ def metrics_of(all_y, all_p, last_y, last_p) -> dict[str, float]:
 
 def model_step_scores(model: Model, sessions: list[Session], raw: bool = False):
     """`step_scores` of a model as it scores (calibrated, unless `raw`)."""
-    params = {k: v.astype(np.float64) for k, v in model.arrays.items()}
+    params = pack(model.arrays, model.meta.cell, np.float64, model.inputs)
     all_y, all_p, last_y, last_p = step_scores(params, sessions, len(model.meta.features))
     cal = None if raw else calibration_of(model.meta.model_extra)
     if cal is not None:

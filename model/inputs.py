@@ -2,8 +2,9 @@
 item fields, their stable hash, and their encoding for a whole batch.
 
 Pure computation (numpy, Numba, pydantic). The artifact (format 2, model/artifact.py) holds
-the declarations and tables, and model/scoring.py appends `encode_inputs`' block to the
-features; training and the worker do not read inputs yet.
+the declarations and tables; scoring (model/scoring.py) appends `encode_inputs`' block to the
+features, and training (model/sessions.py) keeps `input_parts`' fixed columns and buckets, so
+the forward pass looks the rows up in the tables it fits (model/bptt.py).
 
 The contract, x_t's layout with inputs, the hash and its buckets, is docs/contract.md (The
 model, Declared inputs); the details of each kind follow.
@@ -444,6 +445,63 @@ class InputCounts(NamedTuple):
     bad: int
 
 
+def input_parts(
+    inputs: Inputs | Sequence[InputSpec],
+    raw: Mapping[str, Sequence],
+    slot: np.ndarray,
+    new_session: np.ndarray,
+    memory: Mapping[str, ItemMemory],
+) -> tuple[np.ndarray, np.ndarray, dict[str, InputCounts]]:
+    """x's extra block without the embedding rows, for a batch: (fixed (N, input_width)
+    float32, the numeric and flag columns, 0 in every embedding column; buckets (N, K) int64,
+    the bucket of each event's value of each categorical and item input, in declaration
+    order; each input's counts). encode_inputs gathers the rows into the block; training keeps
+    the buckets, to look the rows up from the parameters it is fitting. Arguments as
+    encode_inputs's (memory updated in place)."""
+    specs = _specs(inputs)
+    n = slot.shape[0]
+    fixed = np.zeros((n, input_width(specs)), np.float32)
+    tables = [s for s in specs if s.kind != "numeric"]
+    buckets = np.zeros((n, len(tables)), np.int64)
+    counts: dict[str, InputCounts] = {}
+    col, k = 0, 0
+    for spec in specs:
+        values = raw.get(spec.name)
+        if values is None or len(values) != n:
+            got = "none" if values is None else len(values)
+            raise ValueError(f"input {spec.name!r}: {n} values expected, got {got}")
+        if spec.kind == "numeric":
+            value, missing, bad = numeric_column(spec, values)
+            fixed[:, col] = value
+            fixed[:, col + 1] = missing
+            counts[spec.name] = InputCounts(int(missing.sum()) - bad, bad)
+            col += 2
+            continue
+        hashes = value_hashes(spec.name, values)
+        buckets[:, k] = buckets_of(hashes, spec.buckets)
+        counts[spec.name] = InputCounts(int(np.count_nonzero(hashes < 0)), 0)
+        col += spec.dim
+        k += 1
+        if spec.kind == "item":
+            mem = memory.get(spec.name)
+            if mem is None:
+                raise ValueError(f"input {spec.name!r}: no item memory given")
+            fixed[:, col : col + 2] = item_flags(slot, hashes, new_session, mem.keys, mem.count)
+            col += 2
+    return fixed, buckets, counts
+
+
+def table_columns(inputs: Inputs | Sequence[InputSpec]) -> list[tuple[int, int]]:
+    """(first column in the extra block, dim) of each categorical and item input's
+    embedding rows, in declaration order (the columns of input_parts's buckets)."""
+    out, col = [], 0
+    for spec in _specs(inputs):
+        if spec.kind != "numeric":
+            out.append((col, spec.dim))
+        col += spec_width(spec)
+    return out
+
+
 def encode_inputs(
     inputs: Inputs | Sequence[InputSpec],
     tables: Mapping[str, np.ndarray],
@@ -462,22 +520,8 @@ def encode_inputs(
     say.
     """
     specs = _specs(inputs)
-    n = slot.shape[0]
-    out = np.empty((n, input_width(specs)), np.float32)
-    counts: dict[str, InputCounts] = {}
-    col = 0
-    for spec in specs:
-        values = raw.get(spec.name)
-        if values is None or len(values) != n:
-            got = "none" if values is None else len(values)
-            raise ValueError(f"input {spec.name!r}: {n} values expected, got {got}")
-        if spec.kind == "numeric":
-            value, missing, bad = numeric_column(spec, values)
-            out[:, col] = value
-            out[:, col + 1] = missing
-            counts[spec.name] = InputCounts(int(missing.sum()) - bad, bad)
-            col += 2
-            continue
+    with_table = [s for s in specs if s.kind != "numeric"]
+    for spec in with_table:
         table = tables.get(table_name(spec))
         if table is None or table.shape != (spec.buckets, spec.dim):
             got = "none" if table is None else table.shape
@@ -485,14 +529,7 @@ def encode_inputs(
                 f"input {spec.name!r}: table {table_name(spec)} must be "
                 f"({spec.buckets}, {spec.dim}), got {got}"
             )
-        hashes = value_hashes(spec.name, values)
-        out[:, col : col + spec.dim] = table[buckets_of(hashes, spec.buckets)]
-        counts[spec.name] = InputCounts(int(np.count_nonzero(hashes < 0)), 0)
-        col += spec.dim
-        if spec.kind == "item":
-            mem = memory.get(spec.name)
-            if mem is None:
-                raise ValueError(f"input {spec.name!r}: no item memory given")
-            out[:, col : col + 2] = item_flags(slot, hashes, new_session, mem.keys, mem.count)
-            col += 2
+    out, buckets, counts = input_parts(specs, raw, slot, new_session, memory)
+    for k, (spec, (col, dim)) in enumerate(zip(with_table, table_columns(specs), strict=True)):
+        out[:, col : col + dim] = tables[table_name(spec)][buckets[:, k]]
     return out, counts

@@ -13,6 +13,10 @@ cell.
                             b_o (lstm)
     b_hn  (L, H)            GRU's recurrent bias of n, inside r ⊙ (h W_hn + b_hn); 0 otherwise
     w_q   (H,), b_q (1,)    the head
+    tab   (sum buckets·dim,) the declared inputs' embedding tables (model/inputs.py), flat, in
+                            declaration order; table k's row b is
+                            tab[off + b·dim : off + (b+1)·dim] with (off, dim, col) = tab_at[k],
+                            col its first column in layer 0's input x (not a parameter)
 
 Stacking a layer's input and recurrent rows lets the Elman kernel take both terms of an upper
 layer in one product of [h below | h previous]. `pack` builds it once from the artifact's
@@ -21,11 +25,13 @@ arrays; `unpack` names it back (parameters or gradients).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from model.artifact import CELL_ARRAYS
+from model.inputs import Inputs, InputSpec, input_width, spec_width, table_name
 
 CELL_RNN = 0
 CELL_GRU = 1
@@ -47,6 +53,8 @@ class Params(NamedTuple):
     b_hn: np.ndarray
     w_q: np.ndarray
     b_q: np.ndarray
+    tab: np.ndarray
+    tab_at: np.ndarray  # (K, 3) int64: offset, dim, column of each table; not a parameter
 
     @property
     def cell_name(self) -> str:
@@ -54,19 +62,22 @@ class Params(NamedTuple):
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays by field name (for optimisers and clipping; updates write through)."""
-        return {k: v for k, v in self._asdict().items() if k != "cell"}
+        return {k: v for k, v in self._asdict().items() if k not in ("cell", "tab_at")}
 
     def zeros_like(self) -> Params:
         """Zero arrays of the same layout: a gradient accumulator."""
-        return Params(self.cell, *(np.zeros_like(a) for a in self.arrays().values()))
+        return self._with(np.zeros_like(a) for a in self.arrays().values())
 
     def astype(self, dtype: type) -> Params:
         """The arrays in another dtype (the same arrays when they already have it)."""
-        return Params(self.cell, *(np.ascontiguousarray(a, dtype) for a in self.arrays().values()))
+        return self._with(np.ascontiguousarray(a, dtype) for a in self.arrays().values())
 
     def copy(self) -> Params:
         """A deep copy."""
-        return Params(self.cell, *(a.copy() for a in self.arrays().values()))
+        return self._with(a.copy() for a in self.arrays().values())
+
+    def _with(self, arrays) -> Params:
+        return Params(self.cell, *arrays, self.tab_at)
 
 
 def _gates(arrays: dict[str, np.ndarray], cell: str, layer: int, kind: str) -> np.ndarray:
@@ -80,8 +91,27 @@ def _input_bias(arrays: dict[str, np.ndarray], cell: str, layer: int) -> np.ndar
     return np.concatenate([arrays[f"layer{layer}.{n}"] for n in names])
 
 
-def pack(arrays: dict[str, np.ndarray], cell: str, dtype: type = np.float32) -> Params:
-    """The packed layout of a model given by the artifact's arrays."""
+def table_layout(inputs: Inputs | Sequence[InputSpec] | None, x_offset: int) -> np.ndarray:
+    """(K, 3) int64: each embedding table's (offset in the flat `tab`, dim, first column in
+    x), in declaration order; x_offset is where the inputs' block starts in x (D + F)."""
+    rows, off, col = [], 0, x_offset
+    for spec in inputs or []:
+        if spec.kind != "numeric":
+            rows.append((off, spec.dim, col))
+            off += spec.buckets * spec.dim
+        col += spec_width(spec)
+    return np.array(rows, np.int64).reshape(len(rows), 3)
+
+
+def pack(
+    arrays: dict[str, np.ndarray],
+    cell: str,
+    dtype: type = np.float32,
+    inputs: Inputs | Sequence[InputSpec] | None = None,
+) -> Params:
+    """The packed layout of a model given by the artifact's arrays; with `inputs` (the
+    model's declared inputs) their embedding tables too, else none (as the scoring kernels,
+    which get the inputs' block already gathered)."""
     first_bias = CELL_ARRAYS[cell]["bias"][0]
     L = sum(1 for k in arrays if k.startswith("layer") and k.endswith(f".{first_bias}"))
     H = arrays["head.W_hq"].shape[0]
@@ -104,7 +134,20 @@ def pack(arrays: dict[str, np.ndarray], cell: str, dtype: type = np.float32) -> 
         b_hn=b_hn,
         w_q=c(arrays["head.W_hq"][:, 0], dtype),
         b_q=c(arrays["head.b_q"], dtype),
+        tab=np.concatenate(
+            [np.zeros(0, dtype)]
+            + [c(arrays[table_name(s)], dtype).ravel() for s in inputs or [] if s.kind != "numeric"]
+        ),
+        tab_at=table_layout(
+            inputs, arrays["embedding"].shape[1] + _n_features(arrays, cell, inputs)
+        ),
     )
+
+
+def _n_features(arrays: dict[str, np.ndarray], cell: str, inputs) -> int:
+    """F: layer 0's input rows less the embedding's and the inputs' columns."""
+    rows = arrays[f"layer0.{CELL_ARRAYS[cell]['input'][0]}"].shape[0]
+    return rows - arrays["embedding"].shape[1] - input_width(inputs or [])
 
 
 def _split(block: np.ndarray, names: tuple[str, ...], layer: int) -> dict[str, np.ndarray]:
@@ -112,8 +155,9 @@ def _split(block: np.ndarray, names: tuple[str, ...], layer: int) -> dict[str, n
     return {f"layer{layer}.{n}": block[..., g * H : (g + 1) * H] for g, n in enumerate(names)}
 
 
-def unpack(p: Params) -> dict[str, np.ndarray]:
-    """The artifact's arrays (views into p) of a packed model or gradient."""
+def unpack(p: Params, inputs: Inputs | Sequence[InputSpec] | None = None) -> dict[str, np.ndarray]:
+    """The artifact's arrays (views into p) of a packed model or gradient; the input tables
+    by their names when given the `inputs` it was packed with."""
     cell = p.cell_name
     kinds = CELL_ARRAYS[cell]
     L, H = p.b_hn.shape
@@ -128,4 +172,9 @@ def unpack(p: Params) -> dict[str, np.ndarray]:
             out[f"layer{layer}.b_hn"] = p.b_hn[layer]
     out["head.W_hq"] = p.w_q[:, None]
     out["head.b_q"] = p.b_q
+    tables = [s for s in inputs or [] if s.kind != "numeric"]
+    if len(tables) != p.tab_at.shape[0]:
+        raise ValueError(f"{p.tab_at.shape[0]} packed input tables, {len(tables)} declared")
+    for spec, (off, dim, _) in zip(tables, p.tab_at, strict=True):
+        out[table_name(spec)] = p.tab[off : off + spec.buckets * dim].reshape(spec.buckets, dim)
     return out

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from model.features import event_gaps, feature_matrix
+from model.inputs import Inputs, InputSpec, ItemMemory, input_parts
 
 
 class DataError(ValueError):
@@ -25,12 +26,18 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Session:
-    """One session's inputs (type rows, numeric features) and its label."""
+    """One session's inputs (type rows, numeric features) and its label.
+
+    With declared inputs (model/inputs.py), features holds F + input_width columns: the
+    features, then the inputs' block with its numeric and flag columns and 0 in the embedding
+    columns, and buckets the bucket of each categorical and item input's value (in
+    declaration order): the forward pass looks the rows up in the tables being fitted."""
 
     user_id: str
     types: np.ndarray  # (T,) int64 embedding rows
-    features: np.ndarray  # (T, F) float32
+    features: np.ndarray  # (T, F [+ input_width]) float32
     label: float
+    buckets: np.ndarray | None = None  # (T, K) int64; None: no input tables
 
 
 @dataclass(frozen=True)
@@ -38,9 +45,10 @@ class SessionBatch:
     """Sessions padded to one length: the kernels' input."""
 
     types: np.ndarray  # (B, T) int64
-    features: np.ndarray  # (B, T, F)
+    features: np.ndarray  # (B, T, F [+ input_width])
     mask: np.ndarray  # (B, T) 1.0 on real steps, 0.0 on padding (or per-step loss weights)
     labels: np.ndarray  # (B,)
+    buckets: np.ndarray | None = None  # (B, T, K) int64 input table rows, 0 on padding
 
     @property
     def steps(self) -> int:
@@ -53,33 +61,57 @@ def sessionize(
     features: list[str],
     session_gap_seconds: float,
     label_type: str = "purchase",
+    inputs: Inputs | Sequence[InputSpec] | None = None,
 ) -> list[Session]:
     """Sessions of the events (dicts with user_id, type, ts), labelled, in user order.
 
     Types not in `event_types` take the reserved unknown row. Gap features are computed on
-    each user's whole timeline, as the worker sees it.
+    each user's whole timeline, as the worker sees it; so are the declared `inputs` (each
+    read from the event's field of its name), as scoring encodes them (model/inputs.py,
+    input_parts): each user's item memory starts empty and restarts at each session start.
     """
     index = {t: i for i, t in enumerate(event_types)}
     unknown = len(event_types)
-    by_user: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    specs = list(inputs or [])
+    by_user: dict[str, list[tuple[int, dict]]] = defaultdict(list)
     for e in events:
         ts = e.get("ts")
-        by_user[e["user_id"]].append((-1 if ts is None else int(ts), e["type"]))
-    sessions: list[Session] = []
+        by_user[e["user_id"]].append((-1 if ts is None else int(ts), e))
+    timelines = []
     for user, items in by_user.items():
         items.sort(key=lambda x: x[0])  # stable: untimed events keep their order
         ts = np.array([t for t, _ in items], np.int64)
         gap, has_prev = event_gaps(np.zeros(len(ts), np.int64), ts, np.full(1, -1, np.int64))
         x = feature_matrix(features, gap)
-        cut = has_prev & (gap > session_gap_seconds) if session_gap_seconds > 0 else None
-        starts = [0, *np.flatnonzero(cut).tolist()] if cut is not None else [0]
-        for a, b in zip(starts, [*starts[1:], len(items)], strict=True):
-            names = [t for _, t in items[a:b]]
+        cut = (has_prev & (gap > session_gap_seconds) if session_gap_seconds > 0
+               else np.zeros(len(ts), np.bool_))  # fmt: skip
+        timelines.append((user, [e for _, e in items], x, cut))
+    fixed = buckets = None
+    if specs:
+        timeline = [e for _, evs, _, _ in timelines for e in evs]
+        slot = np.repeat(np.arange(len(timelines)), [len(evs) for _, evs, _, _ in timelines])
+        cuts = np.concatenate([c for *_, c in timelines]) if timelines else np.zeros(0, bool)
+        raw = {s.name: [e.get(s.name) for e in timeline] for s in specs}
+        memory = {s.name: ItemMemory.empty(len(timelines)) for s in specs if s.kind == "item"}
+        fixed, buckets, _ = input_parts(specs, raw, slot, cuts, memory)
+    sessions: list[Session] = []
+    at = 0
+    for user, evs, x, cut in timelines:
+        if fixed is not None:
+            x = np.concatenate([x, fixed[at : at + len(evs)]], axis=1)
+            user_buckets = buckets[at : at + len(evs)]
+        at += len(evs)
+        starts = [0, *np.flatnonzero(cut).tolist()]
+        for a, b in zip(starts, [*starts[1:], len(evs)], strict=True):
+            names = [e["type"] for e in evs[a:b]]
             end = names.index(label_type) if label_type in names else len(names)
             if end == 0:
                 continue  # a purchase first: no inputs to score before it
             rows = np.array([index.get(t, unknown) for t in names[:end]], np.int64)
-            sessions.append(Session(user, rows, x[a : a + end], float(label_type in names)))
+            sessions.append(Session(
+                user, rows, x[a : a + end], float(label_type in names),
+                user_buckets[a : a + end] if fixed is not None else None,
+            ))  # fmt: skip
     return sessions
 
 
@@ -87,28 +119,37 @@ def split_by_user(
     sessions: list[Session], validation_fraction: float, seed: int
 ) -> tuple[list[Session], list[Session]]:
     """Train and validation sessions; a user's sessions all land on one side."""
-    salt = str(seed).encode()
-    threshold = validation_fraction * 2**32
     train, valid = [], []
     for s in sessions:
-        (valid if zlib.crc32(salt + s.user_id.encode()) < threshold else train).append(s)
+        (valid if is_validation_user(s.user_id, validation_fraction, seed) else train).append(s)
     return train, valid
 
 
+def is_validation_user(user_id: str, validation_fraction: float, seed: int) -> bool:
+    """Whether split_by_user puts the user's sessions on the validation side."""
+    return zlib.crc32(str(seed).encode() + user_id.encode()) < validation_fraction * 2**32
+
+
 def pad(sessions: list[Session], n_features: int) -> SessionBatch:
-    """One padded batch of sessions."""
+    """One padded batch of sessions (n_features: their feature columns, inputs included, as
+    their features hold them)."""
     B = len(sessions)
     T = max(len(s.types) for s in sessions)
+    F = sessions[0].features.shape[1] if sessions[0].features.ndim == 2 else n_features
+    K = 0 if sessions[0].buckets is None else sessions[0].buckets.shape[1]
     types = np.zeros((B, T), np.int64)
-    feats = np.zeros((B, T, n_features), np.float64)
+    feats = np.zeros((B, T, F), np.float64)
     mask = np.zeros((B, T), np.float64)
+    buckets = np.zeros((B, T, K), np.int64)
     for i, s in enumerate(sessions):
         n = len(s.types)
         types[i, :n] = s.types
         feats[i, :n] = s.features
         mask[i, :n] = 1.0
+        if K:
+            buckets[i, :n] = s.buckets
     labels = np.array([s.label for s in sessions], np.float64)
-    return SessionBatch(types, feats, mask, labels)
+    return SessionBatch(types, feats, mask, labels, buckets)
 
 
 def minibatches(

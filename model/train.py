@@ -30,9 +30,64 @@ from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, v
 from model.bptt import clip_global_norm, packed_loss_and_gradients
 from model.calibration import fit_isotonic, knots_for
 from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
+from model.inputs import Inputs, NumericInput, parse_inputs
 from model.optim import make_optimizer
 from model.params import Params, pack, unpack
-from model.sessions import DataError, Session, minibatches, pad, sessionize, split_by_user
+from model.sessions import (
+    DataError,
+    Session,
+    is_validation_user,
+    minibatches,
+    pad,
+    sessionize,
+    split_by_user,
+)
+
+
+class InputDeclaration(BaseModel):
+    """A declared input as training takes it (model/inputs.py): a numeric input's mean and
+    scale are fitted on the training users; buckets and dim are a categorical or item
+    input's, transform a numeric one's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["numeric", "categorical", "item"]
+    name: str = Field(min_length=1, max_length=64)
+    transform: Literal["log1p", "none"] = "none"
+    buckets: int = Field(1024, ge=2, le=2**20)
+    dim: int = Field(8, ge=1, le=64)
+
+
+def declarations_of(inputs: Inputs) -> list[InputDeclaration]:
+    """The declarations a fitted model's inputs were trained from."""
+    return [
+        InputDeclaration(kind="numeric", name=s.name, transform=s.transform)
+        if s.kind == "numeric"
+        else InputDeclaration(kind=s.kind, name=s.name, buckets=s.buckets, dim=s.dim)
+        for s in inputs
+    ]
+
+
+def fit_inputs(events: list[dict], config: TrainConfig) -> Inputs | None:
+    """The model's inputs (None without any): each numeric input standardised with the mean
+    and scale of its values on the training users (NumericInput.fit)."""
+    if not config.inputs:
+        return None
+    train_events = [
+        e for e in events
+        if not is_validation_user(e["user_id"], config.validation_fraction, config.seed)
+    ]  # fmt: skip
+    specs: list[dict] = []
+    for d in config.inputs:
+        if d.kind == "numeric":
+            values = [e.get(d.name) for e in train_events]
+            specs.append(NumericInput.fit(d.name, d.transform, values).model_dump())
+        else:
+            specs.append({"kind": d.kind, "name": d.name, "buckets": d.buckets, "dim": d.dim})
+    try:
+        return parse_inputs(specs)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
 
 
 class TrainConfig(BaseModel):
@@ -66,6 +121,9 @@ class TrainConfig(BaseModel):
     # Below this many validation sessions the map is not fitted: measured on
     # model/posterior.py, maps from a few hundred sessions made unseen users' scores worse.
     calibration_min_sessions: int = Field(1000, ge=2)
+    # Declared inputs (model/inputs.py): fields of the events beyond type and ts; a model
+    # with any is artifact format 2.
+    inputs: list[InputDeclaration] = Field(default_factory=list)
 
 
 @dataclass
@@ -104,13 +162,14 @@ def _summary(events: list[dict], train: list[Session], valid: list[Session], kno
     }
 
 
-def prepare(events: list[dict], config: TrainConfig):
-    """Vocabulary and train/validation sessions; DataError when they cannot train a model."""
+def prepare(events: list[dict], config: TrainConfig, inputs: Inputs | None = None):
+    """Vocabulary and train/validation sessions (with the fitted `inputs`' columns);
+    DataError when they cannot train a model."""
     if not events:
         raise DataError("no events to train on")
     types = vocabulary(events, config)
     sessions = sessionize(events, types, config.features, config.session_gap_seconds,
-                          config.label_type)  # fmt: skip
+                          config.label_type, inputs)  # fmt: skip
     if not sessions:
         raise DataError("no sessions with inputs (every session starts with the label event)")
     labels = {s.label for s in sessions}
@@ -204,6 +263,7 @@ def train(
             "cell": m.cell, "hidden": m.hidden, "layers": m.layers,
             "embedding_dim": init.embedding_dim, "features": list(m.features),
             "session_gap_seconds": m.session_gap_seconds, "event_types": list(m.event_types),
+            "inputs": declarations_of(init.inputs),
         })  # fmt: skip
     # Mini-batch products are small: one BLAS thread is as fast on a quiet machine, and
     # OpenBLAS's thread hand-offs cost milliseconds per product on a busy one.
@@ -215,13 +275,15 @@ def _train(
     events: list[dict], config: TrainConfig, progress, init: Model | None, state_space
 ) -> TrainResult:
     started = time.time()
-    types, train_s, valid_s = prepare(events, config)
+    inputs = (init.inputs or None) if init is not None else fit_inputs(events, config)
+    types, train_s, valid_s = prepare(events, config, inputs)
     F = len(config.features)
     model = init or random_model(
         types, config.hidden, config.layers, config.features, config.embedding_dim,
-        "sigmoid", config.session_gap_seconds, config.seed, cell=config.cell,
+        "sigmoid", config.session_gap_seconds, config.seed, cell=config.cell, inputs=inputs,
     )  # fmt: skip
-    params = pack(model.arrays, config.cell, np.float32)
+    inputs = model.inputs
+    params = pack(model.arrays, config.cell, np.float32, inputs)
     optimizer = make_optimizer(config.optimizer, config.lr)
     rng = np.random.default_rng(config.seed)
     valid_batch = [pad(valid_s[i : i + 512], F) for i in range(0, len(valid_s), 512)]
@@ -261,12 +323,12 @@ def _train(
         raise TrainingDivergedError(
             "training diverged in epoch 1 (the loss is not finite); lower --lr or --clip"
         )
-    kept = {k: np.array(v) for k, v in unpack(best.params).items()}
-    raw_scores = step_scores(pack(kept, config.cell, np.float64), valid_s, F)
+    kept = {k: np.array(v) for k, v in unpack(best.params, inputs).items()}
+    raw_scores = step_scores(pack(kept, config.cell, np.float64, inputs), valid_s, F)
     calibration, rnn_scores, calibration_note = None, raw_scores, "not asked (--no-calibrate)"
     if config.calibrate:
         calibration, rnn_scores, calibration_note = _calibrated(
-            pack(kept, config.cell, np.float64), valid_s, F, raw_scores,
+            pack(kept, config.cell, np.float64, inputs), valid_s, F, raw_scores,
             config.calibration_min_sessions,
         )  # fmt: skip
     baseline = BagOfTypes(len(types) + 1).fit(train_s)
@@ -287,6 +349,7 @@ def _train(
     }
     report = {
         "config": config.model_dump(),
+        "inputs": [s.model_dump() for s in inputs],
         "data": data,
         "epochs": history,
         "kept_epoch": kept_epoch,
@@ -369,7 +432,8 @@ def cross_fitted(params: Params, sessions: list[Session], n_features: int):
 def evaluate_on(model: Model, events: list[dict], config: TrainConfig) -> dict[str, float]:
     """Another model's metrics on the same validation users (built with its vocabulary)."""
     sessions = sessionize(events, model.meta.event_types, model.meta.features,
-                          model.meta.session_gap_seconds, config.label_type)  # fmt: skip
+                          model.meta.session_gap_seconds, config.label_type,
+                          model.inputs)  # fmt: skip
     _, valid = split_by_user(sessions, config.validation_fraction, config.seed)
     return evaluate_model(model, valid)
 
@@ -421,7 +485,7 @@ def _reliability_panel(ax, result: TrainResult) -> None:
         ax.set(title=title)
         ax.text(0.5, 0.5, "no validation scores", ha="center", va="center")
         return
-    params = pack(model.arrays, model.meta.cell, np.float64)
+    params = pack(model.arrays, model.meta.cell, np.float64, model.inputs)
     F = len(model.meta.features)
     raw = step_scores(params, valid, F)
     calibrated = result.report.get("calibration") is not None

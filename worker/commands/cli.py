@@ -13,6 +13,7 @@ from worker.commands import explain as explain_command
 from worker.commands import healthcheck
 from worker.commands.args import Parser, csv, port_number, positive_float, positive_int
 from worker.commands.errors import USAGE_EXIT, explain, say
+from worker.commands.input_flags import add_input_flags
 from worker.commands.models import (
     cmd_model_evaluate,
     cmd_model_export,
@@ -114,6 +115,7 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
     src.add_argument("--from-redis", action="store_true", help="the retained event streams")
     add_data_format_flags(tr)
     add_setting_flags(tr, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
+    add_input_flags(tr)
     add_train_config_flags(tr)
     tr.add_argument(
         "--init-from",
@@ -184,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds; a longer gap starts a new session (0 = never)",
     )
     init.add_argument("--seed", type=int, default=0, help="same seed, same bytes")
+    add_input_flags(init)
     init.add_argument("--out", required=True, help="artifact file to write (.npz)")
     init.set_defaults(func=cmd_model_init)
 

@@ -73,7 +73,7 @@ def evaluate_models(
     for name, model in models.items():
         label = label_type_of(model, default_label)
         sessions = sessionize(events, model.meta.event_types, model.meta.features,
-                              model.meta.session_gap_seconds, label)  # fmt: skip
+                              model.meta.session_gap_seconds, label, model.inputs)  # fmt: skip
         positives = int(sum(s.label for s in sessions))
         calibrated = calibration_of(model.meta.model_extra) is not None
         if 0 < positives < len(sessions):

@@ -4,7 +4,9 @@ CSV with a column mapping (`--format`, `--columns`); bad lines reported on stder
 from __future__ import annotations
 
 import gzip
+import json
 import sys
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TextIO
 
@@ -44,7 +46,8 @@ def _open(path: str) -> TextIO:
 def read_event_files(paths: list[str], format: str = "jsonl", columns: str | None = None
                      ) -> list[dict]:  # fmt: skip
     """Events of JSON-lines or CSV files (`data_format`); bad lines are reported (the first
-    ten) and skipped. CSV events keep their extra mapped fields (strings)."""
+    ten) and skipped. CSV events keep their extra mapped fields (strings), JSON-lines events
+    their other scalar keys (strings and numbers as the line has them)."""
     fmt = data_format(format, columns)
     events, bad = [], 0
     for path in paths:
@@ -58,9 +61,11 @@ def read_event_files(paths: list[str], format: str = "jsonl", columns: str | Non
         try:
             with _open(path) as f:
                 if fmt is None:
-                    for e in numbered_events(f, report):
+                    fields: deque[dict] = deque()
+                    for e in numbered_events(_recording(f, fields), report):
+                        extra = fields.popleft()
                         if e is not None:
-                            event = {"user_id": e.user_id, "type": e.type, "ts": e.ts}
+                            event = extra | {"user_id": e.user_id, "type": e.type, "ts": e.ts}
                             if e.event_id is not None:  # a backtest's actions name it
                                 event["event_id"] = e.event_id
                             events.append(event)
@@ -77,6 +82,26 @@ def read_event_files(paths: list[str], format: str = "jsonl", columns: str | Non
     if bad:
         print(f"skipped {bad} bad line(s)", file=sys.stderr)
     return events
+
+
+_EVENT_KEYS = frozenset(("user_id", "type", "ts", "event_id"))
+
+
+def _recording(lines: Iterable[str], out: deque[dict]) -> Iterator[str]:
+    """The lines as they are, recording on `out` each non-blank line's other scalar keys
+    (strings, numbers, booleans; a declared input's field), {} when it is no JSON object."""
+    for line in lines:
+        if line.strip():
+            try:
+                doc = json.loads(line)
+            except (ValueError, RecursionError):
+                doc = None
+            out.append(
+                {k: v for k, v in doc.items()
+                 if k not in _EVENT_KEYS and isinstance(v, str | int | float | bool)}
+                if isinstance(doc, dict) else {}
+            )  # fmt: skip
+        yield line
 
 
 def reported_events(lines: Iterable[str], errors: TextIO) -> Iterator[Event | None]:

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
+from model.inputs import parse_inputs
 from worker.commands.event_files import read_event_files
 from worker.commands.history import read_history
+from worker.commands.input_flags import describe_inputs, input_declarations
 from worker.commands.registry_access import with_registry
 from worker.common.partitions import recorded_partitions
 from worker.common.registry import Registry, RegistryError
@@ -18,6 +20,10 @@ from worker.common.registry import Registry, RegistryError
 
 def cmd_model_init(args: argparse.Namespace) -> int:
     # invalid values raise pydantic's ValidationError: main() names the flag in one line
+    declared = [
+        {"mean": 0.0, "scale": 1.0} | d if d.get("kind") == "numeric" else d
+        for d in input_declarations(args)
+    ]  # an untrained model: numeric inputs as they come (mean 0, scale 1) unless given
     model = random_model(
         event_types=args.event_types,
         hidden=args.hidden,
@@ -28,9 +34,12 @@ def cmd_model_init(args: argparse.Namespace) -> int:
         session_gap_seconds=args.session_gap,
         seed=args.seed,
         cell=args.cell,
+        inputs=parse_inputs(declared) if declared else None,
     )
     digest = save_model(model, args.out)
     print(f"wrote {args.out} ({model.parameter_count()} parameters, sha256 {digest})")
+    if declared:
+        print("inputs:\n" + "\n".join(describe_inputs(model.inputs)))
     return 0
 
 
@@ -52,6 +61,8 @@ def describe_model(model: Model) -> str:
     for name, a in model.arrays.items():
         lines.append(f"  {name:<16} {a.dtype!s:<8} {'x'.join(map(str, a.shape))}")
     lines.append(f"parameters:    {model.parameter_count()}")
+    if len(model.inputs):
+        lines += ["inputs:", *describe_inputs(model.inputs)]
     extra = {k: v for k, v in (meta.model_extra or {}).items() if k != "version"}
     if extra:
         lines.append(f"meta:          {json.dumps(extra, sort_keys=True)}")

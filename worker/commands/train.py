@@ -17,6 +17,7 @@ from model.artifact import file_version, load_model, save_model, state_space_of
 from worker.commands.args import csv
 from worker.commands.event_files import read_event_files
 from worker.commands.history import read_history
+from worker.commands.input_flags import describe_inputs, input_declarations
 from worker.commands.registry_access import with_registry
 from worker.common.connection import connect_settings
 from worker.common.registry import Registry
@@ -88,6 +89,8 @@ def add_train_config_flags(parser: argparse.ArgumentParser) -> None:
     from model.train import TrainConfig  # about a second (scipy): when `train` parses only
 
     for name, field in TrainConfig.model_fields.items():
+        if name == "inputs":  # declared by add_input_flags
+            continue
         flag = TRAIN_FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
         if flag in parser._option_string_actions:
             continue
@@ -102,7 +105,10 @@ def train_config(args: argparse.Namespace):
     from model.train import TrainConfig  # see add_train_config_flags
 
     given = vars(args)
-    return TrainConfig(**{k: given[k] for k in TrainConfig.model_fields if k in given})
+    fields = {k: given[k] for k in TrainConfig.model_fields if k in given and k != "inputs"}
+    if "numeric" in given:  # the input flags (add_input_flags)
+        fields["inputs"] = input_declarations(args)
+    return TrainConfig(**fields)
 
 
 def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
@@ -269,6 +275,9 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"fine-tuned from {args.init_from}: continues state space {space}")
     report = result.report
     print(report["kept_epoch"]["reason"])
+    if len(result.model.inputs):
+        print("inputs (numeric scales fitted on the training users):")
+        print("\n".join(describe_inputs(result.model.inputs)))
     _print_metrics(report)
     _print_left_out(report, config.min_type_count)
     if args.out:
@@ -320,7 +329,8 @@ def validation_scores(model, events: list[dict], config):
     from model.sessions import sessionize, split_by_user
 
     sessions = sessionize(events, model.meta.event_types, model.meta.features,
-                          model.meta.session_gap_seconds, config.label_type)  # fmt: skip
+                          model.meta.session_gap_seconds, config.label_type,
+                          model.inputs)  # fmt: skip
     _, valid = split_by_user(sessions, config.validation_fraction, config.seed)
     return valid, model_step_scores(model, valid)
 

@@ -1,0 +1,238 @@
+"""Training with declared inputs (issue 22): sessions carry the inputs' columns and table
+rows as scoring encodes them, and BPTT fits the input tables."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from model.artifact import load_model, random_model, save_model
+from model.bptt import loss_and_gradients, predict
+from model.evaluate import model_step_scores
+from model.inputs import parse_inputs
+from model.rich_shop import rich_shop
+from model.scoring import InMemoryScorer, ScoringModel
+from model.sessions import pad, sessionize
+from model.train import TrainConfig, train
+from tests.conftest import run_cli
+from worker.commands.event_files import read_event_files
+
+TYPES = ["view", "cart", "purchase"]
+INPUTS = parse_inputs([
+    {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 3.0, "scale": 1.5},
+    {"kind": "categorical", "name": "brand", "buckets": 5, "dim": 2},
+    {"kind": "item", "name": "product_id", "buckets": 4, "dim": 2},
+])  # fmt: skip
+
+
+def shop_events(users: int = 5, per_user: int = 9, seed: int = 0, purchases: bool = True):
+    """Events with price (some missing or bad), brand (some missing) and repeated products,
+    gaps sometimes above the session gap."""
+    rng = np.random.default_rng(seed)
+    events = []
+    for u in range(users):
+        ts = 1_000_000
+        for _ in range(per_user):
+            ts += int(rng.choice([5_000, 60_000, 4_000_000]))
+            kinds = TYPES if purchases else TYPES[:2]
+            e = {"user_id": f"u{u}", "type": str(rng.choice(kinds, p=None)), "ts": ts}
+            r = rng.random()
+            if r < 0.7:
+                e["price"] = float(np.round(rng.uniform(1, 200), 2))
+            elif r < 0.8:
+                e["price"] = "n/a"  # bad
+            if rng.random() < 0.8:
+                e["brand"] = str(rng.choice(["acme", "zeta", "nova"]))
+            if rng.random() < 0.85:
+                e["product_id"] = int(rng.choice([11, 12, 13]))
+            events.append(e)
+    return events
+
+
+def float64_model(cell: str, layers: int = 1, seed: int = 1):
+    return random_model(TYPES, hidden=3, layers=layers, features=["gap"], embedding_dim=2,
+                        seed=seed, dtype=np.float64, cell=cell, inputs=INPUTS)  # fmt: skip
+
+
+def test_sessions_hold_the_inputs_columns_and_buckets():
+    sessions = sessionize(shop_events(), TYPES, ["gap"], 1800, "purchase", INPUTS)
+    assert sessions
+    for s in sessions:
+        assert s.features.shape == (len(s.types), 1 + 2 + 2 + 4)
+        assert s.buckets.shape == (len(s.types), 2)
+        assert np.all(s.features[:, 3:5] == 0) and np.all(s.features[:, 5:7] == 0)
+    batch = pad(sessions, 1)
+    assert batch.buckets.shape == (*batch.types.shape, 2)
+    flags = np.concatenate([s.features[:, 7:] for s in sessions])
+    assert flags[:, 0].any() and flags[:, 1].any()  # repeats are seen
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_training_scores_are_the_scoring_paths(cell):
+    # no purchase: the sessions tile each user's timeline, so each step is one scored event
+    events = shop_events(purchases=False, seed=2)
+    model = float64_model(cell)
+    sessions = sessionize(events, TYPES, ["gap"], 1800, "purchase", INPUTS)
+    P = predict(model.arrays, pad(sessions, 1), inputs=INPUTS)
+    ours: dict[str, list[float]] = {}
+    for i, s in enumerate(sessions):
+        ours.setdefault(s.user_id, []).extend(P[i, : len(s.types)])
+    scorer = InMemoryScorer(ScoringModel(model))
+    names = [s.name for s in INPUTS]
+    scored = scorer.score(
+        [e["user_id"] for e in events], [e["type"] for e in events],
+        np.array([e["ts"] for e in events]), {n: [e.get(n) for e in events] for n in names},
+    )  # fmt: skip
+    for user, mine in ours.items():
+        theirs = [p for e, p in zip(events, scored, strict=True) if e["user_id"] == user]
+        np.testing.assert_allclose(mine, theirs, atol=2e-5)
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_input_table_gradients_equal_central_differences(cell, layers):
+    model = float64_model(cell, layers)
+    params = {k: v.copy() for k, v in model.arrays.items()}
+    sessions = sessionize(shop_events(users=4, per_user=6), TYPES, ["gap"], 1800, "purchase",
+                          INPUTS)  # fmt: skip
+    batch = pad(sessions, 1)
+    _, grads = loss_and_gradients(params, batch, bptt=50, inputs=INPUTS)
+    assert set(grads) == set(params)
+    assert np.abs(grads["input.brand.embedding"]).max() > 0
+    assert np.abs(grads["input.product_id.embedding"]).max() > 0
+    eps = 1e-5  # some recurrent gradients are ~1e-5: at 1e-6 rounding takes their digits
+    for name, p in params.items():
+        numeric = np.zeros_like(p)
+        for idx in np.ndindex(p.shape):
+            old = p[idx]
+            p[idx] = old + eps
+            up, _ = loss_and_gradients(params, batch, bptt=50, inputs=INPUTS)
+            p[idx] = old - eps
+            down, _ = loss_and_gradients(params, batch, bptt=50, inputs=INPUTS)
+            p[idx] = old
+            numeric[idx] = (up - down) / (2 * eps)
+        scale = max(np.abs(numeric).max(), np.abs(grads[name]).max(), 1e-12)
+        assert np.abs(numeric - grads[name]).max() / scale < 1e-6, name
+
+
+def test_a_batch_without_the_models_tables_is_refused():
+    model = float64_model("rnn")
+    sessions = sessionize(shop_events(), TYPES, ["gap"], 1800, "purchase")
+    with pytest.raises(ValueError, match="input table"):
+        loss_and_gradients(model.arrays, pad(sessions, 1), inputs=INPUTS)
+
+
+SHOP_INPUTS = [
+    {"kind": "numeric", "name": "price", "transform": "log1p"},
+    {"kind": "categorical", "name": "brand", "buckets": 64, "dim": 3},
+    {"kind": "item", "name": "product_id", "buckets": 256, "dim": 4},
+]
+
+
+def shop_config(**kw) -> TrainConfig:
+    base = {"hidden": 8, "embedding_dim": 4, "epochs": 2, "batch_size": 32, "calibrate": False,
+            "min_type_count": 1, "seed": 3}  # fmt: skip
+    return TrainConfig(**(base | kw))
+
+
+def test_a_model_trained_with_inputs_scores_its_validation_sessions_through_the_cli(tmp_path):
+    events, _ = rich_shop(users=300, seed=5)
+    result = train(events, shop_config(inputs=SHOP_INPUTS))
+    model = result.model
+    assert [s.name for s in model.inputs] == ["price", "brand", "product_id"]
+    price = model.inputs[0]
+    valid_users = {s.user_id for s in result.validation_sessions}
+    used = [np.log1p(float(e["price"])) for e in events if e["user_id"] not in valid_users]
+    assert price.mean == pytest.approx(np.mean(used), rel=1e-6)
+    assert price.scale == pytest.approx(np.std(used), rel=1e-6)
+    assert result.report["inputs"][0]["mean"] == price.mean
+    assert result.report["config"]["inputs"][1] == {"kind": "categorical", "name": "brand",
+        "transform": "none", "buckets": 64, "dim": 3}  # fmt: skip
+    untrained = random_model(model.meta.event_types, 8, 1, ["gap"], 4, seed=3, inputs=model.inputs)
+    assert not np.allclose(model.arrays["input.brand.embedding"],
+                           untrained.arrays["input.brand.embedding"])  # fmt: skip
+    path = tmp_path / "model.npz"
+    save_model(model, path)
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = run_cli("score", "--model", str(path), str(data))
+    assert out.returncode == 0, out.stderr
+    scored = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(scored) == len(events)
+    theirs: dict[str, list[float]] = {}
+    for e, s in zip(events, scored, strict=True):
+        if e["user_id"] in valid_users and e["type"] != "purchase":  # the sessions' steps
+            theirs.setdefault(e["user_id"], []).append(s["score"])
+    P = model_step_scores(model, result.validation_sessions)[1]
+    ours: dict[str, list[float]] = {}
+    at = 0
+    for s in result.validation_sessions:
+        ours.setdefault(s.user_id, []).extend(P[at : at + len(s.types)])
+        at += len(s.types)
+    assert ours.keys() == theirs.keys()
+    for user in ours:
+        np.testing.assert_allclose(theirs[user], ours[user], atol=2e-5)
+    # the inputs carry what the types do not: the trained model beats one on types alone
+    typed = train(events, shop_config())
+    assert result.report["metrics"]["auc_last"] != typed.report["metrics"]["auc_last"]
+
+
+def test_fine_tuning_keeps_the_parents_inputs():
+    events, _ = rich_shop(users=200, seed=6)
+    parent = train(events, shop_config(inputs=SHOP_INPUTS, epochs=1)).model
+    child = train(events, shop_config(epochs=1), init=parent).model
+    assert child.inputs == parent.inputs
+
+
+def test_json_lines_data_keep_their_other_scalar_fields(tmp_path):
+    data = tmp_path / "e.jsonl"
+    data.write_text(
+        '{"user_id": "a", "type": "view", "ts": 1000, "price": 9.5, "brand": "acme", '
+        '"tags": ["x"], "meta": {"k": 1}}\n\nnot json\n'
+        '{"user_id": "b", "type": "view", "event_id": "e1", "product_id": 12}\n'
+    )
+    events = read_event_files([str(data)])
+    assert events == [
+        {"user_id": "a", "type": "view", "ts": 1000, "price": 9.5, "brand": "acme"},
+        {"user_id": "b", "type": "view", "ts": None, "product_id": 12, "event_id": "e1"},
+    ]
+
+
+def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
+    events, _ = rich_shop(users=200, seed=7)
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = tmp_path / "m.npz"
+    run = run_cli(
+        "train", "--data", str(data), "--numeric", "price:log1p", "--categorical", "brand",
+        "--item", "product_id", "--buckets", "64", "--input-dim", "3", "--hidden", "8",
+        "--epochs", "1", "--no-calibrate", "--min-type-count", "1", "--quiet", "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    model = load_model(out)
+    assert [(s.kind, s.name) for s in model.inputs] == [
+        ("numeric", "price"), ("categorical", "brand"), ("item", "product_id")]  # fmt: skip
+    assert model.arrays["input.brand.embedding"].shape == (64, 3)
+    assert f"price: numeric, log1p, mean {model.inputs[0].mean:.6g}" in run.stdout
+    spec = tmp_path / "inputs.json"
+    spec.write_text(json.dumps([{"kind": "item", "name": "product_id", "buckets": 32, "dim": 2}]))
+    run = run_cli("train", "--data", str(data), "--inputs", str(spec), "--hidden", "4",
+                  "--epochs", "1", "--no-calibrate", "--min-type-count", "1", "--quiet",
+                  "--out", str(out))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert load_model(out).arrays["input.product_id.embedding"].shape == (32, 2)
+    init = tmp_path / "init.npz"
+    run = run_cli("model", "init", "--event-types", "view,add_to_cart", "--hidden", "4",
+                  "--features", "gap", "--numeric", "price", "--item", "product_id",
+                  "--out", str(init))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    fresh = load_model(init)
+    assert fresh.inputs[0].mean == 0.0 and fresh.inputs[0].scale == 1.0
+    assert fresh.arrays["input.product_id.embedding"].shape == (1024, 8)
+    scored = run_cli("score", "--model", str(init), str(data))
+    assert scored.returncode == 0, scored.stderr
+    bad = run_cli("model", "init", "--event-types", "view", "--numeric", "price:sqrt",
+                  "--out", str(init))  # fmt: skip
+    assert bad.returncode == 2 and "log1p or none" in bad.stderr

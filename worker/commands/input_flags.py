@@ -1,0 +1,87 @@
+"""The declared-input flags of `intentstream train` and `intentstream model init`
+(model/inputs.py): `--numeric price[:log1p] --categorical category_code,brand --item
+product_id --buckets N --input-dim D`, or `--inputs FILE`, a JSON list of declarations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from worker.commands.args import csv
+from worker.common.settings import SettingsError
+
+DEFAULT_BUCKETS = 1024
+DEFAULT_INPUT_DIM = 8
+
+
+def add_input_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags declaring a model's inputs (kept in declaration order: the numeric inputs,
+    then the categorical ones, then the items)."""
+    parser.add_argument(
+        "--numeric", type=csv, default=[], metavar="NAME[:log1p],...",
+        help="numeric input fields (a price), standardised; ':log1p' transforms first",
+    )  # fmt: skip
+    parser.add_argument(
+        "--categorical", type=csv, default=[], metavar="NAME,...",
+        help="categorical input fields (category_code, brand): a learned row per hash bucket",
+    )  # fmt: skip
+    parser.add_argument(
+        "--item", type=csv, default=[], metavar="NAME,...",
+        help="item input fields (product_id): a row per bucket, and whether the session "
+        "saw the item before",
+    )  # fmt: skip
+    parser.add_argument(
+        "--buckets", type=int, default=DEFAULT_BUCKETS, metavar="N",
+        help="hash buckets of each categorical and item input (row 0: no value)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--input-dim", type=int, default=DEFAULT_INPUT_DIM, metavar="D",
+        help="width of each categorical and item input's row",
+    )  # fmt: skip
+    parser.add_argument(
+        "--inputs", dest="inputs", metavar="FILE", default=None,
+        help="a JSON list of input declarations ({kind, name, buckets, dim, transform}), "
+        "instead of the flags above",
+    )  # fmt: skip
+
+
+def input_declarations(args: argparse.Namespace) -> list[dict]:
+    """The declarations the flags give (dicts: kind, name and the kind's settings), in
+    order; SettingsError for a bad flag or file."""
+    flags = [*args.numeric, *args.categorical, *args.item]
+    if args.inputs:
+        if flags:
+            raise SettingsError("--inputs FILE replaces --numeric, --categorical and --item")
+        try:
+            with open(args.inputs, encoding="utf-8") as f:
+                doc = json.load(f)
+        except OSError as exc:
+            raise SettingsError(f"cannot read --inputs {args.inputs}: {exc}") from None
+        except ValueError as exc:
+            raise SettingsError(f"--inputs {args.inputs}: not JSON ({exc})") from None
+        if not isinstance(doc, list) or not all(isinstance(d, dict) for d in doc):
+            raise SettingsError(f"--inputs {args.inputs}: a JSON list of objects expected")
+        return doc
+    out: list[dict] = []
+    for item in args.numeric:
+        name, _, transform = item.partition(":")
+        if transform not in ("", "log1p", "none"):
+            raise SettingsError(f"--numeric {item}: the transform is log1p or none")
+        out.append({"kind": "numeric", "name": name, "transform": transform or "none"})
+    for kind, names in (("categorical", args.categorical), ("item", args.item)):
+        for name in names:
+            out.append({"kind": kind, "name": name, "buckets": args.buckets,
+                        "dim": args.input_dim})  # fmt: skip
+    return out
+
+
+def describe_inputs(inputs) -> list[str]:
+    """One line per declared input (fitted numbers included), for reports."""
+    lines = []
+    for s in inputs:
+        if s.kind == "numeric":
+            lines.append(f"  {s.name}: numeric, {s.transform}, mean {s.mean:.6g}, "
+                         f"scale {s.scale:.6g}")  # fmt: skip
+        else:
+            lines.append(f"  {s.name}: {s.kind}, {s.buckets} buckets x {s.dim}")
+    return lines
