@@ -62,7 +62,7 @@ def read_event_files(paths: list[str], format: str = "jsonl", columns: str | Non
             with _open(path) as f:
                 if fmt is None:
                     fields: deque[dict] = deque()
-                    for e in numbered_events(_recording(f, fields), report):
+                    for e in numbered_events(recording_fields(f, fields), report):
                         extra = fields.popleft()
                         if e is not None:
                             event = extra | {"user_id": e.user_id, "type": e.type, "ts": e.ts}
@@ -87,20 +87,28 @@ def read_event_files(paths: list[str], format: str = "jsonl", columns: str | Non
 _EVENT_KEYS = frozenset(("user_id", "type", "ts", "event_id"))
 
 
-def _recording(lines: Iterable[str], out: deque[dict]) -> Iterator[str]:
-    """The lines as they are, recording on `out` each non-blank line's other scalar keys
-    (strings, numbers, booleans; a declared input's field), {} when it is no JSON object."""
+def recording_fields(
+    lines: Iterable[str], out: deque[dict], names: Iterable[str] | None = None
+) -> Iterator[str]:
+    """The lines as they are, recording on `out` each non-blank line's extra fields (the
+    lines the event parser yields an event or a None for): those of `names` as they are, or
+    without names every other scalar key (strings, numbers, booleans); {} when the line is
+    no JSON object."""
+    wanted = list(names) if names is not None else None
     for line in lines:
         if line.strip():
             try:
                 doc = json.loads(line)
             except (ValueError, RecursionError):
                 doc = None
-            out.append(
-                {k: v for k, v in doc.items()
-                 if k not in _EVENT_KEYS and isinstance(v, str | int | float | bool)}
-                if isinstance(doc, dict) else {}
-            )  # fmt: skip
+            if not isinstance(doc, dict):
+                out.append({})
+            elif wanted is not None:
+                out.append({n: doc[n] for n in wanted if n in doc})
+            else:
+                scalar = (str, int, float, bool)
+                out.append({k: v for k, v in doc.items()
+                            if k not in _EVENT_KEYS and isinstance(v, scalar)})  # fmt: skip
         yield line
 
 

@@ -8,13 +8,12 @@ import argparse
 import json
 import sys
 from collections import deque
-from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from model.artifact import ArtifactError, load_model
 from model.scoring import InMemoryScorer, ScoringModel
-from worker.commands.event_files import chunks, reported_events
+from worker.commands.event_files import chunks, recording_fields, reported_events
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -32,7 +31,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     bad = 0
     names = scoring.input_names
     fields: deque[dict] = deque()  # the declared fields of each line read, in order
-    lines = _recording(source, names, fields) if names else source
+    lines = recording_fields(source, fields, names) if names else source
     with source:
         for chunk in chunks(reported_events(lines, sys.stderr), batch):
             # one recorded entry per event of the chunk (a bad line's too), none left over
@@ -57,16 +56,3 @@ def cmd_score(args: argparse.Namespace) -> int:
         print(f"{bad} bad line(s) skipped", file=sys.stderr)
         return 1
     return 0
-
-
-def _recording(lines: Iterable[str], names: list[str], out: deque[dict]) -> Iterator[str]:
-    """The lines as they are, recording on `out` the declared fields of each non-blank one
-    (the lines the event parser yields an event or a None for), {} when it is no object."""
-    for line in lines:
-        if line.strip():
-            try:
-                doc = json.loads(line)
-            except (ValueError, RecursionError):
-                doc = None
-            out.append({n: doc[n] for n in names if n in doc} if isinstance(doc, dict) else {})
-        yield line

@@ -58,9 +58,9 @@ return out
 """
 
 
-def _rule_field(raw: bytes | None) -> bytes:
-    """A stored rule-state field, b"" when absent or too long to be a worker's
-    (compute/rules.py parses and validates the rest)."""
+def _bounded_field(raw: bytes | None) -> bytes:
+    """A stored rule-state or item-memory field, b"" when absent or too long to be a
+    worker's (compute/rules.py and compute/items.py parse and validate the rest)."""
     return raw if raw and len(raw) <= MAX_RULES_BYTES else b""
 
 
@@ -246,15 +246,15 @@ class StateReader:
             if eids:
                 states.event_ids[i] = bounded(eids)
             states.recent[i] = valid(recent)
-            states.rules[i] = _rule_field(rules)
-            states.items[i] = _rule_field(items)  # the same bound: a worker writes < 8 KiB
+            states.rules[i] = _bounded_field(rules)
+            states.items[i] = _bounded_field(items)
             stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
             mine.append((i, self._blob_of(stored, space)))
             states.score[i] = _number(score)
             if shadow is not None:
                 theirs.append((i, self._blob_of(stored, shadow[1])))
                 shadow_scores[i] = _number(sh_score)
-                shadow_rules[i] = _rule_field(sh_rules)
+                shadow_rules[i] = _bounded_field(sh_rules)
         missing, invalid = self._load(states.h, mine, shape)
         for reason, bad in (("model", missing), ("invalid", invalid)):
             for i in bad:
