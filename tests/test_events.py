@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +15,8 @@ from worker.common.events import (
     MAX_TS_MS,
     EventError,
     event_from_fields,
+    extra_values,
+    input_values,
     parse_entry,
     parse_flat_entry,
     ts_problem,
@@ -228,3 +232,22 @@ def test_a_parser_gap_becomes_a_dead_letter(monkeypatch):
     parsed = batch.parse_batch(0, [[b"1-0", [b"user_id", b"a", b"type", b"v"]]])
     assert parsed.users == [] and len(parsed.dead) == 1
     assert parsed.dead[0].error == "unparseable entry (RuntimeError: surprise)"
+
+
+def test_input_values_come_from_fields_or_the_json_object_and_are_bounded():
+    names = (b"price", b"brand", b"product_id")
+    flat = [b"user_id", b"u1", b"type", b"view", b"price", b"9.5", b"brand", b"x" * 257]
+    assert input_values(flat, names) == [b"9.5", None, None]  # too long: absent
+    doc = {"user_id": "u1", "type": "view", "price": 9.5, "brand": "acme",
+           "product_id": {"nested": 1}}  # fmt: skip
+    assert input_values([b"json", json.dumps(doc).encode()], names) == [b"9.5", b"acme", None]
+    assert input_values([b"json", b"not json"], names) == [None, None, None]
+
+
+def test_extra_values_are_every_field_beyond_the_events_own():
+    flat = [b"user_id", b"u1", b"type", b"view", b"ts", b"1", b"producer", b"p:1",
+            b"price", b"9.5", b"big", b"x" * 300]  # fmt: skip
+    assert extra_values(flat) == {b"price": b"9.5"}
+    doc = {"user_id": "u1", "type": "view", "event_id": "e1", "brand": "acme", "n": 3,
+           "flag": None, "tags": ["a"]}  # fmt: skip
+    assert extra_values([b"json", json.dumps(doc).encode()]) == {b"brand": b"acme", b"n": b"3"}

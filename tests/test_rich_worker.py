@@ -9,10 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from model.artifact import random_model, save_model
+from model.artifact import load_model, random_model, save_model
 from tests.conftest import run_cli
 from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+from worker.commands.history import read_history
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
@@ -99,3 +100,34 @@ def test_the_worker_scores_declared_inputs_as_score_does_across_restarts(redis_s
     assert some and b"product_id" in some
     assert metrics.get('intentstream_input_values_total{input="price",outcome="bad"}', 0) > 0
     assert sum(r.xlen(f"intentstream:actions:{{{p}}}") for p in range(P)) > 10
+
+
+def test_train_from_redis_reads_the_declared_inputs_the_streams_carry(redis_server, tmp_path):
+    events = rich_events(400, seed=4)
+    r = connect(redis_server.url)
+    publish_raw(r, events)  # flat fields and `json` objects, as producers send them
+    read, skipped = read_history(r, "intentstream", P, fields=["price", "product_id", "x"])
+    assert skipped == 0 and len(read) == len(events)
+    by_user = {}
+    for e in read:
+        by_user.setdefault(e["user_id"], []).append(e)
+    for e in events:  # a user's events keep their order (one partition per user)
+        got = by_user[e["user_id"]].pop(0)
+        assert (got["type"], got["ts"]) == (e["type"], e["ts"])
+        want = {k: str(e[k]) for k in ("price", "product_id") if k in e}
+        assert {k: v for k, v in got.items() if k not in ("user_id", "type", "ts")} == want
+    every = read_history(r, "intentstream", P, fields=None)[0]
+    assert sum("brand" in e for e in every) == len(events)
+
+    out = tmp_path / "m.npz"
+    result = run_cli(
+        "train", "--from-redis", "--redis-url", redis_server.url, "--partitions", str(P),
+        "--hidden", "8", "--epochs", "1", "--session-gap", "60", "--item", "product_id",
+        "--numeric", "price:log1p", "--buckets", "16", "--input-dim", "2", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    prices = [np.log1p(float(e["price"])) for e in events if e.get("price", "n/a") != "n/a"]
+    fitted = load_model(out).inputs
+    price = next(spec for spec in fitted if spec.name == "price")
+    assert price.mean == pytest.approx(np.mean(prices), abs=0.3)  # fitted on training users
+    assert [spec.name for spec in fitted] == ["price", "product_id"]

@@ -140,7 +140,7 @@ def cmd_model_evaluate(args: argparse.Namespace) -> int:
     def evaluate(reg: Registry) -> int:
         if args.from_redis:
             partitions = args.partitions or recorded_partitions(reg.r, reg.keys) or 1
-            events, _ = read_history(reg.r, reg.prefix, partitions)
+            events, _ = read_history(reg.r, reg.prefix, partitions, fields=None)  # every input
         else:
             events = read_event_files(args.data, args.format, args.columns)
         return run_evaluate(args, events, reg, cutoff)

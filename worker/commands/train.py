@@ -115,9 +115,11 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
     """Events from --data files (bad lines reported and skipped) or from Redis."""
     if args.from_redis:
         client = connect_settings(settings)
+        names = [d.get("name") for d in input_declarations(args)] if "numeric" in args else []
         events, skipped = read_history(
-            client, settings.prefix, settings.partitions, max_skew_ms=settings.max_ts_skew_ms
-        )
+            client, settings.prefix, settings.partitions, max_skew_ms=settings.max_ts_skew_ms,
+            fields=[n for n in names if isinstance(n, str)],
+        )  # fmt: skip
         if skipped:
             print(f"skipped {skipped} unparseable stream entries", file=sys.stderr)
         return events

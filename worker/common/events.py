@@ -328,3 +328,29 @@ def _json_inputs(raw: bytes, names: tuple[bytes, ...]) -> dict[bytes, bytes | No
             elif isinstance(v, int | float) and not isinstance(v, bool):
                 out[name] = str(v).encode()
     return out
+
+
+_NOT_INPUTS = frozenset((b"user_id", b"type", b"ts", b"event_id", b"producer", b"json"))
+
+
+def extra_values(flat: list) -> dict[bytes, bytes]:
+    """Every field of an entry beyond the event's own, each a possible declared input: its
+    fields, else its `json` object's scalar keys; values over MAX_INPUT_BYTES left out."""
+    names = tuple(n for n in flat[::2] if n not in _NOT_INPUTS)
+    doc = next((flat[k + 1] for k in range(0, len(flat) - 1, 2) if flat[k] == b"json"), None)
+    if doc is not None and b"user_id" not in flat[::2]:
+        names = tuple(_json_keys(doc))
+    values = input_values(flat, names)
+    return {n: v for n, v in zip(names, values, strict=True) if v is not None}
+
+
+def _json_keys(raw: bytes) -> list[bytes]:
+    """The keys of a `json` field's object beyond the event's own ([] when it is none)."""
+    try:
+        doc = json.loads(raw) if len(raw) <= 64 * 1024 else None
+    except ValueError:
+        return []
+    if not isinstance(doc, dict):
+        return []
+    keys = (k.encode("utf-8", "replace") for k in doc)
+    return [k for k in keys if k not in _NOT_INPUTS]
