@@ -16,6 +16,7 @@ from worker.common.events import (
     EventError,
     event_from_fields,
     extra_values,
+    input_columns,
     input_values,
     parse_entry,
     parse_flat_entry,
@@ -251,3 +252,30 @@ def test_extra_values_are_every_field_beyond_the_events_own():
     doc = {"user_id": "u1", "type": "view", "event_id": "e1", "brand": "acme", "n": 3,
            "flag": None, "tags": ["a"]}  # fmt: skip
     assert extra_values([b"json", json.dumps(doc).encode()]) == {b"brand": b"acme", b"n": b"3"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    head=st.lists(VALUES, min_size=3, max_size=3),
+    extra=st.lists(
+        st.tuples(NAMES | st.sampled_from([b"price", b"product_id"]), VALUES), max_size=4
+    ),
+    entry_ms=st.integers(0, MAX_TS_MS),
+)
+def test_the_publish_layout_with_more_fields_parses_like_its_dict(head, extra, entry_ms):
+    flat = [b"user_id", head[0], b"type", head[1], b"ts", head[2], *(x for kv in extra for x in kv)]
+    as_dict = dict(zip(flat[::2], flat[1::2], strict=True))
+    want = outcome(lambda f: parse_entry(f, entry_ms), as_dict)
+    assert outcome(lambda f: parse_flat_entry(f, entry_ms), flat) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(NAMES | st.sampled_from([b"price", b"brand"]), VALUES),
+                         max_size=5), max_size=6))  # fmt: skip
+def test_input_columns_equal_each_entrys_input_values(entries):
+    flats = [[x for kv in pairs for x in kv] for pairs in entries]
+    names = (b"price", b"brand", b"other")
+    columns = input_columns(flats, names)
+    assert [list(row) for row in zip(*columns, strict=True)] == [
+        input_values(f, names) for f in flats
+    ]

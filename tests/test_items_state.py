@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from model.inputs import ItemMemory
+from model.inputs import ITEM_MEMORY, ItemMemory, unpack_items
 from worker.engine.compute.items import memories_of, packed_items
 
 
@@ -28,3 +30,42 @@ def test_a_malformed_field_reads_as_empty_memories() -> None:
     for raw in (b"\x05abc", b"\x02ab\x09\x01", b"\xff" * 3, b"\x01\xff\x00"):
         mem = memories_of(["ab"], [raw])["ab"]
         assert mem.count.tolist() == [0]
+
+
+def _reference(name: str, raw: bytes) -> tuple[list[int], int]:
+    """One field's memory of `name` by the layout's definition, read entry by entry."""
+    entries, pos = {}, 0
+    while pos < len(raw):
+        n = raw[pos]
+        if pos + 1 + n >= len(raw):
+            return [], 0
+        key, pos = raw[pos + 1 : pos + 1 + n], pos + 1 + n
+        m = raw[pos]
+        if pos + 1 + m > len(raw):
+            return [], 0
+        entries[key], pos = raw[pos + 1 : pos + 1 + m], pos + 1 + m
+    keys, count = unpack_items(entries.get(name.encode()))
+    return keys[:count].tolist(), count
+
+
+def _fields():
+    memory = st.lists(st.integers(0, 2**32 - 1), max_size=ITEM_MEMORY + 1).map(
+        lambda ks: bytes([len(ks)]) + np.asarray(ks, "<u4").tobytes()
+    )
+    entry = st.tuples(st.sampled_from([b"ab", b"product_id", b"x"]), memory | st.binary(max_size=9))
+    wellformed = st.lists(entry, max_size=3).map(
+        lambda es: b"".join(bytes([len(k)]) + k + bytes([len(m)]) + m for k, m in es)
+    )
+    return st.lists(wellformed | st.binary(max_size=40), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_fields())
+def test_the_batched_reader_equals_the_layouts_definition(raw: list[bytes]) -> None:
+    for name in ("ab", "product_id"):
+        mem = memories_of([name], raw)[name]
+        got = [(mem.keys[u, : mem.count[u]].tolist(), int(mem.count[u])) for u in range(len(raw))]
+        assert got == [_reference(name, r) for r in raw]
+        again = memories_of([name], packed_items({name: mem}, np.arange(len(raw))))[name]
+        assert again.count.tolist() == mem.count.tolist()
+        assert (again.keys == mem.keys).all()

@@ -4,7 +4,8 @@
 
 With `--workers 1,2,4 [--partitions 8] [--cluster]` it runs the scaling benchmark instead
 (worker/bench/scaling.py: real worker processes, CPU per event, fleet arithmetic); with
-`--rules 3 [--rules-fire 0.9]` what intent rules cost the worker (worker/bench/rules.py).
+`--rules 3 [--rules-fire 0.9]` what intent rules cost the worker (worker/bench/rules.py); with
+`--inputs` what declared inputs (product, category, brand, price) cost it (worker/bench/inputs.py).
 
 Each variant gets the same preloaded backlog on a flushed database and consumes it to the
 end. Variants:
@@ -43,6 +44,8 @@ from model.bench import machine_line
 from model.reference import reference_step
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.bench.inprocess import consume, start_worker
+from worker.bench.inputs import add_arguments as add_inputs_arguments
+from worker.bench.inputs import run_inputs_bench
 from worker.bench.load import run_load_bench
 from worker.bench.rules import add_arguments as add_rules_arguments
 from worker.bench.rules import run_rules_bench
@@ -306,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="CONFIG SET on the bench's Redis first (states with h above 64 bytes are "
                    "hashtables at Redis's default)")  # fmt: skip
     add_rules_arguments(p)  # --rules N: what intent rules cost (worker/bench/rules.py)
+    add_inputs_arguments(p)  # --inputs: what declared inputs cost (worker/bench/inputs.py)
     args = p.parse_args(argv)
 
     server = None if args.redis_url else LocalRedis().start()
@@ -351,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
             run_worker(url, model_path, min(len(events), 20_000), b, False, hist)
             if args.rules:
                 run_rules_bench(r, url, model_path, events, args)
+                return 0
+            if args.inputs:
+                run_inputs_bench(r, url, events, args, Path(tmp))
                 return 0
             step = torch_step(model) if args.cell == "rnn" else None  # e: nn.RNNCell
             if step is not None:

@@ -284,11 +284,20 @@ def parse_flat_entry(
             eid, i = flat[i + 1], i + 2
         if i < n and flat[i] == b"producer":
             prod, i = flat[i + 1], i + 2
-        if i == n:
+        if i == n or _only_other_fields(flat, i):
             fast = _fast(flat[1], flat[3], ts, eid, prod, entry_ms)
             if fast is not None:
                 return _checked(fast, entry_ms, max_skew_ms)
     return parse_entry(dict(zip(flat[::2], flat[1::2], strict=False)), entry_ms, max_skew_ms)
+
+
+_EVENT_FIELDS = frozenset(_FIELDS)
+
+
+def _only_other_fields(flat: list[bytes], i: int) -> bool:
+    """Whether the fields from i on are none of the event's own (a declared input's, say):
+    the event is then what the fields before i say, whatever follows."""
+    return len(flat) % 2 == 0 and _EVENT_FIELDS.isdisjoint(flat[i::2])
 
 
 # A declared input's value longer than this is not a product id, a brand or a price: read as
@@ -311,6 +320,27 @@ def input_values(flat: list, names: tuple[bytes, ...]) -> list[bytes | None]:
     if doc is not None and b"user_id" not in flat[::2]:
         found = _json_inputs(doc, names)
     return [v if v is not None and len(v) <= MAX_INPUT_BYTES else None for v in found.values()]
+
+
+def input_columns(flats: list[list], names: tuple[bytes, ...]) -> list[list[bytes | None]]:
+    """`input_values` of many entries at once, one column per name, in one pass over each
+    entry's fields (an input is never one of the event's own fields, so the publish layout's
+    user_id and type are skipped)."""
+    index = {name: i for i, name in enumerate(names)}
+    columns: list[list[bytes | None]] = [[None] * len(flats) for _ in names]
+    for row, flat in enumerate(flats):
+        start = 4 if flat[:1] == [b"user_id"] and flat[2:3] == [b"type"] else 0
+        keys = flat[::2] if not start else ()
+        if b"json" in keys and b"user_id" not in keys:
+            doc = flat[2 * (len(keys) - 1 - keys[::-1].index(b"json")) + 1]  # the last wins
+            for i, value in enumerate(_json_inputs(doc, names).values()):
+                columns[i][row] = value
+            continue
+        for k in range(start, len(flat) - 1, 2):
+            i = index.get(flat[k])
+            if i is not None:
+                columns[i][row] = flat[k + 1]
+    return [[v if v is None or len(v) <= MAX_INPUT_BYTES else None for v in c] for c in columns]
 
 
 def _json_inputs(raw: bytes, names: tuple[bytes, ...]) -> dict[bytes, bytes | None]:

@@ -14,7 +14,7 @@ from worker.common.events import (
     DEFAULT_MAX_TS_SKEW_MS,
     EventError,
     flat_fields,
-    input_values,
+    input_columns,
     parse_flat_entry,
 )
 from worker.common.keys import partition_of
@@ -70,7 +70,7 @@ def parse_batch(
     t0 = time.perf_counter()
     b = Batch(partition)
     wanted = tuple(n.encode() for n in input_names)
-    columns = [b.inputs.setdefault(n, []) for n in input_names]
+    kept: list[list] = []  # the fields of the valid events, for their inputs' columns
     for raw_id, entry in entries:
         b.ids.append(raw_id)
         key = entry_id(raw_id)
@@ -102,7 +102,8 @@ def parse_batch(
         b.event_ids.append(event_id)
         b.producers.append(producer)
         if wanted:
-            for column, value in zip(columns, input_values(fields, wanted), strict=True):
-                column.append(value)
+            kept.append(fields)
+    if wanted:
+        b.inputs = dict(zip(input_names, input_columns(kept, wanted), strict=True))
     b.parse_seconds = time.perf_counter() - t0
     return b

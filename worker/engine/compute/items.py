@@ -13,48 +13,92 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numba as nb
 import numpy as np
 
-from model.inputs import ItemMemory
+from model.inputs import ITEM_MEMORY, ItemMemory
 
 
 def memories_of(names: Sequence[str], raw: list[bytes]) -> dict[str, ItemMemory]:
     """Each item input's memories of the users (one row per user), from their `items`
-    fields; a field that is malformed, or lacks an input, reads as an empty memory."""
+    fields, parsed in one kernel call per input; a field that is malformed, or lacks an
+    input, reads as an empty memory."""
     if not names:
         return {}
-    fields = [_split(r) for r in raw]
-    return {name: ItemMemory.of([f.get(name, b"") for f in fields]) for name in names}
+    buf = np.frombuffer(b"".join(raw), np.uint8)
+    ends = np.fromiter(map(len, raw), np.int64, len(raw)).cumsum()
+    return {name: ItemMemory(*_unpack(buf, ends, np.frombuffer(name.encode(), np.uint8),
+                                      ITEM_MEMORY)) for name in names}  # fmt: skip
 
 
-def _split(raw: bytes) -> dict[str, bytes]:
-    """The packed memory of each input in one `items` field ({} when malformed)."""
-    out: dict[str, bytes] = {}
-    pos = 0
-    try:
-        while pos < len(raw):
-            n = raw[pos]
-            name = raw[pos + 1 : pos + 1 + n].decode("utf-8")
+@nb.njit(cache=True)
+def _unpack(buf, ends, name, K):
+    """The memories (keys (U, K) int64, count (U,)) of input `name` (UTF-8 bytes) in the
+    users' fields, buf[ends[u-1]:ends[u]] each. A field whose layout breaks, or whose memory
+    has a wrong length, more than K items or a repeated one, reads as empty (the last entry
+    of a name repeated counts)."""
+    U = ends.shape[0]
+    keys = np.zeros((U, K), np.int64)
+    count = np.zeros(U, np.int64)
+    start = 0
+    for u in range(U):
+        end = ends[u]
+        pos, at, size, ok = start, -1, 0, True
+        while pos < end:
+            n = buf[pos]
+            if pos + 1 + n >= end:  # no room for the memory's length byte
+                ok = False
+                break
+            same = n == name.shape[0]
+            for j in range(n if same else 0):
+                if buf[pos + 1 + j] != name[j]:
+                    same = False
+                    break
             pos += 1 + n
-            m = raw[pos]
-            out[name] = raw[pos + 1 : pos + 1 + m]
+            m = buf[pos]
+            if pos + 1 + m > end:
+                ok = False
+                break
+            if same:
+                at, size = pos + 1, m
             pos += 1 + m
-            if pos > len(raw):
-                return {}
-    except (IndexError, UnicodeDecodeError):
-        return {}
-    return out
+        start = end
+        if not ok or at < 0 or size < 1:
+            continue
+        c = buf[at]
+        if c > K or size != 1 + 4 * c:
+            continue
+        for j in range(c):
+            a = at + 1 + 4 * j
+            key = np.int64(buf[a]) | (np.int64(buf[a + 1]) << 8)
+            keys[u, j] = key | (np.int64(buf[a + 2]) << 16) | (np.int64(buf[a + 3]) << 24)
+        unique = True
+        for i in range(c):
+            for j in range(i):
+                if keys[u, i] == keys[u, j]:
+                    unique = False
+        if unique:
+            count[u] = c
+        else:
+            keys[u, :] = 0
+    return keys, count
 
 
 def packed_items(memory: dict[str, ItemMemory], rows: np.ndarray) -> list[bytes]:
     """The `items` field of each of `rows`: every item input's memory, in name order."""
     names = sorted(memory)
-    heads = [bytes([len(n.encode())]) + n.encode() for n in names]
-    out = []
-    for u in rows.tolist():
-        parts = []
-        for head, name in zip(heads, names, strict=True):
-            mem = memory[name].pack(u)
-            parts += [head, bytes([len(mem)]), mem]
-        out.append(b"".join(parts))
-    return out
+    columns = [_packed_memories(name, memory[name], rows) for name in names]
+    if len(columns) == 1:
+        return columns[0]
+    return [b"".join(parts) for parts in zip(*columns, strict=True)]
+
+
+def _packed_memories(name: str, memory: ItemMemory, rows: np.ndarray) -> list[bytes]:
+    """One input's part of each row's field: its name, the memory's length, the memory (a
+    count byte and as many uint32 hashes, model/inputs.py's pack_items)."""
+    raw = name.encode()
+    heads = [bytes([len(raw)]) + raw + bytes([1 + 4 * c, c]) for c in range(ITEM_MEMORY + 1)]
+    counts = np.clip(memory.count[rows], 0, ITEM_MEMORY).tolist()
+    keys = memory.keys[rows].astype("<u4").tobytes()
+    width = 4 * memory.keys.shape[1]
+    return [heads[c] + keys[i * width : i * width + 4 * c] for i, c in enumerate(counts)]
