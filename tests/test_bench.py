@@ -121,3 +121,23 @@ def test_bench_rules_reports_the_cost_of_quiet_and_firing_rules():
     assert re.search(r"3 rules, none firing: events/s [\d.]+, worker CPU per event [\d.]+ .*"
                      r"goal <= 1.10", out)  # fmt: skip
     assert re.search(r"an action costs [\d.]+ µs of worker CPU", out)
+
+
+def test_bench_inputs_reports_what_the_declared_inputs_cost_and_the_state_they_add():
+    result = run_cli("bench", "--events", "3000", "--users", "300", "--inputs", "--repeat", "1",
+                     timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    number = r"[\d,.]+"
+    rows = {}
+    for name in ("type-only model, events with the 4 fields", "the model reading the 4 fields",
+                 "type-only model, bare events"):  # fmt: skip
+        row = re.search(rf"^{name} +{number} +{number} +{number} +({number}) ", out, re.M)
+        assert row, out
+        rows[name] = int(row.group(1).replace(",", ""))
+    # the item memory is the state's only growth, and the fields travelling change no state
+    grown = (
+        rows["the model reading the 4 fields"] - rows["type-only model, events with the 4 fields"]
+    )
+    assert 0 < grown <= 200
+    assert re.search(r"the inputs add -?[\d.]+ µs of worker CPU per event .*goal <= 2", out)
