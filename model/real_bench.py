@@ -1,6 +1,7 @@
-"""Judged on real shop events: the type-only RNNs beside counting and gradient boosting, on the
-same sessions and the same user splits, on the REES46 slice or on a synthetic shop where the
-product and price fields carry the intent (model/rich_shop.py, with its Bayes-optimal AUC).
+"""Judged on real shop events: the RNNs, type-only and with declared inputs, beside counting
+and gradient boosting, on the same sessions and the same user splits, on the REES46 slice or
+on a synthetic shop where the product and price fields carry the intent (model/rich_shop.py,
+with its Bayes-optimal AUC).
 
     python -m model.real_bench [--data FILE.csv[.gz]] [--seeds 10]
     python -m model.real_bench --generator [--users 3000] [--seeds 10]
@@ -9,10 +10,14 @@ Sessions are cut as training cuts them (model/sessions.py: a gap over 30 minutes
 the inputs stop before the first purchase); each seed splits the users (20% held out) as
 `intentstream train --seed` does, and every row is the AUC at each held-out session's last
 input event: intentstream Elman and GRU with TrainConfig's defaults (the type and the gap),
-the bag-of-types baseline (model/evaluate.py), and scikit-learn's HistGradientBoosting on (a)
-type counts, length and gap statistics and (b) those plus product and price features. The
-gradient boosting rows need scikit-learn (`pip install -e '.[bench]'`) and are skipped with a
-note without it.
+the same with the inputs `intentstream train --numeric price:log1p --categorical
+brand,category_code --item product_id` declares (RICH_FLAGS, the flags' default buckets and
+dim), the bag-of-types baseline (model/evaluate.py), and scikit-learn's HistGradientBoosting
+on (a) type counts, length and gap statistics and (b) those plus product and price features.
+Paired rows give per-seed differences (the inputs' gain to each cell and to gradient
+boosting, the rich Elman against gradient boosting with the same fields) and, with --generator,
+each rich row as a fraction of the Bayes row. The gradient boosting rows need scikit-learn
+(`pip install -e '.[bench]'`) and are skipped with a note without it.
 
 The REES46 data: REES46 Marketing Platform (rees46.com), Kaggle
 `mkechinov/ecommerce-behavior-data-from-multi-category-store`; credit it with any result.
