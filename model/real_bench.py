@@ -1,6 +1,7 @@
-"""Judged on real shop events: the type-only RNNs beside counting and gradient boosting, on the
-same sessions and the same user splits, on the REES46 slice or on a synthetic shop where the
-product and price fields carry the intent (model/rich_shop.py, with its Bayes-optimal AUC).
+"""Judged on real shop events: the RNNs, type-only and with declared inputs, beside counting
+and gradient boosting, on the same sessions and the same user splits, on the REES46 slice or
+on a synthetic shop where the product and price fields carry the intent (model/rich_shop.py,
+with its Bayes-optimal AUC).
 
     python -m model.real_bench [--data FILE.csv[.gz]] [--seeds 10]
     python -m model.real_bench --generator [--users 3000] [--seeds 10]
@@ -9,10 +10,14 @@ Sessions are cut as training cuts them (model/sessions.py: a gap over 30 minutes
 the inputs stop before the first purchase); each seed splits the users (20% held out) as
 `intentstream train --seed` does, and every row is the AUC at each held-out session's last
 input event: intentstream Elman and GRU with TrainConfig's defaults (the type and the gap),
-the bag-of-types baseline (model/evaluate.py), and scikit-learn's HistGradientBoosting on (a)
-type counts, length and gap statistics and (b) those plus product and price features. The
-gradient boosting rows need scikit-learn (`pip install -e '.[bench]'`) and are skipped with a
-note without it.
+the same with the inputs `intentstream train --numeric price:log1p --categorical
+brand,category_code --item product_id` declares (RICH_FLAGS, the flags' default buckets and
+dim), the bag-of-types baseline (model/evaluate.py), and scikit-learn's HistGradientBoosting
+on (a) type counts, length and gap statistics and (b) those plus product and price features.
+Paired rows give per-seed differences (the inputs' gain to each cell and to gradient
+boosting, the rich Elman against gradient boosting with the same fields) and, with --generator,
+each rich row as a fraction of the Bayes row. The gradient boosting rows need scikit-learn
+(`pip install -e '.[bench]'`) and are skipped with a note without it.
 
 The REES46 data: REES46 Marketing Platform (rees46.com), Kaggle
 `mkechinov/ecommerce-behavior-data-from-multi-category-store`; credit it with any result.
@@ -42,10 +47,30 @@ CREDIT = ("REES46 Marketing Platform (rees46.com), Kaggle "
 GBDT = {"max_iter": 200, "learning_rate": 0.05, "max_leaf_nodes": 15, "min_samples_leaf": 20,
         "l2_regularization": 1.0, "early_stopping": False}  # fmt: skip
 
-SHORT = {"Bayes-optimal (every field)": "Bayes", "Bayes-optimal (types only)": "Bayes types",
-         "intentstream Elman (type, gap)": "Elman", "intentstream GRU (type, gap)": "GRU",
-         "bag-of-types logistic regression": "bag", "GBDT: type counts, length, gaps": "GBDT",
-         "GBDT: + product and price features": "GBDT+"}  # fmt: skip
+# The declared inputs of `intentstream train --numeric price:log1p --categorical
+# brand,category_code --item product_id` with the flags' default buckets and dim
+# (worker/commands/input_flags.py; tests/test_real_bench.py checks they are the same).
+RICH_FLAGS = "--numeric price:log1p --categorical brand,category_code --item product_id"
+RICH_INPUTS = [{"kind": "numeric", "name": "price", "transform": "log1p"},
+               *({"kind": "categorical", "name": n, "buckets": 1024, "dim": 8}
+                 for n in ("brand", "category_code")),
+               {"kind": "item", "name": "product_id", "buckets": 1024, "dim": 8}]  # fmt: skip
+
+BAYES, BAYES_TYPES = "Bayes-optimal (every field)", "Bayes-optimal (types only)"
+ELMAN, GRU = "intentstream Elman (type, gap)", "intentstream GRU (type, gap)"
+ELMAN_RICH = "intentstream Elman (+ product, price, brand, category)"
+GRU_RICH = "intentstream GRU (+ product, price, brand, category)"
+GBDT_COUNTS, GBDT_RICH = "GBDT: type counts, length, gaps", "GBDT: + product and price features"
+SHORT = {BAYES: "Bayes", BAYES_TYPES: "Bayes types", ELMAN: "Elman", GRU: "GRU",
+         ELMAN_RICH: "Elman+", GRU_RICH: "GRU+", "bag-of-types logistic regression": "bag",
+         GBDT_COUNTS: "GBDT", GBDT_RICH: "GBDT+"}  # fmt: skip
+# Paired rows of the table: (label, the row with more, the row without), per seed.
+GAINS = (("GBDT gain of the product and price features", GBDT_RICH, GBDT_COUNTS),
+         ("Elman gain of the declared inputs", ELMAN_RICH, ELMAN),
+         ("GRU gain of the declared inputs", GRU_RICH, GRU),
+         ("Elman with the declared inputs against GBDT with product and price features",
+          ELMAN_RICH, GBDT_RICH))  # fmt: skip
+RATIOS = (ELMAN_RICH, GRU_RICH, GBDT_RICH)  # shown as a fraction of the Bayes row
 
 
 @dataclass(frozen=True)
@@ -137,6 +162,13 @@ def check_aligned(shop: list[ShopSession], sessions: list[Session]) -> None:
         assert (a.user_id, len(a.events), a.label) == (b.user_id, len(b.types), b.label)
 
 
+def check_same_validation(got: list[Session], want: list[Session]) -> None:
+    """A training run's validation sessions are the harness's, one for one."""
+    assert len(got) == len(want), (len(got), len(want))
+    for a, b in zip(got, want, strict=True):
+        assert (a.user_id, len(a.types), a.label) == (b.user_id, len(b.types), b.label)
+
+
 def read_opencdp(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     bad = []
@@ -181,12 +213,14 @@ def run(events: list[dict], seeds: list[int], epochs: int | None, bayes: dict | 
         y_valid = np.array([s.label for s in valid_s])
         if bayes is not None:
             last = [bayes[(s.user_id, s.events[-1]["ts"])] for s in shop_valid]
-            rows["Bayes-optimal (every field)"].append(roc_auc(y_valid, [b[0] for b in last]))
-            rows["Bayes-optimal (types only)"].append(roc_auc(y_valid, [b[1] for b in last]))
-        for name, cell in (("intentstream Elman (type, gap)", "rnn"),
-                           ("intentstream GRU (type, gap)", "gru")):  # fmt: skip
-            result = train(events, config.model_copy(update={"seed": seed, "cell": cell}))
-            assert len(result.validation_sessions) == len(valid_s)
+            rows[BAYES].append(roc_auc(y_valid, [b[0] for b in last]))
+            rows[BAYES_TYPES].append(roc_auc(y_valid, [b[1] for b in last]))
+        for name, cell, inputs in ((ELMAN, "rnn", []), (GRU, "gru", []),
+                                   (ELMAN_RICH, "rnn", RICH_INPUTS),
+                                   (GRU_RICH, "gru", RICH_INPUTS)):  # fmt: skip
+            update = {"seed": seed, "cell": cell, "inputs": inputs}
+            result = train(events, TrainConfig.model_validate(config.model_dump() | update))
+            check_same_validation(result.validation_sessions, valid_s)
             rows[name].append(result.report["metrics"]["auc_last"])
         base = BagOfTypes(len(types) + 1).fit(train_s)
         rows["bag-of-types logistic regression"].append(roc_auc(*base.step_scores(valid_s)[2:]))
@@ -194,8 +228,7 @@ def run(events: list[dict], seeds: list[int], epochs: int | None, bayes: dict | 
             tr = [index[id(s)] for s in shop_train]
             va = [index[id(s)] for s in shop_valid]
             y_train = np.array([s.label for s in shop_train])
-            for rich, name in ((False, "GBDT: type counts, length, gaps"),
-                               (True, "GBDT: + product and price features")):  # fmt: skip
+            for rich, name in ((False, GBDT_COUNTS), (True, GBDT_RICH)):
                 model = Gbdt(random_state=seed, **GBDT).fit(X[rich][tr], y_train)
                 rows[name].append(roc_auc(y_valid, model.predict_proba(X[rich][va])[:, 1]))
         shown = ", ".join(f"{SHORT.get(k, k)} {v[-1]:.3f}" for k, v in rows.items())
@@ -204,20 +237,27 @@ def run(events: list[dict], seeds: list[int], epochs: int | None, bayes: dict | 
     return dict(rows)
 
 
+def _std(v: np.ndarray) -> float:
+    return float(np.std(v, ddof=1 if len(v) > 1 else 0))
+
+
 def table(rows: dict[str, list[float]]) -> str:
-    """The Markdown table: mean ± std (ddof 1) over the seeds, and the paired GBDT gain."""
+    """The Markdown table: mean ± std (ddof 1) over the seeds, the paired gains and, with a
+    Bayes row, the rich rows as a fraction of it (mean of the per-seed ratios)."""
     lines = ["| model | AUC at the last input event |", "| --- | --- |"]
     for name, v in rows.items():
-        lines.append(
-            f"| {name} | {np.mean(v):.3f} ± {np.std(v, ddof=1 if len(v) > 1 else 0):.3f} |"
-        )
-    rich, counts = (rows.get("GBDT: + product and price features"),
-                    rows.get("GBDT: type counts, length, gaps"))  # fmt: skip
-    if rich and counts:
-        d = np.array(rich) - np.array(counts)
-        lines.append(f"| GBDT gain of the product and price features (paired) | "
-                     f"{d.mean():+.3f} ± {d.std(ddof=1 if len(d) > 1 else 0):.3f}, ahead on "
-                     f"{int((d > 0).sum())} of {len(d)} seeds |")  # fmt: skip
+        lines.append(f"| {name} | {np.mean(v):.3f} ± {_std(np.array(v)):.3f} |")
+    for label, more, less in GAINS:
+        if rows.get(more) and rows.get(less):
+            d = np.array(rows[more]) - np.array(rows[less])
+            lines.append(f"| {label} (paired) | {d.mean():+.3f} ± {_std(d):.3f}, ahead on "
+                         f"{int((d > 0).sum())} of {len(d)} seeds |")  # fmt: skip
+    for name in RATIOS:
+        if rows.get(name) and rows.get(BAYES):
+            r = np.array(rows[name]) / np.array(rows[BAYES])
+            lines.append(f"| {name} as a fraction of the Bayes-optimal AUC (mean of per-seed "
+                         f"ratios) | {r.mean():.3f} ± {_std(r):.3f}, lowest {r.min():.3f} "
+                         "|")  # fmt: skip
     return "\n".join(lines)
 
 

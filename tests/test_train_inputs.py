@@ -236,3 +236,20 @@ def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
     bad = run_cli("model", "init", "--event-types", "view", "--numeric", "price:sqrt",
                   "--out", str(init))  # fmt: skip
     assert bad.returncode == 2 and "log1p or none" in bad.stderr
+
+
+def test_the_input_tables_decay_and_a_type_only_model_is_unchanged():
+    from model.params import pack
+    from model.train import decay_tables
+
+    params = pack(float64_model("rnn").arrays, "rnn", np.float64, INPUTS)
+    before, weights = params.tab.copy(), params.W_x0.copy()
+    decay_tables(params, 0.05)
+    assert np.allclose(params.tab, 0.95 * before) and (params.W_x0 == weights).all()
+    events, _ = rich_shop(users=150, seed=3)
+    config = TrainConfig(hidden=4, epochs=1, calibrate=False)
+    runs = [train(events, config.model_copy(update={"input_weight_decay": d})).model
+            for d in (0.0, 50.0)]  # fmt: skip
+    assert all((runs[0].arrays[k] == runs[1].arrays[k]).all() for k in runs[0].arrays)
+    with pytest.raises(ValueError, match="below 1"):
+        TrainConfig(lr=0.1, input_weight_decay=10, inputs=[{"kind": "item", "name": "p"}])
