@@ -253,7 +253,7 @@ def extend_packed(
     (times `ts`, stored names `names`, and per field_key the new events' column_bytes of the
     scoring models' inputs). The worker's per-user path: slices, no unpacking."""
     prev_ts, n_old = _HEAD.unpack_from(raw) if raw else (-1, 0)
-    if inputs or n_old & _WITH_INPUTS:
+    if inputs or n_old > 0x7FFF:  # the top bit (_WITH_INPUTS), as a constant: the hot path
         return _extend_with_inputs(raw, ts, names, keep, session_gap_ms, inputs or {})
     n_new = len(ts)
     total = n_old + n_new
