@@ -14,15 +14,17 @@ The input section holds the values of the inputs the scoring models (current and
 declare, per event: uint8 field count F; F headers of a uint8 form (0 NUMBER: the value parsed,
 before any transform, float64, NaN absent, +inf unusable; 1 HASH: the 32-bit value hash as
 int64, -1 absent; model/inputs.py, Stored forms), a uint8 name length and the name; then F
-columns of n 8-byte values. So an input costs 8 bytes per event and 3 + len(name) per user:
-at history-events 32, 256 bytes and the header. Why these forms: a hash or a parsed number is
-what every model reads of a value (the bucket is 1 + hash mod (buckets - 1), the item memory
-keeps hashes), is fixed-size (raw bytes are not bounded) and has room for "absent"; a hash
-takes 8 bytes, not 4, to hold -1 beside all 2^32 hashes with the columns' one stride. A field
-is keyed by form and name, so one name declared numeric by a model and categorical by another
-keeps both. A field no scoring model declares any more is dropped at the user's next scored
-event; an event kept from before a field was declared holds it absent; an input a replaying
-model declares that the history does not hold replays as absent (its learned default).
+columns of n 8-byte values. So an input costs 8 bytes per event and 2 + len(name) per user
+(the section 1 more): at history-events 32, 256 bytes and the header.
+
+Why these forms: a hash or a parsed number is what every model reads of a value (the bucket is
+1 + hash mod (buckets - 1), the item memory keeps hashes), is fixed-size (raw bytes are not
+bounded) and has room for "absent"; a hash takes 8 bytes, not 4, to hold -1 beside all 2^32
+hashes with the columns' one stride. A field is keyed by form and name, so one name declared
+numeric by a model and categorical by another keeps both. A field no scoring model declares
+any more is dropped at the user's next scored event; an event kept from before a field was
+declared holds it absent; an input a replaying model declares that the history does not hold
+replays as absent (its learned default).
 
 Every batch extends the history of each user it scores, so the worker keeps histories packed
 (the field's bytes) and extends them in place with a few slices and concatenations
