@@ -12,7 +12,7 @@ from worker.engine.compute.recent import (
     HASH,
     NUMBER,
     Recent,
-    extend_packed,
+    extend_with_inputs,
     extended,
     field_key,
     names_of,
@@ -59,7 +59,7 @@ def test_the_layout_before_inputs_reads_as_a_history_without_them():
 def test_old_events_hold_a_field_first_given_with_new_ones_absent():
     raw = old_layout(500, [1000, 2000], ["view", "search"])
     new = {field_key(*PRICE): struct.pack("<d", 9.5)}
-    got = unpack(extend_packed(raw, [3000], names_of(["buy"]), 32, 0.0, new))
+    got = unpack(extend_with_inputs(raw, [3000], names_of(["buy"]), 32, 0.0, new))
     assert got.ts == [1000, 2000, 3000] and got.types == ["view", "search", "buy"]
     assert np.isnan(got.column(*PRICE)[:2]).all() and got.column(*PRICE)[2] == 9.5
 

@@ -28,6 +28,7 @@ from worker.engine.compute.recent import (
     absent,
     column_bytes,
     extend_packed,
+    extend_with_inputs,
     field_key,
     form_of,
     names_of,
@@ -267,15 +268,15 @@ def _recent_after(
     if not columns:
         return [extend_packed(old[r], new_ts[r], new_names[r], keep, session_gap_ms) for r in rows]
     inputs = _new_columns(k_slot, rows, columns)
-    return [extend_packed(old[r], new_ts[r], new_names[r], keep, session_gap_ms, inputs[i])
+    return [extend_with_inputs(old[r], new_ts[r], new_names[r], keep, session_gap_ms, inputs[i])
             for i, r in enumerate(rows)]  # fmt: skip
 
 
 def _new_columns(
     k_slot: np.ndarray, rows: list[int], columns: dict[Field, np.ndarray]
 ) -> list[dict[bytes, bytes]]:
-    """For each of `rows`, its events' stored values per field_key, as extend_packed takes
-    them: each column reordered by user once, then one slice per user and field."""
+    """For each of `rows`, its events' stored values per field_key, as extend_with_inputs
+    takes them: each column reordered by user once, then one slice per user and field."""
     order = np.argsort(k_slot, kind="stable")
     by_user = k_slot[order]
     lo = np.searchsorted(by_user, rows, "left").tolist()

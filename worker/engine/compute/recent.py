@@ -28,7 +28,8 @@ replays as absent (its learned default).
 
 Every batch extends the history of each user it scores, so the worker keeps histories packed
 (the field's bytes) and extends them in place with a few slices and concatenations
-(`extend_packed`: per event only the session-gap check, per field one slice and one join);
+(`extend_packed`, and `extend_with_inputs` where inputs are declared: per event only the
+session-gap check, per field one slice and one join);
 only a replay or a live-quality check unpacks one (`unpack`, `has`).
 """
 
@@ -221,8 +222,10 @@ def extended(
     `columns` of the scoring models' inputs), cut where a gap exceeds the session gap
     (0 = never) and to the last `keep` events."""
     raw = pack(recent) if len(recent) else b""
-    new = {field_key(*f): column_bytes(f[0], v) for f, v in (columns or {}).items()}
-    return unpack(extend_packed(raw, ts, names_of(types), keep, session_gap_ms, new))
+    if not columns:
+        return unpack(extend_packed(raw, ts, names_of(types), keep, session_gap_ms))
+    new = {field_key(*f): column_bytes(f[0], v) for f, v in columns.items()}
+    return unpack(extend_with_inputs(raw, ts, names_of(types), keep, session_gap_ms, new))
 
 
 def names_of(types: list[str]) -> list[bytes]:
@@ -248,18 +251,20 @@ def _first_kept(
 
 
 def extend_packed(
-    raw: bytes, ts: list[int], names: list[bytes], keep: int, session_gap_ms: float,
-    inputs: Mapping[bytes, bytes] | None = None,
-) -> bytes:  # fmt: skip
-    """`extended` on packed histories (b"" = none): the field's bytes after the new events
-    (times `ts`, stored names `names`, and per field_key the new events' column_bytes of the
-    scoring models' inputs). The worker's per-user path: slices, no unpacking."""
+    raw: bytes, ts: list[int], names: list[bytes], keep: int, session_gap_ms: float
+) -> bytes:
+    """`extended` on packed histories (b"" = none) for events without inputs: the field's
+    bytes after the new events (times `ts`, stored names `names`). The worker's per-user path
+    for type-only models: slices, no unpacking."""
     prev_ts, n_old = _HEAD.unpack_from(raw) if raw else (-1, 0)
-    if inputs or n_old > 0x7FFF:  # the top bit (_WITH_INPUTS), as a constant: the hot path
-        return _extend_with_inputs(raw, ts, names, keep, session_gap_ms, inputs or {})
     n_new = len(ts)
     total = n_old + n_new
-    start = total - keep if total > keep else 0  # the first event kept
+    if total > keep:  # keep <= 1000: a count word with the top bit always lands here
+        if n_old & _WITH_INPUTS:  # a section the models scoring now do not declare: dropped
+            return extend_with_inputs(raw, ts, names, keep, session_gap_ms, {})
+        start = total - keep  # the first event kept
+    else:
+        start = 0
     ts_end = _HEAD.size + 8 * n_old
     if session_gap_ms > 0:  # _first_kept, inlined: a call costs the hot path 3-4 %
         last = _ONE.unpack_from(raw, ts_end - 8)[0] if n_old else None
@@ -289,12 +294,13 @@ def extend_packed(
     return _HEAD.pack(before, total - start) + kept_ts + new_ts + raw[pos:] + new_names
 
 
-def _extend_with_inputs(
+def extend_with_inputs(
     raw: bytes, ts: list[int], names: list[bytes], keep: int, session_gap_ms: float,
     inputs: Mapping[bytes, bytes],
 ) -> bytes:  # fmt: skip
-    """extend_packed where the old history or the new events hold inputs: the section
-    keeps the fields of `inputs` (old events without one: absent), drops the others."""
+    """extend_packed for events with inputs: `inputs` holds, per field_key, the new events'
+    column_bytes of the scoring models' inputs; the section keeps these fields (old events
+    without one: absent) and drops the others."""
     prev_ts, word = _HEAD.unpack_from(raw) if raw else (-1, 0)
     n_old = word & _COUNT
     ts_end = _HEAD.size + 8 * n_old
