@@ -203,6 +203,22 @@ def _columns(raw: bytes, pos: int, n: int) -> tuple[tuple[tuple[bytes, bytes], .
     return tuple(columns), pos
 
 
+def _offsets(raw: bytes, pos: int, n: int) -> tuple[dict[bytes, int], int]:
+    """Each field's column offset in the input section at `pos` of a well-formed history of
+    n events (extend's path: read as validated), and the position after the section."""
+    count, at = raw[pos], pos + 1
+    col = at
+    for _ in range(count):  # past the headers: the first column
+        col += 2 + raw[col + 1]
+    offsets = {}
+    for _ in range(count):
+        end = at + 2 + raw[at + 1]
+        offsets[raw[at:end]] = col
+        col += 8 * n
+        at = end
+    return offsets, col
+
+
 def valid(raw: bytes | None) -> bytes:
     """A `recent` field as read from Redis if it is well-formed and holds events, else b""."""
     recent = unpack(raw)
@@ -304,7 +320,7 @@ def extend_with_inputs(
     prev_ts, word = _HEAD.unpack_from(raw) if raw else (-1, 0)
     n_old = word & _COUNT
     ts_end = _HEAD.size + 8 * n_old
-    old, names_at = _columns(raw, ts_end, n_old) if word & _WITH_INPUTS else ((), ts_end)
+    held, names_at = _offsets(raw, ts_end, n_old) if word & _WITH_INPUTS else ({}, ts_end)
     start = _first_kept(raw, ts_end, n_old, ts, keep, session_gap_ms)
     cut_old, cut_new = min(start, n_old), max(start - n_old, 0)  # dropped old, dropped new
     if start == 0:
@@ -322,11 +338,11 @@ def extend_with_inputs(
     n = n_old + len(ts) - start
     if not inputs:
         return _HEAD.pack(before, n) + kept_ts + kept_names
-    held = dict(old)
+    end = 8 * n_old
     columns = [
-        (held[k][8 * cut_old :] if k in held else _ABSENT[k[0]] * (n_old - cut_old))
-        + values[8 * cut_new :]
+        (raw[held[k] + 8 * cut_old : held[k] + end] if k in held
+         else _ABSENT[k[0]] * (n_old - cut_old)) + values[8 * cut_new :]
         for k, values in inputs.items()
-    ]
+    ]  # fmt: skip
     return (_HEAD.pack(before, n | _WITH_INPUTS) + kept_ts + _section(list(inputs), columns)
             + kept_names)  # fmt: skip
