@@ -198,6 +198,7 @@ def _last_scores(
     last_ts = np.concatenate(prev)
     if model.input_names:
         inputs = {spec.name: _replayed(present, spec, gather) for spec in model.inputs}
+        # every event here is a replay: none counts in the model's input_counts
         scores = model.advance(state, last_ts, slot, type_idx, ts, inputs,
                                model.empty_memory(n_slots), len(slot))  # fmt: skip
     else:
