@@ -1,10 +1,13 @@
 """The reasons of a score: which events of the session moved it most, by leave-one-out replay.
 
-A session is its events e_1..e_n (types, times) and prev_ts, the time of the event before e_1
-(-1 = none). Its states are rebuilt as the worker rebuilds a state from `recent`
-(worker/engine/compute/pipeline.py): h = 0, the last time prev_ts, then the events through
-`ScoringModel.advance`. So gaps, the gap feature and session resets follow docs/contract.md
-(The model) in every replay.
+A session is its events e_1..e_n (types, times, and a format 2 model's declared inputs' values)
+and prev_ts, the time of the event before e_1 (-1 = none). Its states are rebuilt as the worker
+rebuilds a state from `recent` (worker/engine/compute/pipeline.py): h = 0 and empty item
+memories, the last time prev_ts, then the events through `ScoringModel.advance`. So gaps, the
+gap feature, session resets and the item flags follow docs/contract.md (The model) in every
+replay; an event left out takes its inputs' values with it, and the item flags of the events
+after it are those of the sequence without it. An input the session does not hold replays
+as absent.
 
     score_all     = the score after replaying e_1..e_n
     score_without = the score after replaying the events without e_j: the next event's gap is
@@ -23,12 +26,13 @@ variant, so a batch of sessions costs one kernel call.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from model.inputs import InputSpec, Stored, stored_values
 from model.scoring import ScoringModel
 
 TOP_REASONS = 3
@@ -39,15 +43,21 @@ MAX_EVENTS = 64
 
 @dataclass(frozen=True)
 class Session:
-    """The events to explain, in order, and the time of the event before them (-1 = none)."""
+    """The events to explain, in order, and the time of the event before them (-1 = none);
+    `inputs` holds each declared input's values, one per event, raw or `Stored` (as
+    ScoringModel.advance takes them; None or an input left out: absent)."""
 
     prev_ts: int
     types: Sequence[str]
     ts: Sequence[int]
+    inputs: Mapping[str, Sequence | Stored] | None = None
 
     def __post_init__(self) -> None:
         if len(self.types) != len(self.ts):
             raise ValueError(f"a session has {len(self.types)} types and {len(self.ts)} times")
+        for name, values in (self.inputs or {}).items():
+            if len(values) != len(self.ts):
+                raise ValueError(f"input {name!r} has {len(values)} values for {len(self)} events")
 
     def __len__(self) -> int:
         return len(self.types)
@@ -56,7 +66,17 @@ class Session:
         """The session's last n events, after the time of the event before them."""
         if len(self) <= n:
             return self
-        return Session(int(self.ts[-n - 1]), self.types[-n:], self.ts[-n:])
+        last = np.arange(len(self) - n, len(self))
+        inputs = {k: _taken(v, last) for k, v in (self.inputs or {}).items()}
+        return Session(int(self.ts[-n - 1]), self.types[-n:], self.ts[-n:],
+                       inputs if self.inputs is not None else None)  # fmt: skip
+
+
+def _taken(values: Sequence | Stored, idx: np.ndarray) -> Sequence | Stored:
+    """An input's values of the events `idx`, in the form they were given."""
+    if isinstance(values, Stored):
+        return Stored(values.values[idx])
+    return [values[i] for i in idx.tolist()]
 
 
 @dataclass(frozen=True)
@@ -146,6 +166,18 @@ def leave_one_out(model: ScoringModel, sessions: Sequence[Session]) -> list[Expl
     return out
 
 
+def _replayed(sessions: Sequence[Session], spec: InputSpec, gather: np.ndarray) -> Stored:
+    """One input's stored values of every replayed event: the sessions' values (absent where
+    a session lacks the input), each brought to stored form, gathered as the events are."""
+    columns = []
+    for s in sessions:
+        values = (s.inputs or {}).get(spec.name)
+        if values is None:
+            values = [None] * len(s)
+        columns.append(values.values if isinstance(values, Stored) else stored_values(spec, values))
+    return Stored(np.concatenate(columns)[gather])
+
+
 def _last_scores(
     model: ScoringModel, sessions: Sequence[Session], slots: list[np.ndarray],
     events: list[np.ndarray], prev: list[np.ndarray], n_slots: int,
@@ -165,11 +197,10 @@ def _last_scores(
     state = np.zeros((n_slots, *model.state_shape), np.float32)
     last_ts = np.concatenate(prev)
     if model.input_names:
-        # a session's kept history holds types and times only: declared inputs replay as
-        # missing (their learned defaults), so the reasons weigh the types and the gaps
-        absent = {name: [None] * len(slot) for name in model.input_names}
-        scores = model.advance(state, last_ts, slot, type_idx, ts, absent,
-                               model.empty_memory(n_slots))  # fmt: skip
+        inputs = {spec.name: _replayed(present, spec, gather) for spec in model.inputs}
+        # every event here is a replay: none counts in the model's input_counts
+        scores = model.advance(state, last_ts, slot, type_idx, ts, inputs,
+                               model.empty_memory(n_slots), len(slot))  # fmt: skip
     else:
         scores = model.advance(state, last_ts, slot, type_idx, ts)
     # a slot's events are contiguous and in order: its score is that of its last event

@@ -40,6 +40,16 @@ session starts (the model's session rule, model/features.py `session_resets`; a 
 state starts empty). An event without the item has both flags 0, is not remembered and
 leaves the memory as it was. Packed in the user's state, the memory is one byte of count and
 count little-endian uint32 hashes: at most 1 + 16 * 4 = 65 bytes per user and item input.
+
+Stored forms
+------------
+A value as a history keeps it (worker/engine/compute/recent.py), the same for every model
+declaring the input: a numeric value parsed but not transformed (`numeric_values`: float64,
+NaN when absent, +inf when present but not a number), a categorical or item value as its
+32-bit hash (`value_hashes`: int64, -1 when absent). A model's bucket is 1 + hash mod
+(buckets - 1), a function of the hash alone, and the item memory keeps hashes, so a column
+in stored form (`Stored`) gives every model the x_t the raw values give it, and the same
+missing and bad counts.
 """
 
 from __future__ import annotations
@@ -276,6 +286,24 @@ def bucket_ids(
     return buckets_of(value_hashes(name, values), buckets)
 
 
+@dataclass(frozen=True)
+class Stored:
+    """An input's values in their stored form (module docstring, Stored forms): float64
+    numbers of a numeric input, int64 hashes of a categorical or item one."""
+
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+
+def stored_values(spec: InputSpec, values: Sequence) -> np.ndarray:
+    """Raw values of one input in their stored form: `numeric_values` or `value_hashes`."""
+    if spec.kind == "numeric":
+        return numeric_values(values)
+    return value_hashes(spec.name, values)
+
+
 # ---- numeric parsing ---------------------------------------------------------------------
 
 
@@ -311,8 +339,20 @@ def _parse(vals: list[bytes]) -> np.ndarray:
     return np.concatenate([_parse(vals[:half]), _parse(vals[half:])])
 
 
+def numeric_values(values: Sequence[bytes | str | int | float | None]) -> np.ndarray:
+    """Each value parsed as a float64 before any transform: NaN where absent (None or empty),
+    +inf where present but not a number (unparsable, or NaN), as `numeric_column` counts it bad."""
+    n = len(values)
+    raw = [v if type(v) is bytes and v else _numeric_bytes(v) for v in values]
+    present = np.fromiter((r is not None for r in raw), np.bool_, n)
+    v = np.full(n, np.nan)
+    parsed = _parse([r for r in raw if r is not None])
+    v[present] = np.where(np.isnan(parsed), np.inf, parsed)
+    return v
+
+
 def numeric_column(
-    spec: NumericInput, values: Sequence[bytes | str | int | float | None]
+    spec: NumericInput, values: Sequence[bytes | str | int | float | None] | Stored
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """A numeric input's two columns for a batch, and how many values were bad.
 
@@ -320,18 +360,24 @@ def numeric_column(
     missing (N,) float32: 1 where missing or bad; bad: how many were present but did not parse
     or were not finite after the transform). Never raises on a value.
     """
-    n = len(values)
-    raw = [v if type(v) is bytes and v else _numeric_bytes(v) for v in values]
-    present = np.fromiter((r is not None for r in raw), np.bool_, n)
-    v = np.full(n, np.nan)
-    v[present] = _parse([r for r in raw if r is not None])
+    value, missing, bad = _numeric_parts(spec, _numbers(values))
+    return value, missing, int(np.count_nonzero(bad))
+
+
+def _numbers(values: Sequence | Stored) -> np.ndarray:
+    """A numeric column's values in stored form (given so, or parsed now)."""
+    return values.values if isinstance(values, Stored) else numeric_values(values)
+
+
+def _numeric_parts(spec: NumericInput, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(value, missing flag, bad mask) of numbers in stored form (numeric_column)."""
+    present = ~np.isnan(v)
     with np.errstate(all="ignore"):
         if spec.transform == "log1p":
             v = np.log1p(v)
         z = ((v - spec.mean) / spec.scale).astype(np.float32)
     ok = np.isfinite(z)
-    bad = int(np.count_nonzero(present & ~ok))
-    return np.where(ok, z, np.float32(0)), (~ok).astype(np.float32), bad
+    return np.where(ok, z, np.float32(0)), (~ok).astype(np.float32), present & ~ok
 
 
 # ---- the item memory ---------------------------------------------------------------------
@@ -451,13 +497,14 @@ def input_parts(
     slot: np.ndarray,
     new_session: np.ndarray,
     memory: Mapping[str, ItemMemory],
+    count_from: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, InputCounts]]:
     """x's extra block without the embedding rows, for a batch: (fixed (N, input_width)
     float32, the numeric and flag columns, 0 in every embedding column; buckets (N, K) int64,
     the bucket of each event's value of each categorical and item input, in declaration
-    order; each input's counts). encode_inputs gathers the rows into the block; training keeps
-    the buckets, to look the rows up from the parameters it is fitting. Arguments as
-    encode_inputs's (memory updated in place)."""
+    order; each input's counts of the events from `count_from` on). encode_inputs gathers the
+    rows into the block; training keeps the buckets, to look the rows up from the parameters
+    it is fitting. Arguments as encode_inputs's (memory updated in place)."""
     specs = _specs(inputs)
     n = slot.shape[0]
     fixed = np.zeros((n, input_width(specs)), np.float32)
@@ -471,15 +518,16 @@ def input_parts(
             got = "none" if values is None else len(values)
             raise ValueError(f"input {spec.name!r}: {n} values expected, got {got}")
         if spec.kind == "numeric":
-            value, missing, bad = numeric_column(spec, values)
+            value, missing, bad_mask = _numeric_parts(spec, _numbers(values))
             fixed[:, col] = value
             fixed[:, col + 1] = missing
-            counts[spec.name] = InputCounts(int(missing.sum()) - bad, bad)
+            bad = int(np.count_nonzero(bad_mask[count_from:]))
+            counts[spec.name] = InputCounts(int(missing[count_from:].sum()) - bad, bad)
             col += 2
             continue
-        hashes = value_hashes(spec.name, values)
+        hashes = _hashes(spec.name, values)
         buckets[:, k] = buckets_of(hashes, spec.buckets)
-        counts[spec.name] = InputCounts(int(np.count_nonzero(hashes < 0)), 0)
+        counts[spec.name] = InputCounts(int(np.count_nonzero(hashes[count_from:] < 0)), 0)
         col += spec.dim
         k += 1
         if spec.kind == "item":
@@ -489,6 +537,13 @@ def input_parts(
             fixed[:, col : col + 2] = item_flags(slot, hashes, new_session, mem.keys, mem.count)
             col += 2
     return fixed, buckets, counts
+
+
+def _hashes(name: str, values: Sequence | Stored) -> np.ndarray:
+    """A categorical or item column's value hashes (given stored, or hashed now)."""
+    if isinstance(values, Stored):
+        return np.ascontiguousarray(values.values, np.int64)
+    return value_hashes(name, values)
 
 
 def table_columns(inputs: Inputs | Sequence[InputSpec]) -> list[tuple[int, int]]:
@@ -509,10 +564,13 @@ def encode_inputs(
     slot: np.ndarray,
     new_session: np.ndarray,
     memory: Mapping[str, ItemMemory],
+    count_from: int = 0,
 ) -> tuple[np.ndarray, dict[str, InputCounts]]:
-    """x's extra block (N, input_width) float32 for a batch, and each input's counts.
+    """x's extra block (N, input_width) float32 for a batch, and each input's counts of the
+    events from `count_from` on (the ones before are replays, counted when first scored).
 
-    raw[name] holds the N events' values of each input (None = absent); tables holds each
+    raw[name] holds the N events' values of each input (None = absent), or a `Stored`
+    column of them (the same x as their raw values); tables holds each
     categorical and item input's embedding table (`table_name`, (buckets, dim)); slot and
     new_session are the batch's user slots and session starts (as item_flags reads them), and
     memory[name] the item memory of each item input, updated in place. Embedding rows are
@@ -529,7 +587,7 @@ def encode_inputs(
                 f"input {spec.name!r}: table {table_name(spec)} must be "
                 f"({spec.buckets}, {spec.dim}), got {got}"
             )
-    out, buckets, counts = input_parts(specs, raw, slot, new_session, memory)
+    out, buckets, counts = input_parts(specs, raw, slot, new_session, memory, count_from)
     for k, (spec, (col, dim)) in enumerate(zip(with_table, table_columns(specs), strict=True)):
         out[:, col : col + dim] = tables[table_name(spec)][buckets[:, k]]
     return out, counts

@@ -16,7 +16,7 @@ from model.artifact import Model, state_shape
 from model.calibration import calibration_of, with_ends
 from model.cell import CellWeights, cell_weights, step_batch, work_size
 from model.features import event_gaps, feature_matrix, session_resets
-from model.inputs import InputCounts, ItemMemory, encode_inputs
+from model.inputs import InputCounts, ItemMemory, Stored, encode_inputs
 from model.params import pack
 
 
@@ -68,8 +68,9 @@ class ScoringModel:
         slot: np.ndarray,
         type_idx: np.ndarray,
         ts_ms: np.ndarray,
-        inputs: Mapping[str, Sequence] | None = None,
+        inputs: Mapping[str, Sequence | Stored] | None = None,
         memory: Mapping[str, ItemMemory] | None = None,
+        replayed: int = 0,
     ) -> np.ndarray:
         """Apply events in order to the users' states in place; return one score per event.
 
@@ -77,27 +78,29 @@ class ScoringModel:
         event) hold one row per distinct user; event e belongs to row slot[e].
 
         A model that declares inputs (format 2) needs `inputs`: each declared input's raw
-        values, one per event (None = absent), and for each item input `memory[name]`, the
-        users' item memories (one row per state row), updated in place; the session starts
+        values, one per event (None = absent), or a `Stored` column of them (the stored form a
+        history keeps, model/inputs.py: the same x_t), and for each item input `memory[name]`,
+        the users' item memories (one row per state row), updated in place; the session starts
         that clear it are the ones that reset the state. Each input's missing and bad values
-        of the batch are left in `input_counts`. A model without inputs ignores both.
+        of the events after the first `replayed` (replays of events scored before) are left in
+        `input_counts`. A model without inputs ignores all three.
         """
         gap, has_prev = event_gaps(slot, ts_ms, last_ts)
         x_feat = feature_matrix(self.model.meta.features, gap)
         reset = session_resets(gap, has_prev, self.model.meta.session_gap_seconds)
         if self.input_names:
-            x_feat = self._with_inputs(x_feat, slot, reset, inputs, memory)
+            x_feat = self._with_inputs(x_feat, slot, reset, inputs, memory, replayed)
         scores = np.empty(slot.shape[0], np.float32)
         work = self.scratch(slot.shape[0])
         step_batch(self.kernel_weights, state, slot, type_idx, x_feat, reset, scores, work)
         return self.calibrated(scores)
 
-    def _with_inputs(self, x_feat, slot, reset, inputs, memory) -> np.ndarray:
+    def _with_inputs(self, x_feat, slot, reset, inputs, memory, replayed) -> np.ndarray:
         """x_feat widened by the declared inputs' block (model/inputs.py, encode_inputs)."""
         if inputs is None:
             raise ValueError(f"the model declares inputs {self.input_names}; none were given")
         extra, self.input_counts = encode_inputs(
-            self.inputs, self._tables, inputs, slot, reset, memory or {}
+            self.inputs, self._tables, inputs, slot, reset, memory or {}, replayed
         )
         return np.ascontiguousarray(np.concatenate([x_feat, extra], axis=1))
 

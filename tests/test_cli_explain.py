@@ -172,3 +172,39 @@ def test_errors(redis_server, tmp_path: Path):
 
     down = run_cli("explain", "fay", "--redis-url", "redis://127.0.0.1:1")
     assert down.returncode == 2 and "is unreachable" in down.stderr
+
+
+def test_explains_a_rich_models_user_with_the_inputs_it_scored(redis_server, tmp_path: Path):
+    """A format 2 model's user: the replay with the kept inputs is the stored score; a history
+    without them (the layout before inputs) replays them as missing, and says so."""
+    from tests.test_pipeline_inputs import SESSION_GAP, declared, live, rich_events
+    from tests.test_pipeline_inputs import TYPES as RICH_TYPES
+    from worker.engine.compute.actions import session_of
+    from worker.engine.compute.recent import unpack
+
+    inputs = declared(brand_buckets=16, item_buckets=32)
+    model = random_model(RICH_TYPES, hidden=6, features=["gap"], seed=1, inputs=inputs,
+                         session_gap_seconds=SESSION_GAP)  # fmt: skip
+    path = tmp_path / "rich.npz"
+    save_model(model, path)
+    scoring = ScoringModel(model, version=file_version(model, path))
+    events = [e for e in rich_events(200, seed=7) if e["user_id"] in ("u1", "u2")]
+    (state,) = live(events, scoring).cache.lookup(0, ["u1"])
+    assert state is not None
+    recent, score = unpack(state[5]), state[6]
+    assert len(recent) >= 4 and recent.fields
+    r = connect(redis_server.url)
+    r.hset(Keys().config, "partitions", PARTITIONS)
+    write_state(r, "u1", recent, score, scoring.version)
+
+    report = explained(redis_server, "u1", "--model", str(path))
+    (ex,) = leave_one_out(scoring, [session_of(recent, scoring)])
+    assert_report_is(report, ex, recent)
+    assert report["same_score"] and report["inputs_missing"] == [] and report["notes"] == []
+
+    write_state(r, "u1", Recent(recent.prev_ts, recent.ts_raw, recent.names), score,
+                scoring.version)  # fmt: skip
+    bare = explained(redis_server, "u1", "--model", str(path))
+    assert bare["inputs_missing"] == ["price", "brand", "product"]
+    assert any("replay as missing" in n for n in bare["notes"])
+    assert abs(bare["score_all"] - report["score_all"]) > 1e-4

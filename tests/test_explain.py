@@ -14,6 +14,7 @@ import pytest
 
 from model.artifact import Model, random_model, state_shape
 from model.explain import Explanation, Reason, Session, leave_one_out, zero_state_score
+from model.inputs import Stored, stored_values
 from model.reference import reference_step
 from model.scoring import ScoringModel
 
@@ -196,10 +197,32 @@ def test_a_long_session_is_explained_by_its_last_max_events():
     np.testing.assert_array_equal(ex.deltas, want.deltas)
 
 
-def test_a_model_with_declared_inputs_is_explained_by_types_and_gaps():
+def test_a_model_with_declared_inputs_replays_each_events_inputs():
+    """Leaving an event out leaves its inputs out, and the item flags of the events after it
+    are those of the sequence without it: the float64 definition, raw or stored values."""
+    from tests.test_pipeline_inputs import reference_replay as rich_replay
+
     price = {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 3.0, "scale": 1.0}
     inputs = [price, {"kind": "item", "name": "product_id", "buckets": 16, "dim": 2}]
-    model = ScoringModel(random_model(TYPES, hidden=6, features=["gap"], seed=2, inputs=inputs))
-    session = random_session(np.random.default_rng(3), 6)
-    (ex,) = leave_one_out(model, [session])
-    assert len(ex.deltas) == 6 and np.isfinite(ex.deltas).all()
+    model = ScoringModel(random_model(TYPES, hidden=6, features=["gap"], seed=2, inputs=inputs,
+                                      session_gap_seconds=SESSION_GAP))  # fmt: skip
+    rng = np.random.default_rng(3)
+    session = random_session(rng, 8)
+    values = {"price": [None, "12", "abc", "3.5", "", "40", "7", "1"],
+              "product_id": ["a", "b", "a", None, "a", "c", "b", "b"]}  # fmt: skip
+    raw = Session(session.prev_ts, session.types, session.ts, values)
+    forms = {s.name: Stored(stored_values(s, values[s.name])) for s in model.inputs}
+    stored = Session(session.prev_ts, session.types, session.ts, forms)
+    (ex,), (ex_stored,), (blind,) = (leave_one_out(model, [s]) for s in (raw, stored, session))
+    events = [
+        {"type": session.types[j], "ts": session.ts[j]} | {k: v[j] for k, v in values.items()}
+        for j in range(len(session))
+    ]
+    full = rich_replay(model.model, session.prev_ts, events)
+    want = [full - rich_replay(model.model, session.prev_ts, events[:j] + events[j + 1 :])
+            for j in range(len(events))]  # fmt: skip
+    assert ex.score_all == pytest.approx(full, abs=1e-5)
+    np.testing.assert_allclose(ex.deltas, want, atol=1e-5)
+    np.testing.assert_array_equal(ex_stored.deltas, ex.deltas)
+    assert np.abs(blind.deltas - ex.deltas).max() > 1e-3  # without them: another explanation
+    assert raw.tail(3).inputs == {k: v[-3:] for k, v in values.items()}

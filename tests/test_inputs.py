@@ -21,6 +21,7 @@ from model.inputs import (
     ItemInput,
     ItemMemory,
     NumericInput,
+    Stored,
     bucket_ids,
     encode_inputs,
     fnv1a32,
@@ -28,8 +29,10 @@ from model.inputs import (
     input_width,
     item_flags,
     numeric_column,
+    numeric_values,
     pack_items,
     parse_inputs,
+    stored_values,
     table_name,
     table_shapes,
     unpack_items,
@@ -423,3 +426,49 @@ def test_encode_inputs_rejects_what_does_not_fit():
         encode_inputs(inputs, wrong, raw, *args)
     with pytest.raises(ValueError, match="no item memory"):
         encode_inputs(inputs, tables, raw, *args[:2], {})
+
+
+# ---- stored forms ------------------------------------------------------------------------
+
+ODD_PRICES = [b"19.99", None, b"", b"oops", "nan", b"inf", b"-2", 3, 0.25, True, b"1e400", b"7"]
+
+
+@pytest.mark.parametrize("buckets", [(64, 1000), (7, 13)])
+def test_stored_columns_give_the_raw_values_x_and_counts(buckets):
+    """A history keeps numbers parsed and values hashed: any model, whatever its bucket
+    counts, gets from them the block, item flags and counts the raw values give."""
+    inputs = parse_inputs([PRICE, BRAND | {"buckets": buckets[0]},
+                           PRODUCT | {"buckets": buckets[1]}])  # fmt: skip
+    rng = np.random.default_rng(4)
+    n = 60
+    raw = {
+        "price": [ODD_PRICES[i] for i in rng.integers(len(ODD_PRICES), size=n)],
+        "brand": [[b"apple", "samsung", None, b"", 42][i] for i in rng.integers(5, size=n)],
+        "product_id": [[b"p1", b"p2", "p3", None, 17][i] for i in rng.integers(5, size=n)],
+    }
+    tables = {k: rng.normal(size=s).astype(np.float32) for k, s in table_shapes(inputs).items()}
+    slot = rng.integers(3, size=n).astype(np.int64)
+    new_session = rng.random(n) < 0.1
+
+    def block(columns):
+        memory = {"product_id": ItemMemory.empty(3)}
+        x, counts = encode_inputs(inputs, tables, columns, slot, new_session, memory, 10)
+        return x, counts, memory["product_id"].keys.copy()
+
+    stored = {s.name: Stored(stored_values(s, raw[s.name])) for s in inputs}
+    want, got = block(raw), block(stored)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1] and want[1]["price"].bad > 0
+    np.testing.assert_array_equal(got[2], want[2])
+
+
+def test_numeric_values_mark_absent_as_nan_and_unusable_as_infinite():
+    v = numeric_values([b"2.5", None, b"", b"oops", "nan", b"-2"])
+    assert v[0] == 2.5 and np.isnan(v[1:3]).all() and (v[3:5] == np.inf).all() and v[5] == -2
+
+
+def test_counts_start_at_count_from():
+    inputs = parse_inputs([PRICE])
+    raw = {"price": [None, b"oops", b"3", None, b"oops"]}
+    _, counts = encode_inputs(inputs, {}, raw, np.zeros(5, np.int64), np.zeros(5, np.bool_), {}, 2)
+    assert counts == {"price": InputCounts(missing=1, bad=1)}

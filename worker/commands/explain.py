@@ -11,14 +11,15 @@ import sys
 from dataclasses import dataclass
 
 from model.artifact import file_version, load_model
-from model.explain import Explanation, Session, leave_one_out
+from model.explain import Explanation, leave_one_out
 from model.scoring import ScoringModel
 from worker.commands.registry_access import registry_of
 from worker.common.keys import partition_of
 from worker.common.partitions import recorded_partitions
 from worker.common.registry import Registry, RegistryError
 from worker.common.settings import add_setting_flags, load_settings
-from worker.engine.compute.recent import Recent, unpack
+from worker.engine.compute.actions import session_of
+from worker.engine.compute.recent import Recent, form_of, unpack
 
 # Exit code when the user has no state or no kept events: nothing to explain.
 NOTHING_EXIT = 1
@@ -65,8 +66,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             "or their state predates it): nothing to replay"
         )
     scoring = explaining_model(args, registry)
-    recent = state.recent
-    (ex,) = leave_one_out(scoring, [Session(recent.prev_ts, recent.types, recent.ts)])
+    (ex,) = leave_one_out(scoring, [session_of(state.recent, scoring)])
     report = explanation_report(args.user, state, scoring, ex)
     if args.json:
         print(json.dumps(report))
@@ -126,6 +126,12 @@ def history_complete(recent: Recent, scoring: ScoringModel) -> bool:
     return gap_s > 0 and first > recent.prev_ts and (first - recent.prev_ts) / 1000.0 > gap_s
 
 
+def unheld_inputs(recent: Recent, scoring: ScoringModel) -> list[str]:
+    """The model's declared inputs the history does not hold (they replay as absent)."""
+    held = set(recent.fields)
+    return [s.name for s in scoring.inputs if (form_of(s), s.name) not in held]
+
+
 def explanation_report(
     user: str, state: UserState, scoring: ScoringModel, ex: Explanation
 ) -> dict[str, object]:
@@ -151,6 +157,12 @@ def explanation_report(
             f"the stored score was computed by model {state.model or '(none)'}, "
             f"these replays use model {scoring.version}"
         )
+    lacking = unheld_inputs(state.recent, scoring)
+    if lacking:
+        notes.append(
+            f"the kept events do not hold the model's inputs {', '.join(lacking)} (the models "
+            "that scored them did not declare them): they replay as missing"
+        )
     if not complete:
         notes.append(
             "the kept events start inside the session (history-events bounds them): the "
@@ -167,6 +179,7 @@ def explanation_report(
         "score_all": ex.score_all,
         "same_score": stored is not None and abs(stored - ex.score_all) <= SAME,
         "history_complete": complete,
+        "inputs_missing": lacking,
         "prev_ts": session.prev_ts,
         "events": events,
         "reasons": [

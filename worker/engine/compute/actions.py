@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
 from model.explain import Reason, Session, leave_one_out
 from model.scoring import ScoringModel
-from worker.engine.compute.recent import extended, unpack
+from worker.engine.compute.recent import Field, Recent, extended, unpack
 from worker.engine.compute.rules import (
     Firings,
     RuleStates,
@@ -55,6 +56,8 @@ class ScoredEvents:
     ts: np.ndarray  # (E,) int64
     scores: np.ndarray  # (E,) float32
     ts_before: np.ndarray  # (U,) each user's last event time before the batch, -1 = none
+    # the stored values of the scoring models' inputs, one per event (pipeline.stored_columns)
+    columns: Mapping[Field, np.ndarray] = field(default_factory=dict)
 
 
 def rule_states_of(
@@ -66,8 +69,8 @@ def rule_states_of(
     count so far."""
     states = RuleStates.fresh(len(raw), len(table))
     names, columns, counts = table.names, table.columns, n.tolist()
-    for row, field in enumerate(raw):
-        if field and parse_rule_state(field, names, states, row, counts[row], columns):
+    for row, packed in enumerate(raw):
+        if packed and parse_rule_state(packed, names, states, row, counts[row], columns):
             continue
         if recent[row]:
             states.session_n[row] = len(unpack(recent[row]))
@@ -86,10 +89,12 @@ def fire(
 
 
 def sessions_at(
-    firings: Firings, events: ScoredEvents, recent: list[bytes], keep: int, gap_ms: float
-) -> list[Session]:
+    firings: Firings, events: ScoredEvents, recent: list[bytes], keep: int, gap_ms: float,
+    model: ScoringModel,
+) -> list[Session]:  # fmt: skip
     """The session each firing event closes, as the user's `recent` holds it just after that
-    event: the same bounded history whether the events came in one batch or many."""
+    event (with the model's inputs' values): the same bounded history whether the events
+    came in one batch or many."""
     if keep == 0:
         return [Session(-1, [], []) for _ in firings.event]
     slots = events.slot.tolist()
@@ -101,10 +106,17 @@ def sessions_at(
     for e in firings.event.tolist():
         s = slots[e]
         mine = [i for i in by_user[s] if i <= e]
+        columns = {f: values[mine] for f, values in events.columns.items()}
         history = extended(unpack(recent[s]), events.ts[mine].tolist(),
-                           [events.types[i] for i in mine], keep, gap_ms)  # fmt: skip
-        out.append(Session(history.prev_ts, history.types, history.ts))
+                           [events.types[i] for i in mine], keep, gap_ms, columns)  # fmt: skip
+        out.append(session_of(history, model))
     return out
+
+
+def session_of(history: Recent, model: ScoringModel) -> Session:
+    """A kept history as the model replays it: with its declared inputs' stored values."""
+    inputs = history.stored_inputs(model.inputs) if model.input_names else None
+    return Session(history.prev_ts, history.types, history.ts, inputs)
 
 
 @lru_cache(maxsize=4096)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.artifact import label_type_of
+from model.inputs import Stored, stored_values
 from model.scoring import ScoringModel
 from worker.common.dedup import DEFAULT_WINDOW, Memory
 from worker.engine.compute import actions as act
@@ -21,7 +22,18 @@ from worker.engine.compute.actions import Action, ScoredEvents
 from worker.engine.compute.batch import Batch, DeadLetter
 from worker.engine.compute.items import memories_of, packed_items
 from worker.engine.compute.quality import label_samples
-from worker.engine.compute.recent import extend_packed, names_of, unpack
+from worker.engine.compute.recent import (
+    Field,
+    Recent,
+    absent,
+    column_bytes,
+    extend_packed,
+    extend_with_inputs,
+    field_key,
+    form_of,
+    names_of,
+    unpack,
+)
 from worker.engine.compute.rules import RuleTable
 
 NO_HISTORY = b""  # a packed history with no events (compute/recent.py)
@@ -171,53 +183,77 @@ def _drop_producer_retries(
 def _advance(
     model: ScoringModel, h: np.ndarray, last_ts: np.ndarray, recent: list[bytes],
     replay: list[int], slot: np.ndarray, type_idx: np.ndarray, ts: np.ndarray,
-    inputs: dict[str, list] | None = None, memory: dict | None = None,
+    columns: dict[Field, np.ndarray] | None = None, memory: dict | None = None,
 ) -> np.ndarray:  # fmt: skip
     """Advance the states h (and last_ts) over the events in one kernel call; return their
-    scores. Rows in `replay` first restart from zero at the time before their recent events
-    and replay them (their scores are not returned). A model's declared inputs take their
-    values from `inputs` (one per event) and its item memories from `memory`; replayed
-    events have none (their history keeps types and times only)."""
+    scores. Rows in `replay` first restart from zero (their item memories empty) at the time
+    before their recent events and replay them, with the inputs' values the history holds
+    (their scores are not returned). A model's declared inputs take their values from
+    `columns` (stored values, one per event) and its item memories from `memory`."""
     rows = [r for r in replay if recent[r]]
+    histories = [unpack(recent[r]) for r in rows]
     r_slot: list[int] = []
     if rows:
         r_types: list[str] = []
         r_ts: list[int] = []
-        for r in rows:
-            events = unpack(recent[r])
+        for r, events in zip(rows, histories, strict=True):
             h[r] = 0.0
             last_ts[r] = events.prev_ts
             r_slot += [r] * len(events)
             r_types += events.types
             r_ts += events.ts
+        for mem in (memory or {}).values():
+            mem.count[rows] = 0  # rebuilt by the replay, as h is
         slot = np.concatenate([np.asarray(r_slot, np.int64), slot])
         type_idx = np.concatenate([model.type_indices(r_types), type_idx])
         ts = np.concatenate([np.asarray(r_ts, np.int64), ts])
-        if inputs is not None:
-            inputs = {name: [None] * len(r_slot) + values for name, values in inputs.items()}
     if not model.input_names:
         return model.advance(h, last_ts, slot, type_idx, ts)[len(r_slot) :]
-    return model.advance(h, last_ts, slot, type_idx, ts, inputs, memory)[len(r_slot) :]
+    inputs = model_inputs(model, columns or {}, histories, len(ts) - len(r_slot))
+    scores = model.advance(h, last_ts, slot, type_idx, ts, inputs, memory, len(r_slot))
+    return scores[len(r_slot) :]
 
 
-def inputs_of(batch: Batch, idx: np.ndarray, model: ScoringModel) -> dict[str, list] | None:
-    """The raw values of the model's declared inputs for the batch's events `idx` (None for
-    an input the batch was not parsed with: a model swapped in since)."""
-    if not model.input_names:
-        return None
-    rows = idx.tolist()
+def model_inputs(
+    model: ScoringModel, columns: dict[Field, np.ndarray], histories: list[Recent], n: int
+) -> dict[str, Stored]:
+    """Each declared input's stored values for one advance: the replayed histories' events
+    (absent where a history lacks the input), then the n scored events' (`columns`)."""
     out = {}
-    for name in model.input_names:
-        column = batch.inputs.get(name)
-        out[name] = [column[i] for i in rows] if column is not None else [None] * len(rows)
+    for spec in model.inputs:
+        form = form_of(spec)
+        live = columns.get((form, spec.name))
+        parts = [events.stored_inputs([spec])[spec.name].values for events in histories]
+        parts.append(live if live is not None else absent(form, n))
+        out[spec.name] = Stored(np.concatenate(parts) if len(parts) > 1 else parts[0])
+    return out
+
+
+def stored_columns(
+    batch: Batch, idx: np.ndarray, models: list[ScoringModel]
+) -> dict[Field, np.ndarray]:
+    """The stored values (model/inputs.py, Stored forms) of the batch's events `idx` of every
+    input the scoring models declare, each parsed or hashed once; absent for an input the
+    batch was not parsed with (a model swapped in since)."""
+    rows = idx.tolist()
+    out: dict[Field, np.ndarray] = {}
+    for model in models:
+        for spec in model.inputs:
+            key = (form_of(spec), spec.name)
+            if key in out:
+                continue
+            column = batch.inputs.get(spec.name)
+            out[key] = (stored_values(spec, [column[i] for i in rows]) if column is not None
+                        else absent(key[0], len(rows)))  # fmt: skip
     return out
 
 
 def _recent_after(
     states: UserStates, rows: list[int], k_slot: np.ndarray, types: list[str],
-    ts: np.ndarray, keep: int, session_gap_ms: float,
+    ts: np.ndarray, keep: int, session_gap_ms: float, columns: dict[Field, np.ndarray],
 ) -> list[bytes]:  # fmt: skip
-    """The packed `recent` of each written row: its history plus this batch's events."""
+    """The packed `recent` of each written row: its history plus this batch's events (and
+    their stored input values)."""
     if keep == 0:
         return [NO_HISTORY] * len(rows)
     new_ts: dict[int, list[int]] = {}
@@ -229,7 +265,24 @@ def _recent_after(
         else:
             new_ts[s], new_names[s] = [t], [name]
     old = states.recent
-    return [extend_packed(old[r], new_ts[r], new_names[r], keep, session_gap_ms) for r in rows]
+    if not columns:
+        return [extend_packed(old[r], new_ts[r], new_names[r], keep, session_gap_ms) for r in rows]
+    inputs = _new_columns(k_slot, rows, columns)
+    return [extend_with_inputs(old[r], new_ts[r], new_names[r], keep, session_gap_ms, inputs[i])
+            for i, r in enumerate(rows)]  # fmt: skip
+
+
+def _new_columns(
+    k_slot: np.ndarray, rows: list[int], columns: dict[Field, np.ndarray]
+) -> list[dict[bytes, bytes]]:
+    """For each of `rows`, its events' stored values per field_key, as extend_with_inputs
+    takes them: each column reordered by user once, then one slice per user and field."""
+    order = np.argsort(k_slot, kind="stable")
+    by_user = k_slot[order]
+    lo = np.searchsorted(by_user, rows, "left").tolist()
+    hi = np.searchsorted(by_user, rows, "right").tolist()
+    packed = [(field_key(*f), column_bytes(f[0], v[order])) for f, v in columns.items()]
+    return [{key: raw[8 * a : 8 * b] for key, raw in packed} for a, b in zip(lo, hi, strict=True)]
 
 
 def gap_ms(model: ScoringModel) -> float:
@@ -248,7 +301,8 @@ def _act(
     firings = act.fire(rules, rule_states, events, model)
     out: dict = {"rules": act.packed_rows(rules, rule_states, touched, n_after)}
     if len(firings.event):
-        sessions = act.sessions_at(firings, events, states.recent, history_events, gap_ms(model))
+        sessions = act.sessions_at(firings, events, states.recent, history_events, gap_ms(model),
+                                   model)  # fmt: skip
         reasons = act.reasons_json(model, sessions)
         out["actions"] = act.actions_of(rules, firings, events, states.users, event_ids, reasons)
     if shadow is not None:
@@ -292,8 +346,10 @@ def build_commit(
     ts = np.fromiter((batch.ts[i] for i in idx), np.int64, len(idx))
     type_idx = model.type_indices(types)
     memory = memories_of(model.item_inputs, states.items) if model.item_inputs else None
+    sh = states.shadow if shadow is not None else None
+    columns = stored_columns(batch, idx, [model] if sh is None else [model, shadow])
     scores = _advance(model, states.h, states.last_ts, states.recent, states.replay,
-                      k_slot, type_idx, ts, inputs_of(batch, idx, model), memory)  # fmt: skip
+                      k_slot, type_idx, ts, columns, memory)  # fmt: skip
     input_counts = {n: (c.missing, c.bad) for n, c in model.input_counts.items()}
     quality = {
         "current": label_samples(
@@ -308,13 +364,11 @@ def build_commit(
             gap_ms(model),
         )
     }
-    sh = states.shadow if shadow is not None else None
     if sh is not None:
         # its item flags from the stored memories as they were before this batch
         sh_memory = memories_of(shadow.item_inputs, states.items) if shadow.item_inputs else None
         shadow_scores = _advance(shadow, sh.h, sh.last_ts, states.recent, sh.replay, k_slot,
-                                 shadow.type_indices(types), ts, inputs_of(batch, idx, shadow),
-                                 sh_memory)  # fmt: skip
+                                 shadow.type_indices(types), ts, columns, sh_memory)  # fmt: skip
         quality["shadow"] = label_samples(
             k_slot, types, ts, shadow_scores,
             sh.score if sh.score is not None else np.full(len(states.users), np.nan),
@@ -334,7 +388,7 @@ def build_commit(
     score_event_ids = [batch.event_ids[i] or batch.entry_ids[i] for i in idx.tolist()]
     acted: dict = {}
     if rules is not None and len(rules):
-        events = ScoredEvents(k_slot, types, type_idx, ts, scores, ts_before)
+        events = ScoredEvents(k_slot, types, type_idx, ts, scores, ts_before, columns)
         acted = _act(rules, model, states, events, score_event_ids, touched,
                      states.n[touched] + applied, history_events,
                      (shadow, sh, shadow_scores) if sh is not None else None)  # fmt: skip
@@ -367,6 +421,7 @@ def build_commit(
             ts,
             history_events,
             gap_ms(model),
+            columns,
         ),
         score_user=row_of_slot[k_slot],
         score_types=types,

@@ -1,0 +1,110 @@
+"""A user's packed history (compute/recent.py) with the declared inputs' stored values: pack and
+unpack round trips, the layout before inputs, and extensions checked against their definition."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from model.inputs import parse_inputs
+from worker.engine.compute.recent import (
+    HASH,
+    NUMBER,
+    Recent,
+    extend_with_inputs,
+    extended,
+    field_key,
+    names_of,
+    pack,
+    unpack,
+)
+
+PRICE, BRAND = (NUMBER, "price"), (HASH, "brand")
+
+
+def old_layout(prev_ts: int, ts: list[int], types: list[str]) -> bytes:
+    """A `recent` field as written before inputs: head, times, names (no section)."""
+    names = b"".join(bytes([len(t.encode())]) + t.encode() for t in types)
+    return struct.pack(f"<qH{len(ts)}q", prev_ts, len(ts), *ts) + names
+
+
+def test_a_history_with_inputs_round_trips():
+    columns = {PRICE: np.array([2.5, np.nan, np.inf]), BRAND: np.array([7, -1, 2**32 - 1])}
+    recent = Recent.of(500, [1000, 2000, 3000], ["view", "ü-type", "buy"], columns)
+    back = unpack(pack(recent))
+    assert back == recent and back.fields == [PRICE, BRAND]
+    np.testing.assert_array_equal(back.column(*PRICE), columns[PRICE])
+    assert back.column(*BRAND).tolist() == [7, -1, 2**32 - 1]
+    assert back.column(HASH, "price") is None  # keyed by form and name
+
+
+def test_each_input_costs_8_bytes_an_event_and_its_header():
+    ts, types = list(range(1000, 33000, 1000)), ["view"] * 32
+    bare = len(pack(Recent.of(-1, ts, types)))
+    rich = len(pack(Recent.of(-1, ts, types, {PRICE: np.zeros(32), BRAND: np.zeros(32)})))
+    assert rich - bare == 1 + (2 + 5) * 2 + 2 * 8 * 32
+
+
+def test_the_layout_before_inputs_reads_as_a_history_without_them():
+    raw = old_layout(500, [1000, 2000], ["view", "search"])
+    assert unpack(raw) == Recent.of(500, [1000, 2000], ["view", "search"])
+    assert pack(unpack(raw)) == raw  # and a history without inputs is still written so
+    specs = parse_inputs([{"kind": "numeric", "name": "price", "transform": "none",
+                           "mean": 0.0, "scale": 1.0}])  # fmt: skip
+    (stored,) = unpack(raw).stored_inputs(list(specs)).values()
+    assert np.isnan(stored.values).all() and len(stored) == 2
+
+
+def test_old_events_hold_a_field_first_given_with_new_ones_absent():
+    raw = old_layout(500, [1000, 2000], ["view", "search"])
+    new = {field_key(*PRICE): struct.pack("<d", 9.5)}
+    got = unpack(extend_with_inputs(raw, [3000], names_of(["buy"]), 32, 0.0, new))
+    assert got.ts == [1000, 2000, 3000] and got.types == ["view", "search", "buy"]
+    assert np.isnan(got.column(*PRICE)[:2]).all() and got.column(*PRICE)[2] == 9.5
+
+
+def test_a_field_no_scoring_model_declares_is_dropped():
+    recent = Recent.of(-1, [1000], ["view"], {PRICE: np.array([1.0]), BRAND: np.array([3])})
+    only_brand = extended(recent, [2000], ["buy"], 32, 0.0, {BRAND: np.array([4])})
+    assert only_brand.fields == [BRAND] and only_brand.column(*BRAND).tolist() == [3, 4]
+    type_only = extended(recent, [2000], ["buy"], 32, 0.0)
+    assert type_only == Recent.of(-1, [1000, 2000], ["view", "buy"])
+
+
+def test_a_malformed_input_section_reads_as_no_history():
+    good = pack(Recent.of(-1, [1000, 2000], ["a", "b"], {PRICE: np.array([1.0, 2.0])}))
+    head = struct.calcsize("<qH") + 16
+    assert unpack(good[:-3]) == Recent()  # truncated
+    bad_form = good[: head + 1] + b"\x07" + good[head + 2 :]
+    assert unpack(bad_form) == Recent()
+    assert unpack(good + b"x") == Recent()
+
+
+def test_extension_with_inputs_matches_its_definition_on_random_histories():
+    """The times, types and every field's values are those of the kept events (the
+    definition of test_pipeline's type-only check), whatever the old and new field sets."""
+    rng = np.random.default_rng(6)
+    fields = [PRICE, BRAND, (HASH, "product")]
+    for _ in range(500):
+        n_old, n_new = int(rng.integers(0, 6)), int(rng.integers(1, 6))
+        old_ts = np.cumsum(rng.integers(0, 100, n_old)).tolist()
+        new_ts = (np.cumsum(rng.integers(0, 100, n_new)) + (old_ts[-1] if old_ts else 0)).tolist()
+        old_f = [f for f in fields if rng.random() < 0.5]
+        new_f = [f for f in fields if rng.random() < 0.5]
+        values = {f: rng.integers(-1, 50, n_old + n_new).astype(np.float64) for f in fields}
+        old_cols = {f: values[f][:n_old] if f[0] == NUMBER else values[f][:n_old].astype(np.int64)
+                    for f in old_f}  # fmt: skip
+        new_cols = {f: values[f][n_old:] for f in new_f}
+        keep, gap = int(rng.integers(1, 8)), float(rng.choice([0, 30, 60]))
+        old = Recent.of(-1, old_ts, ["o"] * n_old, old_cols)
+        got = extended(old, new_ts, ["n"] * n_new, keep, gap, new_cols)
+        plain = extended(Recent.of(-1, old_ts, ["o"] * n_old), new_ts, ["n"] * n_new, keep, gap)
+        assert (got.prev_ts, got.ts, got.types) == (plain.prev_ts, plain.ts, plain.types)
+        start = n_old + n_new - len(got)
+        assert got.fields == new_f
+        for f in new_f:
+            want = values[f][start:].copy()
+            if f not in old_f:  # the old events did not hold it
+                want[: max(n_old - start, 0)] = np.nan if f[0] == NUMBER else -1
+            np.testing.assert_array_equal(got.column(*f), want)
