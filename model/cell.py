@@ -37,7 +37,8 @@ import numpy as np
 from model.params import CELL_GRU, CELL_LSTM, GATES, Params
 
 # error_model="numpy" lets LLVM vectorise divisions (the Python model adds a zero check per
-# element); fastmath allows reassociation in the tanh polynomial and the dot products.
+# element); fastmath allows reassociation in the tanh polynomial and the per-row sums (each
+# row's own: a row's bits never depend on the other rows of its wave, see _rows_times).
 _JIT = {"cache": True, "fastmath": True, "error_model": "numpy"}
 
 HEAD_IDENTITY = 0
@@ -135,6 +136,21 @@ def _score(w, h_top):
     if head == HEAD_SIGMOID:
         return np.float32(1.0) / (np.float32(1.0) + np.exp(-out))
     return out
+
+
+@nb.njit(cache=True, error_model="numpy")  # no fastmath: one rounding per step, as written
+def _rows_times(A, W, out, m):
+    """out[:m] = A[:m] @ W, each row summed in one fixed order. Not BLAS: it picks its
+    kernels by the matrix's shape, so a row's last bits would depend on how many other users
+    share its wave, and one event's score (and its reasons) on how the events were batched."""
+    K, N = W.shape
+    for i in range(m):
+        for j in range(N):
+            out[i, j] = 0.0
+        for k in range(K):
+            a = A[i, k]
+            for j in range(N):
+                out[i, j] += a * W[k, j]
 
 
 @nb.njit(**_JIT)
@@ -277,7 +293,7 @@ def _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wav
                 state[s, :, :] = 0.0
             for j in range(H):
                 P[i, j] = state[s, 0, j]
-        np.dot(P[:m], W_h0, Z[:m])
+        _rows_times(P, W_h0, Z, m)
         for i in range(m):
             e = order[lo + i]
             s = slot[e]
@@ -298,7 +314,7 @@ def _rnn_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wav
                 for j in range(H):
                     G[i, j] = Z[i, j]
                     G[i, H + j] = state[s, layer, j]
-            np.dot(G[:m], W_up[layer - 1], Z[:m])
+            _rows_times(G, W_up[layer - 1], Z, m)
             for i in range(m):
                 s = slot[order[lo + i]]
                 for j in range(H):
@@ -333,10 +349,10 @@ def _gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wav
                     P[i, j] = state[s, layer, j]
             # one product per gate group: all three gates' recurrent (and input) terms
             if layer == 0:
-                np.dot(P[:m], W_h0, Zh[:m])
+                _rows_times(P, W_h0, Zh, m)
             else:
-                np.dot(B[:m], W_up[layer - 1, :H], Zx[:m])
-                np.dot(P[:m], W_up[layer - 1, H:], Zh[:m])
+                _rows_times(B, W_up[layer - 1, :H], Zx, m)
+                _rows_times(P, W_up[layer - 1, H:], Zh, m)
                 for i in range(m):
                     for c in range(3 * H):
                         Zx[i, c] += b_x[layer, c]
@@ -375,7 +391,7 @@ def _lstm_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wa
                 state[s, :, :] = 0.0
             for j in range(H):
                 P[i, j] = state[s, 0, j]
-        np.dot(P[:m], W_h0, Z[:m])
+        _rows_times(P, W_h0, Z, m)
         for i in range(m):
             e = order[lo + i]
             t = type_idx[e]
@@ -392,7 +408,7 @@ def _lstm_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wa
                     s = slot[order[lo + i]]
                     for j in range(H):
                         G[i, H + j] = state[s, layer, j]
-                np.dot(G[:m], W_up[layer - 1], Z[:m])
+                _rows_times(G, W_up[layer - 1], Z, m)
                 for i in range(m):
                     for c in range(4 * H):
                         Z[i, c] += b_x[layer, c]
