@@ -323,24 +323,32 @@ def input_values(flat: list, names: tuple[bytes, ...]) -> list[bytes | None]:
 
 
 def input_columns(flats: list[list], names: tuple[bytes, ...]) -> list[list[bytes | None]]:
-    """`input_values` of many entries at once, one column per name, in one pass over each
-    entry's fields (an input is never one of the event's own fields, so the publish layout's
-    user_id and type are skipped)."""
-    index = {name: i for i, name in enumerate(names)}
+    """`input_values` of many entries at once, one column per name. Entries of one producer
+    share their fields' order, so where each input sits is worked out once per order."""
+    picks_of: dict[tuple, list[tuple[int, int]] | None] = {}
     columns: list[list[bytes | None]] = [[None] * len(flats) for _ in names]
     for row, flat in enumerate(flats):
-        start = 4 if flat[:1] == [b"user_id"] and flat[2:3] == [b"type"] else 0
-        keys = flat[::2] if not start else ()
-        if b"json" in keys and b"user_id" not in keys:
+        keys = tuple(flat[::2])
+        if keys not in picks_of:
+            picks_of[keys] = _picks(keys, names)
+        picks = picks_of[keys]
+        if picks is None:  # the event is a `json` object
             doc = flat[2 * (len(keys) - 1 - keys[::-1].index(b"json")) + 1]  # the last wins
             for i, value in enumerate(_json_inputs(doc, names).values()):
                 columns[i][row] = value
             continue
-        for k in range(start, len(flat) - 1, 2):
-            i = index.get(flat[k])
-            if i is not None:
-                columns[i][row] = flat[k + 1]
+        for i, at in picks:
+            columns[i][row] = flat[at]
     return [[v if v is None or len(v) <= MAX_INPUT_BYTES else None for v in c] for c in columns]
+
+
+def _picks(keys: tuple, names: tuple[bytes, ...]) -> list[tuple[int, int]] | None:
+    """(input, index of its value) for the fields named `keys` (the last of a repeated name
+    counts); None when the event is in a `json` field."""
+    if b"json" in keys and b"user_id" not in keys:
+        return None
+    at = {key: 2 * j + 1 for j, key in enumerate(keys)}
+    return [(i, at[name]) for i, name in enumerate(names) if name in at]
 
 
 def _json_inputs(raw: bytes, names: tuple[bytes, ...]) -> dict[bytes, bytes | None]:
