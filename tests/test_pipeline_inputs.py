@@ -285,3 +285,19 @@ def test_a_rich_models_reasons_are_the_leave_one_out_deltas_in_float64(old):
         moved += abs(reference_replay(old.model, kept.prev_ts, blind) - full) > 1e-3
         checked += 1
     assert checked >= 15 and moved >= checked // 2
+
+
+def test_a_shadows_item_memories_are_kept_with_the_states(new):
+    """A type-only current model and a shadow with an item input: the states keep the
+    shadow's item memories, as its own run would, so its flags hold across batches."""
+    plain = ScoringModel(random_model(TYPES, hidden=6, features=["gap"], seed=9,
+                                      session_gap_seconds=SESSION_GAP), version="T")  # fmt: skip
+    events = rich_events(200, seed=6)
+    run = Run()
+    for b in batches_of(events, 15, tuple(new.input_names)):
+        run.batch(b, plain, new)
+    alone = live(events, new, size=15)
+    users = sorted({e["user_id"] for e in events})
+    kept = [k[11] for k in run.cache.lookup(0, users)]
+    want = [k[11] for k in alone.cache.lookup(0, users)]
+    assert kept == want and all(kept)

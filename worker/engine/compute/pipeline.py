@@ -364,6 +364,7 @@ def build_commit(
             gap_ms(model),
         )
     }
+    sh_memory = None
     if sh is not None:
         # its item flags from the stored memories as they were before this batch
         sh_memory = memories_of(shadow.item_inputs, states.items) if shadow.item_inputs else None
@@ -399,6 +400,9 @@ def build_commit(
         "misrouted": batch.misrouted,
         "lost": batch.lost,
     }
+    # The shadow's item memories are kept too (under their input names, the current model's
+    # first where both declare one), so its flags survive batches before its promotion.
+    kept = {**(sh_memory or {}), **(memory or {})}
     return Commit(
         partition=batch.partition,
         model=model.version,
@@ -437,8 +441,8 @@ def build_commit(
         shadow_scores=shadow_scores if sh is not None else None,
         shadow_user_scores=shadow_scores[last_event[touched]] if sh is not None else None,
         quality=quality,
-        items=packed_items(memory, touched) if memory else [states.items[s] for s in touched_list],
-        write_items=bool(memory),
+        items=packed_items(kept, touched) if kept else [states.items[s] for s in touched_list],
+        write_items=bool(kept),
         input_counts=input_counts,
         **acted,
     )
