@@ -93,10 +93,14 @@ class NumericInput(BaseModel):
     @classmethod
     def fit(cls, name: str, transform: Literal["log1p", "none"], values: Sequence) -> NumericInput:
         """The declaration standardising `values` (a training set's): the mean and standard
-        deviation of its usable transformed values (scale 1 when they do not vary)."""
+        deviation of its usable transformed values, from 200 of them on clipped to their
+        0.5-99.5 percentiles first, so that a few absurd prices do not set the scale (scale 1
+        when they do not vary)."""
         probe = cls(name=name, transform=transform, mean=0.0, scale=1.0)
         v, missing, _ = numeric_column(probe, values)
         used = v[missing == 0].astype(np.float64)
+        if used.size >= 200:
+            used = np.clip(used, *np.percentile(used, [0.5, 99.5]))
         mean = float(used.mean()) if used.size else 0.0
         std = float(used.std()) if used.size else 0.0
         return cls(name=name, transform=transform, mean=mean, scale=std if std > 1e-12 else 1.0)

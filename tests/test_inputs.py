@@ -118,6 +118,15 @@ def test_numeric_fit_standardises_the_training_values():
     assert NumericInput.fit("price", "none", [None]).model_dump()["mean"] == 0.0
 
 
+def test_a_few_absurd_values_do_not_set_the_numeric_scale():
+    rng = np.random.default_rng(0)
+    prices = rng.lognormal(3.0, 0.5, 2000)
+    sane = NumericInput.fit("price", "none", prices.tolist())
+    spoilt = NumericInput.fit("price", "none", [*prices.tolist(), 1e12, 1e15, 1e300])
+    assert spoilt.scale == pytest.approx(sane.scale, rel=0.05)
+    assert spoilt.mean == pytest.approx(sane.mean, rel=0.05)
+
+
 # ---- the stable hash ---------------------------------------------------------------------
 
 
