@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from model.artifact import load_model, random_model, save_model
+from tests.actions_check import action_entries
 from tests.conftest import run_cli
+from tests.test_actions_live import as_entries
 from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
 from worker.commands.history import read_history
@@ -100,6 +102,12 @@ def test_the_worker_scores_declared_inputs_as_score_does_across_restarts(redis_s
     assert some and b"product_id" in some
     assert metrics.get('intentstream_input_values_total{input="price",outcome="bad"}', 0) > 0
     assert sum(r.xlen(f"intentstream:actions:{{{p}}}") for p in range(P)) > 10
+    # the backtest replays the retained events with their fields: the same actions, each
+    # with the same reasons, as the two workers wrote
+    report = run_cli("rules", "backtest", "--redis-url", redis_server.url, "--from-redis",
+                     "--model", str(path), "--json")  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert as_entries(json.loads(report.stdout)) == action_entries(r, P)
 
 
 def test_train_from_redis_reads_the_declared_inputs_the_streams_carry(redis_server, tmp_path):

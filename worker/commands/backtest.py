@@ -55,21 +55,32 @@ def file_entries(
 ) -> dict[int, list]:
     """Each partition's stream entries of event files (JSON lines, or CSV: `--format`), in
     file order; bad lines are reported on stderr and skipped."""
-    events = [Event(**{k: e[k] for k in ("user_id", "type", "ts", "event_id") if k in e})
-              for e in read_event_files(paths, format, columns)]  # fmt: skip
-    return event_entries(events, partitions)
+    read = read_event_files(paths, format, columns)
+    events = [Event(**{k: e[k] for k in EVENT_KEYS if k in e}) for e in read]
+    extras = [{k: v for k, v in e.items() if k not in EVENT_KEYS} for e in read]
+    return event_entries(events, partitions, extras)
 
 
-def event_entries(events: Iterable[Event], partitions: int) -> dict[int, list]:
+EVENT_KEYS = ("user_id", "type", "ts", "event_id")
+
+
+def event_entries(
+    events: Iterable[Event], partitions: int, extras: Iterable[dict] | None = None
+) -> dict[int, list]:
     """Each partition's stream entries of the events, in order, with ids 1-0, 2-0, ...: the
-    fields a producer would send (user_id, type, ts, event_id)."""
+    fields a producer would send (user_id, type, ts, event_id, then each event's `extras`,
+    the declared inputs' fields, as text)."""
     streams: dict[int, list] = {p: [] for p in range(partitions)}
+    more = iter(extras) if extras is not None else None
     for number, e in enumerate(events, start=1):
         fields = [b"user_id", e.user_id.encode(), b"type", e.type.encode()]
         if e.ts is not None:
             fields += [b"ts", str(e.ts).encode()]
         if e.event_id is not None:
             fields += [b"event_id", e.event_id.encode()]
+        for k, v in next(more).items() if more is not None else ():
+            if v is not None:
+                fields += [k.encode(), str(v).encode()]
         streams[partition_of(e.user_id, partitions)].append([f"{number}-0".encode(), fields])
     return streams
 
@@ -89,11 +100,15 @@ def redis_entries(client, keys: Keys, partitions: int, page: int = 10_000) -> di
     return streams
 
 
-def batches_of(streams: dict[int, list], partitions: int, size: int, skew: int) -> Iterator[Batch]:
-    """Each partition's entries parsed in batches of `size`, as the worker reads them."""
+def batches_of(
+    streams: dict[int, list], partitions: int, size: int, skew: int,
+    input_names: tuple[str, ...] = (),
+) -> Iterator[Batch]:  # fmt: skip
+    """Each partition's entries parsed in batches of `size`, as the worker reads them (with
+    the values of the model's declared inputs)."""
     for p, entries in streams.items():
         for i in range(0, len(entries), size):
-            yield parse_batch(p, entries[i : i + size], partitions, skew)
+            yield parse_batch(p, entries[i : i + size], partitions, skew, input_names)
 
 
 def action_record(action, model: str) -> dict:
@@ -126,8 +141,9 @@ def cmd_rules_backtest(args: argparse.Namespace) -> int:
         streams = file_entries(args.data, partitions, args.format, args.columns)
         skew = NO_SKEW_LIMIT
     table = RuleTable.of(ruleset.rules, ruleset.version)
-    run = replay(batches_of(streams, partitions, settings.batch_size, skew), model, table,
-                 settings.history_events, settings.event_id_window)  # fmt: skip
+    batches = batches_of(streams, partitions, settings.batch_size, skew,
+                         tuple(model.input_names))  # fmt: skip
+    run = replay(batches, model, table, settings.history_events, settings.event_id_window)
     report = backtest_report(run, ruleset, model)
     if args.json:
         print(json.dumps(report))
