@@ -42,6 +42,7 @@ from worker.engine.adapters.commit import (
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
 from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
+from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.rule_source import RuleSource
 from worker.engine.adapters.states import PartitionDataError, StateReader
@@ -101,7 +102,8 @@ class Consumer:
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
-        self.readahead = ReadAhead(client, self.keys, self.states, self.reader, self.committer)
+        self.nodes = PartitionNodes(client, self.keys)
+        self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
         self.tally = Tally(self.metrics, self.quality)
@@ -243,25 +245,28 @@ class Consumer:
             self._guarded(p, self._claim_idle, p, now)
         parts = self._readable()
         self.parts.keep_only(parts)
-        if not self.parts.queued():
-            self.parts.enqueue(self._read(parts))
+        unfed = self._unfed(parts)
+        if unfed:
+            self.parts.enqueue(self._by_node(self._read(unfed)))
         if self.cluster:
             self._wait_when_idle()
         for _ in range(self.parts.queued()):  # what is queued now; reads ahead wait a round
             batch = self.parts.pop()
             if batch is None:
                 break  # a failure dropped the rest
-            still = self._readable()
-            # A commit travels with a read ahead while at most one batch is queued (new
-            # entries only: pending ones are read in order), and the next queued batch is
-            # computed while Redis runs it.
+            node = self.nodes.name(batch.partition)
+            still = self.nodes.on_node(node, self._readable())
+            # A commit travels with a read ahead of its node's partitions while at most one
+            # batch of them is queued (new entries only: pending ones are read in order),
+            # and the next queued batch, if of that node, is computed while Redis runs it.
             read_ahead = (
-                self.parts.queued() <= 1
-                and not self.cluster  # there the next read goes to other nodes
+                self.parts.queued(set(still)) <= 1
                 and bool(still)
                 and not any(self.parts[p].cursor.draining for p in still)
             )
             upcoming = self.parts.peek()
+            if upcoming is not None and self.nodes.name(upcoming.partition) != node:
+                upcoming = None  # on another node: no one connection to pipeline on
             self._guarded(batch.partition, self.process, batch,
                           still if read_ahead else None, upcoming)  # fmt: skip
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
@@ -290,6 +295,19 @@ class Consumer:
         self.metrics.bad_keys.inc()
         log.error("partition stopped by bad data; retrying later",
                   extra={"partition": p, "error": detail, "retry_in_s": backoff})  # fmt: skip
+
+    def _unfed(self, parts: list[int]) -> list[int]:
+        """The partitions to read this round: those of the nodes with no batch queued (a
+        node with batches queued is read ahead, with their commits)."""
+        fed = {self.nodes.name(p) for p in parts if self.parts[p].queued}
+        return [p for p in parts if self.nodes.name(p) not in fed] if fed else parts
+
+    def _by_node(self, batches: list[Batch]) -> list[Batch]:
+        """Batches of one node next to each other (each partition's in order), so that each
+        commit but a node's last can compute the next batch while Redis runs it."""
+        if not self.cluster:
+            return batches
+        return sorted(batches, key=lambda b: self.nodes.name(b.partition))
 
     def _read(self, parts: list[int]) -> list[Batch]:
         """One XREADGROUP over the partitions; a partition whose stream key holds another
@@ -465,8 +483,7 @@ class Consumer:
         upcoming batch when given. A reply lost on the way leaves the commit unsettled:
         counted if it applied."""
         try:
-            # a cluster's partitions are on different nodes, with no one connection
-            if prefetch_for or (upcoming is not None and not self.cluster):
+            if prefetch_for or upcoming is not None:  # of the commit's node (see tick)
                 return self._commit_and_prefetch(commit, prefetch_for or [], upcoming, prepared)
             return self.committer.run(commit)
         except _REDIS_DOWN:
@@ -481,14 +498,24 @@ class Consumer:
         batch's states, which is computed while Redis runs the commit (readahead.py) and
         kept if it applied. Any failure rewinds: what was read is read again, in order."""
         plan = None
-        if upcoming is not None and upcoming.partition in self.ownership.owned and not self.cluster:
+        if upcoming is not None and upcoming.partition in self.ownership.owned:
             plan = self.readahead.plan(commit, upcoming)
         cursors = [self.parts[p].cursor for p in parts]
-        count = self.s.batch_size * (1 if self.parts.queued() else 2)  # keep two batches known
+        # keep two batches of the node known
+        count = self.s.batch_size * (1 if self.parts.queued(set(parts)) else 2)
         try:
+            node = self.nodes.client(commit.partition)
             sent = self.readahead.exchange(
-                commit, prepared, plan, cursors, count, self.s.batch_size, self.models
+                node, commit, prepared, plan, cursors, count, self.s.batch_size, self.models
             )
+        except REDIRECTS as exc:
+            # The node no longer serves the commit's slot (a resharding, a failover): the
+            # commit did not run. Sent again by the cluster client, which follows MOVED and
+            # ASK, retries TRYAGAIN and re-reads its slot map; what was read is read again.
+            log.info("commit redirected; sent through the cluster client",
+                     extra={"partition": commit.partition, "error": str(exc)})  # fmt: skip
+            self._rewind()
+            return self.committer.run(commit)
         except BaseException as exc:
             if isinstance(exc, CommitRefusedError):  # noscript: lost (restart, SCRIPT FLUSH)
                 self._scripts_loaded = False
