@@ -1,8 +1,12 @@
-"""The read-ahead on a Redis Cluster: a commit travels on its node's connection with the
-reads of that node's partitions only, and a stale slot map (as after a resharding) redirects
-it, when it is sent again through the cluster client: every event is scored once, as offline."""
+"""The cluster path in one worker: a commit travels on its node's connection with the reads of
+that node's partitions only, and a stale slot map (as after a resharding) redirects it, when
+it is sent again through the cluster client: every event is scored once, as offline. Idle
+partitions wait in blocking reads of their own, answered as soon as an entry comes."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -32,9 +36,9 @@ def cluster():
         yield c
 
 
-def cluster_consumer(url: str, model_path) -> Consumer:
-    s = Settings(redis_url=url, cluster=True, model=model_path, metrics_port=0, block_ms=100,
-                 consumer="c1", partitions=P, batch_size=60)  # fmt: skip
+def cluster_consumer(url: str, model_path, block_ms: int = 100) -> Consumer:
+    s = Settings(redis_url=url, cluster=True, model=model_path, metrics_port=0,
+                 block_ms=block_ms, consumer="c1", partitions=P, batch_size=60)  # fmt: skip
     consumer = Consumer(s, connect(url, cluster=True), FileModelSource(model_path), WorkerMetrics())
     consumer.model.warm_up()
     return consumer
@@ -112,3 +116,31 @@ def test_a_stale_slot_map_redirects_the_commit_and_nothing_doubles(cluster, mode
     assert sum(isinstance(e, Exception) for e in exchanges) > 3  # redirected (MOVED)
     assert_scored_once_as_offline(r, events, model_path)
     assert consumer.metrics.count("scored") == len(events)
+
+
+def test_idle_partitions_wait_in_blocking_reads_woken_by_an_entry(cluster, model_path):
+    r = connect(cluster.url, cluster=True)
+    r.flushall(target_nodes=r.PRIMARIES)
+    consumer = cluster_consumer(cluster.url, model_path, block_ms=3000)
+    consumer.tick()  # takes the partitions, which are idle: each parks a read, for 3 s
+    parked = []
+    collect = consumer.parked.collect
+    consumer.parked.collect = lambda *a: parked.append(len(consumer.parked)) or collect(*a)
+    event = {"user_id": "alice", "type": "view", "ts": 1_700_000_000_000, "event_id": "a1"}
+    later = threading.Timer(0.3, publish, (r, [event]), {"partitions": P})
+    later.start()
+    t0 = time.monotonic()
+    while consumer.metrics.count("scored") < 1:
+        consumer.tick()
+        assert time.monotonic() - t0 < 2, "not woken by the entry"
+    assert parked[0] == P
+    later.join()
+    assert len(score_entries(r, partitions=P)) == 1
+    # a rewind (as after an error) lets every parked read go; nothing is lost
+    consumer._rewind()
+    assert len(consumer.parked) == 0
+    publish(r, [event | {"event_id": "a2", "ts": event["ts"] + 1}], partitions=P)
+    while consumer.metrics.count("scored") < 2:
+        consumer.tick()
+        assert time.monotonic() - t0 < 10, "stuck"
+    assert len(score_entries(r, partitions=P)) == 2

@@ -44,6 +44,7 @@ from worker.engine.adapters.metrics import Health, WorkerMetrics
 from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
+from worker.engine.adapters.parked import ParkedReads
 from worker.engine.adapters.rule_source import RuleSource
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.streams import Cursor, StreamReader
@@ -92,7 +93,7 @@ class Consumer:
         self.reader = StreamReader(client, self.keys, s.group, s.consumer, s.partitions,
                                    s.max_ts_skew_ms)  # fmt: skip
         self.cluster = is_cluster(client)
-        self._idle = 0.0  # how long the last empty round waited (cluster mode)
+        self.parked = ParkedReads(self.reader)  # idle partitions' blocking reads (cluster)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
         self.quality = LiveQuality()
         self.models = Models(model_source, client, s, self.metrics, self.quality, self.cache)
@@ -193,6 +194,7 @@ class Consumer:
 
     def _rewind(self) -> None:
         """Re-read own pending entries first: they may hold a batch that did not commit."""
+        self.parked.release_all()
         for part in self.parts:
             part.forget()
 
@@ -203,6 +205,7 @@ class Consumer:
             self._settle()
         except (redis.RedisError, PartitionDataError) as exc:
             log.warning("read entries left pending at stop", extra={"error": str(exc)})
+        self.parked.release_all()  # what they delivered stays pending, for the next holder
         try:
             self.ownership.release_all()
         except redis.RedisError as exc:
@@ -245,17 +248,19 @@ class Consumer:
             self._guarded(p, self._claim_idle, p, now)
         parts = self._readable()
         self.parts.keep_only(parts)
-        unfed = self._unfed(parts)
+        self._unpark(parts)
+        unfed = self._unfed([p for p in parts if p not in self.parked])
         if unfed:
-            self.parts.enqueue(self._by_node(self._read(unfed)))
-        if self.cluster:
-            self._wait_when_idle()
+            batches = self._read(unfed)
+            self.parts.enqueue(self._by_node(batches))
+            self._park(unfed, batches)
+        self._collect_parked(parts)
         for _ in range(self.parts.queued()):  # what is queued now; reads ahead wait a round
             batch = self.parts.pop()
             if batch is None:
                 break  # a failure dropped the rest
             node = self.nodes.name(batch.partition)
-            still = self.nodes.on_node(node, self._readable())
+            still = [p for p in self.nodes.on_node(node, self._readable()) if p not in self.parked]
             # A commit travels with a read ahead of its node's partitions while at most one
             # batch of them is queued (new entries only: pending ones are read in order),
             # and the next queued batch, if of that node, is computed while Redis runs it.
@@ -328,15 +333,34 @@ class Consumer:
         self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
         return batches
 
-    def _wait_when_idle(self) -> None:
-        """Cluster reads do not block: after an empty round wait a little, 1 ms doubling to
-        at most 50 ms (or block-ms), so an idle worker polls gently and a busy one never
-        waits."""
-        if self.parts.queued() or any(part.cursor.draining for part in self.parts):
-            self._idle = 0.0
+    def _park(self, read: list[int], batches: list[Batch]) -> None:
+        """Cluster: give each partition this round's read found idle a blocking read of its
+        own (adapters/parked.py), answered as soon as an entry comes."""
+        if not self.cluster:
+            return  # there the round's one read blocks while all are idle
+        got = {b.partition for b in batches}
+        for p in read:
+            cursor = self.parts[p].cursor
+            if p not in got and not cursor.draining:
+                self.parked.park(self.nodes.client(p), cursor, self.s.batch_size, self.s.block_ms)
+
+    def _unpark(self, parts: list[int]) -> None:
+        """Let go the parked reads of partitions not readable or re-reading their own
+        pending entries (claimed, taken over): those are read in order, by plain reads."""
+        keep = {p for p in parts if not self.parts[p].cursor.draining}
+        for part in self.parts:
+            if part.number in self.parked and part.number not in keep:
+                self.parked.release(part.number)
+
+    def _collect_parked(self, parts: list[int]) -> None:
+        """Queue what the parked reads answered; when there is nothing else to do (every
+        readable partition parked), wait for the first answer, up to block-ms (and the
+        time for Redis's nil to come once it passed)."""
+        if not len(self.parked):
             return
-        self._idle = min(max(0.001, self._idle * 2), min(0.05, self.s.block_ms / 1000))
-        self._stop.wait(self._idle)
+        idle = not self.parts.queued() and all(p in self.parked for p in parts)
+        timeout = self.s.block_ms / 1000 + 0.05 if idle and not self._stop.is_set() else 0.0
+        self.parts.enqueue(self._by_node(self.parked.collect(timeout, self.s.batch_size)))
 
     def _process_queued(self) -> None:
         """Process the queued batches of readable partitions, in order, reading no more."""
@@ -389,6 +413,7 @@ class Consumer:
 
     def _let_go(self, p: int) -> None:
         """Forget a partition this worker no longer holds (its gauges are another's now)."""
+        self.parked.release(p)
         self.ownership.forget(p)
         self.parts[p].forget()
         for gauge in (self.metrics.lag, self.metrics.pending):
