@@ -6,8 +6,11 @@ users' states (adapters/states.py), build the Commit with one kernel call (compu
 and apply it atomically and conditionally (adapters/commit.py), counted once (tally.py). Two
 batches are kept known: a commit goes out behind the read of the next batch's states and a
 read of new entries, and while Redis runs it the worker computes the next batch, used only if
-the commit applied (readahead.py). All the worker holds of a partition is a Partition
-(partition.py), forgotten in one call when it may no longer hold.
+the commit applied (readahead.py). On a Redis Cluster all that is per node (the node of the
+commit's partition, adapters/nodes.py): queued batches are grouped by node, a node is read
+when none of its batches is queued, and idle partitions wait in blocking reads of their own
+(adapters/parked.py). All the worker holds of a partition is a Partition (partition.py),
+forgotten in one call when it may no longer hold.
 
 A commit that applied nothing never loses an entry: the entries stay pending for this
 consumer and are read again, in order, before new ones. Redis outages back off and retry;

@@ -23,7 +23,11 @@ plain read; states that moved are read again in the batch's turn). Any other fai
 disconnects, since a reply may still be in flight, and raises: the caller rewinds, so the
 entries read stay pending for this consumer and are read again, in order.
 
-Only on one Redis: a cluster's partitions are on different nodes, with no one connection.
+On a Redis Cluster the exchange goes to the node that holds the commit's partition
+(adapters/nodes.py), with the reads of that node's partitions only, one XREADGROUP each (a
+command's keys share a slot). A node that no longer serves the commit's slot (a resharding,
+a failover) answers MOVED, ASK or TRYAGAIN: the commit did not run, and the caller rewinds
+and sends it through the cluster client.
 """
 
 from __future__ import annotations

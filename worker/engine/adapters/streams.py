@@ -8,7 +8,8 @@ On one Redis a round is one XREADGROUP over every held partition, blocking while
 idle. On a Redis Cluster the partitions' streams live in different slots, so a round is one
 XREADGROUP per partition, sent as a pipeline that redis-py splits by node and sends to all
 nodes before reading any reply; those reads never block (a blocked read would hold up the
-other partitions on its node), and an idle round waits instead (see Consumer).
+other partitions on its node): a partition they find idle waits in a blocking read of its
+own (adapters/parked.py).
 """
 
 from __future__ import annotations
