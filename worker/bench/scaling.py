@@ -74,9 +74,9 @@ class Run:
 class Servers:
     """The private Redis or cluster, its nodes by role, and a client."""
 
-    def __init__(self, cluster: bool) -> None:
+    def __init__(self, cluster: bool, replicas: int = 1) -> None:
         self.cluster = cluster
-        self.handle = LocalCluster().start() if cluster else LocalRedis().start()
+        self.handle = LocalCluster(replicas=replicas).start() if cluster else LocalRedis().start()
         self.url = self.handle.url
         self.client: Client = connect(self.url, socket_timeout=30, cluster=cluster)
         ports = [n.port for n in self.handle.nodes] if cluster else [self.handle.port]
@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2,4", help="comma-separated worker counts")
     p.add_argument("--partitions", type=int, default=8, help="partitions of the streams")
     p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="replicas per master with --cluster (0: none)")  # fmt: skip
     p.add_argument("--events", type=int, default=200_000, help="backlog size")
     p.add_argument("--users", type=int, default=50_000, help="distinct users in the backlog")
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the random model")
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="latency phase rate, as a fraction of the backlog rate")  # fmt: skip
     args = p.parse_args(argv)
     counts = [int(n) for n in args.workers.split(",") if n.strip()]
-    servers = Servers(args.cluster)
+    servers = Servers(args.cluster, args.replicas)
     try:
         with TemporaryDirectory() as tmp:
             model = Path(tmp) / "bench.npz"

@@ -6,8 +6,11 @@ users' states (adapters/states.py), build the Commit with one kernel call (compu
 and apply it atomically and conditionally (adapters/commit.py), counted once (tally.py). Two
 batches are kept known: a commit goes out behind the read of the next batch's states and a
 read of new entries, and while Redis runs it the worker computes the next batch, used only if
-the commit applied (readahead.py). All the worker holds of a partition is a Partition
-(partition.py), forgotten in one call when it may no longer hold.
+the commit applied (readahead.py). On a Redis Cluster all that is per node (the node of the
+commit's partition, adapters/nodes.py): queued batches are grouped by node, a node is read
+when none of its batches is queued, and idle partitions wait in blocking reads of their own
+(adapters/parked.py). All the worker holds of a partition is a Partition (partition.py),
+forgotten in one call when it may no longer hold.
 
 A commit that applied nothing never loses an entry: the entries stay pending for this
 consumer and are read again, in order, before new ones. Redis outages back off and retry;
@@ -42,7 +45,9 @@ from worker.engine.adapters.commit import (
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
 from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
+from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
+from worker.engine.adapters.parked import ParkedReads
 from worker.engine.adapters.rule_source import RuleSource
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.streams import Cursor, StreamReader
@@ -91,7 +96,7 @@ class Consumer:
         self.reader = StreamReader(client, self.keys, s.group, s.consumer, s.partitions,
                                    s.max_ts_skew_ms)  # fmt: skip
         self.cluster = is_cluster(client)
-        self._idle = 0.0  # how long the last empty round waited (cluster mode)
+        self.parked = ParkedReads(self.reader)  # idle partitions' blocking reads (cluster)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
         self.quality = LiveQuality()
         self.models = Models(model_source, client, s, self.metrics, self.quality, self.cache)
@@ -101,7 +106,8 @@ class Consumer:
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
-        self.readahead = ReadAhead(client, self.keys, self.states, self.reader, self.committer)
+        self.nodes = PartitionNodes(client, self.keys)
+        self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
         self.tally = Tally(self.metrics, self.quality)
@@ -191,6 +197,7 @@ class Consumer:
 
     def _rewind(self) -> None:
         """Re-read own pending entries first: they may hold a batch that did not commit."""
+        self.parked.release_all()
         for part in self.parts:
             part.forget()
 
@@ -201,6 +208,7 @@ class Consumer:
             self._settle()
         except (redis.RedisError, PartitionDataError) as exc:
             log.warning("read entries left pending at stop", extra={"error": str(exc)})
+        self.parked.release_all()  # what they delivered stays pending, for the next holder
         try:
             self.ownership.release_all()
         except redis.RedisError as exc:
@@ -243,25 +251,30 @@ class Consumer:
             self._guarded(p, self._claim_idle, p, now)
         parts = self._readable()
         self.parts.keep_only(parts)
-        if not self.parts.queued():
-            self.parts.enqueue(self._read(parts))
-        if self.cluster:
-            self._wait_when_idle()
+        self._unpark(parts)
+        unfed = self._unfed([p for p in parts if p not in self.parked])
+        if unfed:
+            batches = self._read(unfed)
+            self.parts.enqueue(self._by_node(batches))
+            self._park(unfed, batches)
+        self._collect_parked(parts)
         for _ in range(self.parts.queued()):  # what is queued now; reads ahead wait a round
             batch = self.parts.pop()
             if batch is None:
                 break  # a failure dropped the rest
-            still = self._readable()
-            # A commit travels with a read ahead while at most one batch is queued (new
-            # entries only: pending ones are read in order), and the next queued batch is
-            # computed while Redis runs it.
+            node = self.nodes.name(batch.partition)
+            still = [p for p in self.nodes.on_node(node, self._readable()) if p not in self.parked]
+            # A commit travels with a read ahead of its node's partitions while at most one
+            # batch of them is queued (new entries only: pending ones are read in order),
+            # and the next queued batch, if of that node, is computed while Redis runs it.
             read_ahead = (
-                self.parts.queued() <= 1
-                and not self.cluster  # there the next read goes to other nodes
+                self.parts.queued(set(still)) <= 1
                 and bool(still)
                 and not any(self.parts[p].cursor.draining for p in still)
             )
             upcoming = self.parts.peek()
+            if upcoming is not None and self.nodes.name(upcoming.partition) != node:
+                upcoming = None  # on another node: no one connection to pipeline on
             self._guarded(batch.partition, self.process, batch,
                           still if read_ahead else None, upcoming)  # fmt: skip
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
@@ -291,6 +304,19 @@ class Consumer:
         log.error("partition stopped by bad data; retrying later",
                   extra={"partition": p, "error": detail, "retry_in_s": backoff})  # fmt: skip
 
+    def _unfed(self, parts: list[int]) -> list[int]:
+        """The partitions to read this round: those of the nodes with no batch queued (a
+        node with batches queued is read ahead, with their commits)."""
+        fed = {self.nodes.name(p) for p in parts if self.parts[p].queued}
+        return [p for p in parts if self.nodes.name(p) not in fed] if fed else parts
+
+    def _by_node(self, batches: list[Batch]) -> list[Batch]:
+        """Batches of one node next to each other (each partition's in order), so that each
+        commit but a node's last can compute the next batch while Redis runs it."""
+        if not self.cluster:
+            return batches
+        return sorted(batches, key=lambda b: self.nodes.name(b.partition))
+
     def _read(self, parts: list[int]) -> list[Batch]:
         """One XREADGROUP over the partitions; a partition whose stream key holds another
         type is found and stopped alone."""
@@ -310,15 +336,34 @@ class Consumer:
         self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
         return batches
 
-    def _wait_when_idle(self) -> None:
-        """Cluster reads do not block: after an empty round wait a little, 1 ms doubling to
-        at most 50 ms (or block-ms), so an idle worker polls gently and a busy one never
-        waits."""
-        if self.parts.queued() or any(part.cursor.draining for part in self.parts):
-            self._idle = 0.0
+    def _park(self, read: list[int], batches: list[Batch]) -> None:
+        """Cluster: give each partition this round's read found idle a blocking read of its
+        own (adapters/parked.py), answered as soon as an entry comes."""
+        if not self.cluster:
+            return  # there the round's one read blocks while all are idle
+        got = {b.partition for b in batches}
+        for p in read:
+            cursor = self.parts[p].cursor
+            if p not in got and not cursor.draining:
+                self.parked.park(self.nodes.client(p), cursor, self.s.batch_size, self.s.block_ms)
+
+    def _unpark(self, parts: list[int]) -> None:
+        """Let go the parked reads of partitions not readable or re-reading their own
+        pending entries (claimed, taken over): those are read in order, by plain reads."""
+        keep = {p for p in parts if not self.parts[p].cursor.draining}
+        for part in self.parts:
+            if part.number in self.parked and part.number not in keep:
+                self.parked.release(part.number)
+
+    def _collect_parked(self, parts: list[int]) -> None:
+        """Queue what the parked reads answered; when there is nothing else to do (every
+        readable partition parked), wait for the first answer, up to block-ms (and the
+        time for Redis's nil to come once it passed)."""
+        if not len(self.parked):
             return
-        self._idle = min(max(0.001, self._idle * 2), min(0.05, self.s.block_ms / 1000))
-        self._stop.wait(self._idle)
+        idle = not self.parts.queued() and all(p in self.parked for p in parts)
+        timeout = self.s.block_ms / 1000 + 0.05 if idle and not self._stop.is_set() else 0.0
+        self.parts.enqueue(self._by_node(self.parked.collect(timeout, self.s.batch_size)))
 
     def _process_queued(self) -> None:
         """Process the queued batches of readable partitions, in order, reading no more."""
@@ -371,6 +416,7 @@ class Consumer:
 
     def _let_go(self, p: int) -> None:
         """Forget a partition this worker no longer holds (its gauges are another's now)."""
+        self.parked.release(p)
         self.ownership.forget(p)
         self.parts[p].forget()
         for gauge in (self.metrics.lag, self.metrics.pending):
@@ -465,8 +511,7 @@ class Consumer:
         upcoming batch when given. A reply lost on the way leaves the commit unsettled:
         counted if it applied."""
         try:
-            # a cluster's partitions are on different nodes, with no one connection
-            if prefetch_for or (upcoming is not None and not self.cluster):
+            if prefetch_for or upcoming is not None:  # of the commit's node (see tick)
                 return self._commit_and_prefetch(commit, prefetch_for or [], upcoming, prepared)
             return self.committer.run(commit)
         except _REDIS_DOWN:
@@ -481,14 +526,24 @@ class Consumer:
         batch's states, which is computed while Redis runs the commit (readahead.py) and
         kept if it applied. Any failure rewinds: what was read is read again, in order."""
         plan = None
-        if upcoming is not None and upcoming.partition in self.ownership.owned and not self.cluster:
+        if upcoming is not None and upcoming.partition in self.ownership.owned:
             plan = self.readahead.plan(commit, upcoming)
         cursors = [self.parts[p].cursor for p in parts]
-        count = self.s.batch_size * (1 if self.parts.queued() else 2)  # keep two batches known
+        # keep two batches of the node known
+        count = self.s.batch_size * (1 if self.parts.queued(set(parts)) else 2)
         try:
+            node = self.nodes.client(commit.partition)
             sent = self.readahead.exchange(
-                commit, prepared, plan, cursors, count, self.s.batch_size, self.models
+                node, commit, prepared, plan, cursors, count, self.s.batch_size, self.models
             )
+        except REDIRECTS as exc:
+            # The node no longer serves the commit's slot (a resharding, a failover): the
+            # commit did not run. Sent again by the cluster client, which follows MOVED and
+            # ASK, retries TRYAGAIN and re-reads its slot map; what was read is read again.
+            log.info("commit redirected; sent through the cluster client",
+                     extra={"partition": commit.partition, "error": str(exc)})  # fmt: skip
+            self._rewind()
+            return self.committer.run(commit)
         except BaseException as exc:
             if isinstance(exc, CommitRefusedError):  # noscript: lost (restart, SCRIPT FLUSH)
                 self._scripts_loaded = False

@@ -12,7 +12,7 @@ entries stay pending for this consumer and are read again, in order.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from itertools import count
 
 from model.scoring import ScoringModel
@@ -108,9 +108,12 @@ class Partitions:
             del self._busy[p]
         return list(self._busy.values())
 
-    def queued(self) -> int:
-        """How many batches are queued, over all partitions."""
-        return sum(len(part.queued) for part in self._queueing())
+    def queued(self, among: Collection[int] | None = None) -> int:
+        """How many batches are queued, over all partitions or those `among`."""
+        parts = self._queueing()
+        if among is not None:
+            parts = [part for part in parts if part.number in among]
+        return sum(len(part.queued) for part in parts)
 
     def _first(self) -> Partition | None:
         parts = self._queueing()

@@ -23,7 +23,11 @@ plain read; states that moved are read again in the batch's turn). Any other fai
 disconnects, since a reply may still be in flight, and raises: the caller rewinds, so the
 entries read stay pending for this consumer and are read again, in order.
 
-Only on one Redis: a cluster's partitions are on different nodes, with no one connection.
+On a Redis Cluster the exchange goes to the node that holds the commit's partition
+(adapters/nodes.py), with the reads of that node's partitions only, one XREADGROUP each (a
+command's keys share a slot). A node that no longer serves the commit's slot (a resharding,
+a failover) answers MOVED, ASK or TRYAGAIN: the commit did not run, and the caller rewinds
+and sends it through the cluster client.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from worker.engine.adapters.commit import (
     PreparedCommit,
     settle,
 )
+from worker.engine.adapters.nodes import REDIRECTS
 from worker.engine.adapters.states import StateReader, StateRequest
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
@@ -112,10 +117,8 @@ class ReadAhead:
     """Sends a worker's commits pipelined with its reads ahead, and parses the replies."""
 
     def __init__(
-        self, client: redis.Redis, keys: Keys, states: StateReader, reader: StreamReader,
-        committer: CommitScript,
-    ) -> None:  # fmt: skip
-        self.r = client
+        self, keys: Keys, states: StateReader, reader: StreamReader, committer: CommitScript
+    ) -> None:
         self.keys = keys
         self.states = states
         self.reader = reader
@@ -136,28 +139,30 @@ class ReadAhead:
         return Plan(upcoming, request, command)
 
     def exchange(
-        self, commit: Commit, prepared: PreparedCommit | None, plan: Plan | None,
-        cursors: list[Cursor], count: int, size: int, models: Models,
+        self, node: redis.Redis, commit: Commit, prepared: PreparedCommit | None,
+        plan: Plan | None, cursors: list[Cursor], count: int, size: int, models: Models,
     ) -> Exchange:  # fmt: skip
-        """One exchange (see the module's docstring): the states of `plan`, up to `count`
-        new entries of `cursors` (as batches of at most `size`), then the commit, during
-        which `models` compute the planned batch. CommitRefusedError("noscript") when Redis
-        has lost the commit script."""
+        """One exchange (see the module's docstring) with `node`, which holds the commit's
+        partition, plan's and cursors': the states of `plan`, up to `count` new entries of
+        `cursors` (as batches of at most `size`), then the commit, during which `models`
+        compute the planned batch. CommitRefusedError("noscript") when Redis has lost the
+        commit script; a REDIRECTS error when the node no longer serves the commit's slot."""
         reads = [hiredis.pack_command(plan.command)] if plan is not None else []
-        if cursors:
-            reads.append(hiredis.pack_command(self.reader.read_command(cursors, count, None)))
+        groups = self.reader.read_groups(cursors)
+        reads += [hiredis.pack_command(self.reader.read_command(g, count, None)) for g in groups]
         packed_commit = self.committer.command(commit, prepared)
-        pool = self.r.connection_pool
+        pool = node.connection_pool
         conn = pool.get_connection()
         try:
             conn.send_packed_command([b"".join(reads)])
             in_flight = written(commit)  # while Redis runs the reads
             state_reply = _reply_or_error(conn) if plan is not None else None
-            read_reply = _reply_or_error(conn) if cursors else None
+            read_replies = [_reply_or_error(conn) for _ in groups]
             conn.send_packed_command([packed_commit])
             batches = []
-            if cursors and not isinstance(read_reply, Exception):
-                batches = self.reader.batches(read_reply, cursors, size)
+            for group, read_reply in zip(groups, read_replies, strict=True):
+                if not isinstance(read_reply, Exception):
+                    batches += self.reader.batches(read_reply, group, size)
             ahead = None
             if plan is not None and not isinstance(state_reply, Exception):
                 if plan.command[0] == "EVALSHA":
@@ -168,6 +173,8 @@ class ReadAhead:
         except redis.exceptions.NoScriptError:
             # the reply was read whole: the connection stays usable
             raise CommitRefusedError("noscript", "COMMIT was not loaded") from None
+        except REDIRECTS:
+            raise  # the commit did not run, and its reply was read whole, as above
         except BaseException:
             conn.disconnect()  # a reply may still be in flight on it
             raise

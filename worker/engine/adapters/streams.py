@@ -8,7 +8,8 @@ On one Redis a round is one XREADGROUP over every held partition, blocking while
 idle. On a Redis Cluster the partitions' streams live in different slots, so a round is one
 XREADGROUP per partition, sent as a pipeline that redis-py splits by node and sends to all
 nodes before reading any reply; those reads never block (a blocked read would hold up the
-other partitions on its node), and an idle round waits instead (see Consumer).
+other partitions on its node): a partition they find idle waits in a blocking read of its
+own (adapters/parked.py).
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ class StreamReader:
         return ("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, *block,
                 "STREAMS", *names, *(c.position for c in cursors))  # fmt: skip
 
+    def read_groups(self, cursors: list[Cursor]) -> list[list[Cursor]]:
+        """The cursors one XREADGROUP each may read together: all of them on one Redis, one
+        partition each on a cluster (a command's keys must share a slot)."""
+        if not cursors:
+            return []
+        return [[c] for c in cursors] if self.cluster else [list(cursors)]
+
     def read(self, cursors: list[Cursor], count: int, block_ms: int) -> list[Batch]:
         """One read over the partitions: a Batch per partition that returned entries."""
         if self.cluster:
@@ -85,11 +93,12 @@ class StreamReader:
     def _read_per_partition(self, cursors: list[Cursor], count: int) -> list[Batch]:
         self._raw()  # nodes may have changed since the last round
         pipe = self.r.pipeline(transaction=False)
-        for c in cursors:
-            pipe.execute_command(*self.read_command([c], count, None))
+        groups = self.read_groups(cursors)
+        for group in groups:
+            pipe.execute_command(*self.read_command(group, count, None))
         batches = []
-        for c, reply in zip(cursors, pipe.execute(), strict=True):
-            batches += self.batches(reply, [c])
+        for group, reply in zip(groups, pipe.execute(), strict=True):
+            batches += self.batches(reply, group)
         return batches
 
     def batches(self, reply, cursors: list[Cursor], size: int | None = None) -> list[Batch]:

@@ -1,0 +1,146 @@
+"""The cluster path in one worker: a commit travels on its node's connection with the reads of
+that node's partitions only, and a stale slot map (as after a resharding) redirects it, when
+it is sent again through the cluster client: every event is scored once, as offline. Idle
+partitions wait in blocking reads of their own, answered as soon as an entry comes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from model.synthetic import synthetic_events
+from tests.test_worker import offline_scores
+from tests.workers import score_entries
+from worker.common.connection import connect
+from worker.common.keys import Keys
+from worker.common.local_redis import LocalCluster
+from worker.common.publisher import publish
+from worker.common.settings import Settings
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.adapters.model_source import FileModelSource
+from worker.engine.adapters.nodes import REDIRECTS
+from worker.engine.consumer import Consumer
+
+pytestmark = pytest.mark.integration
+
+P = 8
+KEYS = Keys()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster() as c:
+        yield c
+
+
+def cluster_consumer(url: str, model_path, block_ms: int = 100) -> Consumer:
+    s = Settings(redis_url=url, cluster=True, model=model_path, metrics_port=0,
+                 block_ms=block_ms, consumer="c1", partitions=P, batch_size=60)  # fmt: skip
+    consumer = Consumer(s, connect(url, cluster=True), FileModelSource(model_path), WorkerMetrics())
+    consumer.model.warm_up()
+    return consumer
+
+
+def recorded(consumer: Consumer, stale_every: int = 0) -> tuple[list, list]:
+    """Wrap the exchange and the take of batches computed ahead: (exchanges as (commit's
+    node, nodes read) or the redirect raised, batches computed ahead or None). With
+    stale_every, every so many exchanges the slot map goes stale just before: the commit's
+    slot is mapped to another primary."""
+    exchanges, used = [], []
+    exchange, take = consumer.readahead.exchange, consumer._take_ahead
+
+    def record(node, commit, prepared, plan, cursors, *rest):
+        if stale_every and len(exchanges) % stale_every == 0:
+            slots = consumer.r.nodes_manager.slots_cache
+            slot = consumer.r.keyslot(KEYS.events(commit.partition))
+            slots[slot] = [next(n for n in consumer.r.get_primaries() if n is not slots[slot][0])]
+            node = consumer.nodes.client(commit.partition)
+        read = [c.partition for c in cursors] + ([plan.batch.partition] if plan else [])
+        names = {consumer.nodes.name(p) for p in read}
+        try:
+            sent = exchange(node, commit, prepared, plan, cursors, *rest)
+        except REDIRECTS as exc:
+            exchanges.append(exc)
+            raise
+        exchanges.append((consumer.nodes.name(commit.partition), names))
+        return sent
+
+    consumer.readahead.exchange = record
+    consumer._take_ahead = lambda batch: used.append(take(batch)) or used[-1]
+    return exchanges, used
+
+
+def published(url: str, seed: int):
+    r = connect(url, cluster=True)
+    r.flushall(target_nodes=r.PRIMARIES)
+    events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(2400, 240, seed))]
+    publish(r, events, partitions=P)
+    return r, events
+
+
+def assert_scored_once_as_offline(r, events, model_path) -> None:
+    rows = score_entries(r, partitions=P)
+    assert sorted(row["event_id"] for row in rows) == sorted(e["event_id"] for e in events)
+    by_id = {row["event_id"]: float(row["score"]) for row in rows}
+    want = offline_scores(model_path, events)
+    np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
+
+
+def test_commits_read_ahead_on_their_node_only(cluster, model_path):
+    r, events = published(cluster.url, seed=9)
+    consumer = cluster_consumer(cluster.url, model_path)
+    exchanges, used = recorded(consumer)
+    ticks = 0
+    while consumer.metrics.count("scored") < len(events):
+        consumer.tick()
+        ticks += 1
+        assert ticks < 5_000, "stuck"
+    assert len(exchanges) > 20 and sum(a is not None for a in used) > 10
+    for node, read in exchanges:
+        assert read <= {node}, "a read ahead went to another node than its commit's"
+    assert_scored_once_as_offline(r, events, model_path)
+
+
+def test_a_stale_slot_map_redirects_the_commit_and_nothing_doubles(cluster, model_path):
+    r, events = published(cluster.url, seed=10)
+    consumer = cluster_consumer(cluster.url, model_path)
+    exchanges, _ = recorded(consumer, stale_every=4)
+    ticks = 0
+    while consumer.metrics.count("scored") < len(events):
+        consumer.tick()
+        ticks += 1
+        assert ticks < 5_000, "stuck"
+    assert sum(isinstance(e, Exception) for e in exchanges) > 3  # redirected (MOVED)
+    assert_scored_once_as_offline(r, events, model_path)
+    assert consumer.metrics.count("scored") == len(events)
+
+
+def test_idle_partitions_wait_in_blocking_reads_woken_by_an_entry(cluster, model_path):
+    r = connect(cluster.url, cluster=True)
+    r.flushall(target_nodes=r.PRIMARIES)
+    consumer = cluster_consumer(cluster.url, model_path, block_ms=3000)
+    consumer.tick()  # takes the partitions, which are idle: each parks a read, for 3 s
+    parked = []
+    collect = consumer.parked.collect
+    consumer.parked.collect = lambda *a: parked.append(len(consumer.parked)) or collect(*a)
+    event = {"user_id": "alice", "type": "view", "ts": 1_700_000_000_000, "event_id": "a1"}
+    later = threading.Timer(0.3, publish, (r, [event]), {"partitions": P})
+    later.start()
+    t0 = time.monotonic()
+    while consumer.metrics.count("scored") < 1:
+        consumer.tick()
+        assert time.monotonic() - t0 < 2, "not woken by the entry"
+    assert parked[0] == P
+    later.join()
+    assert len(score_entries(r, partitions=P)) == 1
+    # a rewind (as after an error) lets every parked read go; nothing is lost
+    consumer._rewind()
+    assert len(consumer.parked) == 0
+    publish(r, [event | {"event_id": "a2", "ts": event["ts"] + 1}], partitions=P)
+    while consumer.metrics.count("scored") < 2:
+        consumer.tick()
+        assert time.monotonic() - t0 < 10, "stuck"
+    assert len(score_entries(r, partitions=P)) == 2
