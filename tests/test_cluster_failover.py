@@ -7,6 +7,8 @@ surviving nodes reaches the promoted replica."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import redis
 
@@ -169,8 +171,10 @@ def test_after_a_master_is_killed_the_retry_reaches_the_promoted_replica_on_ever
     assert client.get_node_from_key(key).name == client.get_node_from_key(KEYS.events(0)).name
     old = kill_master_of_partition_0(cluster, client, key)
     wait_promoted(cluster, old, key)
-    with pytest.raises(redis.ConnectionError):
-        consumer.ownership.renew()  # dials the dead node, as every retry did before
+    # it dials the dead node, as every retry did before (unless a refresh of the slot map,
+    # under load, already came first)
+    with contextlib.suppress(redis.ConnectionError):
+        consumer.ownership.renew()
     consumer._redis_trouble("redis unavailable: test")  # what the loop does after an error
     assert client.get_node_from_key(key).name != old
     changes = consumer.ownership.renew()
