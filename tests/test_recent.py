@@ -3,21 +3,28 @@ unpack round trips, the layout before inputs, and extensions checked against the
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model.inputs import parse_inputs
+from worker.engine.compute.histories import extended_histories
 from worker.engine.compute.recent import (
     HASH,
     NUMBER,
     Recent,
+    column_bytes,
+    extend_packed,
     extend_with_inputs,
     extended,
     field_key,
     names_of,
     pack,
     unpack,
+    valid,
 )
 
 PRICE, BRAND = (NUMBER, "price"), (HASH, "brand")
@@ -108,3 +115,88 @@ def test_extension_with_inputs_matches_its_definition_on_random_histories():
             if f not in old_f:  # the old events did not hold it
                 want[: max(n_old - start, 0)] = np.nan if f[0] == NUMBER else -1
             np.testing.assert_array_equal(got.column(*f), want)
+
+
+FIELDS = [PRICE, BRAND, (HASH, "product"), (NUMBER, "brand")]
+TIMES = st.one_of(
+    st.lists(st.integers(0, 100), max_size=6).map(lambda d: np.cumsum(d).tolist()),
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6),  # gaps that overflow int64
+)
+VALUES = {
+    NUMBER: st.floats(allow_nan=True, allow_infinity=True),
+    HASH: st.one_of(st.integers(-1, 2**32 - 1), st.integers(-(2**63), 2**63 - 1)),
+}
+TYPES = st.text(st.characters(codec="utf-8"), max_size=6)
+
+
+@st.composite
+def stored_field(draw) -> bytes:
+    """A `recent` field as Redis may hold it, through `valid` as the states' reader passes
+    it: none, the layout before inputs, a section (any fields, repeated or none), or bytes
+    broken from one of these."""
+    ts = draw(TIMES)
+    types = draw(st.lists(TYPES, min_size=len(ts), max_size=len(ts)))
+    prev = draw(st.integers(-(2**63), 2**63 - 1))
+    kind = draw(st.sampled_from(["none", "old", "section", "broken"]))
+    if kind == "none":
+        return b""
+    if kind == "old":
+        return valid(old_layout(prev, ts, types))
+    keys = draw(st.lists(st.sampled_from(FIELDS), max_size=4))  # a key may repeat
+    columns = [column_bytes(f[0], np.array(draw(st.lists(VALUES[f[0]], min_size=len(ts),
+                                                         max_size=len(ts))), _dtype(f)))
+               for f in keys]  # fmt: skip
+    raw = (struct.pack(f"<qH{len(ts)}q", prev, len(ts) | 0x8000, *ts)
+           + bytes([len(keys)]) + b"".join(field_key(*f) for f in keys) + b"".join(columns)
+           + b"".join(names_of(types)))  # fmt: skip
+    if kind == "broken":
+        cut = draw(st.integers(0, len(raw)))
+        raw = draw(st.sampled_from([raw[:cut], raw[:cut] + bytes([draw(st.integers(0, 255))])
+                                    + raw[cut + 1 :], raw + b"x"]))  # fmt: skip
+    return valid(raw)
+
+
+def _dtype(f):
+    return np.float64 if f[0] == NUMBER else np.int64
+
+
+@st.composite
+def batch_of(draw):
+    """Users' stored histories (maybe none) and a batch of new events (each user at least
+    one), in an interleaved order, with the stored values of some fields."""
+    old = draw(st.lists(stored_field(), min_size=0, max_size=5))
+    counts = draw(st.lists(st.integers(1, 5), min_size=len(old), max_size=len(old)))
+    slot = np.array(draw(st.permutations(np.repeat(np.arange(len(old)), counts).tolist())), int)
+    n = len(slot)
+    start = draw(st.integers(-(2**63) + 1, 2**63 - 1 - 10**6))
+    wide = draw(st.booleans())
+    steps = draw(st.lists(st.integers(-(2**62) if wide else 0, 2**62 if wide else 100),
+                          min_size=n, max_size=n))  # fmt: skip
+    ts = np.array([min(max(start + s, -(2**63)), 2**63 - 1)
+                   for s in itertools.accumulate(steps)], np.int64)  # fmt: skip
+    types = draw(st.lists(TYPES, min_size=n, max_size=n))
+    fields = draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=3))
+    columns = {f: np.array(draw(st.lists(VALUES[f[0]], min_size=n, max_size=n)), _dtype(f))
+               for f in fields}  # fmt: skip
+    keep = draw(st.integers(1, 12))
+    gap = draw(st.sampled_from([0.0, -5.0, 0.5, 30.0, 60.7, 2.0**63, 2.0**64, 1e300,
+                                float("inf"), float("nan")]))  # fmt: skip
+    return old, slot, ts, types, keep, gap, columns
+
+
+@settings(max_examples=400, deadline=None)
+@given(batch_of())
+def test_the_batched_extension_writes_the_bytes_of_the_per_user_one(case):
+    """One kernel call for the batch's users gives each user's field as extend_packed (no
+    inputs) or extend_with_inputs gives it, whatever the stored fields and the gaps."""
+    old, slot, ts, types, keep, gap, columns = case
+    got = extended_histories(old, slot, ts, types, keep, gap, columns)
+    for u, raw in enumerate(old):
+        mine = np.flatnonzero(slot == u)
+        t, names = ts[mine].tolist(), names_of([types[i] for i in mine])
+        if not columns:
+            want = extend_packed(raw, t, names, keep, gap)
+        else:
+            new = {field_key(*f): column_bytes(f[0], v[mine]) for f, v in columns.items()}
+            want = extend_with_inputs(raw, t, names, keep, gap, new)
+        assert got[u] == want

@@ -20,18 +20,14 @@ from worker.common.dedup import DEFAULT_WINDOW, Memory
 from worker.engine.compute import actions as act
 from worker.engine.compute.actions import Action, ScoredEvents
 from worker.engine.compute.batch import Batch, DeadLetter
+from worker.engine.compute.histories import extended_histories
 from worker.engine.compute.items import memories_of, packed_items
 from worker.engine.compute.quality import label_samples
 from worker.engine.compute.recent import (
     Field,
     Recent,
     absent,
-    column_bytes,
-    extend_packed,
-    extend_with_inputs,
-    field_key,
     form_of,
-    names_of,
     unpack,
 )
 from worker.engine.compute.rules import RuleTable
@@ -252,37 +248,14 @@ def _recent_after(
     states: UserStates, rows: list[int], k_slot: np.ndarray, types: list[str],
     ts: np.ndarray, keep: int, session_gap_ms: float, columns: dict[Field, np.ndarray],
 ) -> list[bytes]:  # fmt: skip
-    """The packed `recent` of each written row: its history plus this batch's events (and
-    their stored input values)."""
+    """The packed `recent` of each written row (`rows`, ascending): its history plus this
+    batch's events (and their stored input values), all extended in one kernel call."""
     if keep == 0:
         return [NO_HISTORY] * len(rows)
-    new_ts: dict[int, list[int]] = {}
-    new_names: dict[int, list[bytes]] = {}
-    for s, t, name in zip(k_slot.tolist(), ts.tolist(), names_of(types), strict=True):
-        if s in new_ts:
-            new_ts[s].append(t)
-            new_names[s].append(name)
-        else:
-            new_ts[s], new_names[s] = [t], [name]
     old = states.recent
-    if not columns:
-        return [extend_packed(old[r], new_ts[r], new_names[r], keep, session_gap_ms) for r in rows]
-    inputs = _new_columns(k_slot, rows, columns)
-    return [extend_with_inputs(old[r], new_ts[r], new_names[r], keep, session_gap_ms, inputs[i])
-            for i, r in enumerate(rows)]  # fmt: skip
-
-
-def _new_columns(
-    k_slot: np.ndarray, rows: list[int], columns: dict[Field, np.ndarray]
-) -> list[dict[bytes, bytes]]:
-    """For each of `rows`, its events' stored values per field_key, as extend_with_inputs
-    takes them: each column reordered by user once, then one slice per user and field."""
-    order = np.argsort(k_slot, kind="stable")
-    by_user = k_slot[order]
-    lo = np.searchsorted(by_user, rows, "left").tolist()
-    hi = np.searchsorted(by_user, rows, "right").tolist()
-    packed = [(field_key(*f), column_bytes(f[0], v[order])) for f, v in columns.items()]
-    return [{key: raw[8 * a : 8 * b] for key, raw in packed} for a, b in zip(lo, hi, strict=True)]
+    slot = np.searchsorted(np.asarray(rows, np.int64), k_slot)  # the event's written row
+    return extended_histories([old[r] for r in rows], slot, ts, types, keep, session_gap_ms,
+                              columns)  # fmt: skip
 
 
 def gap_ms(model: ScoringModel) -> float:

@@ -27,9 +27,9 @@ declared holds it absent; an input a replaying model declares that the history d
 replays as absent (its learned default).
 
 Every batch extends the history of each user it scores, so the worker keeps histories packed
-(the field's bytes) and extends them in place with a few slices and concatenations
-(`extend_packed`, and `extend_with_inputs` where inputs are declared: per event only the
-session-gap check, per field one slice and one join);
+(the field's bytes) and extends them all in one kernel call (compute/histories.py); its
+definition is `extend_packed`, and `extend_with_inputs` where inputs are declared (per user: a
+few slices and concatenations), which the cold paths (`extended`) and the tests use;
 only a replay or a live-quality check unpacks one (`unpack`, `has`).
 """
 
@@ -270,8 +270,8 @@ def extend_packed(
     raw: bytes, ts: list[int], names: list[bytes], keep: int, session_gap_ms: float
 ) -> bytes:
     """`extended` on packed histories (b"" = none) for events without inputs: the field's
-    bytes after the new events (times `ts`, stored names `names`). The worker's per-user path
-    for type-only models: slices, no unpacking."""
+    bytes after the new events (times `ts`, stored names `names`): slices, no unpacking. The
+    definition of compute/histories.py's batched path for type-only models."""
     prev_ts, n_old = _HEAD.unpack_from(raw) if raw else (-1, 0)
     n_new = len(ts)
     total = n_old + n_new
