@@ -28,7 +28,7 @@ from worker.engine.adapters.model_source import (
     ModelRejectedError,
     RegistryModelSource,
 )
-from worker.engine.compute import histories
+from worker.engine.compute import histories, items
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, UserStates, build_commit
 from worker.engine.compute.quality import LiveQuality
@@ -91,11 +91,13 @@ class Models:
         self.rules: RuleTable | None = None  # the intent rules in force (engine/rulebook.py)
 
     def warm_up(self) -> None:
-        """Compile both models' kernels and the histories' one, then pin BLAS to one thread."""
+        """Compile both models' kernels and the histories' and item memories' ones, then pin
+        BLAS to one thread."""
         self.current.warm_up()
         if self.shadow is not None:
             self.shadow.warm_up()
         histories.warm_up()
+        items.warm_up()
         pin_blas()
 
     def spec(self) -> StateSpec:

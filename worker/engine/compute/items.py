@@ -102,3 +102,8 @@ def _packed_memories(name: str, memory: ItemMemory, rows: np.ndarray) -> list[by
     keys = memory.keys[rows].astype("<u4").tobytes()
     width = 4 * memory.keys.shape[1]
     return [heads[c] + keys[i * width : i * width + 4 * c] for i, c in enumerate(counts)]
+
+
+def warm_up() -> None:
+    """Compile (or load from cache) the reading kernel now, not on a rich model's first batch."""
+    memories_of(["warm"], [b"\x04warm\x05\x01\x01\x00\x00\x00"])
