@@ -1,5 +1,5 @@
 #!/bin/sh
-# Fills NUMBA_CACHE_DIR with the scoring kernels at image build, so a container does not
+# Fills NUMBA_CACHE_DIR with the scoring and worker kernels at image build, so a container does not
 # compile at start: scores a few events with throwaway models through the installed CLI.
 set -eu
 tmp=$(mktemp -d)
@@ -17,4 +17,6 @@ for cell in rnn gru; do
         done
     done
 done
+# the worker's own kernels (its histories and item memories) beside the model's
+python -m worker.commands.kernels scoring
 echo "numba cache filled: $(find "${NUMBA_CACHE_DIR:?set NUMBA_CACHE_DIR}" -name '*.nbc' | wc -l) kernels"
