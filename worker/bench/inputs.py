@@ -29,7 +29,7 @@ from model.artifact import random_model, save_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE
 from worker.bench.inprocess import consume, start_worker
 from worker.bench.load import redis_cpu
-from worker.bench.workload import KEYS, preload
+from worker.bench.workload import preload, sampled_state_keys
 
 FIELDS = ("product_id", "category_code", "brand", "price")
 INPUTS = [
@@ -85,11 +85,7 @@ class Run:
 
 def median_state_bytes(r: redis.Redis) -> float:
     """The median MEMORY USAGE of up to STATE_SAMPLE state keys of partition 0."""
-    keys = []
-    for key in r.scan_iter(match=KEYS.state_match(0), count=1000):
-        keys.append(key)
-        if len(keys) >= STATE_SAMPLE:
-            break
+    keys = sampled_state_keys(r, STATE_SAMPLE)
     pipe = r.pipeline(transaction=False)
     for key in keys:
         pipe.memory_usage(key, samples=0)

@@ -23,7 +23,7 @@ import numpy as np
 import redis
 
 from worker.bench.scaling import process_cpu
-from worker.bench.workload import KEYS, SCORES, STREAM, preload
+from worker.bench.workload import SCORES, STREAM, preload, sampled_state_keys
 
 
 def start_worker(url: str, model: Path, batch: int, history: int, log) -> subprocess.Popen:
@@ -113,11 +113,7 @@ def latency(
 
 def memory(r: redis.Redis, sample: int = 500) -> dict[str, float]:
     """Bytes per user state (MEMORY USAGE, and its fields' raw bytes) and per stream entry."""
-    keys = []
-    for key in r.scan_iter(match=KEYS.state_match(0), count=1000):
-        keys.append(key)
-        if len(keys) >= sample:
-            break
+    keys = sampled_state_keys(r, sample)
     pipe = r.pipeline(transaction=False)
     for key in keys:
         pipe.memory_usage(key, samples=0)

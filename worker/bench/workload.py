@@ -35,3 +35,13 @@ def preload(
             pipe.execute()
     pipe.execute()
     r.xgroup_create(STREAM, GROUP, id="0")
+
+
+def sampled_state_keys(r: redis.Redis, sample: int = 500) -> list[bytes]:
+    """Up to `sample` state keys of partition 0 (what the memory figures measure)."""
+    keys = []
+    for key in r.scan_iter(match=KEYS.state_match(0), count=1000):
+        keys.append(key)
+        if len(keys) >= sample:
+            break
+    return keys
