@@ -9,4 +9,14 @@ bash scripts/deploy_tools.sh  # promtool and prometheus for the deploy tests (ca
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports --no-cache  # the wings' import contracts (pyproject.toml)
-.venv/bin/python -m pytest "$@"
+# The Numba kernels, compiled once before pytest's workers (and the commands they run) would
+# each compile them: two sets at a time, one per core.
+.venv/bin/python -m worker.commands.kernels training &
+warm=$!
+.venv/bin/python -m worker.commands.kernels scoring evaluation
+wait "$warm"
+# Four workers on two cores: most integration tests wait on redis-server, workers and
+# commands they start, so two workers per core keep both busy. A file's tests stay on one
+# worker (--dist loadfile), so its module fixtures (a cluster, a trained model) start once.
+# INTENTSTREAM_TEST_WORKERS=0 runs them in this process, one after another.
+.venv/bin/python -m pytest -n "${INTENTSTREAM_TEST_WORKERS:-4}" --dist loadfile "$@"

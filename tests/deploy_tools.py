@@ -45,7 +45,7 @@ def run(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProce
 def scrape_text(port: int) -> str:
     """The worker's /metrics page."""
     url = f"http://127.0.0.1:{port}/metrics"
-    return urllib.request.urlopen(url, timeout=5).read().decode()
+    return urllib.request.urlopen(url, timeout=30).read().decode()
 
 
 def metric_names(text: str) -> set[str]:

@@ -157,7 +157,7 @@ def test_prometheus_config_is_valid():
 
 
 def api(port: int, path: str) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as reply:
         doc = json.load(reply)
     assert doc["status"] == "success", doc
     return doc["data"]

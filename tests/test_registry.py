@@ -89,7 +89,7 @@ def test_registry_errors_are_clear(redis_server, tmp_path):
 
 
 def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
     return {
         s.name + str(sorted(s.labels.items())): s.value
         for f in text_string_to_metric_families(text)

@@ -60,7 +60,7 @@ def offline_scores(model: Path, events: list[dict]) -> list[float]:
 
 def scrape(port: int) -> dict[str, float]:
     """GET /metrics and parse it with prometheus_client's parser: {sample name{labels}: value}."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -71,7 +71,7 @@ def scrape(port: int) -> dict[str, float]:
 
 def http_status(url: str) -> int:
     try:
-        return urllib.request.urlopen(url, timeout=5).status
+        return urllib.request.urlopen(url, timeout=30).status
     except urllib.error.HTTPError as exc:
         return exc.code
 

@@ -97,7 +97,7 @@ def test_kill_9_at_random_points_loses_nothing_and_applies_nothing_twice(
 
 def ready_status(port: int) -> int:
     try:
-        return urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=30).status
     except urllib.error.HTTPError as exc:
         return exc.code
 

@@ -33,7 +33,7 @@ def test_worker_waits_for_redis_at_start_then_scores(golden_path, tmp_path):
         # waiting is healthy (no restart by a liveness probe), not ready
         assert run_cli("healthcheck", "--metrics-port", str(metrics)).returncode == 0
         with pytest.raises(urllib.error.HTTPError) as ready:
-            urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=5)
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=30)
         assert ready.value.code == 503
         server = LocalRedis(port=port).start()
         client = redis.Redis.from_url(server.url)
