@@ -31,6 +31,8 @@ REQUIRED = {
     # and the operations review's
     "IntentstreamBadKeys", "IntentstreamLiveAucDrop", "IntentstreamModelVersionSkew",
     "IntentstreamPartitionCountMismatch",
+    # and the intent rules'
+    "IntentstreamRulesRejected",
 }  # fmt: skip
 
 
