@@ -20,7 +20,20 @@ _SERVER_FIXTURES = {"redis_server", "aof_redis_server"}
 _PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "console_script(")
 
 
+# Files whose tests take minutes, longest first: run first, so that on the suite's workers
+# (pytest-xdist, scripts/test.sh) they start at once instead of becoming the run's tail.
+_LONG_FILES = ("test_readme.py", "test_deploy_image.py", "test_longrange.py",
+               "test_deploy_acl.py", "test_worker_faults.py", "test_training.py",
+               "test_cluster.py", "test_lifecycle.py")  # fmt: skip
+
+
+def _start_rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return _LONG_FILES.index(name) if name in _LONG_FILES else len(_LONG_FILES)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_start_rank)  # stable: each file's tests keep their order
     for item in items:
         if item.get_closest_marker("integration"):
             continue
