@@ -80,7 +80,10 @@ def test_bench_reports_ratios_redis_cpu_latency_and_memory():
     assert re.search(r"a worker +evalsha [\d.]+", out)
     assert re.search(r"real worker process, history-events 32: [\d,]+ events/s .* Redis CPU "
                      r"[\d.]+ µs/event, worker CPU [\d.]+ µs/event; / f = [\d.]+", out)  # fmt: skip
-    assert re.search(r"^ +50% +[\d,]+ +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M)
+    # the 50% row: target, reached rate, events, p50, p99, max, the load average at its start
+    assert re.search(r"^ +50% +[\d,]+ +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M)
+    assert re.search(r"^\(the producer (reached every rate|fell short of its rate at 50%)", out,
+                     re.M)  # fmt: skip
     for history in (32, 0):
         assert re.search(rf"history-events +{history}: state \d+ B .* = [\d.]+x raw; retained "
                          r"event \d+ B", out)  # fmt: skip
@@ -142,3 +145,11 @@ def test_bench_inputs_reports_what_the_declared_inputs_cost_and_the_state_they_a
     )
     assert 0 < grown <= 200
     assert re.search(r"the inputs add -?[\d.]+ µs of worker CPU per event .*goal <= 2", out)
+
+
+def test_the_latency_table_says_which_rates_the_producer_fell_short_of():
+    from worker.bench.load import reached_note
+
+    assert reached_note([]).startswith("(the producer reached every rate")
+    note = reached_note([0.5, 0.75])
+    assert "fell short of its rate at 50%, 75%" in note and "lighter load" in note
