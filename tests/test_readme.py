@@ -86,7 +86,9 @@ def as_run_here(command: str, url: str, port: int) -> str:
 
 def server_state(server) -> str:
     """Whether the test's redis-server still runs, and its log's tail: what a failure that
-    looks like "connection refused" needs (a new user saw one once; not reproduced since)."""
+    looks like "connection refused" needs (a new user saw one once; the cause found: another
+    process's redis-server held the port at start, which LocalRedis.start now refuses; its sign
+    here: "exited with 1" and a bind error)."""
     code = server.process.poll()
     log = Path(server.dir) / "redis.log"
     tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []

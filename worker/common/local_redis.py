@@ -66,6 +66,13 @@ def _same_file_content(a: Path, b: Path) -> bool:
         return False
 
 
+START_ATTEMPTS = 5  # starts on newly picked ports when the picked one was taken meanwhile
+
+
+class PortTakenError(RuntimeError):
+    """Another process holds the port a redis-server was to listen on."""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -86,6 +93,7 @@ class LocalRedis:
         auth: tuple[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
+        self._may_move = port is None  # a port picked here may be re-picked if taken at start
         self.extra = extra  # more redis-server arguments
         self.auth = auth  # (user, password) to probe with, when `extra` loads an ACL file
         self.appendonly = appendonly
@@ -101,7 +109,21 @@ class LocalRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> LocalRedis:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING as its own process.
+
+        A port that free_port() picked can be taken by another process before redis-server
+        binds it: then a new port is picked, until the server has answered once."""
+        for _ in range(START_ATTEMPTS - 1 if self._may_move else 0):
+            try:
+                return self._start_once(timeout)
+            except PortTakenError:
+                self.port = free_port()
+        return self._start_once(timeout)
+
+    def _start_once(self, timeout: float) -> LocalRedis:
+        """One start on self.port; PortTakenError when another process holds it."""
+        log = Path(self.dir) / "redis.log"
+        log_start = log.stat().st_size if log.exists() else 0
         args = [
             redis_server_binary(),
             "--port", str(self.port),
@@ -110,7 +132,7 @@ class LocalRedis:
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "always",
-            "--logfile", str(Path(self.dir) / "redis.log"),
+            "--logfile", str(log),
             *self.extra,
         ]  # fmt: skip
         if self.tls:
@@ -128,23 +150,41 @@ class LocalRedis:
         try:
             while True:
                 if self.process.poll() is not None:
-                    err = (
-                        self.process.stderr.read().decode(errors="replace")
-                        if self.process.stderr
-                        else ""
-                    )
-                    raise RuntimeError(f"redis-server exited at start: {err.strip()}")
-                try:
-                    if client.ping():
-                        return self
-                except redis.RedisError:
-                    pass
+                    self._exited_at_start(log, log_start)
+                if self._answers_as_own(client):
+                    self._may_move = False  # clients now know this port: restart() keeps it
+                    return self
                 if time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"redis-server did not answer on port {self.port}")
                 time.sleep(0.02)
         finally:
             client.close()
+
+    def _answers_as_own(self, client: redis.Redis) -> bool:
+        """Whether this server answers; PortTakenError if another redis-server answers instead
+        (ours then fails to bind, and the other one may stop at any time)."""
+        try:
+            if not client.ping():
+                return False
+            pid = client.info("server")["process_id"]
+        except redis.RedisError:
+            return False
+        if self.process is not None and pid != self.process.pid:
+            self.stop()
+            raise PortTakenError(f"port {self.port} answers as another redis-server (pid {pid})")
+        return True
+
+    def _exited_at_start(self, log: Path, log_start: int) -> None:
+        """Raise for a server that exited while starting: PortTakenError if it could not bind."""
+        err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+        with contextlib.suppress(OSError), log.open("rb") as f:
+            f.seek(log_start)
+            err += f.read().decode(errors="replace")
+        self.stop()
+        if "Address already in use" in err:
+            raise PortTakenError(f"port {self.port} is taken: {err.strip()[-300:]}")
+        raise RuntimeError(f"redis-server exited at start: {err.strip()[-1000:]}")
 
     def client(self, **kwargs) -> redis.Redis:
         """A plain client of this server, logged in as `auth` when given."""
