@@ -47,7 +47,7 @@ def stored_forms(
     at = np.array([raw.names.index(name) for name, _ in wanted], np.int64)
     numeric = np.array([is_numeric for _, is_numeric in wanted], np.bool_)
     seeds = np.array([hash_seed(name) for name, _ in wanted], np.int64)
-    starts, ends = raw.starts[np.ix_(at, rows)], raw.ends[np.ix_(at, rows)]
+    starts, ends = raw.starts.take(at, 0).take(rows, 1), raw.ends.take(at, 0).take(rows, 1)
     buf = np.frombuffer(raw.data, np.uint8)
     hashes, numbers, slow = _stored(buf, starts, ends, seeds, numeric, _TEN)
     _parse_slow(raw.data, starts, ends, numbers, slow)

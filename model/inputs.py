@@ -57,6 +57,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Literal, NamedTuple
 
 import numba as nb
@@ -224,6 +225,7 @@ def fnv1a32(data: bytes, h: int = _FNV_OFFSET) -> int:
     return h
 
 
+@lru_cache(maxsize=1024)
 def hash_seed(name: str) -> int:
     """The hash's state after input `name` and the separator: where each value's hash goes on."""
     return fnv1a32(name.encode("utf-8") + _SEP)

@@ -6,7 +6,8 @@ Python step per entry and input.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import chain
 from operator import itemgetter
 
 import numpy as np
@@ -28,31 +29,32 @@ def raw_inputs(flats: list[list], names: tuple[bytes, ...]) -> RawInputs:
     fields' order; a value absent or over MAX_INPUT_BYTES is empty."""
     raw = _Builder(len(names), len(flats))
     if np.any(np.fromiter(map(len, flats), np.int64, len(flats)) % 2):  # never from Redis
-        per_entry = [input_values(flat, names) for flat in flats]
-        for i in range(len(names)):
-            raw.add(i, np.arange(len(flats)), [values[i] or b"" for values in per_entry])
+        per_entry = [[v or b"" for v in input_values(flat, names)] for flat in flats]
+        raw.add(list(range(len(names))), slice(None), per_entry)
         return raw.done(names)
     for rows, group in _by_order(flats):
         picks = input_picks(tuple(group[0][::2]), names)
         if picks is None:  # events in a `json` field, each parsed (few producers send them)
-            docs = [json_inputs(last_json(flat), names) for flat in group]
-            for i, name in enumerate(names):
-                raw.add(i, rows, [doc[name] or b"" for doc in docs])
-            continue
-        for i, at in picks:
-            raw.add(i, rows, list(map(itemgetter(at), group)))
+            docs = [json_inputs(last_json(flat), names).values() for flat in group]
+            raw.add(list(range(len(names))), rows, [[v or b"" for v in doc] for doc in docs])
+        elif picks:
+            take = itemgetter(*(at for _, at in picks))
+            values = map(take, group) if len(picks) > 1 else ([v] for v in map(take, group))
+            raw.add([i for i, _ in picks], rows, values)
     return raw.done(names)
 
 
-def _by_order(flats: list[list]) -> Iterator[tuple[np.ndarray, list[list]]]:
+def _by_order(flats: list[list]) -> Iterator[tuple[slice | np.ndarray, list[list]]]:
     """(rows, their entries) of each order of field names in `flats`: one producer sends one
-    order, so a batch has few, each found in C-level passes over the entries."""
-    keys = list(map(tuple, map(_NAMES, flats)))
-    distinct = {key: g for g, key in enumerate(dict.fromkeys(keys))}
-    if len(distinct) < 2:
-        if flats:
-            yield np.arange(len(flats)), flats
+    order, so a batch has few (most often one, found by comparing lists, without hashing)."""
+    if not flats:
         return
+    orders = list(map(_NAMES, flats))
+    if orders.count(orders[0]) == len(orders):
+        yield slice(None), flats
+        return
+    keys = list(map(tuple, orders))
+    distinct = {key: g for g, key in enumerate(dict.fromkeys(keys))}
     codes = np.fromiter(map(distinct.__getitem__, keys), np.int64, len(keys))
     order = np.argsort(codes, kind="stable")
     bounds = np.bincount(codes).cumsum().tolist()
@@ -62,7 +64,7 @@ def _by_order(flats: list[list]) -> Iterator[tuple[np.ndarray, list[list]]]:
 
 
 class _Builder:
-    """RawInputs filled an input and a group of rows at a time."""
+    """RawInputs filled a group of rows at a time."""
 
     def __init__(self, n_inputs: int, n: int) -> None:
         self.parts: list[bytes] = []
@@ -70,17 +72,21 @@ class _Builder:
         self.starts = np.zeros((n_inputs, n), np.int64)
         self.ends = np.zeros((n_inputs, n), np.int64)
 
-    def add(self, i: int, rows: np.ndarray, values: list[bytes]) -> None:
-        """Input i's values of `rows`, appended to the buffer (one over MAX_INPUT_BYTES
-        stays there, empty: absent)."""
-        if not values:
+    def add(self, inputs: list[int], rows: slice | np.ndarray, values: Iterable) -> None:
+        """The values of `inputs` (one sequence per row of `rows`, in their order) appended
+        to the buffer; one over MAX_INPUT_BYTES stays there, empty: absent."""
+        parts = list(chain.from_iterable(values))
+        if not parts:
             return
-        sizes = np.fromiter(map(len, values), np.int64, len(values))
+        sizes = np.fromiter(map(len, parts), np.int64, len(parts))
         ends = self.size + np.cumsum(sizes)
-        self.starts[i, rows] = np.where(sizes > MAX_INPUT_BYTES, ends, ends - sizes)
-        self.ends[i, rows] = ends
         self.size = int(ends[-1])
-        self.parts += values
+        sizes[sizes > MAX_INPUT_BYTES] = 0
+        starts = ends - sizes
+        at = (inputs, rows) if isinstance(rows, slice) else np.ix_(inputs, rows)
+        self.starts[at] = starts.reshape(-1, len(inputs)).T
+        self.ends[at] = ends.reshape(-1, len(inputs)).T
+        self.parts += parts
 
     def done(self, names: tuple[bytes, ...]) -> RawInputs:
         """The inputs read."""
