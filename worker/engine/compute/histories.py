@@ -92,7 +92,8 @@ def _put_int64(out, pos, x):
 @nb.njit(cache=True)
 def _copy(out, pos, src, a, b):
     """Copy src[a:b] to out[pos:]; the position after it."""
-    out[pos : pos + (b - a)] = src[a:b]  # a slice copy: about twice a byte loop's speed
+    for j in range(b - a):  # unsigned indices: no negative-index wrap, so the loop vectorizes
+        out[np.uint64(pos + j)] = src[np.uint64(a + j)]
     return pos + (b - a)
 
 
