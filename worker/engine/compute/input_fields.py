@@ -27,11 +27,19 @@ _NAMES = itemgetter(slice(None, None, 2))
 def raw_inputs(flats: list[list], names: tuple[bytes, ...]) -> RawInputs:
     """The values of the inputs `names` in each entry's fields (`flats`), grouped by their
     fields' order; a value absent or over MAX_INPUT_BYTES is empty."""
-    raw = _Builder(len(names), len(flats))
-    if np.any(np.fromiter(map(len, flats), np.int64, len(flats)) % 2):  # never from Redis
+    try:
+        return _grouped(flats, names)
+    except IndexError:  # a field name without its value (never from Redis): entry by entry
+        raw = _Builder(len(names), len(flats))
         per_entry = [[v or b"" for v in input_values(flat, names)] for flat in flats]
         raw.add(list(range(len(names))), slice(None), per_entry)
         return raw.done(names)
+
+
+def _grouped(flats: list[list], names: tuple[bytes, ...]) -> RawInputs:
+    """raw_inputs a group of entries of one field order at a time; IndexError when an
+    entry's last field has no value and its name is one that counts."""
+    raw = _Builder(len(names), len(flats))
     for rows, group in _by_order(flats):
         picks = input_picks(tuple(group[0][::2]), names)
         if picks is None:  # events in a `json` field, each parsed (few producers send them)
