@@ -57,6 +57,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Literal, NamedTuple
 
 import numba as nb
@@ -71,7 +72,7 @@ ITEM_MEMORY = 16  # K: distinct items remembered per user and session
 ITEM_MEMORY_BYTES = 1 + 4 * ITEM_MEMORY  # the packed memory's upper bound (65)
 
 _FNV_OFFSET = 2166136261
-_FNV_PRIME = 16777619
+FNV_PRIME = 16777619
 _SEP = b"\x1f"
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
@@ -220,8 +221,14 @@ def table_shapes(inputs: Inputs | Sequence[InputSpec]) -> dict[str, tuple[int, i
 def fnv1a32(data: bytes, h: int = _FNV_OFFSET) -> int:
     """FNV-1a 32-bit of `data`, continuing from state `h` (plain Python; the reference)."""
     for b in data:
-        h = ((h ^ b) * _FNV_PRIME) & 0xFFFFFFFF
+        h = ((h ^ b) * FNV_PRIME) & 0xFFFFFFFF
     return h
+
+
+@lru_cache(maxsize=1024)
+def hash_seed(name: str) -> int:
+    """The hash's state after input `name` and the separator: where each value's hash goes on."""
+    return fnv1a32(name.encode("utf-8") + _SEP)
 
 
 def value_hash(name: str, value: bytes | str) -> int:
@@ -244,7 +251,7 @@ def _fnv1a_batch(buf, ends, seed):
         else:
             h = np.uint64(seed)
             for j in range(start, end):
-                h = ((h ^ np.uint64(buf[j])) * np.uint64(_FNV_PRIME)) & np.uint64(0xFFFFFFFF)
+                h = ((h ^ np.uint64(buf[j])) * np.uint64(FNV_PRIME)) & np.uint64(0xFFFFFFFF)
             out[i] = np.int64(h)
         start = end
     return out
@@ -273,7 +280,7 @@ def value_hashes(name: str, values: Sequence[bytes | str | int | float | None]) 
     raw = [v if type(v) is bytes else _as_bytes(v) for v in values]
     ends = np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)))
     buf = np.frombuffer(b"".join(raw), np.uint8)
-    return _fnv1a_batch(buf, ends, fnv1a32(name.encode("utf-8") + _SEP))
+    return _fnv1a_batch(buf, ends, hash_seed(name))
 
 
 def buckets_of(hashes: np.ndarray, buckets: int) -> np.ndarray:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.inputs import ITEM_MEMORY, ItemMemory, unpack_items
-from worker.engine.compute.items import memories_of, packed_items
+from worker.engine.compute.items import _packed_memories, memories_of, packed_items
 
 
 def test_memories_round_trip_by_input_name() -> None:
@@ -69,3 +69,26 @@ def test_the_batched_reader_equals_the_layouts_definition(raw: list[bytes]) -> N
         again = memories_of([name], packed_items({name: mem}, np.arange(len(raw))))[name]
         assert again.count.tolist() == mem.count.tolist()
         assert (again.keys == mem.keys).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sampled_from(["product_id", "ab", "é" * 40, "x" * 64]), min_size=1, max_size=3,
+             unique=True),
+    st.integers(1, 6),
+    st.randoms(),
+)  # fmt: skip
+def test_the_batched_packing_writes_each_inputs_part_as_its_definition(names, users, rnd) -> None:
+    memory = {
+        name: ItemMemory(
+            np.array(
+                [[rnd.randint(-(2**40), 2**40) for _ in range(ITEM_MEMORY)] for _ in range(users)],
+                np.int64,
+            ).reshape(users, ITEM_MEMORY),
+            np.array([rnd.randint(-2, ITEM_MEMORY + 2) for _ in range(users)], np.int64),
+        )
+        for name in names
+    }
+    rows = np.array(sorted(rnd.sample(range(users), rnd.randint(0, users))), np.int64)
+    parts = [_packed_memories(name, memory[name], rows) for name in sorted(names)]
+    assert packed_items(memory, rows) == [b"".join(p) for p in zip(*parts, strict=True)]

@@ -200,3 +200,38 @@ def test_the_batched_extension_writes_the_bytes_of_the_per_user_one(case):
             new = {field_key(*f): column_bytes(f[0], v[mine]) for f, v in columns.items()}
             want = extend_with_inputs(raw, t, names, keep, gap, new)
         assert got[u] == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from(FIELDS), min_size=1, max_size=4, unique=True),
+    st.sampled_from(["same", "reordered", "fewer", "more"]),
+    st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    st.integers(1, 12),
+)
+def test_a_batch_with_the_histories_fields_extends_them_as_the_per_user_one(
+    fields, change, counts, keep
+):
+    """The usual case, the fields of the batch before (the kernel's shortcut), and the ones
+    next to it that must not take it: the same fields reordered, fewer or more."""
+    rng = np.random.default_rng(len(fields) + 7 * keep)
+    slot = np.repeat(np.arange(len(counts)), counts)
+    ts = np.arange(len(slot), dtype=np.int64) * 1000
+
+    def columns(fs):
+        return {f: (rng.random(len(slot)) if f[0] == NUMBER
+                    else rng.integers(-1, 2**32, len(slot))) for f in fs}  # fmt: skip
+
+    old = extended_histories([b""] * len(counts), slot, ts, ["v"] * len(slot), keep, 0.0,
+                             columns(fields))  # fmt: skip
+    others = [f for f in FIELDS if f not in fields][:1]
+    new = columns({"same": fields, "reordered": fields[::-1], "fewer": fields[:-1],
+                   "more": [*fields, *others]}[change])  # fmt: skip
+    got = extended_histories(old, slot, ts + 10**6, ["w"] * len(slot), keep, 0.0, new)
+    for u, raw in enumerate(old):
+        mine = np.flatnonzero(slot == u)
+        t, names = (ts[mine] + 10**6).tolist(), names_of(["w"] * len(mine))
+        held = {field_key(*f): column_bytes(f[0], v[mine]) for f, v in new.items()}
+        want = (extend_with_inputs(raw, t, names, keep, 0.0, held) if held
+                else extend_packed(raw, t, names, keep, 0.0))  # fmt: skip
+        assert got[u] == want

@@ -318,7 +318,7 @@ def input_values(flat: list, names: tuple[bytes, ...]) -> list[bytes | None]:
         elif name == b"json":
             doc = flat[k + 1]
     if doc is not None and b"user_id" not in flat[::2]:
-        found = _json_inputs(doc, names)
+        found = json_inputs(doc, names)
     return [v if v is not None and len(v) <= MAX_INPUT_BYTES else None for v in found.values()]
 
 
@@ -330,11 +330,10 @@ def input_columns(flats: list[list], names: tuple[bytes, ...]) -> list[list[byte
     for row, flat in enumerate(flats):
         keys = tuple(flat[::2])
         if keys not in picks_of:
-            picks_of[keys] = _picks(keys, names)
+            picks_of[keys] = input_picks(keys, names)
         picks = picks_of[keys]
         if picks is None:  # the event is a `json` object
-            doc = flat[2 * (len(keys) - 1 - keys[::-1].index(b"json")) + 1]  # the last wins
-            for i, value in enumerate(_json_inputs(doc, names).values()):
+            for i, value in enumerate(json_inputs(last_json(flat), names).values()):
                 columns[i][row] = value
             continue
         for i, at in picks:
@@ -342,7 +341,13 @@ def input_columns(flats: list[list], names: tuple[bytes, ...]) -> list[list[byte
     return [[v if v is None or len(v) <= MAX_INPUT_BYTES else None for v in c] for c in columns]
 
 
-def _picks(keys: tuple, names: tuple[bytes, ...]) -> list[tuple[int, int]] | None:
+def last_json(flat: list) -> bytes:
+    """The value of an entry's last `json` field (of a repeated name, the last counts)."""
+    keys = flat[::2]
+    return flat[2 * (len(keys) - 1 - keys[::-1].index(b"json")) + 1]
+
+
+def input_picks(keys: tuple, names: tuple[bytes, ...]) -> list[tuple[int, int]] | None:
     """(input, index of its value) for the fields named `keys` (the last of a repeated name
     counts); None when the event is in a `json` field."""
     if b"json" in keys and b"user_id" not in keys:
@@ -351,7 +356,7 @@ def _picks(keys: tuple, names: tuple[bytes, ...]) -> list[tuple[int, int]] | Non
     return [(i, at[name]) for i, name in enumerate(names) if name in at]
 
 
-def _json_inputs(raw: bytes, names: tuple[bytes, ...]) -> dict[bytes, bytes | None]:
+def json_inputs(raw: bytes, names: tuple[bytes, ...]) -> dict[bytes, bytes | None]:
     """The declared inputs of a `json` field's object (the event's own parse checked it)."""
     try:
         doc = json.loads(raw) if len(raw) <= 64 * 1024 else None

@@ -18,6 +18,7 @@ import logging
 import redis
 from threadpoolctl import threadpool_limits
 
+from model import input_bytes
 from model.artifact import state_space_of
 from model.scoring import ScoringModel
 from worker.common.registry import Registry, RegistryError
@@ -91,13 +92,14 @@ class Models:
         self.rules: RuleTable | None = None  # the intent rules in force (engine/rulebook.py)
 
     def warm_up(self) -> None:
-        """Compile both models' kernels and the histories' and item memories' ones, then pin
-        BLAS to one thread."""
+        """Compile both models' kernels and the histories', item memories' and inputs' ones,
+        then pin BLAS to one thread."""
         self.current.warm_up()
         if self.shadow is not None:
             self.shadow.warm_up()
         histories.warm_up()
         items.warm_up()
+        input_bytes.warm_up()
         pin_blas()
 
     def spec(self) -> StateSpec:

@@ -9,15 +9,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from model.input_bytes import RawInputs
 from worker.common.dedup import Producer
 from worker.common.events import (
     DEFAULT_MAX_TS_SKEW_MS,
     EventError,
     flat_fields,
-    input_columns,
     parse_flat_entry,
 )
 from worker.common.keys import partition_of
+from worker.engine.compute.input_fields import raw_inputs
 
 
 def entry_id(raw: bytes) -> tuple[int, int]:
@@ -49,7 +50,7 @@ class Batch:
     event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
     producers: list[Producer | None] = field(default_factory=list)  # publish()'s stamps
     # the raw values of the declared inputs asked for (a model's, format 2), per valid event
-    inputs: dict[str, list[bytes | None]] = field(default_factory=dict)
+    inputs: RawInputs | None = None
     dead: list[DeadLetter] = field(default_factory=list)  # invalid and misrouted entries
     misrouted: int = 0  # of the dead letters: users of another partition
     lost: int = 0  # deleted while pending (nil fields)
@@ -104,6 +105,6 @@ def parse_batch(
         if wanted:
             kept.append(fields)
     if wanted:
-        b.inputs = dict(zip(input_names, input_columns(kept, wanted), strict=True))
+        b.inputs = raw_inputs(kept, wanted)
     b.parse_seconds = time.perf_counter() - t0
     return b

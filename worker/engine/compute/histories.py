@@ -92,8 +92,8 @@ def _put_int64(out, pos, x):
 @nb.njit(cache=True)
 def _copy(out, pos, src, a, b):
     """Copy src[a:b] to out[pos:]; the position after it."""
-    for j in range(b - a):
-        out[pos + j] = src[a + j]
+    for j in range(b - a):  # unsigned indices: no negative-index wrap, so the loop vectorizes
+        out[np.uint64(pos + j)] = src[np.uint64(a + j)]
     return pos + (b - a)
 
 
@@ -133,11 +133,20 @@ def _first_kept(buf, ts_at, n_old, ts, e0, e1, keep, use_gap, gap):
 
 
 @nb.njit(cache=True)
-def _section(buf, at, n_old, key_buf, key_ends):
+def _section(buf, at, end, n_old, key_buf, key_ends, held):
     """For each new field, the offset of its column in the old input section at `at` (-1 =
-    not held; of a key repeated, the last, as recent._offsets), and the offset after it."""
-    held = np.full(key_ends.shape[0], -1, np.int64)
+    not held; of a key repeated, the last, as recent._offsets), written into `held`; and
+    the offset after the section (which ends by `end`)."""
+    F = key_ends.shape[0]
+    keys_len = key_ends[F - 1] if F else 0
     count = buf[at]
+    if count == F and at + 1 + keys_len <= end and _same(buf, at + 1, key_buf, 0, keys_len):
+        # the fields of the batch before, in the same order: the usual case, no search
+        col = at + 1 + keys_len
+        for f in range(F):
+            held[f] = col + 8 * n_old * f
+        return col + 8 * n_old * F
+    held[:] = -1
     col = at + 1
     for _ in range(count):  # past the headers: the first column
         col += 2 + buf[col + 1]
@@ -150,7 +159,7 @@ def _section(buf, at, n_old, key_buf, key_ends):
                 held[f] = col
         head += size
         col += 8 * n_old
-    return held, col
+    return col
 
 
 @nb.njit(cache=True)
@@ -173,6 +182,7 @@ def _extend(buf, ends, ts, ts_ends, codes, names, name_ends, values, nothing, ke
     keys_len = key_ends[F - 1] if F else 0
     out = np.empty(_bound(buf, ends, codes, name_ends, F, keys_len), np.uint8)
     out_ends = np.empty(ends.shape[0], np.int64)
+    held = np.empty(F, np.int64)  # per user: where each field's old column starts (-1: none)
     pos = 0
     a = 0
     e0 = 0
@@ -184,9 +194,9 @@ def _extend(buf, ends, ts, ts_ends, codes, names, name_ends, values, nothing, ke
         n_old = word & 0x7FFF
         ts_at = a + 10
         names_at = ts_at + 8 * n_old if b > a else b  # no field: no names either
-        held = np.full(F, -1, np.int64)
+        held[:] = -1
         if word & 0x8000:
-            held, names_at = _section(buf, names_at, n_old, key_buf, key_ends)
+            names_at = _section(buf, names_at, b, n_old, key_buf, key_ends, held)
         start = _first_kept(buf, ts_at, n_old, ts, e0, e1, keep, use_gap, gap)
         cut_old, cut_new = min(start, n_old), max(start - n_old, 0)
         if start == 0:

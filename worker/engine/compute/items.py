@@ -85,12 +85,19 @@ def _unpack(buf, ends, name, K):
 
 
 def packed_items(memory: dict[str, ItemMemory], rows: np.ndarray) -> list[bytes]:
-    """The `items` field of each of `rows`: every item input's memory, in name order."""
+    """The `items` field of each of `rows`: every item input's memory, in name order, all
+    packed in one kernel call (`_packed_memories` per input is the definition)."""
     names = sorted(memory)
-    columns = [_packed_memories(name, memory[name], rows) for name in names]
-    if len(columns) == 1:
-        return columns[0]
-    return [b"".join(parts) for parts in zip(*columns, strict=True)]
+    raw = [name.encode() for name in names]
+    if not len(rows) or max(map(len, raw), default=256) > 255:  # none, or a name too long
+        columns = [_packed_memories(name, memory[name], rows) for name in names]
+        return [b"".join(parts) for parts in zip(*columns, strict=True)]
+    keys = np.stack([memory[name].keys[rows] for name in names])
+    counts = np.stack([memory[name].count[rows] for name in names])
+    name_ends = np.cumsum([len(r) for r in raw], dtype=np.int64)
+    data, ends = _pack(np.frombuffer(b"".join(raw), np.uint8), name_ends, keys, counts, ITEM_MEMORY)
+    out, bounds = data.tobytes(), ends.tolist()
+    return [out[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
 
 
 def _packed_memories(name: str, memory: ItemMemory, rows: np.ndarray) -> list[bytes]:
@@ -104,6 +111,35 @@ def _packed_memories(name: str, memory: ItemMemory, rows: np.ndarray) -> list[by
     return [heads[c] + keys[i * width : i * width + 4 * c] for i, c in enumerate(counts)]
 
 
+@nb.njit(cache=True)
+def _pack(names, name_ends, keys, counts, K):
+    """Each row's field, concatenated, and the rows' ends: for each input i (names[name_ends],
+    keys (n, R, K), counts (n, R) clipped to 0..K), as `_packed_memories` writes its part."""
+    n, R = counts.shape
+    out = np.empty(R * (name_ends[n - 1] + n * (3 + 4 * K)), np.uint8)
+    ends = np.empty(R, np.int64)
+    pos = 0
+    for r in range(R):
+        for i in range(n):
+            a = name_ends[i - 1] if i else 0
+            out[pos] = name_ends[i] - a
+            pos += 1
+            for j in range(a, name_ends[i]):
+                out[pos] = names[j]
+                pos += 1
+            c = min(max(counts[i, r], 0), K)
+            out[pos] = 1 + 4 * c
+            out[pos + 1] = c
+            pos += 2
+            for j in range(c):
+                key = keys[i, r, j]
+                for b in range(4):
+                    out[pos] = (key >> (8 * b)) & 0xFF
+                    pos += 1
+        ends[r] = pos
+    return out[:pos], ends
+
+
 def warm_up() -> None:
-    """Compile (or load from cache) the reading kernel now, not on a rich model's first batch."""
-    memories_of(["warm"], [b"\x04warm\x05\x01\x01\x00\x00\x00"])
+    """Compile (or load from cache) the kernels now, not on a rich model's first batch."""
+    packed_items(memories_of(["warm"], [b"\x04warm\x05\x01\x01\x00\x00\x00"]), np.zeros(1, int))

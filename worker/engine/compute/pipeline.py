@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.artifact import label_type_of
-from model.inputs import Stored, stored_values
+from model.input_bytes import stored_forms
+from model.inputs import Stored
 from model.scoring import ScoringModel
 from worker.common.dedup import DEFAULT_WINDOW, Memory
 from worker.engine.compute import actions as act
@@ -24,6 +25,7 @@ from worker.engine.compute.histories import extended_histories
 from worker.engine.compute.items import memories_of, packed_items
 from worker.engine.compute.quality import label_samples
 from worker.engine.compute.recent import (
+    NUMBER,
     Field,
     Recent,
     absent,
@@ -229,19 +231,14 @@ def stored_columns(
     batch: Batch, idx: np.ndarray, models: list[ScoringModel]
 ) -> dict[Field, np.ndarray]:
     """The stored values (model/inputs.py, Stored forms) of the batch's events `idx` of every
-    input the scoring models declare, each parsed or hashed once; absent for an input the
-    batch was not parsed with (a model swapped in since)."""
-    rows = idx.tolist()
-    out: dict[Field, np.ndarray] = {}
-    for model in models:
-        for spec in model.inputs:
-            key = (form_of(spec), spec.name)
-            if key in out:
-                continue
-            column = batch.inputs.get(spec.name)
-            out[key] = (stored_values(spec, [column[i] for i in rows]) if column is not None
-                        else absent(key[0], len(rows)))  # fmt: skip
-    return out
+    input the scoring models declare, all parsed or hashed in one kernel call; absent for an
+    input the batch was not parsed with (a model swapped in since)."""
+    keys = list(dict.fromkeys((form_of(s), s.name) for model in models for s in model.inputs))
+    names = batch.inputs.names if batch.inputs is not None else ()
+    held = [(form, name) for form, name in keys if name in names]
+    wanted = [(name, form == NUMBER) for form, name in held]
+    found = dict(zip(held, stored_forms(batch.inputs, wanted, idx), strict=True)) if held else {}
+    return {key: found[key] if key in found else absent(key[0], len(idx)) for key in keys}
 
 
 def _recent_after(

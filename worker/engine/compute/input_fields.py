@@ -1,0 +1,102 @@
+"""A batch's declared inputs read out of its entries' fields into one buffer
+(model/input_bytes.py, RawInputs): the values `input_values` gives per entry
+(worker/common/events.py, their definition), taken by C-level passes over the entries, not a
+Python step per entry and input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import chain
+from operator import itemgetter
+
+import numpy as np
+
+from model.input_bytes import RawInputs
+from worker.common.events import (
+    MAX_INPUT_BYTES,
+    input_picks,
+    input_values,
+    json_inputs,
+    last_json,
+)
+
+_NAMES = itemgetter(slice(None, None, 2))
+
+
+def raw_inputs(flats: list[list], names: tuple[bytes, ...]) -> RawInputs:
+    """The values of the inputs `names` in each entry's fields (`flats`), grouped by their
+    fields' order; a value absent or over MAX_INPUT_BYTES is empty."""
+    try:
+        return _grouped(flats, names)
+    except IndexError:  # a field name without its value (never from Redis): entry by entry
+        raw = _Builder(len(names), len(flats))
+        per_entry = [[v or b"" for v in input_values(flat, names)] for flat in flats]
+        raw.add(list(range(len(names))), slice(None), per_entry)
+        return raw.done(names)
+
+
+def _grouped(flats: list[list], names: tuple[bytes, ...]) -> RawInputs:
+    """raw_inputs a group of entries of one field order at a time; IndexError when an
+    entry's last field has no value and its name is one that counts."""
+    raw = _Builder(len(names), len(flats))
+    for rows, group in _by_order(flats):
+        picks = input_picks(tuple(group[0][::2]), names)
+        if picks is None:  # events in a `json` field, each parsed (few producers send them)
+            docs = [json_inputs(last_json(flat), names).values() for flat in group]
+            raw.add(list(range(len(names))), rows, [[v or b"" for v in doc] for doc in docs])
+        elif picks:
+            take = itemgetter(*(at for _, at in picks))
+            values = map(take, group) if len(picks) > 1 else ([v] for v in map(take, group))
+            raw.add([i for i, _ in picks], rows, values)
+    return raw.done(names)
+
+
+def _by_order(flats: list[list]) -> Iterator[tuple[slice | np.ndarray, list[list]]]:
+    """(rows, their entries) of each order of field names in `flats`: one producer sends one
+    order, so a batch has few (most often one, found by comparing lists, without hashing)."""
+    if not flats:
+        return
+    orders = list(map(_NAMES, flats))
+    if orders.count(orders[0]) == len(orders):
+        yield slice(None), flats
+        return
+    keys = list(map(tuple, orders))
+    distinct = {key: g for g, key in enumerate(dict.fromkeys(keys))}
+    codes = np.fromiter(map(distinct.__getitem__, keys), np.int64, len(keys))
+    order = np.argsort(codes, kind="stable")
+    bounds = np.bincount(codes).cumsum().tolist()
+    for a, b in zip([0, *bounds[:-1]], bounds, strict=True):
+        rows = order[a:b]
+        yield rows, list(map(flats.__getitem__, rows.tolist()))
+
+
+class _Builder:
+    """RawInputs filled a group of rows at a time."""
+
+    def __init__(self, n_inputs: int, n: int) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.starts = np.zeros((n_inputs, n), np.int64)
+        self.ends = np.zeros((n_inputs, n), np.int64)
+
+    def add(self, inputs: list[int], rows: slice | np.ndarray, values: Iterable) -> None:
+        """The values of `inputs` (one sequence per row of `rows`, in their order) appended
+        to the buffer; one over MAX_INPUT_BYTES stays there, empty: absent."""
+        parts = list(chain.from_iterable(values))
+        if not parts:
+            return
+        sizes = np.fromiter(map(len, parts), np.int64, len(parts))
+        ends = self.size + np.cumsum(sizes)
+        self.size = int(ends[-1])
+        sizes[sizes > MAX_INPUT_BYTES] = 0
+        starts = ends - sizes
+        at = (inputs, rows) if isinstance(rows, slice) else np.ix_(inputs, rows)
+        self.starts[at] = starts.reshape(-1, len(inputs)).T
+        self.ends[at] = ends.reshape(-1, len(inputs)).T
+        self.parts += parts
+
+    def done(self, names: tuple[bytes, ...]) -> RawInputs:
+        """The inputs read."""
+        data = b"".join(self.parts)
+        return RawInputs(tuple(n.decode() for n in names), data, self.starts, self.ends)
