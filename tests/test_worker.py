@@ -544,6 +544,43 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
     np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
 
 
+def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server, model_path):
+    """A trickle of events, a few arriving as each batch is processed: its commit's read
+    ahead brings them as the one batch queued, whose users' states are known (cached, or
+    written by that commit); it is computed while Redis runs the commit and kept only if that
+    applied. Sequence bumps between rounds refuse some; every score equals offline scoring."""
+    events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(900, 25, seed=4))]
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, model_path, batch_size=50)
+    used, sent = [], [0]
+    take = consumer._take_ahead
+
+    def arrive_then_take(batch):
+        publish(r, events[sent[0] : sent[0] + 12])  # read by this batch's commit
+        sent[0] += 12
+        used.append(take(batch))
+        return used[-1]
+
+    consumer._take_ahead = arrive_then_take
+    publish(r, events[:12])
+    sent[0] = 12
+    keys = Keys("intentstream")
+    ticks = 0
+    while consumer.metrics.count("scored") < len(events):
+        consumer.tick()
+        ticks += 1
+        if ticks % 9 == 0:
+            r.incr(keys.commit_seq(0))  # another writer moved it on
+        assert ticks < 5_000, "stuck"
+    assert sum(a is not None for a in used) > 10  # computed during the commit before them
+    assert consumer.metrics.value("intentstream_commit_retries_total", reason="conflict") > 0
+    rows = score_entries(r)
+    assert len(rows) == len(events) and consumer.metrics.count("scored") == len(events)
+    by_id = {row["event_id"]: float(row["score"]) for row in rows}
+    want = offline_scores(model_path, events)
+    np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
+
+
 BLAS_PROBE = """
 import json, sys, threadpoolctl
 from worker.common.connection import connect

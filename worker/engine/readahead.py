@@ -15,8 +15,11 @@ One exchange, in this order on the wire:
 
 The upcoming batch's states are the ones Redis holds once the commit applied: those of the
 users the commit writes come from the commit (`written`), the others from the read, which
-must find the partition at the sequence the known states hold at. The batch computed ahead
-is kept only when the commit applied as sent (not a resend of an earlier send).
+must find the partition at the sequence the known states hold at. With no batch queued, the
+first batch the read brings of the commit's partition is computed instead, when all its
+states are known at the commit's sequence (cached or written by the commit): the commit
+applies only at that sequence, so it vouches for them. The batch computed ahead is kept only
+when the commit applied as sent (not a resend of an earlier send).
 
 A reply that is an error fails its read alone (a stream of another type is found by the next
 plain read; states that moved are read again in the batch's turn). Any other failure
@@ -169,6 +172,8 @@ class ReadAhead:
                     ahead = self._compute(plan, state_reply, in_flight, models)
                 elif (state_reply or b"") == plan.request.seq:  # no state needed reading
                     ahead = self._compute(plan, None, in_flight, models)
+            elif plan is None and (known := self._known(commit, batches)) is not None:
+                ahead = self._compute(known, None, in_flight, models)
             reply = conn.read_response()
         except redis.exceptions.NoScriptError:
             # the reply was read whole: the connection stays usable
@@ -181,6 +186,19 @@ class ReadAhead:
         finally:
             pool.release(conn)
         return Exchange(commit, reply, batches, in_flight, ahead)
+
+    def _known(self, commit: Commit, batches: list[Batch]) -> Plan | None:
+        """The first batch just read of the commit's partition, when every state it needs
+        is known at the commit's sequence: the commit applies only at that sequence, so if
+        it applies they hold, and the batch is computed now rather than a round later."""
+        batch = next((b for b in batches if b.partition == commit.partition), None)
+        if batch is None or not batch.users:
+            return None
+        request = self.states.request(
+            batch.partition, distinct_users(batch), in_flight=set(commit.users),
+            in_flight_seq=commit.seq,
+        )  # fmt: skip
+        return Plan(batch, request, ()) if self.states.command(request) is None else None
 
     def _compute(
         self, plan: Plan, flat: list | None, in_flight: dict[str, CachedState], models: Models
