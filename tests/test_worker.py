@@ -581,6 +581,26 @@ def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server
     np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
 
 
+def test_a_batch_computed_ahead_is_dropped_when_the_intent_rules_changed_since():
+    """A rule set swapped in between a batch's compute ahead and its turn: the batch is
+    computed again with the rules in force, so a rule change takes effect from the next
+    batch committed, as it does for batches not computed ahead."""
+    from worker.engine.compute.batch import Batch
+    from worker.engine.partition import Partition
+    from worker.engine.readahead import Ahead
+
+    batch, model, old_rules, new_rules = Batch(0), object(), object(), object()
+
+    def computed_ahead(rules) -> Partition:
+        part = Partition(0, cache=None)
+        part.ahead = Ahead(batch, None, None, None, model, None, (0.0, 0.0), rules)
+        return part
+
+    assert computed_ahead(old_rules).take_ahead(batch, model, None, old_rules) is not None
+    assert computed_ahead(old_rules).take_ahead(batch, model, None, new_rules) is None
+    assert computed_ahead(None).take_ahead(batch, model, None, None) is not None
+
+
 BLAS_PROBE = """
 import json, sys, threadpoolctl
 from worker.common.connection import connect

@@ -558,7 +558,8 @@ class Consumer:
 
     def _take_ahead(self, batch: Batch) -> Ahead | None:
         """The batch as computed ahead, if it was and still holds (same models)."""
-        return self.parts[batch.partition].take_ahead(batch, self.model, self.shadow)
+        return self.parts[batch.partition].take_ahead(batch, self.model, self.shadow,
+                                                      self.models.rules)  # fmt: skip
 
     # ---- commits whose reply was lost --------------------------------------------------
 

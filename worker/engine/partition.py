@@ -20,6 +20,7 @@ from worker.engine.adapters.commit import CommitResult
 from worker.engine.adapters.streams import Cursor
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
+from worker.engine.compute.rules import RuleTable
 from worker.engine.compute.state_cache import StateCache
 from worker.engine.readahead import Ahead
 
@@ -58,13 +59,15 @@ class Partition:
         return self._backoff
 
     def take_ahead(
-        self, batch: Batch, model: ScoringModel, shadow: ScoringModel | None
-    ) -> Ahead | None:
-        """The batch computed ahead, once, if it is `batch` computed by these models."""
+        self, batch: Batch, model: ScoringModel, shadow: ScoringModel | None,
+        rules: RuleTable | None = None,
+    ) -> Ahead | None:  # fmt: skip
+        """The batch computed ahead, once, if it is `batch` computed by these models with
+        these intent rules (a rule change takes effect from the next batch committed)."""
         ahead, self.ahead = self.ahead, None
         if ahead is None or ahead.batch is not batch or ahead.model is not model:
             return None
-        return ahead if ahead.shadow is shadow else None
+        return ahead if ahead.shadow is shadow and ahead.rules is rules else None
 
     def lost_reply(self, token: bytes, commit: Commit) -> None:
         """A commit was sent and its reply lost: it may have applied."""

@@ -55,6 +55,7 @@ from worker.engine.adapters.states import StateReader, StateRequest
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, UserStates, distinct_users
+from worker.engine.compute.rules import RuleTable
 from worker.engine.compute.state_cache import CachedState, written
 from worker.engine.models import Models
 
@@ -71,8 +72,8 @@ class Plan:
 @dataclass
 class Ahead:
     """A batch computed while the commit before it ran: its states as read ahead (and as
-    that commit wrote them), its Commit, packed but for the head, the models that computed
-    it, and the stage times."""
+    that commit wrote them), its Commit, packed but for the head, the models and the intent
+    rules that computed it, and the stage times."""
 
     batch: Batch
     states: UserStates
@@ -81,6 +82,7 @@ class Ahead:
     model: ScoringModel
     shadow: ScoringModel | None
     seconds: tuple[float, float]  # reading states, computing the commit
+    rules: RuleTable | None = None  # the intent rules it fired with
 
 
 @dataclass
@@ -215,4 +217,4 @@ class ReadAhead:
         commit = models.build(plan.batch, states)
         prepared = self.committer.prepare(commit)
         return Ahead(plan.batch, states, commit, prepared, model, shadow,
-                     (t2 - t1, time.perf_counter() - t2))  # fmt: skip
+                     (t2 - t1, time.perf_counter() - t2), models.rules)  # fmt: skip
