@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from redis.exceptions import RedisClusterException  # not a RedisError
 
 from tests.conftest import console_script
 
@@ -53,13 +54,14 @@ class WorkerProcess:
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
     """Poll until condition() is true; fail with `what` after timeout seconds. Connection
-    errors (Redis, or an HTTP endpoint not listening yet) count as not yet."""
+    errors (Redis, an HTTP endpoint not listening yet, or a cluster mid-failover whose
+    slots are not all covered) count as not yet."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             if condition():
                 return
-        except (OSError, redis.RedisError):
+        except (OSError, redis.RedisError, RedisClusterException):
             pass
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
