@@ -16,7 +16,6 @@ from worker.common.events import (
     EventError,
     event_from_fields,
     extra_values,
-    input_columns,
     input_values,
     parse_entry,
     parse_flat_entry,
@@ -267,15 +266,3 @@ def test_the_publish_layout_with_more_fields_parses_like_its_dict(head, extra, e
     as_dict = dict(zip(flat[::2], flat[1::2], strict=True))
     want = outcome(lambda f: parse_entry(f, entry_ms), as_dict)
     assert outcome(lambda f: parse_flat_entry(f, entry_ms), flat) == want
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.tuples(NAMES | st.sampled_from([b"price", b"brand"]), VALUES),
-                         max_size=5), max_size=6))  # fmt: skip
-def test_input_columns_equal_each_entrys_input_values(entries):
-    flats = [[x for kv in pairs for x in kv] for pairs in entries]
-    names = (b"price", b"brand", b"other")
-    columns = input_columns(flats, names)
-    assert [list(row) for row in zip(*columns, strict=True)] == [
-        input_values(f, names) for f in flats
-    ]

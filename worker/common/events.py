@@ -322,25 +322,6 @@ def input_values(flat: list, names: tuple[bytes, ...]) -> list[bytes | None]:
     return [v if v is not None and len(v) <= MAX_INPUT_BYTES else None for v in found.values()]
 
 
-def input_columns(flats: list[list], names: tuple[bytes, ...]) -> list[list[bytes | None]]:
-    """`input_values` of many entries at once, one column per name. Entries of one producer
-    share their fields' order, so where each input sits is worked out once per order."""
-    picks_of: dict[tuple, list[tuple[int, int]] | None] = {}
-    columns: list[list[bytes | None]] = [[None] * len(flats) for _ in names]
-    for row, flat in enumerate(flats):
-        keys = tuple(flat[::2])
-        if keys not in picks_of:
-            picks_of[keys] = input_picks(keys, names)
-        picks = picks_of[keys]
-        if picks is None:  # the event is a `json` object
-            for i, value in enumerate(json_inputs(last_json(flat), names).values()):
-                columns[i][row] = value
-            continue
-        for i, at in picks:
-            columns[i][row] = flat[at]
-    return [[v if v is None or len(v) <= MAX_INPUT_BYTES else None for v in c] for c in columns]
-
-
 def last_json(flat: list) -> bytes:
     """The value of an entry's last `json` field (of a repeated name, the last counts)."""
     keys = flat[::2]
