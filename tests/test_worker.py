@@ -505,6 +505,17 @@ def test_long_idle_consumers_without_pending_entries_are_forgotten(
     assert names == {b"c1", b"host-456"} or names == {"c1", "host-456"}
 
 
+def assert_each_scored_once_as_offline(
+    r, consumer: Consumer, model_path: Path, events: list[dict], partitions: int = 1
+) -> None:
+    """One score entry per event, counted once, each equal to offline scoring."""
+    rows = score_entries(r, partitions=partitions)
+    assert len(rows) == len(events) and consumer.metrics.count("scored") == len(events)
+    by_id = {row["event_id"]: float(row["score"]) for row in rows}
+    want = offline_scores(model_path, events)
+    np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
+
+
 @pytest.mark.parametrize("partitions", [1, 2])
 def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_them(
     redis_server, model_path, partitions
@@ -537,11 +548,7 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
     retries = consumer.metrics.value
     assert retries("intentstream_commit_retries_total", reason="conflict") > 0
     assert retries("intentstream_commit_retries_total", reason="noscript") > 0
-    rows = score_entries(r, partitions=partitions)
-    assert len(rows) == len(events) and consumer.metrics.count("scored") == len(events)
-    by_id = {row["event_id"]: float(row["score"]) for row in rows}
-    want = offline_scores(model_path, events)
-    np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
+    assert_each_scored_once_as_offline(r, consumer, model_path, events, partitions)
 
 
 def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server, model_path):
@@ -574,11 +581,7 @@ def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server
         assert ticks < 5_000, "stuck"
     assert sum(a is not None for a in used) > 10  # computed during the commit before them
     assert consumer.metrics.value("intentstream_commit_retries_total", reason="conflict") > 0
-    rows = score_entries(r)
-    assert len(rows) == len(events) and consumer.metrics.count("scored") == len(events)
-    by_id = {row["event_id"]: float(row["score"]) for row in rows}
-    want = offline_scores(model_path, events)
-    np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
+    assert_each_scored_once_as_offline(r, consumer, model_path, events)
 
 
 def test_a_batch_computed_ahead_is_dropped_when_the_intent_rules_changed_since():
