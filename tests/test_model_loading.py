@@ -313,3 +313,22 @@ def test_a_user_without_strlen_is_size_checked_by_the_recorded_size(redis_server
     assert registry.load(version, max_bytes=size).meta.hidden == 64
     denied = [e for e in admin.acl_log() if e["object"] == "strlen"]
     assert [e["count"] for e in denied] == [1]  # asked once, then the meta's size is used
+
+
+def test_a_promotion_seen_half_done_never_shadows_the_current_version(redis_server):
+    """`promote` writes `current`, then clears `shadow`: a worker that checks (or starts)
+    between the two sees the promoted version as both, and must not shadow it with itself."""
+    r = connect(redis_server.url)
+    registry = Registry(r)
+    registry.publish_model(a_model(1), promote=True)
+    v2 = registry.publish_model(a_model(2))
+    registry.set_shadow(v2)
+    consumer = consumer_of(redis_server.url)
+    run_until(consumer, lambda: consumer.shadow is not None, "the shadow to start")
+    r.set(CURRENT, v2)  # the promotion's first write, and no second one yet
+    run_until(consumer, lambda: consumer.model.version == v2, "v2 to take over")
+    seen = consumer.source.checks
+    run_until(consumer, lambda: consumer.source.checks >= seen + 5, "five more checks")
+    assert consumer.shadow is None and r.get(SHADOW) == v2.encode()
+    started_now = consumer_of(redis_server.url)  # a worker starting in the same window
+    assert started_now.model.version == v2 and started_now.shadow is None

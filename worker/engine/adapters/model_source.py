@@ -86,6 +86,8 @@ class RegistryModelSource:
         shadow = self._check_shadow()
         if shadow is not _UNCHANGED:
             self.shadow = shadow  # type: ignore[assignment]
+        if self.shadow is not None and self.shadow.version == self.current.version:
+            self.shadow = None  # started between a promotion's two writes
         self._trouble = False
         self._wake = threading.Event()
         self._closed = threading.Event()
@@ -190,6 +192,7 @@ class RegistryModelSource:
                         self._ready_shadow = shadow
                     if ready is not None:
                         self._ready = ready
+                    self._drop_shadow_promoted()
                 self._trouble = False
             except redis.RedisError as exc:  # an outage: the next check retries
                 self._seen_shadow = None  # a shadow loaded above was not handed over
@@ -201,6 +204,15 @@ class RegistryModelSource:
             except Exception:  # never let the thread die: the worker would stop following
                 log.exception("model registry check failed")
             self.checks += 1
+
+    def _drop_shadow_promoted(self) -> None:
+        """Stop the shadow when its version is the current one. Registry.promote writes
+        `current`, then clears `shadow` (two keys, two slots on a cluster): a check between
+        the two sees the promoted version as both. Called with the lock held."""
+        current = self._ready or self.current
+        shadow = self.shadow if self._ready_shadow is _UNCHANGED else self._ready_shadow
+        if isinstance(shadow, ScoringModel) and shadow.version == current.version:
+            self._ready_shadow = None
 
     def _read_current(self) -> tuple[tuple, str | None, str | None]:
         """(what `current` holds, for change detection; its version; a RegistryError's
