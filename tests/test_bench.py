@@ -11,6 +11,7 @@ import pytest
 from model.artifact import random_model, save_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import run_cli
+from worker.bench.plain_consumer import consume_plainly
 from worker.bench.rules import QUIET_ABOVE, bench_rules
 from worker.bench.throughput import main as bench_main
 from worker.bench.throughput import run_competent, run_worker
@@ -153,3 +154,28 @@ def test_the_latency_table_says_which_rates_the_producer_fell_short_of():
     assert reached_note([]).startswith("(the producer reached every rate")
     note = reached_note([0.5, 0.75])
     assert "fell short of its rate at 50%, 75%" in note and "lighter load" in note
+
+
+def test_the_plain_consumer_scores_and_acknowledges_each_entry_once(redis_server):
+    r = connect(redis_server.url)
+    events = list(synthetic_events(1500, 200, seed=4))
+    preload(r, events)
+    consume_plainly(r, len(events), 256)
+    assert r.xlen(SCORES) == len(events)
+    assert r.xpending("intentstream:events:{0}", "intentstream-workers")["pending"] == 0
+    users = {e["user_id"] for e in events}
+    assert sum(1 for _ in r.scan_iter(match="intentstream:state:{0}:*")) == len(users)
+
+
+def test_bench_against_plain_alternates_the_worker_and_the_plain_consumer():
+    result = run_cli("bench", "--events", "3000", "--users", "300", "--against-plain",
+                     "--repeat", "2", timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rounds = re.findall(r"round (\d): worker ([\d,]+) ev/s .* plain ([\d,]+) ev/s .*: ([\d.]+)x",
+                        result.stdout)  # fmt: skip
+    assert [r[0] for r in rounds] == ["1", "2"], result.stdout
+    for _, worker, plain, ratio in rounds:
+        rate = float(worker.replace(",", "")) / float(plain.replace(",", ""))
+        assert abs(rate - float(ratio)) < 0.01 + 0.01 * rate
+    assert re.search(r"worker / plain: median [\d.]+x, lowest [\d.]+x; (every|not every) round",
+                     result.stdout)  # fmt: skip

@@ -5,7 +5,9 @@
 With `--workers 1,2,4 [--partitions 8] [--cluster]` it runs the scaling benchmark instead
 (worker/bench/scaling.py: real worker processes, CPU per event, fleet arithmetic); with
 `--rules 3 [--rules-fire 0.9]` what intent rules cost the worker (worker/bench/rules.py); with
-`--inputs` what declared inputs (product, category, brand, price) cost it (worker/bench/inputs.py).
+`--inputs` what declared inputs (product, category, brand, price) cost it (worker/bench/inputs.py);
+with `--against-plain` the real worker process against a plain redis-py consumer
+(worker/bench/plain_consumer.py).
 
 Each variant gets the same preloaded backlog on a flushed database and consumes it to the
 end. Variants:
@@ -47,6 +49,8 @@ from worker.bench.inprocess import consume, start_worker
 from worker.bench.inputs import add_arguments as add_inputs_arguments
 from worker.bench.inputs import run_inputs_bench
 from worker.bench.load import run_load_bench
+from worker.bench.plain_consumer import add_arguments as add_plain_arguments
+from worker.bench.plain_consumer import run_against_plain
 from worker.bench.rules import add_arguments as add_rules_arguments
 from worker.bench.rules import run_rules_bench
 from worker.bench.scaling import main as scaling_main
@@ -310,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                    "hashtables at Redis's default)")  # fmt: skip
     add_rules_arguments(p)  # --rules N: what intent rules cost (worker/bench/rules.py)
     add_inputs_arguments(p)  # --inputs: what declared inputs cost (worker/bench/inputs.py)
+    add_plain_arguments(p)  # --against-plain: the worker process / a plain consumer
     args = p.parse_args(argv)
 
     server = None if args.redis_url else LocalRedis().start()
@@ -358,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.inputs:
                 run_inputs_bench(r, url, events, args, Path(tmp))
+                return 0
+            if args.against_plain:
+                run_against_plain(r, url, model_path, events, args)
                 return 0
             step = torch_step(model) if args.cell == "rnn" else None  # e: nn.RNNCell
             if step is not None:
