@@ -24,6 +24,7 @@ from model.scoring import ScoringModel
 from worker.common.registry import Registry, RegistryError
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.adapters import resp
 from worker.engine.adapters.model_source import (
     FileModelSource,
     ModelRejectedError,
@@ -100,6 +101,7 @@ class Models:
         histories.warm_up()
         items.warm_up()
         input_bytes.warm_up()
+        resp.warm_up()
         pin_blas()
 
     def spec(self) -> StateSpec:

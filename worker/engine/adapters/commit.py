@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import hiredis
 import numpy as np
 import redis
 
 from worker.common.keys import Keys
+from worker.engine.adapters.resp import as_arguments, resp_args, resp_column
 from worker.engine.compute.batch import DeadLetter
 from worker.engine.compute.pipeline import Commit
 
@@ -231,15 +231,6 @@ class PreparedCommit:
     n_body: int
 
 
-def resp_args(args: tuple | list) -> bytes:
-    """Arguments as RESP bulk strings without the array header; hiredis packs them in C
-    (redis-py's packer would first inspect each one, ~0.2 µs apiece)."""
-    if not args:
-        return b""
-    packed = hiredis.pack_command(tuple(args))
-    return packed[packed.index(b"\r\n") + 2 :]
-
-
 @dataclass(frozen=True)
 class CommitLimits:
     """Sizes the commit bounds its writes to (settings)."""
@@ -259,12 +250,12 @@ def state_columns(c: Commit, score_text: list[str]) -> list:
     """The state rows' columns: h, score, last_id, last_ts, n, recent, event_ids
     (space-separated), rules (when rules are set), items (when the model declares item
     inputs), and shadow_h, shadow_score (and shadow_rules) when a shadow model runs. The h
-    columns are arrays (one row per state), the others lists. `score_text`: the scores'
-    decimals."""
+    columns are float arrays (one row per state), last_ts and n int64 arrays, the others
+    lists (adapters/resp.py frames each kind). `score_text`: the scores' decimals."""
     if not c.users:
         return []
     scores = [score_text[i] for i in c.last_scored.tolist()]  # each user's last score
-    columns = [c.h, scores, c.last_ids, c.last_ts.tolist(), c.n.tolist(), c.recent, c.event_ids]
+    columns = [c.h, scores, c.last_ids, c.last_ts, c.n, c.recent, c.event_ids]
     if c.rules is not None:
         columns.append(c.rules)
     if c.write_items:
@@ -288,54 +279,15 @@ def action_columns(c: Commit) -> list[list]:
     ]  # fmt: skip
 
 
-def rows_of(h: np.ndarray) -> list[bytes]:
-    """Each user's state as little-endian float32 bytes."""
-    blob = np.ascontiguousarray(h, "<f4").tobytes()
-    size = len(blob) // len(h)
-    return [blob[i : i + size] for i in range(0, len(blob), size)]
-
-
 def score_columns(c: Commit, score_text: list[str]) -> list[list]:
     """The score entries' columns: user_id, score, event_id, type, ts[, shadow_score]."""
     if not len(c.scores):
         return []
     users = [c.users[i] for i in c.score_user.tolist()]
-    columns = [users, score_text, c.score_event_ids, c.score_types, c.score_ts.tolist()]
+    columns = [users, score_text, c.score_event_ids, c.score_types, c.score_ts]
     if c.shadow_scores is not None:
         columns.append(decimals(c.shadow_scores))
     return columns
-
-
-def resp_rows(h: np.ndarray) -> bytes:
-    """Each row of h (little-endian float32 bytes) as a RESP bulk string, framed by numpy:
-    thousands of equal-sized blobs cost one copy."""
-    rows = np.ascontiguousarray(h, "<f4").reshape(len(h), -1).view(np.uint8)
-    prefix = b"$%d\r\n" % rows.shape[1]
-    out = np.empty((len(h), len(prefix) + rows.shape[1] + 2), np.uint8)
-    out[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
-    out[:, len(prefix) : -2] = rows
-    out[:, -2:] = np.frombuffer(b"\r\n", np.uint8)
-    return out.tobytes()
-
-
-def resp_blobs(values: list[bytes]) -> bytes:
-    """Byte strings as RESP bulk strings; for long values this beats hiredis, which
-    copies byte by byte."""
-    return b"".join([b"$%d\r\n%b\r\n" % (len(v), v) for v in values])
-
-
-def resp_column(column) -> bytes:
-    """A column of arguments as RESP bulk strings, by the fastest packer for its kind."""
-    if isinstance(column, np.ndarray):
-        return resp_rows(column)
-    if column and isinstance(column[0], bytes) and len(column[0]) > 64:
-        return resp_blobs(column)
-    return resp_args(column)
-
-
-def plain(column) -> list:
-    """A column as plain script arguments."""
-    return rows_of(column) if isinstance(column, np.ndarray) else column
 
 
 def cut(value: bytes, limit: int) -> bytes:
@@ -395,7 +347,7 @@ class CommitScript:
         """KEYS and ARGV of the script for a Commit: plain values, one argument each."""
         return self._keys(c), [
             *self._head(c),
-            *(x for column in self._body(c) for x in plain(column)),
+            *(x for column in self._body(c) for x in as_arguments(column)),
         ]
 
     def _keys(self, c: Commit) -> list[str]:
@@ -429,7 +381,7 @@ class CommitScript:
         known only once the commit before it replied)."""
         keys, body = self._keys(c), self._body(c)
         return PreparedCommit(
-            resp_args(("EVALSHA", self.sha, len(keys), *keys)), len(keys) + 3,
+            resp_args(("EVALSHA", self.sha, len(keys))) + resp_column(keys), len(keys) + 3,
             b"".join(map(resp_column, body)), sum(map(len, body)),
         )  # fmt: skip
 
