@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.inputs import parse_inputs
-from worker.engine.compute.histories import extended_histories
+from worker.engine.compute.histories import extended_histories, valid_histories
 from worker.engine.compute.recent import (
     HASH,
     NUMBER,
@@ -130,10 +130,9 @@ TYPES = st.text(st.characters(codec="utf-8"), max_size=6)
 
 
 @st.composite
-def stored_field(draw) -> bytes:
-    """A `recent` field as Redis may hold it, through `valid` as the states' reader passes
-    it: none, the layout before inputs, a section (any fields, repeated or none), or bytes
-    broken from one of these."""
+def raw_field(draw) -> bytes:
+    """A `recent` field as Redis may hold it: none, the layout before inputs, a section (any
+    fields, repeated or none), or bytes broken from one of these."""
     ts = draw(TIMES)
     types = draw(st.lists(TYPES, min_size=len(ts), max_size=len(ts)))
     prev = draw(st.integers(-(2**63), 2**63 - 1))
@@ -141,7 +140,7 @@ def stored_field(draw) -> bytes:
     if kind == "none":
         return b""
     if kind == "old":
-        return valid(old_layout(prev, ts, types))
+        return old_layout(prev, ts, types)
     keys = draw(st.lists(st.sampled_from(FIELDS), max_size=4))  # a key may repeat
     columns = [column_bytes(f[0], np.array(draw(st.lists(VALUES[f[0]], min_size=len(ts),
                                                          max_size=len(ts))), _dtype(f)))
@@ -153,7 +152,25 @@ def stored_field(draw) -> bytes:
         cut = draw(st.integers(0, len(raw)))
         raw = draw(st.sampled_from([raw[:cut], raw[:cut] + bytes([draw(st.integers(0, 255))])
                                     + raw[cut + 1 :], raw + b"x"]))  # fmt: skip
-    return valid(raw)
+    return raw
+
+
+def stored_field():
+    """A `recent` field through `valid`, as the states' reader passes it."""
+    return raw_field().map(valid)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(raw_field(), st.binary(max_size=40), st.none()), max_size=8))
+def test_the_batched_validation_keeps_exactly_what_valid_keeps(raws):
+    assert valid_histories(raws) == [valid(raw) for raw in raws]
+
+
+def test_names_that_are_not_utf8_as_python_decodes_it_read_as_no_history():
+    for name in (b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe0\x80\xaf", b"\xff",
+                 b"\xe2\x82", b"ok\xc3\xa9", "\U0010ffff".encode(), b"\xef\xbf\xbf"):  # fmt: skip
+        raw = struct.pack("<qHq", -1, 1, 5) + bytes([len(name)]) + name
+        assert valid_histories([raw]) == [valid(raw)], name
 
 
 def _dtype(f):

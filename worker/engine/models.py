@@ -23,8 +23,8 @@ from model.artifact import state_space_of
 from model.scoring import ScoringModel
 from worker.common.registry import Registry, RegistryError
 from worker.common.settings import Settings
-from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters import resp
+from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.model_source import (
     FileModelSource,
     ModelRejectedError,

@@ -23,8 +23,8 @@ import redis
 from worker.common.dedup import bounded
 from worker.common.keys import Keys
 from worker.engine.compute.batch import entry_id
+from worker.engine.compute.histories import valid_histories
 from worker.engine.compute.pipeline import ShadowStates, UserStates
-from worker.engine.compute.recent import valid
 from worker.engine.compute.state_cache import CachedState, StateCache, copy_known
 
 FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
@@ -212,6 +212,7 @@ class StateReader:
         shadow_rules = [b""] * len(states.users)
         mine: list[tuple[int, bytes | None]] = []  # (row, h blob of this model's space)
         theirs: list[tuple[int, bytes | None]] = []  # the same for the shadow model
+        histories: list[tuple[int, bytes | None]] = []  # (row, `recent` as read)
         for k, i in enumerate(rows):
             row = flat[1 + width * k : 1 + width * (k + 1)]
             (
@@ -245,7 +246,7 @@ class StateReader:
                 continue
             if eids:
                 states.event_ids[i] = bounded(eids)
-            states.recent[i] = valid(recent)
+            histories.append((i, recent))
             states.rules[i] = _bounded_field(rules)
             states.items[i] = _bounded_field(items)
             stored = [(h, by), (sh_h, sh_by)]  # a promoted shadow's states are in sh_h
@@ -255,6 +256,9 @@ class StateReader:
                 theirs.append((i, self._blob_of(stored, shadow[1])))
                 shadow_scores[i] = _number(sh_score)
                 shadow_rules[i] = _bounded_field(sh_rules)
+        for (i, _), recent in zip(histories, valid_histories([r for _, r in histories]),
+                                  strict=True):  # fmt: skip
+            states.recent[i] = recent
         missing, invalid = self._load(states.h, mine, shape)
         for reason, bad in (("model", missing), ("invalid", invalid)):
             for i in bad:

@@ -44,6 +44,7 @@ def warm_up() -> None:
     """Compile (or load from cache) the kernel now, not on the first batch (~5 s cold)."""
     one = np.zeros(1, np.int64)
     extended_histories([b""], one, one, ["view"], 1, 0.0, {(HASH, "warm"): one})
+    valid_histories([b"\xff" * 10])
 
 
 def _ends(parts: Sequence[bytes]) -> np.ndarray:
@@ -237,3 +238,97 @@ def _extend(buf, ends, ts, ts_ends, codes, names, name_ends, values, nothing, ke
         out_ends[u] = pos
         a, e0 = b, e1
     return out[:pos], out_ends
+
+
+def valid_histories(raws: Sequence[bytes | None]) -> list[bytes]:
+    """`recent.valid` of each field read from Redis (b"" for one malformed or without
+    events), for a batch of users in one kernel call."""
+    present = [raw or b"" for raw in raws]
+    if not any(present):
+        return present  # type: ignore[return-value]
+    ok = _well_formed(np.frombuffer(b"".join(present), np.uint8), _ends(present))
+    return [raw if good else b"" for raw, good in zip(present, ok.tolist(), strict=True)]
+
+
+@nb.njit(cache=True)
+def _utf8(buf, a, b):
+    """Whether buf[a:b] is UTF-8 as Python's strict decoder takes it (no overlong forms, no
+    surrogates, nothing above U+10FFFF)."""
+    i = a
+    while i < b:
+        c = buf[i]
+        if c < 0x80:
+            i += 1
+            continue
+        lo, hi = 0x80, 0xBF
+        if 0xC2 <= c <= 0xDF:
+            need = 1
+        elif c == 0xE0:
+            need, lo = 2, 0xA0
+        elif c == 0xED:
+            need, hi = 2, 0x9F
+        elif 0xE1 <= c <= 0xEF:
+            need = 2
+        elif c == 0xF0:
+            need, lo = 3, 0x90
+        elif c == 0xF4:
+            need, hi = 3, 0x8F
+        elif 0xF1 <= c <= 0xF3:
+            need = 3
+        else:
+            return False
+        if i + need >= b:
+            return False
+        if not lo <= buf[i + 1] <= hi:
+            return False
+        for k in range(2, need + 1):
+            if not 0x80 <= buf[i + k] <= 0xBF:
+                return False
+        i += need + 1
+    return True
+
+
+@nb.njit(cache=True)
+def _history_ok(buf, a, b):
+    """Whether buf[a:b] is a history `recent.unpack` reads back with at least one event."""
+    if b - a < 10:
+        return False
+    word = np.int64(buf[a + 8]) | (np.int64(buf[a + 9]) << 8)
+    n = word & 0x7FFF
+    pos = a + 10 + 8 * n
+    if n == 0 or pos > b:
+        return False
+    if word & 0x8000:  # the input section: field headers, then their columns
+        if pos >= b:
+            return False
+        count = np.int64(buf[pos])
+        pos += 1
+        for _ in range(count):
+            if pos + 2 > b or buf[pos] > 1:  # forms NUMBER (0) and HASH (1)
+                return False
+            size = np.int64(buf[pos + 1])
+            if pos + 2 + size > b or not _utf8(buf, pos + 2, pos + 2 + size):
+                return False
+            pos += 2 + size
+        pos += 8 * n * count
+        if pos > b:
+            return False
+    for _ in range(n):  # the type names
+        if pos >= b:
+            return False
+        size = np.int64(buf[pos])
+        if pos + 1 + size > b or not _utf8(buf, pos + 1, pos + 1 + size):
+            return False
+        pos += 1 + size
+    return pos == b
+
+
+@nb.njit(cache=True)
+def _well_formed(buf, ends):
+    """_history_ok of each field laid end to end in buf."""
+    ok = np.zeros(ends.shape[0], np.bool_)
+    a = 0
+    for u in range(ends.shape[0]):
+        ok[u] = _history_ok(buf, a, ends[u])
+        a = ends[u]
+    return ok

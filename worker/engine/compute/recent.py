@@ -220,7 +220,9 @@ def _offsets(raw: bytes, pos: int, n: int) -> tuple[dict[bytes, int], int]:
 
 
 def valid(raw: bytes | None) -> bytes:
-    """A `recent` field as read from Redis if it is well-formed and holds events, else b""."""
+    """A `recent` field as read from Redis if it is well-formed and holds events, else b"".
+    The definition of compute/histories.py's `valid_histories`, which the states' reader
+    runs over a batch's fields in one kernel call."""
     recent = unpack(raw)
     return raw if len(recent) else b""  # type: ignore[return-value]
 
