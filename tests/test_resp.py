@@ -13,7 +13,7 @@ from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, golden_model
 from worker.common.keys import Keys
 from worker.engine.adapters.commit import CommitLimits, CommitScript
-from worker.engine.adapters.resp import as_arguments, resp_column
+from worker.engine.adapters.resp import as_arguments, packed_command, resp_column
 from worker.engine.compute.batch import parse_batch
 from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
 
@@ -74,3 +74,10 @@ def test_a_prepared_commit_is_the_evalsha_redis_py_sends():
     assert script.command(commit) == hiredis.pack_command(
         ("EVALSHA", script.sha, len(keys), *keys, *args)
     )
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=30), max_size=30))
+def test_a_script_call_with_its_keys_packs_as_hiredis_does(keys):
+    command = ("EVALSHA", "f" * 40, len(keys), *keys)
+    assert packed_command(command, 3) == hiredis.pack_command(command)

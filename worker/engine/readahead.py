@@ -51,6 +51,7 @@ from worker.engine.adapters.commit import (
     settle,
 )
 from worker.engine.adapters.nodes import REDIRECTS
+from worker.engine.adapters.resp import packed_command
 from worker.engine.adapters.states import StateReader, StateRequest
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
@@ -152,7 +153,7 @@ class ReadAhead:
         `cursors` (as batches of at most `size`), then the commit, during which `models`
         compute the planned batch. CommitRefusedError("noscript") when Redis has lost the
         commit script; a REDIRECTS error when the node no longer serves the commit's slot."""
-        reads = [hiredis.pack_command(plan.command)] if plan is not None else []
+        reads = [_packed_read(plan.command)] if plan is not None else []
         groups = self.reader.read_groups(cursors)
         reads += [hiredis.pack_command(self.reader.read_command(g, count, None)) for g in groups]
         packed_commit = self.committer.command(commit, prepared)
@@ -218,3 +219,9 @@ class ReadAhead:
         prepared = self.committer.prepare(commit)
         return Ahead(plan.batch, states, commit, prepared, model, shadow,
                      (t2 - t1, time.perf_counter() - t2), models.rules)  # fmt: skip
+
+
+def _packed_read(command: tuple) -> bytes:
+    """The states' read (EVALSHA, sha, key count, then a state key per user: their column
+    framed by adapters/resp.py) or the sequence's GET, as RESP."""
+    return packed_command(command, 3) if command[0] == "EVALSHA" else hiredis.pack_command(command)

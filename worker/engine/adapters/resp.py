@@ -98,6 +98,12 @@ def resp_column(column: np.ndarray | Sequence) -> bytes:
     return resp_args(column)
 
 
+def packed_command(args: Sequence, head: int) -> bytes:
+    """A whole command as RESP: its first `head` arguments packed by hiredis, the rest (a
+    column of one kind, e.g. a script's keys) by resp_column."""
+    return b"*%d\r\n" % len(args) + resp_args(args[:head]) + resp_column(args[head:])
+
+
 def as_arguments(column: np.ndarray | Sequence) -> list:
     """A column as plain command arguments (what resp_column frames): a float array's rows as
     little-endian float32 bytes, an integer array's values as ints."""
