@@ -1,10 +1,10 @@
 """The real worker process against a plain consumer (`intentstream bench --against-plain`).
 
-The plain consumer is what an outsider writes with redis-py and no model: read a batch
-(XREADGROUP), one pipeline of HGETs of its distinct users' states, one pipeline of writes (an
-HSET of h and last_id per user, an XADD of a score per event, one XACK). It scores nothing and
-keeps no history, no producer ids and no exactly-once checks: a floor for the Redis work a
-scorer cannot avoid. Each round runs both over the same preloaded backlog, the order
+The plain consumer is what an outsider writes with redis-py and no model (as described in the
+issue that set the goal): read a batch (XREADGROUP), one pipeline of HMGETs of its distinct
+users' states (h, last_id), one pipeline of writes (an HSET of h and last_id per user, and per
+event an XADD of its score and an XACK). It scores nothing and keeps no history, no producer
+ids and no exactly-once checks: a floor for the work a scorer cannot avoid. Each round runs both over the same preloaded backlog, the order
 alternated between rounds; both are timed from their first score entry's id time to their
 last's (Redis's clock), so start-up is not counted in either.
 """
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def consume_plainly(r: redis.Redis, n: int, batch: int) -> None:
-    """The plain consumer over n entries of the backlog (see the module's doc)."""
+    """The plain consumer over n entries of the backlog (see the module's docstring)."""
     done = 0
     while done < n:
         reply = r.xreadgroup(GROUP, "plain", {STREAM: ">"}, count=batch, block=100)
@@ -45,15 +45,15 @@ def consume_plainly(r: redis.Redis, n: int, batch: int) -> None:
         keys = [STATE + u.decode() for u in users]
         reads = r.pipeline(transaction=False)
         for key in keys:
-            reads.hget(key, "h")
-        states = dict(zip(users, reads.execute(), strict=True))
+            reads.hmget(key, "h", "last_id")
+        states = {u: h for u, (h, _) in zip(users, reads.execute(), strict=True)}
         last = {f[b"user_id"]: eid for eid, f in entries}
         writes = r.pipeline(transaction=False)
         for key, user in zip(keys, users, strict=True):
             writes.hset(key, mapping={"h": states[user] or b"", "last_id": last[user]})
         for eid, f in entries:
             writes.xadd(SCORES, {"user_id": f[b"user_id"], "score": 0.0, "event_id": eid})
-        writes.xack(STREAM, GROUP, *(eid for eid, _ in entries))
+            writes.xack(STREAM, GROUP, eid)
         writes.execute()
         done += len(entries)
 
