@@ -4,9 +4,10 @@ The plain consumer is what an outsider writes with redis-py and no model (as des
 issue that set the goal): read a batch (XREADGROUP), one pipeline of HMGETs of its distinct
 users' states (h, last_id), one pipeline of writes (an HSET of h and last_id per user, and per
 event an XADD of its score and an XACK). It scores nothing and keeps no history, no producer
-ids and no exactly-once checks: a floor for the work a scorer cannot avoid. Each round runs both over the same preloaded backlog, the order
-alternated between rounds; both are timed from their first score entry's id time to their
-last's (Redis's clock), so start-up is not counted in either.
+ids and no exactly-once checks: a floor for the work a scorer cannot avoid. Each round runs
+both over the same preloaded backlog, the order alternated between rounds; both are timed
+from their first score entry's id time to their last's (Redis's clock), so start-up is not
+counted in either.
 """
 
 from __future__ import annotations
@@ -72,15 +73,15 @@ def plain_rate(r: redis.Redis, n: int, batch: int) -> tuple[float, float]:
 
 def worker_rate(
     r: redis.Redis, url: str, model: Path, n: int, args: argparse.Namespace
-) -> tuple[float, float]:
-    """(events/s, Redis CPU µs/event) of the real `intentstream worker` over the backlog."""
+) -> tuple[float, float, float]:
+    """(events/s, Redis CPU µs/event, worker CPU µs/event) of the real `intentstream worker`
+    over the backlog."""
     with open(Path(model).parent / "worker-plain.log", "ab") as log:
         proc = start_worker(url, model, args.batch_size, args.history_events, log)
         try:
-            rate, redis_us, _ = backlog(r, proc, n)
+            return backlog(r, proc, n)
         finally:
             stop(proc)
-    return rate, redis_us
 
 
 def run_against_plain(
@@ -93,7 +94,7 @@ def run_against_plain(
           "first score to last:")  # fmt: skip
     ratios = []
     for k in range(max(1, args.repeat)):
-        rates: dict[str, tuple[float, float]] = {}
+        rates: dict[str, tuple[float, ...]] = {}
         busy = os.getloadavg()[0]
         for who in ("worker", "plain") if k % 2 == 0 else ("plain", "worker"):
             preload(r, events, args.event_ids)
@@ -104,10 +105,11 @@ def run_against_plain(
                 rates[who] = plain_rate(r, len(events), args.batch_size)
         ratio = rates["worker"][0] / rates["plain"][0]
         ratios.append(ratio)
-        print(f"  round {k + 1}: worker {rates['worker'][0]:,.0f} ev/s (Redis "
-              f"{rates['worker'][1]:.1f} µs/ev), plain {rates['plain'][0]:,.0f} ev/s (Redis "
-              f"{rates['plain'][1]:.1f} µs/ev): {ratio:.2f}x; load average {busy:.2f} at its "
-              "start", flush=True)  # fmt: skip
+        worker, plain = rates["worker"], rates["plain"]
+        print(f"  round {k + 1}: worker {worker[0]:,.0f} ev/s (Redis {worker[1]:.1f} µs/ev, "
+              f"worker {worker[2]:.1f}), plain {plain[0]:,.0f} ev/s (Redis {plain[1]:.1f} "
+              f"µs/ev): {ratio:.2f}x; load average {busy:.2f} at its start",
+              flush=True)  # fmt: skip
     every = all(x >= GOAL for x in ratios)
     print(f"worker / plain: median {np.median(ratios):.2f}x, lowest {min(ratios):.2f}x; "
           f"{'every' if every else 'not every'} round at {GOAL:.1f}x or more")  # fmt: skip
