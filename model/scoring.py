@@ -9,6 +9,7 @@ item memories) and one score per event.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,8 +17,56 @@ from model.artifact import Model, state_shape
 from model.calibration import calibration_of, with_ends
 from model.cell import CellWeights, cell_weights, step_batch, work_size
 from model.features import event_gaps, feature_matrix, session_resets
-from model.inputs import InputCounts, ItemMemory, Stored, encode_inputs
-from model.params import pack
+from model.inputs import (
+    InputCounts,
+    InputSpec,
+    ItemMemory,
+    Stored,
+    encode_inputs,
+    input_parts,
+    table_columns,
+    table_name,
+)
+from model.params import Params, pack
+
+# A table input's embedding rows reach layer 0 only through W_fh, so each table can be passed
+# through it once, at load: P = table @ W_fh[its rows], (buckets, G·H). A batch then adds one
+# projected row per event and table to its type's row (the identity type_in already uses for
+# event types) instead of dim x G·H products per event in the kernel. Done while every P stays
+# under this size; larger tables keep the embedding columns.
+PROJECTED_MAX_BYTES = 8 << 20
+
+
+class Projection(NamedTuple):
+    """A model's table inputs passed through W_fh (see PROJECTED_MAX_BYTES)."""
+
+    tables: list[np.ndarray]  # per table input, declaration order: (buckets, G·H) float32
+    kept: np.ndarray  # the input block's columns still fed as features (numeric, item flags)
+    W_fh: np.ndarray  # W_fh without the embedding rows: (features + kept, G·H) float32
+
+
+def projection(
+    params: Params, weights: CellWeights, n_features: int, specs: Sequence[InputSpec],
+    tables: Mapping[str, np.ndarray],
+) -> Projection | None:  # fmt: skip
+    """The projected tables of a model's table inputs (float64 products, float32 stored), or
+    None when it has none or one would exceed PROJECTED_MAX_BYTES (or has the wrong shape)."""
+    with_table = [s for s in specs if s.kind != "numeric"]
+    W = params.W_x0[params.E.shape[1] :].astype(np.float64)  # W_fh in float64
+    width = W.shape[1]
+    if not with_table or any(s.buckets * width * 4 > PROJECTED_MAX_BYTES for s in with_table):
+        return None
+    projected, dropped = [], set()
+    for spec, (col, dim) in zip(with_table, table_columns(specs), strict=True):
+        table = tables.get(table_name(spec))
+        if table is None or table.shape != (spec.buckets, spec.dim):
+            return None  # encode_inputs says what is wrong, batch by batch
+        rows = W[n_features + col : n_features + col + dim]
+        projected.append(np.ascontiguousarray(table.astype(np.float64) @ rows, np.float32))
+        dropped.update(range(n_features + col, n_features + col + dim))
+    keep = [r for r in range(W.shape[0]) if r not in dropped]
+    kept = np.asarray([r - n_features for r in keep if r >= n_features], np.int64)
+    return Projection(projected, kept, np.ascontiguousarray(weights.W_fh[keep]))
 
 
 class ScoringModel:
@@ -49,6 +98,8 @@ class ScoringModel:
         self.item_inputs = [s.name for s in self.inputs if s.kind == "item"]
         self._tables = {n: np.ascontiguousarray(t, np.float32) for n, t in model.tables().items()}
         self.input_counts: dict[str, InputCounts] = {}  # the last batch's, per input
+        self.projection = projection(pack(a, meta.cell, np.float64), self.weights,
+                                     len(meta.features), self.inputs, model.tables())  # fmt: skip
 
     @property
     def state_shape(self) -> tuple[int, int]:
@@ -88,12 +139,33 @@ class ScoringModel:
         gap, has_prev = event_gaps(slot, ts_ms, last_ts)
         x_feat = feature_matrix(self.model.meta.features, gap)
         reset = session_resets(gap, has_prev, self.model.meta.session_gap_seconds)
-        if self.input_names:
+        weights = self.kernel_weights
+        if self.input_names and self.projection is not None:
+            weights, type_idx, x_feat = self._projected(type_idx, x_feat, slot, reset, inputs,
+                                                        memory, replayed)  # fmt: skip
+        elif self.input_names:
             x_feat = self._with_inputs(x_feat, slot, reset, inputs, memory, replayed)
         scores = np.empty(slot.shape[0], np.float32)
         work = self.scratch(slot.shape[0])
-        step_batch(self.kernel_weights, state, slot, type_idx, x_feat, reset, scores, work)
+        step_batch(weights, state, slot, type_idx, x_feat, reset, scores, work)
         return self.calibrated(scores)
+
+    def _projected(self, type_idx, x_feat, slot, reset, inputs, memory, replayed) -> tuple:
+        """(kernel weights, type rows, x_feat) for a batch through the projected tables: each
+        event's layer-0 input row (its type's row plus its tables' projected rows) as the
+        kernel's per-type table, indexed by event; x_feat widened by the inputs' numeric and
+        flag columns only."""
+        if inputs is None:
+            raise ValueError(f"the model declares inputs {self.input_names}; none were given")
+        proj = self.projection
+        fixed, buckets, self.input_counts = input_parts(self.inputs, inputs, slot, reset,
+                                                        memory or {}, replayed)  # fmt: skip
+        rows = self.weights.type_in[type_idx]
+        for k, table in enumerate(proj.tables):
+            rows += table[buckets[:, k]]
+        x = np.ascontiguousarray(np.concatenate([x_feat, fixed[:, proj.kept]], axis=1))
+        weights = (*self.kernel_weights[:2], rows, proj.W_fh, *self.kernel_weights[4:])
+        return weights, np.arange(len(type_idx), dtype=np.int64), x
 
     def _with_inputs(self, x_feat, slot, reset, inputs, memory, replayed) -> np.ndarray:
         """x_feat widened by the declared inputs' block (model/inputs.py, encode_inputs)."""
