@@ -146,6 +146,12 @@ def test_bench_inputs_reports_what_the_declared_inputs_cost_and_the_state_they_a
     )
     assert 0 < grown <= 200
     assert re.search(r"the inputs add -?[\d.]+ µs of worker CPU per event .*goal <= 2", out)
+    # the same models through the pipeline without Redis, alternated
+    rounds = re.findall(r"^  (type-only model|the model reading the 4 fields) +fastest +([\d.]+) "
+                        r"+median +[\d.]+ +rounds((?: [\d.]+)+)$", out, re.M)  # fmt: skip
+    assert [r[0] for r in rounds] == ["type-only model", "the model reading the 4 fields"], out
+    assert all(float(r[1]) == min(map(float, r[2].split())) for r in rounds)
+    assert re.search(r"the inputs add -?[\d.]+ µs per event to the pipeline", out)
 
 
 def test_the_latency_table_says_which_rates_the_producer_fell_short_of():

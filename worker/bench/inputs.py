@@ -11,7 +11,9 @@ A third row, `bare`, is the type-only model on the same events without their fie
 carrying them costs Redis and the parse). Worker CPU is this process's user + system time
 over the run; Redis CPU is INFO cpu over the same run; the state's size is MEMORY USAGE of
 sampled state keys after the run (the rich model keeps each user's item memory there).
-Figures are medians over rounds; ratios are medians of the same round's ratios.
+Figures are medians over rounds; ratios are medians of the same round's ratios. Then the
+same two models through the worker's pipeline without Redis (worker/bench/pipeline_cpu.py):
+the computation's share of the cost.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from model.artifact import random_model, save_model
+from model.artifact import load_model, random_model, save_model
+from model.scoring import ScoringModel
 from model.synthetic import EVENT_TYPES, LABEL_TYPE
 from worker.bench.inprocess import consume, start_worker
 from worker.bench.load import redis_cpu
+from worker.bench.pipeline_cpu import entries_of, pipeline_cost, print_pipeline_cost
 from worker.bench.workload import preload, sampled_state_keys
 
 FIELDS = ("product_id", "category_code", "brand", "price")
@@ -157,5 +161,11 @@ def run_inputs_bench(r: redis.Redis, url: str, events: list[dict], args: argpars
                   flush=True)  # fmt: skip
     print()
     print_table(runs, names)
+    plain_model, rich_model = (ScoringModel(load_model(x), "1") for x in (plain, rich))
+    for m in (plain_model, rich_model):
+        m.warm_up()
+    batches = entries_of(events, FIELDS)
+    print_pipeline_cost(*pipeline_cost(plain_model, rich_model, batches, args.history_events,
+                                       max(3, args.repeat)))  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     return runs

@@ -1,0 +1,93 @@
+"""The worker's pipeline without Redis, for `intentstream bench --inputs`: what the declared
+inputs cost the computation alone.
+
+Each 512-entry batch of the backlog, as XREADGROUP returns it, goes through what the worker
+does between its reads and its commits: the parse (with the declared inputs' values), the
+states from the write-through cache (a user seen for the first time is new), `build_commit`,
+the commit's EVALSHA packed to bytes, and the cache's copy of what it writes. No socket, no
+reply parsing, no state read from Redis: the rest of the bench's difference is there and in
+Redis. Timed with process time, the two models alternated; the figure is the difference of
+their fastest rounds (the least disturbed), so it is stable on a shared machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import redis
+
+from model.scoring import ScoringModel
+from worker.common.keys import Keys
+from worker.engine.adapters.commit import CommitLimits, CommitScript
+from worker.engine.adapters.states import FIELDS as STATE_FIELDS
+from worker.engine.adapters.states import StateReader
+from worker.engine.compute.batch import parse_batch
+from worker.engine.compute.pipeline import build_commit, distinct_users
+from worker.engine.compute.state_cache import StateCache, written
+
+BATCH = 512
+
+
+def entries_of(events: list[dict], fields: tuple[str, ...]) -> list[list]:
+    """The events as batches of XREADGROUP entries ([id, [field, value, ...]]), each with a
+    producer event id and then `fields`, as the bench's preload publishes them."""
+    batches = []
+    for k in range(0, len(events), BATCH):
+        entries = []
+        for i, e in enumerate(events[k : k + BATCH], start=k):
+            flat = [b"user_id", e["user_id"].encode(), b"type", e["type"].encode(), b"ts",
+                    str(e["ts"]).encode(), b"event_id", f"bench-{i}".encode()]  # fmt: skip
+            for name in fields:
+                flat += [name.encode(), e[name].encode()]
+            entries.append([f"{1_700_000_000_000 + i}-0".encode(), flat])
+        batches.append(entries)
+    return batches
+
+
+def pipeline_seconds(model: ScoringModel, batches: list[list], history_events: int) -> float:
+    """Process time of the pipeline over every batch, from an empty cache."""
+    client = redis.Redis()  # never connected: the scripts' sha1 are computed locally
+    keys = Keys()
+    script = CommitScript(client, keys, "g", "c", "h", CommitLimits(10**8, 1000, 256, 0))
+    cache = StateCache(10**7)
+    reader = StateReader(client, keys, cache, lambda _version: model.version)
+    names, width, seq = tuple(model.input_names), len(STATE_FIELDS), 1
+    t = time.process_time()
+    for entries in batches:
+        batch = parse_batch(0, entries, input_names=names)
+        request = reader.request(0, distinct_users(batch))
+        # what the read script returns for users Redis has no state of
+        read = [str(seq).encode()] + [None] * (width * len(request.misses))
+        states = reader.complete(request, read, model.state_shape, model.version)
+        commit = build_commit(batch, states, model, history_events)
+        script.command(commit)
+        seq += 1
+        cache.store(0, str(seq).encode(), written(commit))
+    return time.process_time() - t
+
+
+def pipeline_cost(
+    plain: ScoringModel, rich: ScoringModel, batches: list[list], history_events: int,
+    rounds: int,
+) -> tuple[list[float], list[float]]:  # fmt: skip
+    """µs/event of the pipeline per round for each model, alternated."""
+    n = sum(map(len, batches))
+    times: dict[str, list[float]] = {"plain": [], "rich": []}
+    for k in range(rounds):
+        for name in ("plain", "rich") if k % 2 == 0 else ("rich", "plain"):
+            model = plain if name == "plain" else rich
+            times[name].append(pipeline_seconds(model, batches, history_events) / n * 1e6)
+    return times["plain"], times["rich"]
+
+
+def print_pipeline_cost(plain: list[float], rich: list[float]) -> None:
+    """The pipeline's figures, and the inputs' cost as the difference of the fastest rounds."""
+    print(f"\nthe worker's pipeline without Redis (parse, states from the cache, build_commit, "
+          f"the commit packed), {len(plain)} rounds alternated, µs/event:")  # fmt: skip
+    for name, times in (("type-only model", plain), ("the model reading the 4 fields", rich)):
+        print(f"  {name:<44} fastest {min(times):6.2f}  median {np.median(times):6.2f}  rounds "
+              + " ".join(f"{x:.2f}" for x in times))  # fmt: skip
+    print(f"the inputs add {min(rich) - min(plain):.2f} µs per event to the pipeline (fastest "
+          f"rounds; medians {np.median(rich) - np.median(plain):.2f}; goal <= 2 for the "
+          "worker)")  # fmt: skip
