@@ -118,7 +118,8 @@ def as_arguments(column: np.ndarray | Sequence) -> list:
 
 def warm_up() -> None:
     """Compile (or load from cache) the kernels now, not on the first commit."""
-    resp_blobs([b"a"])
+    resp_blobs([b"a"])  # lengths as bytes
+    resp_blobs([b"a" * 256])  # lengths as int64
     resp_ints(np.zeros(1, np.int64))
 
 
