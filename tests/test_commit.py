@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
 from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, golden_model
@@ -72,6 +73,23 @@ def test_ok_writes_everything_and_a_resend_reports_applied(setup):
     again = setup.script.run(commit)  # as redis-py resends after a lost reply
     assert again.resent and again.seq == first.seq
     assert setup.r.xlen(KEYS.scores(0)) == 3
+
+
+def test_a_commit_after_redis_lost_the_script_loads_it_and_applies(setup):
+    setup.r.script_flush()  # as after a restart without persistence of scripts
+    result = setup.script.run(setup.commit_of(setup.read(alice("view"))))
+    assert not result.resent and setup.r.xlen(KEYS.scores(0)) == 1 and setup.pending() == 0
+    assert setup.r.script_exists(setup.script.sha) == [True]
+
+
+def test_a_commit_whose_connection_was_killed_applies_once(setup, redis_server):
+    commit = setup.commit_of(setup.read(alice("view")))
+    connect(redis_server.url).client_kill_filter(_type="normal")  # the worker's connections
+    try:
+        first = setup.script.run(commit)
+    except redis.ConnectionError:
+        first = setup.script.run(commit)  # sent again, as the worker does after an outage
+    assert not first.resent and setup.r.xlen(KEYS.scores(0)) == 1
 
 
 def test_not_owned(setup):

@@ -328,6 +328,7 @@ class CommitScript:
         self, client: redis.Redis, keys: Keys, group: str, consumer: str, holder: str,
         limits: CommitLimits,
     ) -> None:  # fmt: skip
+        self.client = client
         self.script = client.register_script(COMMIT_SCRIPT)
         self.keys = keys
         self.group = group
@@ -393,9 +394,33 @@ class CommitScript:
         return b"*%d\r\n" % count + prepared.start + resp_args(head) + prepared.body
 
     def run(self, commit: Commit) -> CommitResult:
-        """Apply a Commit; CommitRefusedError when it applied nothing."""
-        keys, args = self.pack(commit)
-        return settle(self.script(keys=keys, args=args))
+        """Apply a Commit; CommitRefusedError when it applied nothing. On one Redis the
+        EVALSHA goes as `command` packs it, on a pooled connection; a cluster client sends
+        it through redis-py, which follows the slot's redirects."""
+        if isinstance(self.client, redis.RedisCluster):
+            keys, args = self.pack(commit)
+            return settle(self.script(keys=keys, args=args))
+        return settle(self._call(self.command(commit)))
+
+    def _call(self, command: bytes) -> list:
+        """The reply to a packed EVALSHA of the script, loading the script once if Redis lost
+        it (a restart, SCRIPT FLUSH), as redis-py's Script does."""
+        pool = self.client.connection_pool
+        for attempt in (0, 1):
+            conn = pool.get_connection()
+            try:
+                conn.send_packed_command([command])
+                return conn.read_response()
+            except redis.exceptions.NoScriptError:
+                if attempt:
+                    raise  # the reply was read whole: the connection stays usable
+            except BaseException:
+                conn.disconnect()  # a reply may still be in flight on it
+                raise
+            finally:
+                pool.release(conn)
+            self.client.script_load(COMMIT_SCRIPT)
+        raise AssertionError("unreachable")
 
 
 def settle(reply: list) -> CommitResult:
