@@ -22,9 +22,11 @@ _PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "c
 
 # Files whose tests take minutes, longest first: run first, so that on the suite's workers
 # (pytest-xdist, scripts/test.sh) they start at once instead of becoming the run's tail.
-_LONG_FILES = ("test_readme.py", "test_deploy_image.py", "test_longrange.py",
-               "test_deploy_acl.py", "test_worker_faults.py", "test_training.py",
-               "test_cluster.py", "test_lifecycle.py")  # fmt: skip
+_LONG_FILES = ("test_readme.py", "test_longrange.py", "test_deploy_image.py",
+               "test_resize.py", "test_deploy_acl.py", "test_lifecycle.py", "test_cluster.py",
+               "test_worker_faults.py", "test_registry.py", "test_training.py",
+               "test_cli_explain.py", "test_deploy_prometheus.py", "test_cluster_failover.py",
+               "test_calibration.py", "test_bench.py")  # fmt: skip
 
 
 def _start_rank(item: pytest.Item) -> int:
