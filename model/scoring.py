@@ -87,7 +87,8 @@ class ScoringModel:
         self._type_index = {name: i for i, name in enumerate(meta.event_types)}
         self.cell = meta.cell
         # packed in float64 so the per-type table is exact, then cast to the kernels' float32
-        self.weights: CellWeights = cell_weights(pack(a, meta.cell, np.float64), meta.head)
+        params = pack(a, meta.cell, np.float64)
+        self.weights: CellWeights = cell_weights(params, meta.head)
         # what the kernels get: a plain tuple unboxes faster than the NamedTuple (CellWeights)
         self.kernel_weights = tuple(self.weights)
         self._work = np.empty(0, np.float32)
@@ -98,8 +99,8 @@ class ScoringModel:
         self.item_inputs = [s.name for s in self.inputs if s.kind == "item"]
         self._tables = {n: np.ascontiguousarray(t, np.float32) for n, t in model.tables().items()}
         self.input_counts: dict[str, InputCounts] = {}  # the last batch's, per input
-        self.projection = projection(pack(a, meta.cell, np.float64), self.weights,
-                                     len(meta.features), self.inputs, model.tables())  # fmt: skip
+        self.projection = projection(params, self.weights, len(meta.features), self.inputs,
+                                     model.tables())  # fmt: skip
 
     @property
     def state_shape(self) -> tuple[int, int]:

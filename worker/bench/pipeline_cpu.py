@@ -18,6 +18,7 @@ import numpy as np
 import redis
 
 from model.scoring import ScoringModel
+from worker.bench.workload import entry_fields
 from worker.common.keys import Keys
 from worker.engine.adapters.commit import CommitLimits, CommitScript
 from worker.engine.adapters.states import FIELDS as STATE_FIELDS
@@ -30,16 +31,13 @@ BATCH = 512
 
 
 def entries_of(events: list[dict], fields: tuple[str, ...]) -> list[list]:
-    """The events as batches of XREADGROUP entries ([id, [field, value, ...]]), each with a
-    producer event id and then `fields`, as the bench's preload publishes them."""
+    """The events as batches of XREADGROUP entries ([id, [field, value, ...]]) of the fields
+    the bench's preload publishes (`entry_fields`, with producer event ids)."""
     batches = []
     for k in range(0, len(events), BATCH):
         entries = []
         for i, e in enumerate(events[k : k + BATCH], start=k):
-            flat = [b"user_id", e["user_id"].encode(), b"type", e["type"].encode(), b"ts",
-                    str(e["ts"]).encode(), b"event_id", f"bench-{i}".encode()]  # fmt: skip
-            for name in fields:
-                flat += [name.encode(), e[name].encode()]
+            flat = [str(x).encode() for x in entry_fields(e, i, True, fields)]
             entries.append([f"{1_700_000_000_000 + i}-0".encode(), flat])
         batches.append(entries)
     return batches

@@ -18,19 +18,27 @@ STATE = KEYS.state_prefix(0)  # + user id: a user's state (built per event in th
 GROUP = Settings.model_fields["group"].default
 
 
+def entry_fields(
+    event: dict, i: int, event_ids: bool = True, fields: Sequence[str] = ()
+) -> list[str]:
+    """The i-th backlog event's field/value list as the bench publishes it: user_id, type,
+    ts, a producer event_id as `publish` sets one (unless event_ids is False), then the
+    event's `fields` (declared inputs' values) where it has them."""
+    extra = ["event_id", f"bench-{i}"] if event_ids else []
+    more = [x for name in fields if name in event for x in (name, event[name])]
+    return ["user_id", event["user_id"], "type", event["type"], "ts", str(event["ts"]),
+            *extra, *more]  # fmt: skip
+
+
 def preload(
     r: redis.Redis, events: list[dict], event_ids: bool = True, fields: Sequence[str] = ()
 ) -> None:
-    """Flush the database and XADD the events to partition 0, pipelined, each with a
-    producer event_id as `publish` sets one (unless event_ids is False) and then the
-    events' `fields` (declared inputs' values) where they have them."""
+    """Flush the database and XADD the events to partition 0, pipelined, each with the
+    fields `entry_fields` gives."""
     r.flushdb()
     pipe = r.pipeline(transaction=False)
     for i, e in enumerate(events):
-        extra = ("event_id", f"bench-{i}") if event_ids else ()
-        more = [x for name in fields if name in e for x in (name, e[name])]
-        pipe.execute_command("XADD", STREAM, "*", "user_id", e["user_id"], "type", e["type"],
-                             "ts", e["ts"], *extra, *more)  # fmt: skip
+        pipe.execute_command("XADD", STREAM, "*", *entry_fields(e, i, event_ids, fields))
         if len(pipe) >= 5000:
             pipe.execute()
     pipe.execute()

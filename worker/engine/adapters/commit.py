@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
+from worker.common.connection import is_cluster
 from worker.common.keys import Keys
 from worker.engine.adapters.resp import as_arguments, resp_args, resp_column
 from worker.engine.compute.batch import DeadLetter
@@ -397,30 +398,29 @@ class CommitScript:
         """Apply a Commit; CommitRefusedError when it applied nothing. On one Redis the
         EVALSHA goes as `command` packs it, on a pooled connection; a cluster client sends
         it through redis-py, which follows the slot's redirects."""
-        if isinstance(self.client, redis.RedisCluster):
+        if is_cluster(self.client):
             keys, args = self.pack(commit)
             return settle(self.script(keys=keys, args=args))
-        return settle(self._call(self.command(commit)))
+        try:
+            return settle(self._call(self.command(commit)))
+        except redis.exceptions.NoScriptError:  # Redis lost it (a restart, SCRIPT FLUSH)
+            self.client.script_load(COMMIT_SCRIPT)
+            return settle(self._call(self.command(commit)))
 
     def _call(self, command: bytes) -> list:
-        """The reply to a packed EVALSHA of the script, loading the script once if Redis lost
-        it (a restart, SCRIPT FLUSH), as redis-py's Script does."""
+        """The reply to a packed command, on a connection of the client's pool."""
         pool = self.client.connection_pool
-        for attempt in (0, 1):
-            conn = pool.get_connection()
-            try:
-                conn.send_packed_command([command])
-                return conn.read_response()
-            except redis.exceptions.NoScriptError:
-                if attempt:
-                    raise  # the reply was read whole: the connection stays usable
-            except BaseException:
-                conn.disconnect()  # a reply may still be in flight on it
-                raise
-            finally:
-                pool.release(conn)
-            self.client.script_load(COMMIT_SCRIPT)
-        raise AssertionError("unreachable")
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([command])
+            return conn.read_response()
+        except redis.ResponseError:
+            raise  # the reply was read whole: the connection stays usable
+        except BaseException:
+            conn.disconnect()  # a reply may still be in flight on it
+            raise
+        finally:
+            pool.release(conn)
 
 
 def settle(reply: list) -> CommitResult:

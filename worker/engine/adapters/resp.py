@@ -44,8 +44,7 @@ def resp_blobs(values: Sequence[bytes]) -> bytes:
     """Byte strings as RESP bulk strings (their concatenation framed by one kernel call)."""
     if not values:
         return b""
-    data = b"".join(values)
-    return _framed(np.frombuffer(data, np.uint8), _lengths(values)).tobytes()
+    return _framed_joined(b"".join(values), values)
 
 
 def resp_texts(values: Sequence[str]) -> bytes:
@@ -56,16 +55,18 @@ def resp_texts(values: Sequence[str]) -> bytes:
     data = text.encode()
     if len(data) != len(text):  # not all ASCII: a string's length is not its bytes'
         return resp_blobs([v.encode() for v in values])
-    return _framed(np.frombuffer(data, np.uint8), _lengths(values)).tobytes()
+    return _framed_joined(data, values)
 
 
-def _lengths(values: Sequence[bytes] | Sequence[str]) -> np.ndarray:
-    """The values' lengths: as bytes when all are under 256 (the common case, and the
+def _framed_joined(data: bytes, values: Sequence[bytes] | Sequence[str]) -> bytes:
+    """`values` laid end to end in `data` (as many bytes each as its len), framed. Their
+    lengths go to the kernel as bytes when all are under 256 (the common case, and the
     cheapest to build), else as int64."""
     try:
-        return np.frombuffer(bytes(map(len, values)), np.uint8)
+        lengths = np.frombuffer(bytes(map(len, values)), np.uint8)
     except ValueError:
-        return np.fromiter(map(len, values), np.int64, len(values))
+        lengths = np.fromiter(map(len, values), np.int64, len(values))
+    return _framed(np.frombuffer(data, np.uint8), lengths).tobytes()
 
 
 def resp_ints(values: np.ndarray) -> bytes:
@@ -147,31 +148,41 @@ def _write_decimal(out: np.ndarray, at: int, n: np.uint64, width: int) -> None:
 
 
 @nb.njit(cache=True)
+def _head(out: np.ndarray, at: int, length: int, powers: np.ndarray) -> int:
+    """A bulk string's `$<length>\\r\\n` at out[at:]; the position after it."""
+    width = _digits(np.uint64(length), powers)
+    out[at] = 36  # $
+    _write_decimal(out, at + 1, np.uint64(length), width)
+    out[at + 1 + width] = 13
+    out[at + 2 + width] = 10
+    return at + 3 + width
+
+
+@nb.njit(cache=True)
+def _crlf(out: np.ndarray, at: int) -> int:
+    """A bulk string's closing `\\r\\n` at out[at:]; the position after it."""
+    out[at] = 13
+    out[at + 1] = 10
+    return at + 2
+
+
+@nb.njit(cache=True)
 def _framed(data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The values of `lengths` bytes laid end to end in data, each framed as
     `$<length>\\r\\n<bytes>\\r\\n`."""
     powers = _POWERS
     size = 0
     for i in range(lengths.shape[0]):
-        length = np.uint64(lengths[i])
-        size += 5 + _digits(length, powers) + int(length)
+        length = int(lengths[i])
+        size += 5 + _digits(np.uint64(length), powers) + length
     out = np.empty(size, np.uint8)
     at = 0
     start = 0
     for i in range(lengths.shape[0]):
         length = int(lengths[i])
-        width = _digits(np.uint64(length), powers)
-        out[at] = 36  # $
-        _write_decimal(out, at + 1, np.uint64(length), width)
-        at += 1 + width
-        out[at] = 13
-        out[at + 1] = 10
-        at += 2
+        at = _head(out, at, length, powers)
         out[at : at + length] = data[start : start + length]
-        at += length
-        out[at] = 13
-        out[at + 1] = 10
-        at += 2
+        at = _crlf(out, at + length)
         start += length
     return out
 
@@ -192,20 +203,10 @@ def _framed_ints(values: np.ndarray) -> np.ndarray:
         v = values[i]
         magnitude = np.uint64(-v) if v < 0 else np.uint64(v)
         width = _digits(magnitude, powers)
-        length = width + (1 if v < 0 else 0)
-        head = _digits(np.uint64(length), powers)
-        out[at] = 36  # $
-        _write_decimal(out, at + 1, np.uint64(length), head)
-        at += 1 + head
-        out[at] = 13
-        out[at + 1] = 10
-        at += 2
+        at = _head(out, at, width + (1 if v < 0 else 0), powers)
         if v < 0:
             out[at] = 45  # -
             at += 1
         _write_decimal(out, at, magnitude, width)
-        at += width
-        out[at] = 13
-        out[at + 1] = 10
-        at += 2
+        at = _crlf(out, at + width)
     return out

@@ -289,6 +289,16 @@ def _utf8(buf, a, b):
 
 
 @nb.njit(cache=True)
+def _after_name(buf, at, b):
+    """The position after the length-prefixed UTF-8 name whose length byte is buf[at], or
+    -1 when it does not fit before b or is not UTF-8."""
+    if at >= b:
+        return -1
+    end = at + 1 + np.int64(buf[at])
+    return end if end <= b and _utf8(buf, at + 1, end) else -1
+
+
+@nb.njit(cache=True)
 def _history_ok(buf, a, b):
     """Whether buf[a:b] is a history `recent.unpack` reads back with at least one event."""
     if b - a < 10:
@@ -298,28 +308,24 @@ def _history_ok(buf, a, b):
     pos = a + 10 + 8 * n
     if n == 0 or pos > b:
         return False
-    if word & 0x8000:  # the input section: field headers, then their columns
+    if word & 0x8000:  # the input section: field headers (a form, a name), then their columns
         if pos >= b:
             return False
         count = np.int64(buf[pos])
         pos += 1
         for _ in range(count):
-            if pos + 2 > b or buf[pos] > 1:  # forms NUMBER (0) and HASH (1)
+            if pos >= b or buf[pos] > 1:  # forms NUMBER (0) and HASH (1)
                 return False
-            size = np.int64(buf[pos + 1])
-            if pos + 2 + size > b or not _utf8(buf, pos + 2, pos + 2 + size):
+            pos = _after_name(buf, pos + 1, b)
+            if pos < 0:
                 return False
-            pos += 2 + size
         pos += 8 * n * count
         if pos > b:
             return False
     for _ in range(n):  # the type names
-        if pos >= b:
+        pos = _after_name(buf, pos, b)
+        if pos < 0:
             return False
-        size = np.int64(buf[pos])
-        if pos + 1 + size > b or not _utf8(buf, pos + 1, pos + 1 + size):
-            return False
-        pos += 1 + size
     return pos == b
 
 
