@@ -32,13 +32,15 @@ BATCH = 512
 
 def entries_of(events: list[dict], fields: tuple[str, ...]) -> list[list]:
     """The events as batches of XREADGROUP entries ([id, [field, value, ...]]) of the fields
-    the bench's preload publishes (`entry_fields`, with producer event ids)."""
+    the bench's preload publishes (`entry_fields`, with producer event ids). Each entry id's
+    time is its event's `ts` (the events come in time order), as when a producer publishes
+    as the events happen: an id far behind its `ts` would dead-letter the event."""
     batches = []
     for k in range(0, len(events), BATCH):
         entries = []
         for i, e in enumerate(events[k : k + BATCH], start=k):
             flat = [str(x).encode() for x in entry_fields(e, i, True, fields)]
-            entries.append([f"{1_700_000_000_000 + i}-0".encode(), flat])
+            entries.append([f"{e['ts']}-{i}".encode(), flat])
         batches.append(entries)
     return batches
 
