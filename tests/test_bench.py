@@ -166,11 +166,13 @@ def test_the_plain_consumer_scores_and_acknowledges_each_entry_once(redis_server
     r = connect(redis_server.url)
     events = list(synthetic_events(1500, 200, seed=4))
     preload(r, events)
-    consume_plainly(r, len(events), 256)
+    consume_plainly(r, len(events), 256, hidden=16)
     assert r.xlen(SCORES) == len(events)
     assert r.xpending("intentstream:events:{0}", "intentstream-workers")["pending"] == 0
     users = {e["user_id"] for e in events}
-    assert sum(1 for _ in r.scan_iter(match="intentstream:state:{0}:*")) == len(users)
+    keys = list(r.scan_iter(match="intentstream:state:{0}:*"))
+    assert len(keys) == len(users)
+    assert {len(r.hget(k, "h")) for k in keys} == {64}  # a state of 16 float32, as a scorer's
 
 
 def test_bench_against_plain_alternates_the_worker_and_the_plain_consumer():

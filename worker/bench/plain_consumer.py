@@ -2,12 +2,12 @@
 
 The plain consumer is what an outsider writes with redis-py and no model (as described in the
 issue that set the goal): read a batch (XREADGROUP), one pipeline of HMGETs of its distinct
-users' states (h, last_id), one pipeline of writes (an HSET of h and last_id per user, and per
-event an XADD of its score and an XACK). It scores nothing and keeps no history, no producer
-ids and no exactly-once checks: a floor for the work a scorer cannot avoid. Each round runs
-both over the same preloaded backlog, the order alternated between rounds; both are timed
-from their first score entry's id time to their last's (Redis's clock), so start-up is not
-counted in either.
+users' states (h, last_id), one pipeline of writes (an HSET of h and last_id per user, h the
+size a model of --hidden units writes, and per event an XADD of its score and an XACK). It
+scores nothing and keeps no history, no producer ids and no exactly-once checks: a floor for
+the work a scorer cannot avoid. Each round runs both over the same preloaded backlog, the
+order alternated between rounds; both are timed from their first score entry's id time to
+their last's (Redis's clock), so start-up is not counted in either.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "per round")  # fmt: skip
 
 
-def consume_plainly(r: redis.Redis, n: int, batch: int) -> None:
-    """The plain consumer over n entries of the backlog (see the module's docstring)."""
+def consume_plainly(r: redis.Redis, n: int, batch: int, hidden: int) -> None:
+    """The plain consumer over n entries of the backlog (see the module's docstring); a
+    user without a state gets a zero h of `hidden` float32, as a scorer writes one."""
+    zero = bytes(4 * hidden)
     done = 0
     while done < n:
         reply = r.xreadgroup(GROUP, "plain", {STREAM: ">"}, count=batch, block=100)
@@ -51,7 +53,7 @@ def consume_plainly(r: redis.Redis, n: int, batch: int) -> None:
         last = {f[b"user_id"]: eid for eid, f in entries}
         writes = r.pipeline(transaction=False)
         for key, user in zip(keys, users, strict=True):
-            writes.hset(key, mapping={"h": states[user] or b"", "last_id": last[user]})
+            writes.hset(key, mapping={"h": states[user] or zero, "last_id": last[user]})
         for eid, f in entries:
             writes.xadd(SCORES, {"user_id": f[b"user_id"], "score": 0.0, "event_id": eid})
             writes.xack(STREAM, GROUP, eid)
@@ -59,11 +61,11 @@ def consume_plainly(r: redis.Redis, n: int, batch: int) -> None:
         done += len(entries)
 
 
-def plain_rate(r: redis.Redis, n: int, batch: int) -> tuple[float, float]:
+def plain_rate(r: redis.Redis, n: int, batch: int, hidden: int) -> tuple[float, float]:
     """(events/s from the first score entry to the last, Redis CPU µs/event) of the plain
     consumer over the preloaded backlog."""
     cpu0 = redis_cpu(r)
-    consume_plainly(r, n, batch)
+    consume_plainly(r, n, batch, hidden)
     cpu = redis_cpu(r) - cpu0
     first = r.xrange(SCORES, count=1)[0][0]
     last = r.xrevrange(SCORES, count=1)[0][0]
@@ -102,7 +104,7 @@ def run_against_plain(
             if who == "worker":
                 rates[who] = worker_rate(r, url, model, len(events), args)
             else:
-                rates[who] = plain_rate(r, len(events), args.batch_size)
+                rates[who] = plain_rate(r, len(events), args.batch_size, args.hidden)
         ratio = rates["worker"][0] / rates["plain"][0]
         ratios.append(ratio)
         worker, plain = rates["worker"], rates["plain"]
