@@ -187,3 +187,15 @@ def test_bench_against_plain_alternates_the_worker_and_the_plain_consumer():
         assert abs(rate - float(ratio)) < 0.01 + 0.01 * rate
     assert re.search(r"worker / plain: median [\d.]+x, lowest [\d.]+x; (every|not every) round",
                      result.stdout)  # fmt: skip
+
+
+def test_bench_commit_replays_every_commit_of_each_layout_beside_the_plain_writes():
+    result = run_cli("bench", "--events", "3000", "--users", "300", "--commit", "--repeat", "2",
+                     timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]  # a refused replayed commit exits 1
+    rounds = re.findall(r"round (\d): (\w+) ([\d.]+), (\w+) ([\d.]+), (\w+) ([\d.]+);",
+                        result.stdout)  # fmt: skip
+    assert [r[0] for r in rounds] == ["1", "2"], result.stdout
+    assert all(sorted(r[1::2]) == ["full", "lean", "plain"] for r in rounds), result.stdout
+    assert re.search(r"medians: full [\d.]+, lean [\d.]+, plain writes [\d.]+ µs/event; "
+                     r"lean / full [\d.]+", result.stdout), result.stdout  # fmt: skip

@@ -21,6 +21,7 @@ from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import LocalCluster, free_port
 from worker.common.publisher import publish
+from worker.engine.compute.lean_state import as_fields
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +60,7 @@ def assert_each_event_scored_and_states_equal(r, events, model_path) -> int:
     assert set(seen) == wanted, "an event was not scored, or scored on another partition"
     _, states = uninterrupted(model_path, events)
     for user, h in states.items():
-        stored = r.hget(KEYS.state(partition_of(user, P), user), "h")
+        stored = as_fields(r.hgetall(KEYS.state(partition_of(user, P), user)))[b"h"]
         np.testing.assert_allclose(np.frombuffer(stored, "<f4").reshape(h.shape), h, atol=1e-5)
     for p in range(P):
         assert r.xpending(KEYS.events(p), "intentstream-workers")["pending"] == 0
@@ -67,18 +68,21 @@ def assert_each_event_scored_and_states_equal(r, events, model_path) -> int:
 
 
 def test_two_workers_on_the_cluster_survive_kill_9_twice(cluster_url, model_path, tmp_path):
+    """Worker a writes the lean layout, b the full one (a rollout between layouts): the
+    partitions that move between them at each kill carry their states across."""
     r = connect(cluster_url, cluster=True)
     events = with_event_ids(synthetic_events(20_000, 2000, seed=31))
     publish(r, events, partitions=P)
     log = tmp_path / "w.log"
-    a = start_worker(cluster_url, model_path, log, "a", "--cluster")
+    a = start_worker(cluster_url, model_path, log, "a", "--cluster", "--layout", "lean")
     b = start_worker(cluster_url, model_path, log, "b", "--cluster")
     try:
         for k, step in enumerate((3000, 6000)):
             wait_for(lambda s=step: count_scores(r, partitions=P) >= s, timeout=120,
                      what=f"{step} scores")  # fmt: skip
             a.kill()
-            a = start_worker(cluster_url, model_path, log, f"a{k}", "--cluster")
+            a = start_worker(cluster_url, model_path, log, f"a{k}", "--cluster", "--layout",
+                             "lean")  # fmt: skip
         wait_for(lambda: count_scores(r, partitions=P) >= len(events), timeout=180,
                  what="all scores")  # fmt: skip
     finally:

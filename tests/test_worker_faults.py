@@ -19,6 +19,7 @@ from worker.common.connection import connect
 from worker.common.keys import partition_of
 from worker.common.local_redis import free_port
 from worker.common.publisher import publish
+from worker.engine.compute.lean_state import as_fields
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ def assert_exactly_once_and_equal(r, events, model_path, partitions=PARTITIONS):
     np.testing.assert_allclose(got, want_scores, atol=1e-5)
     for user, h in want_states.items():
         p = partition_of(user, partitions)
-        stored = r.hget(f"intentstream:state:{{{p}}}:{user}", "h")
+        stored = as_fields(r.hgetall(f"intentstream:state:{{{p}}}:{user}"))[b"h"]  # any layout
         np.testing.assert_allclose(np.frombuffer(stored, "<f4").reshape(h.shape), h, atol=1e-5)
     for p in range(partitions):
         assert r.xpending(f"intentstream:events:{{{p}}}", "intentstream-workers")["pending"] == 0
@@ -69,13 +70,15 @@ def test_kill_9_at_random_points_loses_nothing_and_applies_nothing_twice(
     log = tmp_path / "w.log"
     common = ["--partitions", str(PARTITIONS), "--batch-size", "50", "--lease-ms", "1000"]
     # Restarts alternate between the same consumer name (its own pending entries come back
-    # first) and a new one (which takes the partitions when the dead one's lease runs out).
-    # Each kill comes after a random amount of progress (at most 3,000 of 30,000 events), so
-    # all four happen mid-run whatever the machine's speed.
+    # first) and a new one (which takes the partitions when the dead one's lease runs out),
+    # and between the layouts (docs/contract.md, The lean layout): each worker reads the
+    # states the other wrote. Each kill comes after a random amount of progress (at most
+    # 3,000 of 30,000 events), so all four happen mid-run whatever the machine's speed.
     for round_ in range(4):
         name = "w-a" if round_ % 2 == 0 else f"w-{round_}"
+        layout = ("lean", "full")[round_ % 2]
         worker = WorkerProcess(
-            redis_server.url, model_path, log, *common, "--consumer", name
+            redis_server.url, model_path, log, *common, "--consumer", name, "--layout", layout
         ).start()
         target = count_scores(r, partitions=PARTITIONS) + rng.randint(1, 3000)
         wait_for(lambda t=target: count_scores(r, partitions=PARTITIONS) >= t, what="progress")

@@ -29,15 +29,18 @@ import redis
 
 from worker.bench.scaling import process_cpu
 from worker.bench.workload import SCORES, STREAM, preload, sampled_state_keys
+from worker.engine.compute.lean_state import as_fields
 
 
-def start_worker(url: str, model: Path, batch: int, history: int, log) -> subprocess.Popen:
+def start_worker(
+    url: str, model: Path, batch: int, history: int, log, layout: str = "full"
+) -> subprocess.Popen:
     exe = shutil.which("intentstream") or str(Path(sys.executable).parent / "intentstream")
     cmd = [exe, "worker", "--redis-url", url, "--model", str(model), "--metrics-port", "0",
            "--consumer", "bench-load", "--block-ms", "100", "--batch-size", str(batch),
            "--retention-seconds", "0", "--history-events", str(history),
            "--scores-maxlen", "100000000",  # XLEN counts every score of the run
-           "--log-format", "json"]  # fmt: skip
+           "--layout", layout, "--log-format", "json"]  # fmt: skip
     return subprocess.Popen(cmd, stdout=log, stderr=log)
 
 
@@ -170,8 +173,9 @@ def memory(r: redis.Redis, sample: int = 500) -> dict[str, float]:
     replies = pipe.execute()
     usage = replies[0::2]
     raw = [sum(len(k) + len(v) for k, v in h.items()) for h in replies[1::2]]
-    h_bytes = [len(h.get(b"h", b"")) for h in replies[1::2]]
-    recent = [len(h.get(b"recent", b"")) for h in replies[1::2]]
+    states = [as_fields(h) for h in replies[1::2]]  # the lean layout's read out
+    h_bytes = [len(h.get(b"h", b"")) for h in states]
+    recent = [len(h.get(b"recent", b"")) for h in states]
     out = {"state": float(np.mean(usage)), "raw": float(np.mean(raw)),
            "h": float(np.mean(h_bytes)), "recent": float(np.mean(recent)),
            "key": float(np.mean([len(k) for k in keys]))}  # fmt: skip
@@ -190,7 +194,7 @@ def run_load_bench(
     with open(Path(model).parent / "worker-load.log", "ab") as log:
         for history in dict.fromkeys([args.history_events, 0]):
             preload(r, events, args.event_ids)
-            proc = start_worker(url, model, args.batch_size, history, log)
+            proc = start_worker(url, model, args.batch_size, history, log, args.layout)
             try:
                 rate, redis_us, worker_us = backlog(r, proc, len(events))
                 mem[history] = memory(r)

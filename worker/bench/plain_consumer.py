@@ -79,7 +79,7 @@ def worker_rate(
     """(events/s, Redis CPU µs/event, worker CPU µs/event) of the real `intentstream worker`
     over the backlog."""
     with open(Path(model).parent / "worker-plain.log", "ab") as log:
-        proc = start_worker(url, model, args.batch_size, args.history_events, log)
+        proc = start_worker(url, model, args.batch_size, args.history_events, log, args.layout)
         try:
             return backlog(r, proc, n)
         finally:
@@ -92,8 +92,8 @@ def run_against_plain(
     """Alternate the worker and the plain consumer over --repeat rounds; print each run and
     each round's ratio; return the ratios."""
     print(f"the real worker process (history-events {args.history_events}, producer ids "
-          f"{'on' if args.event_ids else 'off'}) against a plain consumer, events/s from "
-          "first score to last:")  # fmt: skip
+          f"{'on' if args.event_ids else 'off'}, layout {args.layout}) against a plain "
+          "consumer, events/s from first score to last:")  # fmt: skip
     ratios = []
     for k in range(max(1, args.repeat)):
         rates: dict[str, tuple[float, ...]] = {}

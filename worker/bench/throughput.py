@@ -44,7 +44,10 @@ import redis
 from model.artifact import Model, random_model, save_model, state_shape
 from model.bench import machine_line
 from model.reference import reference_step
+from model.scoring import ScoringModel
 from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from worker.bench.commit_cost import add_arguments as add_commit_arguments
+from worker.bench.commit_cost import run_commit_bench
 from worker.bench.inprocess import consume, start_worker
 from worker.bench.inputs import add_arguments as add_inputs_arguments
 from worker.bench.inputs import run_inputs_bench
@@ -309,12 +312,19 @@ def main(argv: list[str] | None = None) -> int:
                    "producer at --loads of it, memory per state and per event")  # fmt: skip
     p.add_argument("--loads", default="0.5,0.9", help="producer rates, fractions of the max")
     p.add_argument("--latency-seconds", type=float, default=10.0, help="each --loads rate's run")
+    p.add_argument(
+        "--layout",
+        choices=["full", "lean"],
+        default="full",
+        help="the real worker process's --layout (--against-plain, --latency)",
+    )
     p.add_argument("--hash-max-listpack-value", type=int, default=None,
                    help="CONFIG SET on the bench's Redis first (states with h above 64 bytes are "
                    "hashtables at Redis's default)")  # fmt: skip
     add_rules_arguments(p)  # --rules N: what intent rules cost (worker/bench/rules.py)
     add_inputs_arguments(p)  # --inputs: what declared inputs cost (worker/bench/inputs.py)
     add_plain_arguments(p)  # --against-plain: the worker process / a plain consumer
+    add_commit_arguments(p)  # --commit: the commit's Redis CPU, each layout
     args = p.parse_args(argv)
 
     server = None if args.redis_url else LocalRedis().start()
@@ -366,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.against_plain:
                 run_against_plain(r, url, model_path, events, args)
+                return 0
+            if args.commit:
+                scoring = ScoringModel(model, version)
+                scoring.warm_up()
+                run_commit_bench(r, scoring, events, args)
                 return 0
             step = torch_step(model) if args.cell == "rnn" else None  # e: nn.RNNCell
             if step is not None:

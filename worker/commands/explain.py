@@ -19,6 +19,7 @@ from worker.common.partitions import recorded_partitions
 from worker.common.registry import Registry, RegistryError
 from worker.common.settings import add_setting_flags, load_settings
 from worker.engine.compute.actions import session_of
+from worker.engine.compute.lean_state import as_fields
 from worker.engine.compute.recent import Recent, form_of, unpack
 
 # Exit code when the user has no state or no kept events: nothing to explain.
@@ -84,7 +85,7 @@ def read_state(registry: Registry, user: str) -> UserState | None:
     """The user's state under the recorded partition count (1 before any worker), or None."""
     partitions = recorded_partitions(registry.r, registry.keys) or 1
     p = partition_of(user, partitions)
-    fields = registry.r.hgetall(registry.keys.state(p, user))
+    fields = as_fields(registry.r.hgetall(registry.keys.state(p, user)))  # either layout
     if not fields:
         return None
     model = fields.get(b"model")

@@ -32,6 +32,7 @@ from worker.common.connection import Client, is_cluster
 from worker.common.events import EventError, flat_fields, parse_flat_entry
 from worker.common.keys import Keys, parse_state_key, partition_of
 from worker.engine.compute.batch import entry_id
+from worker.engine.compute.lean_state import as_fields
 
 MAX_PARTITIONS = 4096  # the bound of the `partitions` setting
 CHUNK = 500  # state keys read and written per pipeline
@@ -221,7 +222,7 @@ def _later(a: dict, b: dict) -> dict:
 
     def last(state: dict) -> tuple[int, int]:
         try:
-            return entry_id(state.get(b"last_id", b""))
+            return entry_id(as_fields(state).get(b"last_id", b""))  # either layout
         except ValueError:
             return (-1, -1)
 

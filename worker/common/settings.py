@@ -78,6 +78,13 @@ class Settings(BaseSettings):
         200_000, ge=0, description="user states kept in memory between batches; 0 = off"
     )
     state_ttl_seconds: int = Field(0, ge=0, description="expire idle user states; 0 = never")
+    layout: Literal["full", "lean"] = Field(
+        "full",
+        description="how states and score entries are stored: full (every state value a "
+        "field, score entries with type and ts) or lean (a state's values packed in one "
+        "field `s` beside score and model; score entries of user_id, score, event_id and "
+        "model): about a third less Redis CPU per commit (docs/contract.md, The lean layout)",
+    )
     retention_seconds: int = Field(
         7 * 24 * 3600, ge=0, description="keep this much event history (MINID); 0 = no trim"
     )

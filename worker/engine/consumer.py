@@ -100,12 +100,13 @@ class Consumer:
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
         self.quality = LiveQuality()
         self.models = Models(model_source, client, s, self.metrics, self.quality, self.cache)
-        self.states = StateReader(client, self.keys, self.cache, self.models.space_of)
+        self.states = StateReader(client, self.keys, self.cache, self.models.space_of, s.layout)
         self.rulebook = Rulebook(RuleSource(client, self.keys, s.model_poll_seconds),
                                  self.metrics)  # fmt: skip
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
-        self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits)
+        self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits,
+                                      s.layout)  # fmt: skip
         self.nodes = PartitionNodes(client, self.keys)
         self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)

@@ -2,8 +2,9 @@
 scores out): its Lua script, and the packing of a pipeline `Commit` into the script's arguments.
 
 One script call writes the score entries, the actions the intent rules fired, the dead
-letters, the XACK of every entry, and the users' states (their rule states with them), or,
-when a check fails, writes nothing and says why:
+letters, the XACK of every entry, and the users' states (their rule states with them), in the
+full layout or the lean one (docs/contract.md, The lean layout), or, when a check fails,
+writes nothing and says why:
 
     not_owned    the partition's lease is another process's (or gone)
     not_pending  an entry is no longer pending for this consumer (claimed by another, or
@@ -32,8 +33,9 @@ import redis
 
 from worker.common.connection import is_cluster
 from worker.common.keys import Keys
-from worker.engine.adapters.resp import as_arguments, resp_args, resp_column
+from worker.engine.adapters.resp import Joined, as_arguments, resp_args, resp_column
 from worker.engine.compute.batch import DeadLetter
+from worker.engine.compute.lean_state import packed_states
 from worker.engine.compute.pipeline import Commit
 
 # Field/value pairs kept of one dead letter; values are cut to `max_value_bytes` besides.
@@ -55,17 +57,22 @@ local SH = shadow ~= '' and 1 or 0
 local RU = tonumber(ARGV[13])     -- 1: intent rules are set, states carry `rules`
 local n_actions = tonumber(ARGV[14])
 local IT = tonumber(ARGV[15])     -- 1: the model declares item inputs, states carry `items`
+local LE = tonumber(ARGV[16])     -- 1: the lean layout (score, model, s; short score entries)
+local n_rewrite = tonumber(ARGV[17])
 -- Then runs of plain arguments (nothing to parse here), a column at a time:
-local ACK = 16                    -- the batch's entry ids, stream order
+local ACK = 18                    -- the batch's entry ids, stream order
 local STATE = ACK + n_ack         -- U each: h, score, last_id, last_ts, n, recent, event_ids
-                                  --   [, rules] [, items] [, shadow_h, shadow_score
-                                  --   [, shadow_rules]]
-local STATE_COLUMNS = 7 + RU + IT + SH * (2 + RU)
-local SCORE = STATE + STATE_COLUMNS * U -- n_scores each: user_id, score, event_id, type, ts
+                                  --   [, rules] [, items]; lean: score, s;
+                                  --   then [, shadow_h, shadow_score [, shadow_rules]]
+local STATE_COLUMNS = (LE == 1 and 2 or 7 + RU + IT) + SH * (2 + RU)
+local SCORE = STATE + STATE_COLUMNS * U -- n_scores each: user_id, score, event_id[, type, ts]
                                         --   [, shadow_score]
-local ACTION = SCORE + (5 + SH) * n_scores -- n_actions each: user_id, rule, score, event_id,
-                                           --   ts, reasons
-local DEAD = ACTION + 6 * n_actions -- per dead letter: pair count, source_id, error, pairs...
+local SCORE_COLUMNS = (LE == 1 and 3 or 5) + SH
+local ACTION = SCORE + SCORE_COLUMNS * n_scores -- n_actions each: user_id, rule, score,
+                                                --   event_id, ts, reasons
+local REWRITE = ACTION + 6 * n_actions -- n_rewrite state rows (1..U) holding the other
+                                       --   layout's fields: rewritten whole
+local DEAD = REWRITE + n_rewrite -- per dead letter: pair count, source_id, error, pairs...
 local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
 
 -- ---- checks: nothing is written above this line ----
@@ -94,27 +101,39 @@ for _, key in ipairs(n_actions > 0 and {scores_key, dead_key, actions_key}
 end
 
 -- ---- writes ----
+-- The streams are trimmed once a commit, not at every XADD (whose MAXLEN option costs
+-- about a quarter of the XADD): the same bound, seen from outside the atomic script.
 local S = n_scores
 for b = SCORE, SCORE + S - 1 do
-  if SH == 0 then
-    redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
+  if LE == 1 and SH == 0 then
+    redis.call('XADD', scores_key, '*',
+               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
+               'model', model)
+  elseif LE == 1 then
+    redis.call('XADD', scores_key, '*',
+               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
+               'model', model, 'shadow_score', ARGV[b + 3 * S], 'shadow_model', shadow)
+  elseif SH == 0 then
+    redis.call('XADD', scores_key, '*',
                'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
                'type', ARGV[b + 3 * S], 'ts', ARGV[b + 4 * S], 'model', model)
   else
-    redis.call('XADD', scores_key, 'MAXLEN', '~', scores_maxlen, '*',
+    redis.call('XADD', scores_key, '*',
                'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
                'type', ARGV[b + 3 * S], 'ts', ARGV[b + 4 * S], 'model', model,
                'shadow_score', ARGV[b + 5 * S], 'shadow_model', shadow)
   end
 end
+if S > 0 then redis.call('XTRIM', scores_key, 'MAXLEN', '~', scores_maxlen) end
 
 local A = n_actions
 for a = ACTION, ACTION + A - 1 do
-  redis.call('XADD', actions_key, 'MAXLEN', '~', scores_maxlen, '*',
+  redis.call('XADD', actions_key, '*',
              'user_id', ARGV[a], 'rule', ARGV[a + A], 'score', ARGV[a + 2 * A],
              'event_id', ARGV[a + 3 * A], 'ts', ARGV[a + 4 * A], 'model', model,
              'reasons', ARGV[a + 5 * A])
 end
+if A > 0 then redis.call('XTRIM', actions_key, 'MAXLEN', '~', scores_maxlen) end
 
 local d = DEAD
 while d <= #ARGV do
@@ -149,10 +168,15 @@ local function write_state(key, ...)
   end
   if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
 end
+local rewrite = {}
+for r = REWRITE, DEAD - 1 do rewrite[tonumber(ARGV[r])] = true end
 for i = 1, U do
   local key, b = KEYS[FIRST_STATE - 1 + i], STATE + i - 1
-  local event_ids = ARGV[b + 6 * U]
-  if IT == 1 then -- the general case, one table of field/value pairs
+  local event_ids = LE == 0 and ARGV[b + 6 * U] or ''
+  if rewrite[i] then redis.call('DEL', key) end
+  if LE == 1 then
+    write_state(key, 'score', ARGV[b], 'model', model, 's', ARGV[b + U])
+  elseif IT == 1 then -- the general case, one table of field/value pairs
     local state = {'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
                    'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
                    'recent', ARGV[b + 5 * U]}
@@ -185,7 +209,7 @@ for i = 1, U do
                 'recent', ARGV[b + 5 * U], 'event_ids', event_ids, 'rules', ARGV[b + 7 * U])
   end
   if SH == 1 then
-    local c = b + (7 + RU + IT) * U
+    local c = b + (LE == 1 and 2 or 7 + RU + IT) * U
     if RU == 0 then
       redis.call('HSET', key, 'shadow_h', ARGV[c], 'shadow_score', ARGV[c + U],
                  'shadow_model', shadow)
@@ -247,20 +271,32 @@ def decimals(values: np.ndarray) -> list[str]:
     return list(map("{:.9g}".format, values.tolist()))
 
 
-def state_columns(c: Commit, score_text: list[str]) -> list:
+def state_columns(
+    c: Commit, score_text: list[str], lean: bool = False, write_items: bool | None = None
+) -> list:
     """The state rows' columns: h, score, last_id, last_ts, n, recent, event_ids
     (space-separated), rules (when rules are set), items (when the model declares item
-    inputs), and shadow_h, shadow_score (and shadow_rules) when a shadow model runs. The h
-    columns are float arrays (one row per state), last_ts and n int64 arrays, the others
-    lists (adapters/resp.py frames each kind). `score_text`: the scores' decimals."""
+    inputs); in the lean layout score and s (compute/lean_state.py) instead; then shadow_h,
+    shadow_score (and shadow_rules) when a shadow model runs. The h columns are float
+    arrays (one row per state), last_ts and n int64 arrays, s values end to end, the others
+    lists (adapters/resp.py frames each kind). `score_text`: the scores' decimals;
+    `write_items` overrides the commit's own flag."""
     if not c.users:
         return []
     scores = [score_text[i] for i in c.last_scored.tolist()]  # each user's last score
-    columns = [c.h, scores, c.last_ids, c.last_ts, c.n, c.recent, c.event_ids]
-    if c.rules is not None:
-        columns.append(c.rules)
-    if c.write_items:
-        columns.append(c.items)
+    if lean:
+        k = len(c.users)
+        rules = c.rules if c.rules is not None else [b""] * k
+        items = c.items if c.items is not None else [b""] * k
+        packed = packed_states(c.h, c.last_ts, c.n,
+                               [c.last_ids, c.event_ids, c.recent, rules, items])  # fmt: skip
+        columns = [scores, Joined(*packed)]
+    else:
+        columns = [c.h, scores, c.last_ids, c.last_ts, c.n, c.recent, c.event_ids]
+        if c.rules is not None:
+            columns.append(c.rules)
+        if c.write_items if write_items is None else write_items:
+            columns.append(c.items)
     if c.shadow_h is not None:
         columns += [c.shadow_h, decimals(c.shadow_user_scores)]
         if c.rules is not None:
@@ -280,12 +316,15 @@ def action_columns(c: Commit) -> list[list]:
     ]  # fmt: skip
 
 
-def score_columns(c: Commit, score_text: list[str]) -> list[list]:
-    """The score entries' columns: user_id, score, event_id, type, ts[, shadow_score]."""
+def score_columns(c: Commit, score_text: list[str], lean: bool = False) -> list:
+    """The score entries' columns: user_id, score, event_id, type, ts[, shadow_score]; in
+    the lean layout without type and ts."""
     if not len(c.scores):
         return []
     users = [c.users[i] for i in c.score_user.tolist()]
-    columns = [users, score_text, c.score_event_ids, c.score_types, c.score_ts]
+    columns = [users, score_text, c.score_event_ids]
+    if not lean:
+        columns += [c.score_types, c.score_ts]
     if c.shadow_scores is not None:
         columns.append(decimals(c.shadow_scores))
     return columns
@@ -327,9 +366,10 @@ class CommitScript:
 
     def __init__(
         self, client: redis.Redis, keys: Keys, group: str, consumer: str, holder: str,
-        limits: CommitLimits,
+        limits: CommitLimits, layout: str = "full",
     ) -> None:  # fmt: skip
         self.client = client
+        self.lean = layout == "lean"  # docs/contract.md, The lean layout
         self.script = client.register_script(COMMIT_SCRIPT)
         self.keys = keys
         self.group = group
@@ -366,16 +406,25 @@ class CommitScript:
             self.group, self.consumer, self.holder, self.token(c), c.seq, c.model,
             lim.scores_maxlen, lim.deadletter_maxlen, lim.state_ttl_ms,
             len(c.ack_ids), len(c.scores), c.shadow_model, int(c.rules is not None),
-            len(c.actions), int(c.write_items),
+            len(c.actions), int(self.writes_items(c)), int(self.lean), len(c.rewrite),
         ]  # fmt: skip
 
-    def _body(self, c: Commit) -> list[list]:
+    def writes_items(self, c: Commit) -> bool:
+        """Whether the full layout's states of this commit carry `items`: when the model
+        declares item inputs, and when a state is rewritten whole (its memories, carried
+        as read, would go with the key)."""
+        return c.write_items or (not self.lean and bool(c.rewrite) and c.items is not None)
+
+    def _body(self, c: Commit) -> list:
         """The arguments after the head, as columns: ack ids, the state columns, the score
-        columns, the action columns, the dead letters."""
+        columns, the action columns, the state rows to rewrite whole (1-based), the dead
+        letters."""
         limit = self.limits.deadletter_max_value_bytes
         dead = [x for d in c.dead for x in dead_letter_items(d, limit)]
         text = decimals(c.scores)
-        return [c.ack_ids, *state_columns(c, text), *score_columns(c, text), *action_columns(c),
+        rewrite = np.asarray(c.rewrite, np.int64) + 1
+        return [c.ack_ids, *state_columns(c, text, self.lean, self.writes_items(c)),
+                *score_columns(c, text, self.lean), *action_columns(c), rewrite,
                 dead]  # fmt: skip
 
     def prepare(self, c: Commit) -> PreparedCommit:

@@ -11,6 +11,7 @@ int64 array. Anything else goes through hiredis.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import hiredis
 import numba as nb
@@ -79,9 +80,28 @@ def resp_ints(values: np.ndarray) -> bytes:
     return _framed_ints(values).tobytes()
 
 
-def resp_column(column: np.ndarray | Sequence) -> bytes:
+@dataclass(frozen=True)
+class Joined:
+    """A column of byte strings laid end to end (a kernel's output), and their lengths."""
+
+    data: np.ndarray  # uint8
+    lengths: np.ndarray  # int64, one per value
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def values(self) -> list[bytes]:
+        """The column's values as bytes, one each."""
+        blob, ends = self.data.tobytes(), np.cumsum(self.lengths).tolist()
+        return [blob[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def resp_column(column: np.ndarray | Joined | Sequence) -> bytes:
     """A column of arguments as RESP bulk strings, by the cheapest framer for its kind: a 2-D
-    float array's rows, a 1-D integer array's decimals, byte strings, strings, else hiredis."""
+    float array's rows, a 1-D integer array's decimals, values laid end to end, byte
+    strings, strings, else hiredis."""
+    if isinstance(column, Joined):
+        return _framed(column.data, column.lengths).tobytes() if len(column) else b""
     if isinstance(column, np.ndarray):
         if column.dtype.kind == "i":
             return resp_ints(column)
@@ -105,9 +125,11 @@ def packed_command(args: Sequence, head: int) -> bytes:
     return b"*%d\r\n" % len(args) + resp_args(args[:head]) + resp_column(args[head:])
 
 
-def as_arguments(column: np.ndarray | Sequence) -> list:
+def as_arguments(column: np.ndarray | Joined | Sequence) -> list:
     """A column as plain command arguments (what resp_column frames): a float array's rows as
     little-endian float32 bytes, an integer array's values as ints."""
+    if isinstance(column, Joined):
+        return column.values()
     if not isinstance(column, np.ndarray):
         return list(column)
     if column.dtype.kind != "f":

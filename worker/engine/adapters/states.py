@@ -24,11 +24,13 @@ from worker.common.dedup import bounded
 from worker.common.keys import Keys
 from worker.engine.compute.batch import entry_id
 from worker.engine.compute.histories import valid_histories
+from worker.engine.compute.lean_state import later_id, unpack_state
 from worker.engine.compute.pipeline import ShadowStates, UserStates
 from worker.engine.compute.state_cache import CachedState, StateCache, copy_known
 
 FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
-          "shadow_model", "score", "shadow_score", "rules", "shadow_rules", "items")  # fmt: skip
+          "shadow_model", "score", "shadow_score", "rules", "shadow_rules", "items",
+          "s")  # fmt: skip
 
 # A rule-state field longer than this was not written by a worker (64 rules of ~90 bytes):
 # read as none, so crafted data costs no parsing time.
@@ -46,12 +48,12 @@ local out = {seq}
 for i = 2, #KEYS do
   local v = redis.pcall('HMGET', KEYS[i], 'h', 'last_id', 'last_ts', 'model', 'n', 'event_ids',
                        'recent', 'shadow_h', 'shadow_model', 'score', 'shadow_score', 'rules',
-                       'shadow_rules', 'items')
+                       'shadow_rules', 'items', 's')
   if v.err then
     out[#out + 1] = -1
-    for _ = 2, 14 do out[#out + 1] = false end
+    for _ = 2, 15 do out[#out + 1] = false end
   else
-    for j = 1, 14 do out[#out + 1] = v[j] end
+    for j = 1, 15 do out[#out + 1] = v[j] end
   end
 end
 return out
@@ -100,12 +102,14 @@ class StateReader:
     """Reads a batch's user states for one worker process."""
 
     def __init__(
-        self, client: redis.Redis, keys: Keys, cache: StateCache, space_of: SpaceOf
-    ) -> None:
+        self, client: redis.Redis, keys: Keys, cache: StateCache, space_of: SpaceOf,
+        layout: str = "full",
+    ) -> None:  # fmt: skip
         self.script = client.register_script(READ_STATES_SCRIPT)
         self.keys = keys
         self.cache = cache
         self.space_of = space_of  # the state space of the model version that wrote a state
+        self.lean = layout == "lean"  # the layout the commits write
 
     def read(
         self,
@@ -230,10 +234,20 @@ class StateReader:
                 rules,
                 sh_rules,
                 items,
+                packed,
             ) = row
             if isinstance(h, int):
                 states.resets["wrong_type"] += 1
                 continue
+            if (lid is not None) if self.lean else (packed is not None):
+                states.rewrite.append(i)  # it holds the other layout's fields: they go
+            if packed is not None:  # the lean layout's, read out unless the fields are later
+                lean = unpack_state(packed)
+                if lean is None and lid is None:
+                    states.resets["invalid"] += 1  # an `s` that is not one, and no fields
+                    continue
+                if lean is not None and (lid is None or later_id(lean.last_id, lid)):
+                    h, lid, lts, cnt, eids, recent, rules, items = lean
             if lid is None:
                 continue  # a new user
             try:

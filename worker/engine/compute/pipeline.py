@@ -68,6 +68,9 @@ class UserStates:
     replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
     resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
     shadow: ShadowStates | None = None  # when a shadow model scores beside the current
+    # rows whose stored hash holds the other layout's fields (docs/contract.md, The lean
+    # layout): their commit rewrites the key whole
+    rewrite: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls, users: list[str], shape: tuple[int, int], seq: bytes = b"") -> UserStates:
@@ -135,6 +138,7 @@ class Commit:
     input_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     actions: list[Action] = field(default_factory=list)
     shadow_actions: Counter[str] = field(default_factory=Counter)
+    rewrite: list[int] = field(default_factory=list)  # state rows to rewrite whole (UserStates)
 
 
 def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
@@ -287,6 +291,14 @@ def _act(
     return out
 
 
+def _rewritten(rows: list[int], touched: list[int], row_of_slot: np.ndarray) -> list[int]:
+    """The commit rows of the state rows to rewrite whole that the commit writes."""
+    if not rows:
+        return []
+    written = set(touched)
+    return [int(row_of_slot[s]) for s in rows if s in written]
+
+
 def build_commit(
     batch: Batch,
     states: UserStates,
@@ -414,5 +426,6 @@ def build_commit(
         items=packed_items(kept, touched) if kept else [states.items[s] for s in touched_list],
         write_items=bool(kept),
         input_counts=input_counts,
+        rewrite=_rewritten(states.rewrite, touched_list, row_of_slot),
         **acted,
     )

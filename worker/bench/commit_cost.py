@@ -1,0 +1,153 @@
+"""What the commit costs Redis (`intentstream bench --commit`): the worker's real commits of a
+backlog, replayed against the bench's Redis, for each layout, beside a plain consumer's writes
+of the same events.
+
+The backlog goes once through the worker's pipeline without Redis (parse, states from the
+write-through cache, `build_commit`; worker/bench/pipeline_cpu.py), and each commit is packed
+for each layout (docs/contract.md, The lean layout). A round flushes Redis, publishes the
+backlog, reads it all as the committing consumer (so every entry is pending, as the worker
+leaves it), then sends the commits one by one, each EVALSHA's reply read before the next, and
+counts Redis's CPU (`used_cpu_user` + `used_cpu_sys`) over the sends only. `plain` sends, per
+batch, the writes of the plain consumer of `--against-plain` as one pipeline: an HSET of h and
+last_id per user, an XADD of user_id, score and event_id and an XACK per event. Nothing else
+runs while Redis works, so the figures are steadier than a live worker's; the rounds alternate
+the variants' order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+import redis
+
+from model.scoring import ScoringModel
+from worker.bench.pipeline_cpu import entries_of
+from worker.bench.workload import GROUP, KEYS, STREAM
+from worker.engine.adapters.commit import COMMIT_SCRIPT, CommitLimits, CommitScript
+from worker.engine.adapters.resp import packed_command
+from worker.engine.adapters.states import FIELDS as STATE_FIELDS
+from worker.engine.adapters.states import StateReader
+from worker.engine.compute.batch import parse_batch
+from worker.engine.compute.pipeline import Commit, build_commit, distinct_users
+from worker.engine.compute.state_cache import StateCache, written
+
+CONSUMER, HOLDER = "bench-commit", "bench-commit:0"
+VARIANTS = ("full", "lean", "plain")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The commit bench's flag on the bench's parser."""
+    p.add_argument("--commit", action="store_true",
+                   help="run the commit bench instead of the variants: the worker's commits "
+                   "of the backlog replayed for each layout beside a plain consumer's writes, "
+                   "Redis CPU per event, alternated --repeat times")  # fmt: skip
+
+
+def commits_of(model: ScoringModel, batches: list[list], history_events: int) -> list[Commit]:
+    """The worker's commits of the batches, each batch's users' states from the commits
+    before it (every state new at first)."""
+    client = redis.Redis()  # never connected: the read script's sha1 is computed locally
+    cache = StateCache(10**8)
+    reader = StateReader(client, KEYS, cache, lambda _version: model.version)
+    commits, seq = [], 1
+    for entries in batches:
+        batch = parse_batch(0, entries)
+        request = reader.request(0, distinct_users(batch))
+        read = [str(seq).encode()] + [None] * (len(STATE_FIELDS) * len(request.misses))
+        states = reader.complete(request, read, model.state_shape, model.version)
+        commit = build_commit(batch, states, model, history_events)
+        commits.append(commit)
+        seq += 1
+        cache.store(0, str(seq).encode(), written(commit))
+    return commits
+
+
+def plain_writes(commit: Commit) -> tuple[bytes, int]:
+    """The plain consumer's writes of a commit's events, as one pipeline's bytes, and the
+    number of its commands."""
+    keys = [KEYS.state(0, u) for u in commit.users]
+    rows = np.ascontiguousarray(commit.h, "<f4").reshape(len(keys), -1)
+    out = [packed_command(["HSET", k, "h", h.tobytes(), "last_id", lid], 5)
+           for k, h, lid in zip(keys, rows, commit.last_ids, strict=True)]  # fmt: skip
+    users = [commit.users[i] for i in commit.score_user.tolist()]
+    for user, eid in zip(users, commit.score_event_ids, strict=True):
+        out.append(packed_command(["XADD", KEYS.scores(0), "*", "user_id", user, "score", "0.0",
+                                   "event_id", eid], 9))  # fmt: skip
+    out += [packed_command(["XACK", STREAM, GROUP, ack], 4) for ack in commit.ack_ids]
+    return b"".join(out), len(out)
+
+
+def _pending(r: redis.Redis, batches: list[list]) -> None:
+    """A flushed database with the backlog published and read by CONSUMER, the partition's
+    lease HOLDER's, its sequence where the first commit read it."""
+    r.flushdb()
+    r.script_load(COMMIT_SCRIPT)
+    pipe = r.pipeline(transaction=False)
+    for entries in batches:
+        for entry_id, flat in entries:
+            pipe.execute_command("XADD", STREAM, entry_id, *flat)
+    pipe.execute()
+    r.xgroup_create(STREAM, GROUP, id="0")
+    while r.xreadgroup(GROUP, CONSUMER, {STREAM: ">"}, count=10_000):
+        pass
+    r.set(KEYS.lease(0), HOLDER)
+    r.set(KEYS.commit_seq(0), "1")
+
+
+def _redis_cpu(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def replay_cpu(r: redis.Redis, batches: list[list], sends: list[tuple[bytes, int]]) -> float:
+    """Redis CPU seconds of the sends one by one (bytes and their number of replies), each's
+    replies read before the next; a commit (one reply) must apply."""
+    _pending(r, batches)
+    conn = r.connection_pool.get_connection()
+    try:
+        before = _redis_cpu(r)
+        for command, replies in sends:
+            conn.send_packed_command([command])
+            reply = [conn.read_response() for _ in range(replies)]
+            if replies == 1 and reply[0][0] != b"ok":
+                raise RuntimeError(f"a replayed commit was refused: {reply[0]!r}")
+        return _redis_cpu(r) - before
+    finally:
+        r.connection_pool.release(conn)
+
+
+def run_commit_bench(
+    r: redis.Redis, model: ScoringModel, events: list[dict], args: argparse.Namespace
+) -> dict[str, list[float]]:
+    """Print the commit's Redis CPU per event for each layout and the plain writes, per
+    round and their medians; return µs/event per variant and round."""
+    batches = entries_of(events, ())
+    commits = commits_of(model, batches, args.history_events)
+    limits = CommitLimits(10**9, 10_000, 512, 0)
+    scripts = {lay: CommitScript(r, KEYS, GROUP, CONSUMER, HOLDER, limits, lay)
+               for lay in ("full", "lean")}  # fmt: skip
+    sends = {lay: [(s.command(c), 1) for c in commits] for lay, s in scripts.items()}
+    sends["plain"] = [plain_writes(c) for c in commits]
+    n = len(events)
+    print(f"the worker's {len(commits)} commits of the backlog replayed (history-events "
+          f"{args.history_events}), Redis CPU µs per event:")  # fmt: skip
+    for name, commands in sends.items():
+        print(f"  {name:<6} {sum(len(b) for b, _ in commands) / n:5.0f} bytes sent per event")
+    cost: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for k in range(max(1, args.repeat)):
+        line = []
+        for variant in VARIANTS[k % 3 :] + VARIANTS[: k % 3]:
+            cost[variant].append(replay_cpu(r, batches, sends[variant]) / n * 1e6)
+            line.append(f"{variant} {cost[variant][-1]:.2f}")
+        print(f"  round {k + 1}: " + ", ".join(line) + f"; load average {os.getloadavg()[0]:.2f}",
+              flush=True)  # fmt: skip
+    med = {v: float(np.median(x)) for v, x in cost.items()}
+    ratio = {v: float(np.median(np.divide(cost[v], cost["full"]))) for v in ("lean", "plain")}
+    print(f"medians: full {med['full']:.2f}, lean {med['lean']:.2f}, plain writes "
+          f"{med['plain']:.2f} µs/event; lean / full {ratio['lean']:.2f}, lean / plain "
+          f"{float(np.median(np.divide(cost['lean'], cost['plain']))):.2f}, full / plain "
+          f"{float(np.median(np.divide(cost['full'], cost['plain']))):.2f} (medians of each "
+          "round's ratio)")  # fmt: skip
+    return cost
