@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
+
 from worker.commands.resize import ResizeReport, _later
 from worker.common.keys import Keys, parse_state_key, partition_of
+from worker.engine.compute.lean_state import packed_states
 
 
 def test_state_keys_parse_back_to_partition_and_user():
@@ -24,6 +27,18 @@ def test_of_two_states_the_later_entry_wins():
     b = {b"last_id": b"1700000000001-0", b"n": b"1"}
     assert _later(a, b) is b and _later(b, a) is b
     assert _later(a, {b"last_id": b"garbage"}) is a
+
+
+def test_of_two_states_in_either_layout_the_later_entry_wins():
+    def lean(last_id: bytes) -> dict:
+        columns = [[last_id], [b""], [b""], [b""], [b""]]
+        s, _ = packed_states(np.zeros((1, 1, 2), np.float32), np.ones(1), np.ones(1), columns)
+        return {b"score": b"0.5", b"model": b"1", b"s": s.tobytes()}
+
+    full = {b"last_id": b"1700000000001-0", b"n": b"1"}
+    older, newer = lean(b"1700000000000-9"), lean(b"1700000000002-0")
+    assert _later(full, older) is full and _later(older, full) is full
+    assert _later(full, newer) is newer and _later(newer, full) is newer
 
 
 def test_summary_names_what_was_done():
