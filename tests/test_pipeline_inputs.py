@@ -123,10 +123,13 @@ class Run:
         return commit
 
     def states(self, users: list[str]) -> dict[str, np.ndarray]:
-        return {u: k[0].copy() for u, k in zip(users, self.cache.lookup(0, users), strict=True)}
+        """The cached h of each user, flat (the cache keeps its float32 bytes)."""
+        return {u: np.frombuffer(k[0], "<f4")
+                for u, k in zip(users, self.cache.lookup(0, users), strict=True)}  # fmt: skip
 
     def shadow_states(self, users: list[str]) -> dict[str, np.ndarray]:
-        return {u: k[7].copy() for u, k in zip(users, self.cache.lookup(0, users), strict=True)}
+        return {u: np.frombuffer(k[7], "<f4")
+                for u, k in zip(users, self.cache.lookup(0, users), strict=True)}  # fmt: skip
 
 
 USERS = [f"u{i}" for i in range(5)]
@@ -167,8 +170,8 @@ def test_a_swapped_in_models_rebuilt_states_are_its_live_states(old, new):
     assert sum(missing for missing, _ in swap.input_counts.values()) > 0
     differ = 0
     for k, u in enumerate(swap.users):
-        np.testing.assert_allclose(swap.h[k], want[u], atol=2e-5)
-        differ += np.abs(bare.h[k] - want[u]).max() > 1e-3
+        np.testing.assert_allclose(swap.h[k].ravel(), want[u], atol=2e-5)
+        differ += np.abs(bare.h[k].ravel() - want[u]).max() > 1e-3
     assert differ >= 3  # the inputs replayed are what makes them equal
     # the swap batch's and the later scores are the live run's, and so are the last states
     scores = [float(s) for c in commits for s in c.scores]

@@ -9,7 +9,7 @@ from worker.engine.compute.state_cache import StateCache
 
 
 def state(n: int) -> tuple:
-    return (np.zeros((1, 2), np.float32), n, (n, 0), n, b"", b"", 0.5, None, float("nan"),
+    return (np.zeros((1, 2), np.float32).tobytes(), n, (n, 0), n, b"", b"", 0.5, None, float("nan"),
             b"", b"", b"", 0.0)  # fmt: skip
 
 

@@ -20,22 +20,23 @@ import numpy as np
 
 from worker.engine.compute.pipeline import Commit, UserStates
 
-# One user's state as last committed: h (L, H) float32 (a view of the batch's state array,
-# which nothing writes after its commit), last_ts ms, last_id (ms, seq), n, recent producer
-# event ids, recent events (packed, compute/recent.py), last score, the shadow model's h and
-# last score (None and NaN without one), the rule states and the shadow's, the item memories
-# (b"" = none), commit time (monotonic; always last). Plain tuples:
-# thousands are made per batch, and the garbage collector stops tracking tuples of atoms
-# (see adapters/states.py: written).
+# One user's state as last committed: h (its L x H float32, little-endian bytes), last_ts
+# ms, last_id (ms, seq), n, recent producer event ids, recent events (packed,
+# compute/recent.py), last score, the shadow model's h bytes and last score (None and NaN
+# without one), the rule states and the shadow's, the item memories (b"" = none), commit time
+# (monotonic; always last). Plain tuples of atoms: thousands are made per batch, and the
+# garbage collector stops tracking tuples of atoms (see `written`); h as bytes, not a view of
+# the batch's array: a bytes slice costs less to make, keep and free than an ndarray, and a
+# batch's rows come back in one join.
 CachedState = tuple[
-    np.ndarray,
+    bytes,
     int,
     tuple[int, int],
     int,
     bytes,
     bytes,
     float,
-    np.ndarray | None,
+    bytes | None,
     float,
     bytes,
     bytes,
@@ -100,7 +101,7 @@ def copy_known(states: UserStates, rows: list[int], known: list[CachedState]) ->
         zip(*known, strict=True)
     )
     idx = np.asarray(rows)
-    states.h[idx] = np.stack(h)
+    states.h[idx] = _stacked(h, states.h.shape[1:])
     states.last_ts[idx] = last_ts
     states.n[idx] = n
     states.score[idx] = score
@@ -114,26 +115,39 @@ def copy_known(states: UserStates, rows: list[int], known: list[CachedState]) ->
     shadow.last_ts[idx] = last_ts
     for i, rul in zip(rows, sh_rules, strict=True):
         shadow.rules[i] = rul
-    have = [k for k, x in enumerate(sh_h) if x is not None and x.shape == shadow.h.shape[1:]]
+    size = 4 * int(np.prod(shadow.h.shape[1:]))
+    have = [k for k, x in enumerate(sh_h) if x is not None and len(x) == size]
     if have:
-        shadow.h[idx[have]] = np.stack([sh_h[k] for k in have])
+        shadow.h[idx[have]] = _stacked([sh_h[k] for k in have], shadow.h.shape[1:])
         shadow.score[idx[have]] = [sh_score[k] for k in have]
     kept = set(have)
     # written without the shadow (it started since): rebuilt from the recent events
     shadow.replay += [i for k, i in enumerate(rows) if k not in kept and states.recent[i]]
 
 
+def _stacked(rows: tuple[bytes, ...] | list[bytes], shape: tuple[int, ...]) -> np.ndarray:
+    """States' h bytes as one (len(rows), *shape) float32 array."""
+    return np.frombuffer(b"".join(rows), "<f4").reshape(len(rows), *shape)
+
+
+def _row_bytes(h: np.ndarray) -> list[bytes]:
+    """Each row of h (one per state) as its little-endian float32 bytes."""
+    blob = np.ascontiguousarray(h, "<f4").tobytes()
+    size = len(blob) // len(h) if len(h) else 0
+    return [blob[i : i + size] for i in range(0, len(blob), size)] if size else [b""] * len(h)
+
+
 def written(commit: Commit) -> dict[str, CachedState]:
     """The states a commit writes, as the cache holds them.
 
-    Entries hold only tuples, numbers, bytes, str and array views, which the garbage
+    Entries hold only tuples, numbers, bytes and str, which the garbage
     collector stops tracking: a cache of lists and dataclasses made every full collection
     walk ~6 objects per cached user (measured: 31% of the worker's time, pauses of 0.2 s at
     50,000 users)."""
     stamp = time.monotonic()
     k = len(commit.users)
     if commit.shadow_h is not None and commit.shadow_user_scores is not None:
-        sh_h, sh_scores = commit.shadow_h, commit.shadow_user_scores.tolist()
+        sh_h, sh_scores = _row_bytes(commit.shadow_h), commit.shadow_user_scores.tolist()
     else:
         sh_h, sh_scores = [None] * k, [float("nan")] * k
     rules = commit.rules if commit.rules is not None else [b""] * k
@@ -142,7 +156,7 @@ def written(commit: Commit) -> dict[str, CachedState]:
     return {
         u: (h, lts, key, n, eids, recent, score, shh, shs, rul, shr, it, stamp)
         for u, h, lts, key, n, eids, recent, score, shh, shs, rul, shr, it in zip(
-            commit.users, commit.h, commit.last_ts.tolist(), commit.last_keys,
+            commit.users, _row_bytes(commit.h), commit.last_ts.tolist(), commit.last_keys,
             commit.n.tolist(), commit.event_ids, commit.recent, commit.user_scores.tolist(),
             sh_h, sh_scores, rules, sh_rules, items, strict=True,
         )
