@@ -397,7 +397,7 @@ class CommitScript:
         return [
             keys.events(p), keys.scores(p), keys.deadletter(p), keys.lease(p),
             keys.commit_seq(p), keys.acked(p), keys.last_commit(p), keys.actions(p),
-            *(keys.state(p, u) for u in c.users),
+            *map(keys.state_prefix(p).__add__, c.users),  # keys.state(p, u) of each user
         ]  # fmt: skip
 
     def _head(self, c: Commit) -> list:

@@ -160,7 +160,8 @@ class StateReader:
     def _keys(self, request: StateRequest) -> list[str]:
         """The read script's KEYS: the partition's sequence, then the misses' state keys."""
         p, users = request.partition, request.users
-        return [self.keys.commit_seq(p), *(self.keys.state(p, users[i]) for i in request.misses)]
+        prefix = self.keys.state_prefix(p)  # + user: keys.state(p, user)
+        return [self.keys.commit_seq(p), *(prefix + users[i] for i in request.misses)]
 
     def _run(self, p: int, keys: list[str]) -> list:
         try:
