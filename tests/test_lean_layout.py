@@ -16,11 +16,13 @@ from model.synthetic import EVENT_TYPES, synthetic_events
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
 from tests.test_worker import in_process_consumer, offline_scores
 from tests.workers import count_scores, score_entries
+from worker.bench.inputs import INPUTS
 from worker.commands.explain import read_state
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.publisher import publish
 from worker.common.registry import Registry
+from worker.common.rules import make_rule
 from worker.engine.adapters.commit import CommitLimits, CommitScript
 from worker.engine.adapters.states import FIELDS, StateReader
 from worker.engine.compute.batch import parse_batch
@@ -31,6 +33,7 @@ from worker.engine.compute.lean_state import (
     unpack_state,
 )
 from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
+from worker.engine.compute.rules import RuleTable
 from worker.engine.compute.state_cache import StateCache
 
 KEYS = Keys("intentstream")
@@ -246,3 +249,33 @@ def test_a_state_rewritten_in_the_full_layout_keeps_its_item_memories(redis_serv
     CommitScript(r, KEYS, "g", "c", "holder", CommitLimits(1000, 1000, 64, 0)).run(commit)
     state = r.hgetall(KEYS.state(0, "alice"))
     assert b"s" not in state and state[b"items"] == b"\x07memory" and state[b"n"] == b"1"
+
+
+@pytest.mark.integration
+def test_a_lean_state_carries_its_item_memories_and_rule_states(redis_server):
+    """What `s` holds beyond h comes back as the full layout would store it: the item
+    memories of a model with an item input, and the rule states."""
+    r = connect(redis_server.url)
+    stream = KEYS.events(0)
+    r.xgroup_create(stream, "g", id="0", mkstream=True)
+    r.set(KEYS.lease(0), "holder")
+    for product in ("p1", "p2", "p1"):
+        r.xadd(stream, {"user_id": "alice", "type": "view", "product_id": product,
+                        "category_code": "c", "brand": "b", "price": "9.5"})  # fmt: skip
+    entries = [[i, [x for kv in f.items() for x in kv]] for i, f in
+               r.xreadgroup("g", "c", {stream: ">"})[0][1]]  # fmt: skip
+    model = ScoringModel(random_model([*EVENT_TYPES, "purchase"], hidden=4, seed=1,
+                                      inputs=INPUTS), version="1")  # fmt: skip
+    batch = parse_batch(0, entries, input_names=tuple(model.input_names))
+    rules = RuleTable.of([make_rule(name="any", above=0.0)])
+    commit = build_commit(batch, UserStates.empty(["alice"], model.state_shape), model, 32,
+                          rules=rules)  # fmt: skip
+    assert commit.items[0] and commit.rules[0]  # something to carry
+    CommitScript(r, KEYS, "g", "c", "holder", CommitLimits(1000, 1000, 64, 0), "lean").run(commit)
+    packed = unpack_state(r.hget(KEYS.state(0, "alice"), "s"))
+    assert (packed.items, packed.rules) == (commit.items[0], commit.rules[0])
+    reader = StateReader(r, KEYS, StateCache(0), lambda v: v, "lean")
+    states = reader.read(0, ["alice"], model.state_shape, "1")
+    assert (states.items, states.rules, states.rewrite) == ([commit.items[0]], [commit.rules[0]],
+                                                            [])  # fmt: skip
+    assert states.recent == [commit.recent[0]] and states.n[0] == 3

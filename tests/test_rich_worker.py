@@ -21,6 +21,7 @@ from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
 from worker.common.rule_store import set_rule
 from worker.common.rules import make_rule
+from worker.engine.compute.lean_state import as_fields
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +76,10 @@ def test_the_worker_scores_declared_inputs_as_score_does_across_restarts(redis_s
     args = ["--partitions", str(P), "--batch-size", "37"]
     set_rule(r, Keys(), make_rule(name="first", above=0.0, rearm_below=0.0))  # reasons too
     publish_raw(r, events[:300])
-    first = WorkerProcess(redis_server.url, path, tmp_path / "w.log", *args).start()
+    # the first worker writes the lean layout (item memories inside `s`), the second the
+    # full one: it reads them from there
+    first = WorkerProcess(redis_server.url, path, tmp_path / "w.log", *args, "--layout",
+                          "lean").start()  # fmt: skip
     try:
         wait_for(lambda: count_scores(r, partitions=P) >= 300, what="the first half")
     finally:
@@ -98,8 +102,8 @@ def test_the_worker_scores_declared_inputs_as_score_does_across_restarts(redis_s
     assert set(got) == set(want)
     np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=2e-5)
     # the item memory is in the state, packed per input
-    some = r.hget(f"intentstream:state:{{{partition_of('u1', P)}}}:u1", "items")
-    assert some and b"product_id" in some
+    some = as_fields(r.hgetall(f"intentstream:state:{{{partition_of('u1', P)}}}:u1"))
+    assert b"product_id" in some.get(b"items", b"")
     assert metrics.get('intentstream_input_values_total{input="price",outcome="bad"}', 0) > 0
     assert sum(r.xlen(f"intentstream:actions:{{{p}}}") for p in range(P)) > 10
     # the backtest replays the retained events with their fields: the same actions, each
