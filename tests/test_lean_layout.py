@@ -32,7 +32,12 @@ from worker.engine.compute.lean_state import (
     packed_states,
     unpack_state,
 )
-from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
+from worker.engine.compute.pipeline import (
+    ShadowStates,
+    UserStates,
+    build_commit,
+    distinct_users,
+)
 from worker.engine.compute.rules import RuleTable
 from worker.engine.compute.state_cache import StateCache
 
@@ -279,3 +284,35 @@ def test_a_lean_state_carries_its_item_memories_and_rule_states(redis_server):
     assert (states.items, states.rules, states.rewrite) == ([commit.items[0]], [commit.rules[0]],
                                                             [])  # fmt: skip
     assert states.recent == [commit.recent[0]] and states.n[0] == 3
+
+
+@pytest.mark.integration
+def test_a_lean_commit_with_a_shadow_model_writes_and_reads_back_its_fields(redis_server):
+    r = connect(redis_server.url)
+    stream = KEYS.events(0)
+    r.xgroup_create(stream, "g", id="0", mkstream=True)
+    r.set(KEYS.lease(0), "holder")
+    for t in GOLDEN_EVENTS:
+        r.xadd(stream, {"user_id": "alice", "type": t})
+    entries = [[i, [x for kv in f.items() for x in kv]] for i, f in
+               r.xreadgroup("g", "c", {stream: ">"})[0][1]]  # fmt: skip
+    model = ScoringModel(golden_model(), version="1")
+    shadow = ScoringModel(random_model(GOLDEN_EVENTS, hidden=3, seed=2), version="2")
+    states = UserStates.empty(["alice"], model.state_shape)
+    states.shadow = ShadowStates(np.zeros((1, *shadow.state_shape), np.float32),
+                                 states.last_ts.copy(), score=np.full(1, np.nan),
+                                 rules=[b""])  # fmt: skip
+    commit = build_commit(parse_batch(0, entries), states, model, 32, shadow)
+    CommitScript(r, KEYS, "g", "c", "holder", CommitLimits(1000, 1000, 64, 0), "lean").run(commit)
+    state = r.hgetall(KEYS.state(0, "alice"))
+    assert set(state) == LEAN_STATE | {b"shadow_h", b"shadow_score", b"shadow_model"}
+    assert state[b"shadow_h"] == commit.shadow_h[0].tobytes() and state[b"shadow_model"] == b"2"
+    rows = score_entries(r)
+    assert [set(row) - {"id", "partition"} for row in rows] == [
+        LEAN_SCORE | {"shadow_score", "shadow_model"}] * 3  # fmt: skip
+    np.testing.assert_allclose([float(row["shadow_score"]) for row in rows],
+                               commit.shadow_scores, rtol=1e-6)  # fmt: skip
+    reader = StateReader(r, KEYS, StateCache(0), lambda v: v, "lean")
+    read = reader.read(0, ["alice"], model.state_shape, "1", (shadow.state_shape, "2"))
+    np.testing.assert_array_equal(read.h, commit.h)
+    np.testing.assert_array_equal(read.shadow.h, commit.shadow_h)
