@@ -201,6 +201,15 @@ def test_explains_a_rich_models_user_with_the_inputs_it_scored(redis_server, tmp
     (ex,) = leave_one_out(scoring, [session_of(recent, scoring)])
     assert_report_is(report, ex, recent)
     assert report["same_score"] and report["inputs_missing"] == [] and report["notes"] == []
+    # each event lists the kept values: the number, or the hash (the raw value is not kept)
+    kept = session_of(recent, scoring).inputs
+    for j, event in enumerate(report["events"]):
+        price, brand = kept["price"].values[j], kept["brand"].values[j]
+        number = None if np.isnan(price) else "not a number" if np.isinf(price) else price
+        assert event["inputs"]["price"] == number
+        assert event["inputs"]["brand"] == (None if brand < 0 else {"hash": int(brand)})
+    products = [e["inputs"]["product"] for e in report["events"]]
+    assert None in products and any(isinstance(p, dict) for p in products)
 
     write_state(r, "u1", Recent(recent.prev_ts, recent.ts_raw, recent.names), score,
                 scoring.version)  # fmt: skip

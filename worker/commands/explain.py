@@ -8,10 +8,12 @@ import datetime
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from model.artifact import file_version, load_model
 from model.explain import Explanation, leave_one_out
+from model.inputs import Stored
 from model.scoring import ScoringModel
 from worker.commands.registry_access import registry_of
 from worker.common.keys import partition_of
@@ -139,6 +141,8 @@ def explanation_report(
     """The explanation as the JSON output shows it; the table renders the same."""
     rank = {r.position: k for k, r in enumerate(ex.top(), start=1)}
     session = ex.session
+    kinds = {spec.name: spec.kind for spec in scoring.inputs}
+    kept = {name: values for name, values in (session.inputs or {}).items() if name in kinds}
     events = [
         {
             "position": j + 1,
@@ -151,6 +155,8 @@ def explanation_report(
         }
         for j in range(len(session))
     ]
+    for j, event in enumerate(events if kept else []):  # the kept inputs' values
+        event["inputs"] = {name: input_value(kinds[name], v, j) for name, v in kept.items()}
     complete = history_complete(state.recent, scoring)
     notes = []
     if state.model != scoring.version:
@@ -188,6 +194,17 @@ def explanation_report(
         ],
         "notes": notes,
     }
+
+
+def input_value(kind: str, values: Sequence | Stored, j: int) -> object:
+    """Event j's value of a declared input as the history keeps it: a numeric input's number
+    (None when absent, "not a number" when it was one), a categorical or item input's
+    32-bit hash (None when absent): the raw value is not kept."""
+    v = values.values[j] if isinstance(values, Stored) else values[j]
+    if kind == "numeric":
+        number = float(v) if v is not None else math.nan
+        return None if math.isnan(number) else "not a number" if math.isinf(number) else number
+    return None if v is None or int(v) < 0 else {"hash": int(v)}
 
 
 def iso_time(ts_ms: int) -> str | None:
