@@ -144,3 +144,46 @@ def test_idle_partitions_wait_in_blocking_reads_woken_by_an_entry(cluster, model
         consumer.tick()
         assert time.monotonic() - t0 < 10, "stuck"
     assert len(score_entries(r, partitions=P)) == 2
+
+
+def test_commits_sent_alone_on_a_stale_slot_map_are_redirected_and_nothing_doubles(
+    cluster, model_path
+):
+    """Commits without a read ahead (an idle partition's, the last of a backlog) go packed
+    to the partition's node too: when the slot map is stale the node answers MOVED, the
+    commit did not run, and the cluster client sends it again."""
+    r, events = published(cluster.url, seed=11)
+    consumer = cluster_consumer(cluster.url, model_path)
+    committer, redirected, sends = consumer.committer, [], []
+    packed, run = committer._packed, committer.run
+
+    def record(client, commit):
+        try:
+            return packed(client, commit)
+        except REDIRECTS as exc:
+            redirected.append(exc)
+            raise
+
+    def stale_run(commit, node=None):
+        sends.append(node)
+        if len(sends) % 3 == 0:  # the commit's slot mapped to another primary
+            slots = consumer.r.nodes_manager.slots_cache
+            slot = consumer.r.keyslot(KEYS.events(commit.partition))
+            slots[slot] = [next(n for n in consumer.r.get_primaries() if n is not slots[slot][0])]
+            node = consumer.nodes.client(commit.partition)
+        return run(commit, node)
+
+    committer._packed, committer.run = record, stale_run
+    # every commit alone: none pipelined with reads ahead
+    consumer._commit_and_prefetch = lambda commit, *_: committer.run(
+        commit, consumer.nodes.node_client(commit.partition)
+    )
+    ticks = 0
+    while consumer.metrics.count("scored") < len(events):
+        consumer.tick()
+        ticks += 1
+        assert ticks < 5_000, "stuck"
+    assert len(sends) > 20 and all(node is not None for node in sends)
+    assert len(redirected) > 3  # MOVED from the stale node, then sent by the cluster client
+    assert_scored_once_as_offline(r, events, model_path)
+    assert consumer.metrics.count("scored") == len(events)

@@ -74,9 +74,13 @@ class Run:
 class Servers:
     """The private Redis or cluster, its nodes by role, and a client."""
 
-    def __init__(self, cluster: bool, replicas: int = 1) -> None:
+    def __init__(self, cluster: bool, replicas: int = 1, aof: bool = False) -> None:
         self.cluster = cluster
-        self.handle = LocalCluster(replicas=replicas).start() if cluster else LocalRedis().start()
+        self.aof = aof  # the same persistence on either: AOF with fsync every second, or none
+        self.handle = (
+            LocalCluster(replicas=replicas, appendonly=aof).start() if cluster
+            else LocalRedis(appendonly=aof, extra=("--appendfsync", "everysec")).start()
+        )  # fmt: skip
         self.url = self.handle.url
         self.client: Client = connect(self.url, socket_timeout=30, cluster=cluster)
         ports = [n.port for n in self.handle.nodes] if cluster else [self.handle.port]
@@ -278,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
     p.add_argument("--replicas", type=int, default=1,
                    help="replicas per master with --cluster (0: none)")  # fmt: skip
+    p.add_argument("--aof", action="store_true",
+                   help="Redis (every node of a cluster) keeps an AOF, fsync every second, as "
+                   "deploy/redis/redis.conf runs it; default: no persistence, on one Redis "
+                   "and on a cluster alike")  # fmt: skip
     p.add_argument("--events", type=int, default=200_000, help="backlog size")
     p.add_argument("--users", type=int, default=50_000, help="distinct users in the backlog")
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the random model")
@@ -289,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="latency phase rate, as a fraction of the backlog rate")  # fmt: skip
     args = p.parse_args(argv)
     counts = [int(n) for n in args.workers.split(",") if n.strip()]
-    servers = Servers(args.cluster, args.replicas)
+    servers = Servers(args.cluster, args.replicas, args.aof)
     try:
         with TemporaryDirectory() as tmp:
             model = Path(tmp) / "bench.npz"
@@ -302,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 where = f"local cluster, {len(servers.primaries())} primaries + "
                 where += f"{len(servers.replicas())} replicas"
             print(f"machine: {machine_line()}, load average {os.getloadavg()[0]:.2f} at start")
+            where += ", AOF (fsync every second)" if args.aof else ", no persistence"
             print(f"redis {version}: {where}; {len(events)} events backlog, {args.users} "
                   f"users, P = {args.partitions}, H = {args.hidden}, batch "
                   f"{args.batch_size}")  # fmt: skip

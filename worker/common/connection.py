@@ -97,3 +97,20 @@ def raw_replies(client: Client, *commands: str) -> None:
 
 def _raw(reply, **_):
     return reply
+
+
+def call_packed(client: redis.Redis, command: bytes) -> object:
+    """The reply to a command packed as RESP bytes, sent on a connection of the client's
+    pool as it is: the worker packs its big commands itself (engine/adapters/resp.py)."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([command])
+        return conn.read_response()
+    except redis.ResponseError:
+        raise  # the reply was read whole: the connection stays usable
+    except BaseException:
+        conn.disconnect()  # a reply may still be in flight on it
+        raise
+    finally:
+        pool.release(conn)

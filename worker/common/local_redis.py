@@ -248,7 +248,8 @@ class LocalCluster:
 
     `extra` goes to every node (e.g. `--aclfile`); with an ACL that turns the default user
     off, `auth` is an (user, password) allowed everything: the cluster is created, probed
-    and replicated (masteruser) as that user."""
+    and replicated (masteruser) as that user. Nodes keep an AOF (appendfsync everysec)
+    unless `appendonly` is False."""
 
     def __init__(
         self,
@@ -257,9 +258,11 @@ class LocalCluster:
         node_timeout_ms: int = 2000,
         extra: tuple[str, ...] = (),
         auth: tuple[str, str] | None = None,
+        appendonly: bool = True,
     ) -> None:
         self.masters = masters
         self.replicas = replicas
+        self.appendonly = appendonly
         self.node_timeout_ms = node_timeout_ms
         self.extra = extra
         self.auth = auth
@@ -276,7 +279,7 @@ class LocalCluster:
         for _ in range(self.masters * (1 + self.replicas)):
             node = LocalRedis(
                 port=free_cluster_port(),
-                appendonly=True,
+                appendonly=self.appendonly,
                 extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                        "--cluster-node-timeout", str(self.node_timeout_ms),
                        "--appendfsync", "everysec", *login, *self.extra),

@@ -100,14 +100,15 @@ class Consumer:
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
         self.quality = LiveQuality()
         self.models = Models(model_source, client, s, self.metrics, self.quality, self.cache)
-        self.states = StateReader(client, self.keys, self.cache, self.models.space_of, s.layout)
+        self.nodes = PartitionNodes(client, self.keys)
+        self.states = StateReader(client, self.keys, self.cache, self.models.space_of, s.layout,
+                                  self.nodes)  # fmt: skip
         self.rulebook = Rulebook(RuleSource(client, self.keys, s.model_poll_seconds),
                                  self.metrics)  # fmt: skip
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits,
                                       s.layout)  # fmt: skip
-        self.nodes = PartitionNodes(client, self.keys)
         self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
@@ -514,7 +515,7 @@ class Consumer:
         try:
             if prefetch_for or upcoming is not None:  # of the commit's node (see tick)
                 return self._commit_and_prefetch(commit, prefetch_for or [], upcoming, prepared)
-            return self.committer.run(commit)
+            return self.committer.run(commit, self.nodes.node_client(commit.partition))
         except _REDIS_DOWN:
             self.parts[commit.partition].lost_reply(self.committer.token(commit), commit)
             raise

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
-from worker.common.connection import is_cluster
+from worker.common.connection import call_packed, is_cluster
 from worker.common.keys import Keys
+from worker.engine.adapters.nodes import REDIRECTS
 from worker.engine.adapters.resp import Joined, as_arguments, resp_args, resp_column
 from worker.engine.compute.batch import DeadLetter
 from worker.engine.compute.lean_state import packed_states
@@ -443,33 +444,29 @@ class CommitScript:
         count = prepared.n_start + len(head) + prepared.n_body
         return b"*%d\r\n" % count + prepared.start + resp_args(head) + prepared.body
 
-    def run(self, commit: Commit) -> CommitResult:
-        """Apply a Commit; CommitRefusedError when it applied nothing. On one Redis the
-        EVALSHA goes as `command` packs it, on a pooled connection; a cluster client sends
-        it through redis-py, which follows the slot's redirects."""
-        if is_cluster(self.client):
-            keys, args = self.pack(commit)
-            return settle(self.script(keys=keys, args=args))
-        try:
-            return settle(self._call(self.command(commit)))
-        except redis.exceptions.NoScriptError:  # Redis lost it (a restart, SCRIPT FLUSH)
-            self.client.script_load(COMMIT_SCRIPT)
-            return settle(self._call(self.command(commit)))
+    def run(self, commit: Commit, node: redis.Redis | None = None) -> CommitResult:
+        """Apply a Commit; CommitRefusedError when it applied nothing. The EVALSHA goes as
+        `command` packs it, on a pooled connection of the one Redis, or of `node` on a
+        cluster (the partition's, adapters/nodes.py); without a node, or when the node no
+        longer serves the slot (the command did not run), through the cluster client, which
+        packs it with redis-py and follows the redirects."""
+        if not is_cluster(self.client):
+            return self._packed(self.client, commit)
+        if node is not None:
+            try:
+                return self._packed(node, commit)
+            except REDIRECTS:
+                pass
+        keys, args = self.pack(commit)
+        return settle(self.script(keys=keys, args=args))
 
-    def _call(self, command: bytes) -> list:
-        """The reply to a packed command, on a connection of the client's pool."""
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
+    def _packed(self, client: redis.Redis, commit: Commit) -> CommitResult:
+        """The commit sent as `command` packs it on a connection of `client`."""
         try:
-            conn.send_packed_command([command])
-            return conn.read_response()
-        except redis.ResponseError:
-            raise  # the reply was read whole: the connection stays usable
-        except BaseException:
-            conn.disconnect()  # a reply may still be in flight on it
-            raise
-        finally:
-            pool.release(conn)
+            return settle(call_packed(client, self.command(commit)))
+        except redis.exceptions.NoScriptError:  # Redis lost it (a restart, SCRIPT FLUSH)
+            client.script_load(COMMIT_SCRIPT)
+            return settle(call_packed(client, self.command(commit)))
 
 
 def settle(reply: list) -> CommitResult:

@@ -45,6 +45,16 @@ class PartitionNodes:
             raise redis.ConnectionError(f"no connection to cluster node {node.name}")
         return node.redis_connection
 
+    def node_client(self, p: int) -> redis.Redis | None:
+        """`client(p)` on a cluster; None on one Redis, or when the slot map names a node
+        not connected yet (the cluster client then reaches it)."""
+        if not self.cluster:
+            return None
+        try:
+            return self.client(p)
+        except redis.ConnectionError:
+            return None
+
     def on_node(self, node: str, parts: list[int]) -> list[int]:
         """The partitions of `parts` held by `node`, in their order."""
         if not self.cluster:

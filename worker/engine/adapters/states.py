@@ -20,8 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
+from worker.common.connection import call_packed, is_cluster
 from worker.common.dedup import bounded
 from worker.common.keys import Keys
+from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
+from worker.engine.adapters.resp import packed_command
 from worker.engine.compute.batch import entry_id
 from worker.engine.compute.histories import valid_histories
 from worker.engine.compute.lean_state import later_id, unpack_state
@@ -103,8 +106,10 @@ class StateReader:
 
     def __init__(
         self, client: redis.Redis, keys: Keys, cache: StateCache, space_of: SpaceOf,
-        layout: str = "full",
+        layout: str = "full", nodes: PartitionNodes | None = None,
     ) -> None:  # fmt: skip
+        self.client = client
+        self.nodes = nodes  # on a cluster, who holds each partition
         self.script = client.register_script(READ_STATES_SCRIPT)
         self.keys = keys
         self.cache = cache
@@ -164,10 +169,29 @@ class StateReader:
         return [self.keys.commit_seq(p), *(prefix + users[i] for i in request.misses)]
 
     def _run(self, p: int, keys: list[str]) -> list:
+        """The read script's reply: its EVALSHA packed here (the key column by a kernel),
+        sent to the one Redis or to the partition's cluster node; through the cluster
+        client, which follows redirects, when the node is unknown or no longer serves the
+        slot (the command did not run)."""
+        cluster = is_cluster(self.client)
+        node = self.nodes.node_client(p) if cluster and self.nodes is not None else None
         try:
+            if node is not None or not cluster:
+                try:
+                    return self._packed(node or self.client, keys)
+                except REDIRECTS:
+                    pass
             return self.script(keys=keys)
         except redis.ResponseError as exc:
             raise self.reply_error(p, exc) from None
+
+    def _packed(self, client: redis.Redis, keys: list[str]) -> list:
+        command = packed_command(["EVALSHA", self.script.sha, len(keys), *keys], 3)
+        try:
+            return call_packed(client, command)  # type: ignore[return-value]
+        except redis.exceptions.NoScriptError:  # Redis lost it (a restart, SCRIPT FLUSH)
+            client.script_load(READ_STATES_SCRIPT)
+            return call_packed(client, command)  # type: ignore[return-value]
 
     @staticmethod
     def reply_error(p: int, exc: redis.ResponseError) -> Exception:
