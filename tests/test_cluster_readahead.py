@@ -21,7 +21,8 @@ from worker.common.publisher import publish
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.model_source import FileModelSource
-from worker.engine.adapters.nodes import REDIRECTS
+from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
+from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.consumer import Consumer
 
 pytestmark = pytest.mark.integration
@@ -187,3 +188,30 @@ def test_commits_sent_alone_on_a_stale_slot_map_are_redirected_and_nothing_doubl
     assert len(redirected) > 3  # MOVED from the stale node, then sent by the cluster client
     assert_scored_once_as_offline(r, events, model_path)
     assert consumer.metrics.count("scored") == len(events)
+
+
+def test_reads_on_a_stale_slot_map_fall_back_to_the_cluster_client(cluster):
+    """A round's reads go to the nodes the slot map names; a node that no longer serves a
+    partition's slot answers MOVED (the read did not run) and that partition is read
+    through the cluster client: every partition's entries come back, once."""
+    r = connect(cluster.url, cluster=True)
+    r.flushall(target_nodes=r.PRIMARIES)
+    events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(400, 80, 12))]
+    publish(r, events, partitions=P)
+    for p in range(P):
+        r.xgroup_create(KEYS.events(p), "intentstream-workers", id="0")
+    reader = StreamReader(r, KEYS, "intentstream-workers", "c1", P, nodes=PartitionNodes(r, KEYS))
+    slots = r.nodes_manager.slots_cache
+    stale = [3, 5]
+    for p in stale:  # their slots mapped to another primary
+        slot = r.keyslot(KEYS.events(p))
+        slots[slot] = [next(n for n in r.get_primaries() if n is not slots[slot][0])]
+    cursors = [Cursor(p, b">") for p in range(P)]
+    left: list[int] = []
+    on_nodes = reader._read_on_nodes
+    reader._read_on_nodes = lambda *a: left.extend(on_nodes(*a)) or left
+    batches = reader.read(cursors, 1000, 100)
+    assert sorted(cursors[i].partition for i in left) == stale  # redirected, read again
+    got = sorted(eid.decode() for b in batches for eid in b.event_ids)
+    assert got == sorted(e["event_id"] for e in events)
+    assert {b.partition for b in batches} >= set(stale)

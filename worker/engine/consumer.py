@@ -93,14 +93,14 @@ class Consumer:
         # started with the same --consumer never both hold a partition.
         self.holder = f"{s.consumer}:{secrets.token_hex(6)}"
         self.ownership = Ownership(client, self.keys, self.holder, s.partitions, s.lease_ms)
+        self.nodes = PartitionNodes(client, self.keys)
         self.reader = StreamReader(client, self.keys, s.group, s.consumer, s.partitions,
-                                   s.max_ts_skew_ms)  # fmt: skip
+                                   s.max_ts_skew_ms, self.nodes)  # fmt: skip
         self.cluster = is_cluster(client)
         self.parked = ParkedReads(self.reader)  # idle partitions' blocking reads (cluster)
         self.cache = StateCache(s.state_cache_users, s.state_ttl_seconds)
         self.quality = LiveQuality()
         self.models = Models(model_source, client, s, self.metrics, self.quality, self.cache)
-        self.nodes = PartitionNodes(client, self.keys)
         self.states = StateReader(client, self.keys, self.cache, self.models.space_of, s.layout,
                                   self.nodes)  # fmt: skip
         self.rulebook = Rulebook(RuleSource(client, self.keys, s.model_poll_seconds),

@@ -6,10 +6,11 @@ hold a batch whose commit failed, and a user's events must apply in order.
 
 On one Redis a round is one XREADGROUP over every held partition, blocking while all are
 idle. On a Redis Cluster the partitions' streams live in different slots, so a round is one
-XREADGROUP per partition, sent as a pipeline that redis-py splits by node and sends to all
-nodes before reading any reply; those reads never block (a blocked read would hold up the
-other partitions on its node): a partition they find idle waits in a blocking read of its
-own (adapters/parked.py).
+XREADGROUP per partition, each node's packed in one write on its connection (as the
+read-ahead sends them; the cluster pipeline for a node not connected yet or that redirects),
+sent to all nodes before any reply is read; those reads never block (a blocked read would hold up
+the other partitions on its node): a partition they find idle waits in a blocking read of
+its own (adapters/parked.py).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import logging
 import time
 from dataclasses import dataclass
 
+import hiredis
 import redis
 
 from worker.common.connection import Client, is_cluster, raw_replies
 from worker.common.events import DEFAULT_MAX_TS_SKEW_MS
+from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.compute.batch import Batch, parse_batch
 
 log = logging.getLogger("intentstream.worker")
@@ -49,9 +52,10 @@ class StreamReader:
 
     def __init__(
         self, client: Client, keys, group: str, consumer: str, partitions: int,
-        max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS,
+        max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS, nodes: PartitionNodes | None = None,
     ) -> None:  # fmt: skip
         self.r = client
+        self.nodes = nodes  # on a cluster, who holds each partition
         self.keys = keys
         self.group = group
         self.consumer = consumer
@@ -91,15 +95,57 @@ class StreamReader:
         return self.batches(self.r.execute_command(*command), cursors)
 
     def _read_per_partition(self, cursors: list[Cursor], count: int) -> list[Batch]:
+        """A cluster round's reads: each node's in one packed write on its connection (with
+        `nodes`), every node's sent before any reply is read; the partitions of a node not
+        connected yet, or that answered a redirect, through the cluster pipeline."""
         self._raw()  # nodes may have changed since the last round
-        pipe = self.r.pipeline(transaction=False)
         groups = self.read_groups(cursors)
-        for group in groups:
-            pipe.execute_command(*self.read_command(group, count, None))
+        replies: dict[int, object] = {}
+        rest = self._read_on_nodes(groups, count, replies) if self.nodes else range(len(groups))
+        if rest:
+            pipe = self.r.pipeline(transaction=False)
+            for i in rest:
+                pipe.execute_command(*self.read_command(groups[i], count, None))
+            replies.update(zip(rest, pipe.execute(), strict=True))
         batches = []
-        for group, reply in zip(groups, pipe.execute(), strict=True):
-            batches += self.batches(reply, group)
+        for i, group in enumerate(groups):
+            batches += self.batches(replies[i], group)
         return batches
+
+    def _read_on_nodes(self, groups: list[list[Cursor]], count: int, replies: dict) -> list[int]:
+        """Read `groups` on their nodes' connections into `replies` (by group index); the
+        indices left to the cluster client. A redirect means the read did not run."""
+        assert self.nodes is not None
+        by_node: dict[int, tuple[redis.Redis, list[int]]] = {}
+        rest: list[int] = []
+        for i, group in enumerate(groups):
+            client = self.nodes.node_client(group[0].partition)
+            if client is None:
+                rest.append(i)
+            else:
+                by_node.setdefault(id(client), (client, []))[1].append(i)
+        sent = []
+        try:
+            for client, idx in by_node.values():
+                conn = client.connection_pool.get_connection()
+                sent.append((client, conn))
+                reads = (hiredis.pack_command(self.read_command(groups[i], count, None))
+                         for i in idx)  # fmt: skip
+                conn.send_packed_command([b"".join(reads)])
+            for (_, conn), (_, idx) in zip(sent, by_node.values(), strict=True):
+                for i in idx:
+                    try:
+                        replies[i] = conn.read_response()
+                    except REDIRECTS:
+                        rest.append(i)
+        except BaseException:
+            for _, conn in sent:
+                conn.disconnect()  # replies may still be in flight on it
+            raise
+        finally:
+            for client, conn in sent:
+                client.connection_pool.release(conn)
+        return rest
 
     def batches(self, reply, cursors: list[Cursor], size: int | None = None) -> list[Batch]:
         """Parse an XREADGROUP reply into Batches of at most `size` entries (one per
