@@ -44,12 +44,13 @@ def bounded(packed: bytes) -> bytes:
 class Memory:
     """One user's memory while a batch is decided; `packed()` is what the commit writes."""
 
-    __slots__ = ("_marks", "_producers", "ids", "window")
+    __slots__ = ("_count", "_marks", "_producers", "ids", "window")
 
     def __init__(self, packed: bytes, window: int) -> None:
         ids, _, self._marks = packed.partition(b"\n")
         self.ids = ids
         self.window = window
+        self._count = -1  # ids in `ids`, counted on first use
         self._producers: dict[bytes, int] | None = None  # parsed on first use
 
     def producers(self) -> dict[bytes, int]:
@@ -63,12 +64,25 @@ class Memory:
         return self._producers
 
     def _seen_id(self, event_id: bytes) -> bool:
-        return bool(self.ids) and b" " + event_id + b" " in b" " + self.ids + b" "
+        """Whether event_id is one of the space-separated ids (a whole one, found in place:
+        no copy of the window per event)."""
+        ids, n = self.ids, len(event_id)
+        at = ids.find(event_id)
+        while at >= 0:
+            end = at + n
+            if (at == 0 or ids[at - 1] == 32) and (end == len(ids) or ids[end] == 32):
+                return True
+            at = ids.find(event_id, at + 1)
+        return False
 
     def _remember_id(self, event_id: bytes) -> None:
+        if self._count < 0:
+            self._count = self.ids.count(b" ") + 1 if self.ids else 0
         ids = self.ids + b" " + event_id if self.ids else event_id
-        while ids.count(b" ") >= self.window:
+        self._count += 1
+        while self._count > self.window:  # the oldest ids go
             ids = ids[ids.index(b" ") + 1 :]
+            self._count -= 1
         self.ids = ids
 
     def admit(self, event_id: bytes | None, producer: Producer | None) -> bool:
