@@ -142,20 +142,33 @@ def test_the_reader_takes_the_later_layout_and_marks_the_other_for_rewriting(lay
     assert states.rewrite == other
 
 
-@pytest.mark.integration
-def test_a_lean_commit_writes_three_state_fields_and_four_score_fields(redis_server):
-    r = connect(redis_server.url)
+LIMITS = CommitLimits(1000, 1000, 64, 0)
+
+
+def pending_batch(r, events: list[dict], input_names: tuple[str, ...] = ()):
+    """Partition 0 with its lease "holder"'s and the events read by consumer "c" of group
+    "g" (pending, as the worker leaves them before its commit), parsed as a batch."""
     stream = KEYS.events(0)
     r.xgroup_create(stream, "g", id="0", mkstream=True)
     r.set(KEYS.lease(0), "holder")
-    limits = CommitLimits(1000, 1000, 64, 0)
-    script = CommitScript(r, KEYS, "g", "c", "holder", limits, "lean")
-    for t in GOLDEN_EVENTS:
-        r.xadd(stream, {"user_id": "alice", "type": t, "event_id": f"e-{t}"})
-    r.xadd(stream, {"type": "no user"})
+    for fields in events:
+        r.xadd(stream, fields)
     entries = [[i, [x for kv in f.items() for x in kv]] for i, f in
                r.xreadgroup("g", "c", {stream: ">"})[0][1]]  # fmt: skip
-    batch = parse_batch(0, entries)
+    return parse_batch(0, entries, input_names=input_names)
+
+
+def committer(r, layout: str = "lean") -> CommitScript:
+    """The commit script of consumer "c" holding partition 0 (pending_batch)."""
+    return CommitScript(r, KEYS, "g", "c", "holder", LIMITS, layout)
+
+
+@pytest.mark.integration
+def test_a_lean_commit_writes_three_state_fields_and_four_score_fields(redis_server):
+    r = connect(redis_server.url)
+    events = [{"user_id": "alice", "type": t, "event_id": f"e-{t}"} for t in GOLDEN_EVENTS]
+    batch = pending_batch(r, [*events, {"type": "no user"}])
+    script = committer(r)
     model = ScoringModel(golden_model(), version="1")
     commit = build_commit(batch, UserStates.empty(distinct_users(batch), model.state_shape),
                           model, history_events=32)  # fmt: skip
@@ -171,7 +184,7 @@ def test_a_lean_commit_writes_three_state_fields_and_four_score_fields(redis_ser
     assert [row["event_id"] for row in rows] == [f"e-{t}" for t in GOLDEN_EVENTS]
     np.testing.assert_allclose([float(row["score"]) for row in rows], GOLDEN_SCORES, atol=1e-4)
     assert float(state[b"score"]) == pytest.approx(GOLDEN_SCORES[-1], abs=1e-4)
-    assert r.xlen(KEYS.deadletter(0)) == 1 and r.xpending(stream, "g")["pending"] == 0
+    assert r.xlen(KEYS.deadletter(0)) == 1 and r.xpending(KEYS.events(0), "g")["pending"] == 0
     kept = read_state(Registry(r), "alice")  # what `intentstream explain` reads
     assert (
         kept is not None
@@ -183,18 +196,11 @@ def test_a_lean_commit_writes_three_state_fields_and_four_score_fields(redis_ser
 @pytest.mark.integration
 def test_a_lean_commit_replaces_a_state_key_of_another_type(redis_server):
     r = connect(redis_server.url)
-    stream = KEYS.events(0)
-    r.xgroup_create(stream, "g", id="0", mkstream=True)
-    r.set(KEYS.lease(0), "holder")
     r.set(KEYS.state(0, "alice"), "an operator's string")
-    r.xadd(stream, {"user_id": "alice", "type": "view"})
-    entries = [[i, [x for kv in f.items() for x in kv]] for i, f in
-               r.xreadgroup("g", "c", {stream: ">"})[0][1]]  # fmt: skip
-    batch = parse_batch(0, entries)
+    batch = pending_batch(r, [{"user_id": "alice", "type": "view"}])
     model = ScoringModel(golden_model(), version="1")
     commit = build_commit(batch, UserStates.empty(["alice"], model.state_shape), model)
-    script = CommitScript(r, KEYS, "g", "c", "holder", CommitLimits(1000, 1000, 64, 0), "lean")
-    assert script.run(commit).replaced == 1
+    assert committer(r).run(commit).replaced == 1
     assert set(r.hgetall(KEYS.state(0, "alice"))) == LEAN_STATE
 
 
@@ -239,19 +245,14 @@ def test_a_state_rewritten_in_the_full_layout_keeps_its_item_memories(redis_serv
     """A model without item inputs writes no `items` field, but a lean state rewritten in
     the full layout (its key replaced) keeps the memories it carried."""
     r = connect(redis_server.url)
-    stream = KEYS.events(0)
-    r.xgroup_create(stream, "g", id="0", mkstream=True)
-    r.set(KEYS.lease(0), "holder")
     r.hset(KEYS.state(0, "alice"), mapping={"score": "0.5", "model": "1", "s": b"lean"})
-    r.xadd(stream, {"user_id": "alice", "type": "view"})
-    entries = [[i, [x for kv in f.items() for x in kv]] for i, f in
-               r.xreadgroup("g", "c", {stream: ">"})[0][1]]  # fmt: skip
+    batch = pending_batch(r, [{"user_id": "alice", "type": "view"}])
     model = ScoringModel(golden_model(), version="1")
     states = UserStates.empty(["alice"], model.state_shape)
     states.items, states.rewrite = [b"\x07memory"], [0]
-    commit = build_commit(parse_batch(0, entries), states, model)
+    commit = build_commit(batch, states, model)
     assert not commit.write_items and commit.rewrite == [0]
-    CommitScript(r, KEYS, "g", "c", "holder", CommitLimits(1000, 1000, 64, 0)).run(commit)
+    committer(r, "full").run(commit)
     state = r.hgetall(KEYS.state(0, "alice"))
     assert b"s" not in state and state[b"items"] == b"\x07memory" and state[b"n"] == b"1"
 
@@ -261,22 +262,16 @@ def test_a_lean_state_carries_its_item_memories_and_rule_states(redis_server):
     """What `s` holds beyond h comes back as the full layout would store it: the item
     memories of a model with an item input, and the rule states."""
     r = connect(redis_server.url)
-    stream = KEYS.events(0)
-    r.xgroup_create(stream, "g", id="0", mkstream=True)
-    r.set(KEYS.lease(0), "holder")
-    for product in ("p1", "p2", "p1"):
-        r.xadd(stream, {"user_id": "alice", "type": "view", "product_id": product,
-                        "category_code": "c", "brand": "b", "price": "9.5"})  # fmt: skip
-    entries = [[i, [x for kv in f.items() for x in kv]] for i, f in
-               r.xreadgroup("g", "c", {stream: ">"})[0][1]]  # fmt: skip
     model = ScoringModel(random_model([*EVENT_TYPES, "purchase"], hidden=4, seed=1,
                                       inputs=INPUTS), version="1")  # fmt: skip
-    batch = parse_batch(0, entries, input_names=tuple(model.input_names))
+    events = [{"user_id": "alice", "type": "view", "product_id": product, "category_code": "c",
+               "brand": "b", "price": "9.5"} for product in ("p1", "p2", "p1")]  # fmt: skip
+    batch = pending_batch(r, events, tuple(model.input_names))
     rules = RuleTable.of([make_rule(name="any", above=0.0)])
     commit = build_commit(batch, UserStates.empty(["alice"], model.state_shape), model, 32,
                           rules=rules)  # fmt: skip
     assert commit.items[0] and commit.rules[0]  # something to carry
-    CommitScript(r, KEYS, "g", "c", "holder", CommitLimits(1000, 1000, 64, 0), "lean").run(commit)
+    committer(r).run(commit)
     packed = unpack_state(r.hget(KEYS.state(0, "alice"), "s"))
     assert (packed.items, packed.rules) == (commit.items[0], commit.rules[0])
     reader = StateReader(r, KEYS, StateCache(0), lambda v: v, "lean")
@@ -289,21 +284,15 @@ def test_a_lean_state_carries_its_item_memories_and_rule_states(redis_server):
 @pytest.mark.integration
 def test_a_lean_commit_with_a_shadow_model_writes_and_reads_back_its_fields(redis_server):
     r = connect(redis_server.url)
-    stream = KEYS.events(0)
-    r.xgroup_create(stream, "g", id="0", mkstream=True)
-    r.set(KEYS.lease(0), "holder")
-    for t in GOLDEN_EVENTS:
-        r.xadd(stream, {"user_id": "alice", "type": t})
-    entries = [[i, [x for kv in f.items() for x in kv]] for i, f in
-               r.xreadgroup("g", "c", {stream: ">"})[0][1]]  # fmt: skip
+    batch = pending_batch(r, [{"user_id": "alice", "type": t} for t in GOLDEN_EVENTS])
     model = ScoringModel(golden_model(), version="1")
     shadow = ScoringModel(random_model(GOLDEN_EVENTS, hidden=3, seed=2), version="2")
     states = UserStates.empty(["alice"], model.state_shape)
     states.shadow = ShadowStates(np.zeros((1, *shadow.state_shape), np.float32),
                                  states.last_ts.copy(), score=np.full(1, np.nan),
                                  rules=[b""])  # fmt: skip
-    commit = build_commit(parse_batch(0, entries), states, model, 32, shadow)
-    CommitScript(r, KEYS, "g", "c", "holder", CommitLimits(1000, 1000, 64, 0), "lean").run(commit)
+    commit = build_commit(batch, states, model, 32, shadow)
+    committer(r).run(commit)
     state = r.hgetall(KEYS.state(0, "alice"))
     assert set(state) == LEAN_STATE | {b"shadow_h", b"shadow_score", b"shadow_model"}
     assert state[b"shadow_h"] == commit.shadow_h[0].tobytes() and state[b"shadow_model"] == b"2"

@@ -23,15 +23,12 @@ import numpy as np
 import redis
 
 from model.scoring import ScoringModel
-from worker.bench.pipeline_cpu import entries_of
+from worker.bench.load import redis_cpu
+from worker.bench.pipeline_cpu import entries_of, pipeline_commits
 from worker.bench.workload import GROUP, KEYS, STREAM
 from worker.engine.adapters.commit import COMMIT_SCRIPT, CommitLimits, CommitScript
 from worker.engine.adapters.resp import packed_command
-from worker.engine.adapters.states import FIELDS as STATE_FIELDS
-from worker.engine.adapters.states import StateReader
-from worker.engine.compute.batch import parse_batch
-from worker.engine.compute.pipeline import Commit, build_commit, distinct_users
-from worker.engine.compute.state_cache import StateCache, written
+from worker.engine.compute.pipeline import Commit
 
 CONSUMER, HOLDER = "bench-commit", "bench-commit:0"
 VARIANTS = ("full", "lean", "plain")
@@ -43,25 +40,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the commit bench instead of the variants: the worker's commits "
                    "of the backlog replayed for each layout beside a plain consumer's writes, "
                    "Redis CPU per event, alternated --repeat times")  # fmt: skip
-
-
-def commits_of(model: ScoringModel, batches: list[list], history_events: int) -> list[Commit]:
-    """The worker's commits of the batches, each batch's users' states from the commits
-    before it (every state new at first)."""
-    client = redis.Redis()  # never connected: the read script's sha1 is computed locally
-    cache = StateCache(10**8)
-    reader = StateReader(client, KEYS, cache, lambda _version: model.version)
-    commits, seq = [], 1
-    for entries in batches:
-        batch = parse_batch(0, entries)
-        request = reader.request(0, distinct_users(batch))
-        read = [str(seq).encode()] + [None] * (len(STATE_FIELDS) * len(request.misses))
-        states = reader.complete(request, read, model.state_shape, model.version)
-        commit = build_commit(batch, states, model, history_events)
-        commits.append(commit)
-        seq += 1
-        cache.store(0, str(seq).encode(), written(commit))
-    return commits
 
 
 def plain_writes(commit: Commit) -> tuple[bytes, int]:
@@ -96,24 +74,19 @@ def _pending(r: redis.Redis, batches: list[list]) -> None:
     r.set(KEYS.commit_seq(0), "1")
 
 
-def _redis_cpu(r: redis.Redis) -> float:
-    info = r.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
 def replay_cpu(r: redis.Redis, batches: list[list], sends: list[tuple[bytes, int]]) -> float:
     """Redis CPU seconds of the sends one by one (bytes and their number of replies), each's
     replies read before the next; a commit (one reply) must apply."""
     _pending(r, batches)
     conn = r.connection_pool.get_connection()
     try:
-        before = _redis_cpu(r)
+        before = redis_cpu(r)
         for command, replies in sends:
             conn.send_packed_command([command])
             reply = [conn.read_response() for _ in range(replies)]
             if replies == 1 and reply[0][0] != b"ok":
                 raise RuntimeError(f"a replayed commit was refused: {reply[0]!r}")
-        return _redis_cpu(r) - before
+        return redis_cpu(r) - before
     finally:
         r.connection_pool.release(conn)
 
@@ -124,7 +97,7 @@ def run_commit_bench(
     """Print the commit's Redis CPU per event for each layout and the plain writes, per
     round and their medians; return µs/event per variant and round."""
     batches = entries_of(events, ())
-    commits = commits_of(model, batches, args.history_events)
+    commits = list(pipeline_commits(model, batches, args.history_events))
     limits = CommitLimits(10**9, 10_000, 512, 0)
     scripts = {lay: CommitScript(r, KEYS, GROUP, CONSUMER, HOLDER, limits, lay)
                for lay in ("full", "lean")}  # fmt: skip

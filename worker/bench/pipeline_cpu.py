@@ -13,6 +13,7 @@ their fastest rounds (the least disturbed), so it is stable on a shared machine.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import redis
@@ -24,7 +25,7 @@ from worker.engine.adapters.commit import CommitLimits, CommitScript
 from worker.engine.adapters.states import FIELDS as STATE_FIELDS
 from worker.engine.adapters.states import StateReader
 from worker.engine.compute.batch import parse_batch
-from worker.engine.compute.pipeline import build_commit, distinct_users
+from worker.engine.compute.pipeline import Commit, build_commit, distinct_users
 from worker.engine.compute.state_cache import StateCache, written
 
 BATCH = 512
@@ -45,15 +46,15 @@ def entries_of(events: list[dict], fields: tuple[str, ...]) -> list[list]:
     return batches
 
 
-def pipeline_seconds(model: ScoringModel, batches: list[list], history_events: int) -> float:
-    """Process time of the pipeline over every batch, from an empty cache."""
-    client = redis.Redis()  # never connected: the scripts' sha1 are computed locally
-    keys = Keys()
-    script = CommitScript(client, keys, "g", "c", "h", CommitLimits(10**8, 1000, 256, 0))
-    cache = StateCache(10**7)
-    reader = StateReader(client, keys, cache, lambda _version: model.version)
+def pipeline_commits(
+    model: ScoringModel, batches: list[list], history_events: int
+) -> Iterator[Commit]:
+    """The worker's commit of each batch, its users' states from the cache of the commits
+    before it (a user seen for the first time is new), from an empty cache."""
+    client = redis.Redis()  # never connected: the read script's sha1 is computed locally
+    cache = StateCache(10**8)
+    reader = StateReader(client, Keys(), cache, lambda _version: model.version)
     names, width, seq = tuple(model.input_names), len(STATE_FIELDS), 1
-    t = time.process_time()
     for entries in batches:
         batch = parse_batch(0, entries, input_names=names)
         request = reader.request(0, distinct_users(batch))
@@ -61,9 +62,18 @@ def pipeline_seconds(model: ScoringModel, batches: list[list], history_events: i
         read = [str(seq).encode()] + [None] * (width * len(request.misses))
         states = reader.complete(request, read, model.state_shape, model.version)
         commit = build_commit(batch, states, model, history_events)
-        script.command(commit)
+        yield commit
         seq += 1
         cache.store(0, str(seq).encode(), written(commit))
+
+
+def pipeline_seconds(model: ScoringModel, batches: list[list], history_events: int) -> float:
+    """Process time of the pipeline over every batch, the commits packed, from an empty
+    cache."""
+    script = CommitScript(redis.Redis(), Keys(), "g", "c", "h", CommitLimits(10**8, 1000, 256, 0))
+    t = time.process_time()
+    for commit in pipeline_commits(model, batches, history_events):
+        script.command(commit)
     return time.process_time() - t
 
 

@@ -76,7 +76,7 @@ class Servers:
 
     def __init__(self, cluster: bool, replicas: int = 1, aof: bool = False) -> None:
         self.cluster = cluster
-        self.aof = aof  # the same persistence on either: AOF with fsync every second, or none
+        # the same persistence on either: AOF with fsync every second, or none
         self.handle = (
             LocalCluster(replicas=replicas, appendonly=aof).start() if cluster
             else LocalRedis(appendonly=aof, extra=("--appendfsync", "everysec")).start()

@@ -32,7 +32,7 @@ from worker.common.connection import Client, is_cluster
 from worker.common.events import EventError, flat_fields, parse_flat_entry
 from worker.common.keys import Keys, parse_state_key, partition_of
 from worker.engine.compute.batch import entry_id
-from worker.engine.compute.lean_state import as_fields
+from worker.engine.compute.lean_state import as_fields, later_id
 
 MAX_PARTITIONS = 4096  # the bound of the `partitions` setting
 CHUNK = 500  # state keys read and written per pipeline
@@ -219,14 +219,8 @@ def state_keys(client: Client, keys: Keys) -> Iterator[bytes]:
 
 def _later(a: dict, b: dict) -> dict:
     """Of two states of one user, the one that applied the later entry (a on a tie)."""
-
-    def last(state: dict) -> tuple[int, int]:
-        try:
-            return entry_id(as_fields(state).get(b"last_id", b""))  # either layout
-        except ValueError:
-            return (-1, -1)
-
-    return b if last(b) > last(a) else a
+    last_a, last_b = (as_fields(s).get(b"last_id", b"") for s in (a, b))  # either layout
+    return b if later_id(last_b, last_a) else a
 
 
 def _move_chunk(

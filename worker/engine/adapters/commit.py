@@ -272,16 +272,14 @@ def decimals(values: np.ndarray) -> list[str]:
     return list(map("{:.9g}".format, values.tolist()))
 
 
-def state_columns(
-    c: Commit, score_text: list[str], lean: bool = False, write_items: bool | None = None
-) -> list:
+def state_columns(c: Commit, score_text: list[str], lean: bool, write_items: bool) -> list:
     """The state rows' columns: h, score, last_id, last_ts, n, recent, event_ids
     (space-separated), rules (when rules are set), items (when the model declares item
     inputs); in the lean layout score and s (compute/lean_state.py) instead; then shadow_h,
     shadow_score (and shadow_rules) when a shadow model runs. The h columns are float
     arrays (one row per state), last_ts and n int64 arrays, s values end to end, the others
     lists (adapters/resp.py frames each kind). `score_text`: the scores' decimals;
-    `write_items` overrides the commit's own flag."""
+    `write_items`: whether the full layout's rows carry `items` (CommitScript.writes_items)."""
     if not c.users:
         return []
     scores = [score_text[i] for i in c.last_scored.tolist()]  # each user's last score
@@ -296,7 +294,7 @@ def state_columns(
         columns = [c.h, scores, c.last_ids, c.last_ts, c.n, c.recent, c.event_ids]
         if c.rules is not None:
             columns.append(c.rules)
-        if c.write_items if write_items is None else write_items:
+        if write_items:
             columns.append(c.items)
     if c.shadow_h is not None:
         columns += [c.shadow_h, decimals(c.shadow_user_scores)]
@@ -317,7 +315,7 @@ def action_columns(c: Commit) -> list[list]:
     ]  # fmt: skip
 
 
-def score_columns(c: Commit, score_text: list[str], lean: bool = False) -> list:
+def score_columns(c: Commit, score_text: list[str], lean: bool) -> list:
     """The score entries' columns: user_id, score, event_id, type, ts[, shadow_score]; in
     the lean layout without type and ts."""
     if not len(c.scores):

@@ -21,6 +21,8 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from worker.engine.compute.batch import entry_id
+
 VERSION = 1
 _HEADER = struct.Struct("<B6Iqq")
 HEADER_BYTES = _HEADER.size  # 41
@@ -74,13 +76,12 @@ def as_fields(state: dict[bytes, bytes]) -> dict[bytes, bytes]:
 
 def later_id(a: bytes, b: bytes) -> bool:
     """Whether entry id a is above entry id b (an unparsable id is below every other)."""
-    return _id(a) > _id(b)
+    return _ordered(a) > _ordered(b)
 
 
-def _id(raw: bytes) -> tuple[int, int]:
-    ms, _, seq = raw.partition(b"-")
+def _ordered(raw: bytes) -> tuple[int, int]:
     try:
-        return int(ms), int(seq or 0)
+        return entry_id(raw)
     except ValueError:
         return (-1, -1)
 
