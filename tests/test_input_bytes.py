@@ -113,3 +113,16 @@ def test_a_value_over_the_limit_is_absent_and_the_last_of_a_repeated_name_counts
                                 np.arange(4))  # fmt: skip
     assert brand[0] == -1 and brand[1] == brand[2] == value_hashes("brand", [b"y"])[0]
     assert brand[3] >= 0 and np.isnan(price[:2]).all() and price[2] == 2.5
+
+
+def test_values_holding_nul_bytes_are_read_whole():
+    # the reader cuts a batch's joined values at NULs unless a value holds one
+    clean = [b"user_id", b"u", b"type", b"v", b"brand", b"b1", b"price", b"2.5"]
+    odd = [b"user_id", b"u", b"type", b"v", b"brand", b"b\x00\x001", b"price", b"\x002.5"]
+    for flats in ([clean, clean, clean], [clean, odd, clean], [odd]):
+        raw = raw_inputs(flats, NAMES)
+        got = [[raw.data[a:b] for a, b in zip(s, e, strict=True)]
+               for s, e in zip(raw.starts, raw.ends, strict=True)]  # fmt: skip
+        columns = zip(*[input_values(f, NAMES) for f in flats], strict=True)
+        want = [[v or b"" for v in col] for col in columns]
+        assert got == want

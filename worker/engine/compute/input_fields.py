@@ -22,6 +22,7 @@ from worker.common.events import (
 )
 
 _NAMES = itemgetter(slice(None, None, 2))
+_SEP = b"\0"
 
 
 def raw_inputs(flats: list[list], names: tuple[bytes, ...]) -> RawInputs:
@@ -75,7 +76,7 @@ class _Builder:
     """RawInputs filled a group of rows at a time."""
 
     def __init__(self, n_inputs: int, n: int) -> None:
-        self.parts: list[bytes] = []
+        self.chunks: list[bytes] = []
         self.size = 0
         self.starts = np.zeros((n_inputs, n), np.int64)
         self.ends = np.zeros((n_inputs, n), np.int64)
@@ -86,17 +87,30 @@ class _Builder:
         parts = list(chain.from_iterable(values))
         if not parts:
             return
-        sizes = np.fromiter(map(len, parts), np.int64, len(parts))
-        ends = self.size + np.cumsum(sizes)
-        self.size = int(ends[-1])
-        sizes[sizes > MAX_INPUT_BYTES] = 0
-        starts = ends - sizes
+        chunk, starts, ends = _spans(parts)
+        starts += self.size
+        ends += self.size
+        self.size += len(chunk)
+        self.chunks.append(chunk)
+        too_long = ends - starts > MAX_INPUT_BYTES
+        starts[too_long] = ends[too_long]
         at = (inputs, rows) if isinstance(rows, slice) else np.ix_(inputs, rows)
         self.starts[at] = starts.reshape(-1, len(inputs)).T
         self.ends[at] = ends.reshape(-1, len(inputs)).T
-        self.parts += parts
 
     def done(self, names: tuple[bytes, ...]) -> RawInputs:
         """The inputs read."""
-        data = b"".join(self.parts)
+        data = b"".join(self.chunks)
         return RawInputs(tuple(n.decode() for n in names), data, self.starts, self.ends)
+
+
+def _spans(parts: list[bytes]) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The parts in one buffer, and where each starts and ends in it. Joined by NUL and cut at
+    the NULs (two C-level passes, no Python per part), unless a part holds a NUL (never a
+    shop's field; the NULs' count tells): then measured one by one."""
+    chunk = _SEP.join(parts)
+    cut = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 0)
+    if len(cut) == len(parts) - 1:
+        return chunk, np.concatenate(([0], cut + 1)), np.concatenate((cut, [len(chunk)]))
+    ends = np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)))
+    return b"".join(parts), np.concatenate(([0], ends[:-1])), ends
