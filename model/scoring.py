@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+import numba as nb
 import numpy as np
 
 from model.artifact import Model, state_shape
@@ -40,7 +41,10 @@ PROJECTED_MAX_BYTES = 8 << 20
 class Projection(NamedTuple):
     """A model's table inputs passed through W_fh (see PROJECTED_MAX_BYTES)."""
 
-    tables: list[np.ndarray]  # per table input, declaration order: (buckets, G·H) float32
+    # the table inputs' projected tables stacked, in declaration order: (sum of buckets, G·H)
+    # float32, input k's bucket b at row offsets[k] + b
+    tables: np.ndarray
+    offsets: np.ndarray  # (K,) int64
     kept: np.ndarray  # the input block's columns still fed as features (numeric, item flags)
     W_fh: np.ndarray  # W_fh without the embedding rows: (features + kept, G·H) float32
 
@@ -66,7 +70,26 @@ def projection(
         dropped.update(range(n_features + col, n_features + col + dim))
     keep = [r for r in range(W.shape[0]) if r not in dropped]
     kept = np.asarray([r - n_features for r in keep if r >= n_features], np.int64)
-    return Projection(projected, kept, np.ascontiguousarray(weights.W_fh[keep]))
+    offsets = np.cumsum([0] + [len(t) for t in projected[:-1]], dtype=np.int64)
+    return Projection(np.concatenate(projected), offsets, kept,
+                      np.ascontiguousarray(weights.W_fh[keep]))  # fmt: skip
+
+
+@nb.njit(cache=True)
+def _event_rows(type_in, tables, offsets, type_idx, buckets):
+    """Each event's layer-0 input row: its type's row plus its tables' projected rows, added
+    in declaration order (as numpy's `row += table[bucket]` would, bit for bit)."""
+    n, G = type_idx.shape[0], type_in.shape[1]
+    out = np.empty((n, G), np.float32)
+    for e in range(n):
+        t = type_idx[e]
+        for j in range(G):
+            out[e, j] = type_in[t, j]
+        for k in range(offsets.shape[0]):
+            r = offsets[k] + buckets[e, k]
+            for j in range(G):
+                out[e, j] += tables[r, j]
+    return out
 
 
 class ScoringModel:
@@ -161,9 +184,7 @@ class ScoringModel:
         proj = self.projection
         fixed, buckets, self.input_counts = input_parts(self.inputs, inputs, slot, reset,
                                                         memory or {}, replayed)  # fmt: skip
-        rows = self.weights.type_in[type_idx]
-        for k, table in enumerate(proj.tables):
-            rows += table[buckets[:, k]]
+        rows = _event_rows(self.weights.type_in, proj.tables, proj.offsets, type_idx, buckets)
         x = np.ascontiguousarray(np.concatenate([x_feat, fixed[:, proj.kept]], axis=1))
         weights = (*self.kernel_weights[:2], rows, proj.W_fh, *self.kernel_weights[4:])
         return weights, np.arange(len(type_idx), dtype=np.int64), x

@@ -64,3 +64,17 @@ def test_a_model_with_only_numeric_inputs_has_nothing_to_project():
     numeric = [INPUTS[1]]
     m = random_model(TYPES, hidden=4, features=["gap"], seed=1, inputs=numeric)
     assert ScoringModel(m).projection is None
+
+
+def test_event_rows_are_numpys_gathered_sums_bit_for_bit():
+    rng = np.random.default_rng(3)
+    type_in = rng.normal(size=(5, 12)).astype(np.float32)
+    tables = [rng.normal(size=(b, 12)).astype(np.float32) for b in (7, 3, 11)]
+    type_idx = rng.integers(0, 5, 40)
+    buckets = np.stack([rng.integers(0, len(t), 40) for t in tables], axis=1)
+    want = type_in[type_idx]
+    for k, table in enumerate(tables):
+        want += table[buckets[:, k]]
+    offsets = np.array([0, 7, 10], np.int64)
+    got = scoring._event_rows(type_in, np.concatenate(tables), offsets, type_idx, buckets)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
