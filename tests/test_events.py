@@ -229,6 +229,7 @@ def test_a_parser_gap_becomes_a_dead_letter(monkeypatch):
         raise RuntimeError("surprise")
 
     monkeypatch.setattr(batch, "parse_flat_entry", broken)
+    monkeypatch.setattr(batch, "parsed_columns", broken)  # the batch's columns first
     parsed = batch.parse_batch(0, [[b"1-0", [b"user_id", b"a", b"type", b"v"]]])
     assert parsed.users == [] and len(parsed.dead) == 1
     assert parsed.dead[0].error == "unparseable entry (RuntimeError: surprise)"

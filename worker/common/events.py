@@ -197,7 +197,7 @@ def event_from_fields(fields: dict[bytes, bytes], entry_ms: int) -> Event:
 ParsedEntry = tuple[str, str, int, "bytes | None", "tuple[bytes, int] | None"]
 
 
-def _stamp(raw: bytes | None) -> tuple[bytes, int] | None:
+def producer_stamp(raw: bytes | None) -> tuple[bytes, int] | None:
     """A valid producer stamp as (id, sequence)."""
     if raw is None:
         return None
@@ -214,7 +214,7 @@ def _fast(
         return None
     if eid is not None and not _EVENT_ID.fullmatch(eid):
         return None
-    stamp = _stamp(prod)
+    stamp = producer_stamp(prod)
     if prod is not None and stamp is None:
         return None
     try:
@@ -254,7 +254,7 @@ def parse_entry(
             return _checked(fast, entry_ms, max_skew_ms)
     event = event_from_fields(fields, entry_ms)
     eid = event.event_id.encode("utf-8") if event.event_id is not None else None
-    stamp = _stamp(event.producer.encode()) if event.producer is not None else None
+    stamp = producer_stamp(event.producer.encode()) if event.producer is not None else None
     return _checked((event.user_id, event.type, event.ts, eid, stamp), entry_ms, max_skew_ms)
 
 

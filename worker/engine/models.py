@@ -30,7 +30,7 @@ from worker.engine.adapters.model_source import (
     ModelRejectedError,
     RegistryModelSource,
 )
-from worker.engine.compute import histories, items
+from worker.engine.compute import columnar, histories, items
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, UserStates, build_commit
 from worker.engine.compute.quality import LiveQuality
@@ -93,11 +93,12 @@ class Models:
         self.rules: RuleTable | None = None  # the intent rules in force (engine/rulebook.py)
 
     def warm_up(self) -> None:
-        """Compile both models' kernels and the histories', item memories' and inputs' ones,
-        then pin BLAS to one thread."""
+        """Compile both models' kernels and the parse's, histories', item memories' and
+        inputs' ones, then pin BLAS to one thread."""
         self.current.warm_up()
         if self.shadow is not None:
             self.shadow.warm_up()
+        columnar.warm_up()
         histories.warm_up()
         items.warm_up()
         input_bytes.warm_up()

@@ -25,11 +25,12 @@ _NAMES = itemgetter(slice(None, None, 2))
 _SEP = b"\0"
 
 
-def raw_inputs(flats: list[list], names: tuple[bytes, ...]) -> RawInputs:
+def raw_inputs(flats: list[list], names: tuple[bytes, ...], one_order: bool = False) -> RawInputs:
     """The values of the inputs `names` in each entry's fields (`flats`), grouped by their
-    fields' order; a value absent or over MAX_INPUT_BYTES is empty."""
+    fields' order (`one_order`: the caller knows all have the first one's); a value absent or
+    over MAX_INPUT_BYTES is empty."""
     try:
-        return _grouped(flats, names)
+        return _grouped(flats, names, one_order)
     except IndexError:  # a field name without its value (never from Redis): entry by entry
         raw = _Builder(len(names), len(flats))
         per_entry = [[v or b"" for v in input_values(flat, names)] for flat in flats]
@@ -37,11 +38,11 @@ def raw_inputs(flats: list[list], names: tuple[bytes, ...]) -> RawInputs:
         return raw.done(names)
 
 
-def _grouped(flats: list[list], names: tuple[bytes, ...]) -> RawInputs:
+def _grouped(flats: list[list], names: tuple[bytes, ...], one_order: bool) -> RawInputs:
     """raw_inputs a group of entries of one field order at a time; IndexError when an
     entry's last field has no value and its name is one that counts."""
     raw = _Builder(len(names), len(flats))
-    for rows, group in _by_order(flats):
+    for rows, group in [(slice(None), flats)] if one_order and flats else _by_order(flats):
         picks = input_picks(tuple(group[0][::2]), names)
         if picks is None:  # events in a `json` field, each parsed (few producers send them)
             docs = [json_inputs(last_json(flat), names).values() for flat in group]
