@@ -30,12 +30,34 @@ def raw_inputs(flats: list[list], names: tuple[bytes, ...], one_order: bool = Fa
     fields' order (`one_order`: the caller knows all have the first one's); a value absent or
     over MAX_INPUT_BYTES is empty."""
     try:
-        return _grouped(flats, names, one_order)
+        return (one_order and _by_column(flats, names)) or _grouped(flats, names, one_order)
     except IndexError:  # a field name without its value (never from Redis): entry by entry
         raw = _Builder(len(names), len(flats))
         per_entry = [[v or b"" for v in input_values(flat, names)] for flat in flats]
         raw.add(list(range(len(names))), slice(None), per_entry)
         return raw.done(names)
+
+
+def _by_column(flats: list[list], names: tuple[bytes, ...]) -> RawInputs | None:
+    """raw_inputs of entries that all have the first one's field names in its order: each
+    input's values joined by NUL a column at a time (one C-level pass per input) and cut at
+    the NULs; None when a value holds a NUL or the events are in `json` fields."""
+    picks = input_picks(tuple(flats[0][::2]), names) if flats else None
+    if not picks:
+        return None
+    n = len(flats)
+    data = _SEP.join([_SEP.join(map(itemgetter(at), flats)) for _, at in picks])
+    cut = np.flatnonzero(np.frombuffer(data, np.uint8) == 0)
+    if len(cut) != len(picks) * n - 1:
+        return None
+    first = np.concatenate(([0], cut + 1)).reshape(len(picks), n)
+    last = np.concatenate((cut, [len(data)])).reshape(len(picks), n)
+    too_long = last - first > MAX_INPUT_BYTES
+    first[too_long] = last[too_long]
+    starts, ends = np.zeros((len(names), n), np.int64), np.zeros((len(names), n), np.int64)
+    inputs = [i for i, _ in picks]
+    starts[inputs], ends[inputs] = first, last
+    return RawInputs(tuple(x.decode() for x in names), data, starts, ends)
 
 
 def _grouped(flats: list[list], names: tuple[bytes, ...], one_order: bool) -> RawInputs:
