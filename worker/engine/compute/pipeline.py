@@ -169,14 +169,15 @@ def _drop_producer_retries(
     """Unmark events that are a producer's resend (worker/common/dedup.py); return the updated
     memory (`event_ids`) of the users whose memory changed."""
     memory: dict[int, Memory] = {}
-    slots = slot.tolist()
-    for i, (event_id, producer) in enumerate(zip(batch.event_ids, batch.producers, strict=True)):
-        if (event_id is None and producer is None) or not keep[i]:
+    stored = states.event_ids
+    kept = keep.tolist()  # plain bools: a numpy scalar per event costs more than the check
+    rows = zip(slot.tolist(), batch.event_ids, batch.producers, kept, strict=True)
+    for i, (s, event_id, producer, applied) in enumerate(rows):
+        if not applied or (event_id is None and producer is None):
             continue
-        s = slots[i]
         m = memory.get(s)
         if m is None:
-            m = memory[s] = Memory(states.event_ids[s], window)
+            m = memory[s] = Memory(stored[s], window)
         if not m.admit(event_id, producer):
             keep[i] = False
     return {s: m.packed() for s, m in memory.items()}
