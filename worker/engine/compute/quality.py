@@ -44,25 +44,29 @@ def label_samples(
     keep = np.flatnonzero(mine)
     k_slot, ts, scores = k_slot[keep], ts[keep], scores[keep]
     types = [types[i] for i in keep.tolist()]
-    prev_score = last_score.astype(np.float64)  # copies: advanced per row below
-    prev_ts = last_ts.copy()
+    # plain lists, advanced per row below: a numpy scalar and np.isnan per event cost more
+    # than the rest of the step (x != x is NaN's test)
+    prev_score = last_score.astype(np.float64).tolist()
+    prev_ts = last_ts.tolist()
     labelled = {r for r in rows if has(recent[r], label_type)}
     out_scores: list[float] = []
     out_labels: list[bool] = []
     for r, name, t, s in zip(k_slot.tolist(), types, ts.tolist(), scores.tolist(), strict=True):
+        before = prev_score[r]
         if gap_ms > 0 and prev_ts[r] >= 0 and t - prev_ts[r] > gap_ms:  # a session ended
-            if r not in labelled and not np.isnan(prev_score[r]):
-                out_scores.append(prev_score[r])
+            if r not in labelled and before == before:
+                out_scores.append(before)
                 out_labels.append(False)
             labelled.discard(r)
-            prev_score[r] = np.nan  # a new session has no score before its first event
+            before = np.nan  # a new session has no score before its first event
         if name == label_type and r not in labelled:
-            if not np.isnan(prev_score[r]):
-                out_scores.append(prev_score[r])
+            if before == before:
+                out_scores.append(before)
                 out_labels.append(True)
             labelled.add(r)
         prev_score[r] = s
-        prev_ts[r] = max(prev_ts[r], t)
+        if t > prev_ts[r]:
+            prev_ts[r] = t
     return np.asarray(out_scores, np.float64), np.asarray(out_labels, bool)
 
 
