@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.inputs import parse_inputs
-from worker.engine.compute.histories import extended_histories, valid_histories
+from worker.engine.compute.histories import extended_histories, holding, valid_histories
 from worker.engine.compute.recent import (
     HASH,
     NUMBER,
@@ -21,6 +21,7 @@ from worker.engine.compute.recent import (
     extend_with_inputs,
     extended,
     field_key,
+    has,
     names_of,
     pack,
     unpack,
@@ -164,6 +165,14 @@ def stored_field():
 @given(st.lists(st.one_of(raw_field(), st.binary(max_size=40), st.none()), max_size=8))
 def test_the_batched_validation_keeps_exactly_what_valid_keeps(raws):
     assert valid_histories(raws) == [valid(raw) for raw in raws]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(raw_field(), st.binary(max_size=40)), max_size=8), st.data())
+def test_the_batched_type_check_is_has(raws, data):
+    held = [t for raw in raws for t in unpack(raw).types]  # a type they hold, or another
+    type_ = data.draw(st.sampled_from(held) if held and data.draw(st.booleans()) else TYPES)
+    assert holding(raws, type_) == [has(raw, type_) for raw in raws]
 
 
 def test_names_that_are_not_utf8_as_python_decodes_it_read_as_no_history():

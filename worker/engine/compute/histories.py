@@ -45,6 +45,7 @@ def warm_up() -> None:
     one = np.zeros(1, np.int64)
     extended_histories([b""], one, one, ["view"], 1, 0.0, {(HASH, "warm"): one})
     valid_histories([b"\xff" * 10])
+    holding([b"\xff" * 10], "view")
 
 
 def _ends(parts: Sequence[bytes]) -> np.ndarray:
@@ -248,6 +249,51 @@ def valid_histories(raws: Sequence[bytes | None]) -> list[bytes]:
         return present  # type: ignore[return-value]
     ok = _well_formed(np.frombuffer(b"".join(present), np.uint8), _ends(present))
     return [raw if good else b"" for raw, good in zip(present, ok.tolist(), strict=True)]
+
+
+def holding(raws: Sequence[bytes], type_: str) -> list[bool]:
+    """`recent.has(raw, type_)` of each packed history, for a batch in one kernel call."""
+    if not raws:
+        return []
+    name = np.frombuffer(names_of([type_])[0], np.uint8)
+    buf = np.frombuffer(b"".join(raws), np.uint8)
+    return _holding(buf, _ends(raws), name).tolist()
+
+
+@nb.njit(cache=True)
+def _holding(buf, ends, name):
+    """Whether each field laid end to end in buf is a well-formed history holding an event
+    whose length-prefixed type name is `name`."""
+    out = np.zeros(ends.shape[0], np.bool_)
+    a = 0
+    for u in range(ends.shape[0]):
+        b = ends[u]
+        if _history_ok(buf, a, b):
+            n = (np.int64(buf[a + 8]) | (np.int64(buf[a + 9]) << 8)) & 0x7FFF
+            pos = _names_at(buf, a)
+            for _ in range(n):
+                size = np.int64(buf[pos]) + 1
+                if size == name.shape[0] and _same(buf, pos, name, 0, size):
+                    out[u] = True
+                    break
+                pos += size
+        a = b
+    return out
+
+
+@nb.njit(cache=True)
+def _names_at(buf, a):
+    """Where the type names start in the well-formed history at buf[a]."""
+    word = np.int64(buf[a + 8]) | (np.int64(buf[a + 9]) << 8)
+    n = word & 0x7FFF
+    pos = a + 10 + 8 * n
+    if word & 0x8000:
+        count = np.int64(buf[pos])
+        pos += 1
+        for _ in range(count):
+            pos += 2 + np.int64(buf[pos + 1])
+        pos += 8 * n * count
+    return pos
 
 
 @nb.njit(cache=True)

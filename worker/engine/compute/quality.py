@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from worker.engine.compute.recent import has
+from worker.engine.compute.histories import holding
 
 WINDOW = 10_000  # samples kept per role for the windowed AUC
 
@@ -48,7 +48,9 @@ def label_samples(
     # than the rest of the step (x != x is NaN's test)
     prev_score = last_score.astype(np.float64).tolist()
     prev_ts = last_ts.tolist()
-    labelled = {r for r in rows if has(recent[r], label_type)}
+    listed = list(rows)
+    held = holding([recent[r] for r in listed], label_type)
+    labelled = {r for r, yes in zip(listed, held, strict=True) if yes}
     out_scores: list[float] = []
     out_labels: list[bool] = []
     for r, name, t, s in zip(k_slot.tolist(), types, ts.tolist(), scores.tolist(), strict=True):
@@ -76,7 +78,8 @@ def _rows_with_outcomes(
 ) -> set[int]:  # fmt: skip
     """The rows with a label event or a session end in the batch (the only ones that can
     give a sample), found without a Python step per event."""
-    rows = {int(k_slot[i]) for i, t in enumerate(types) if t == label_type}
+    is_label = np.fromiter(map(label_type.__eq__, types), np.bool_, len(types))
+    rows = set(k_slot[is_label].tolist())
     if gap_ms > 0 and len(k_slot):
         order = np.argsort(k_slot, kind="stable")
         slots, times = k_slot[order], ts[order]
