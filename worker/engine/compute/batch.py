@@ -74,7 +74,7 @@ def _parsed_by_columns(
     cols = parsed_columns(ids, flats, partition, partitions, max_skew_ms)
     if cols is None:
         return None
-    b = Batch(partition, ids, cols.users, cols.types, cols.ts, ids, cols.entry_keys,
+    b = Batch(partition, ids, cols.users, cols.types, cols.ts, list(ids), cols.entry_keys,
               cols.event_ids, cols.producers)  # fmt: skip
     if wanted:
         b.inputs = raw_inputs(flats, wanted, one_order=True)
