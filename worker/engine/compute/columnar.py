@@ -105,14 +105,21 @@ def _layout(names: list[bytes]) -> dict[str, int] | None:
     return at if _EVENT_FIELDS.isdisjoint(names[k:]) else None
 
 
+def nul_spans(buf: bytes, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where each of the `count` values joined by NUL in `buf` starts and ends (one numpy
+    pass, no Python per value); None when one of them held a NUL (the NULs' count tells)."""
+    cut = np.flatnonzero(np.frombuffer(buf, np.uint8) == 0)
+    if len(cut) != count - 1:
+        return None
+    return np.concatenate(([0], cut + 1)), np.concatenate((cut, [len(buf)]))
+
+
 def _joined(flats: list[list], at: int) -> tuple[bytes, np.ndarray, np.ndarray] | None:
     """The entries' values at index `at`, joined by NUL, with each one's start and end in the
     buffer; None when one holds a NUL (no event field's valid value does)."""
     buf = _SEP.join(map(itemgetter(at), flats))
-    cut = np.flatnonzero(np.frombuffer(buf, np.uint8) == 0)
-    if len(cut) != len(flats) - 1:
-        return None
-    return buf, np.concatenate(([0], cut + 1)), np.concatenate((cut, [len(buf)]))
+    spans = nul_spans(buf, len(flats))
+    return None if spans is None else (buf, *spans)
 
 
 def _texts(
@@ -172,10 +179,10 @@ def _entry_ids(ids: Sequence[bytes]) -> tuple[np.ndarray | None, np.ndarray]:
     """(ms, seq) int64 of each entry id `<ms>-<seq>` (or `<ms>`), each part at most 18
     digits; (None, _) when one is otherwise."""
     buf = _SEP.join(ids)
-    cut = np.flatnonzero(np.frombuffer(buf, np.uint8) == 0)
-    if len(cut) != len(ids) - 1:
+    spans = nul_spans(buf, len(ids))
+    if spans is None:
         return None, np.zeros(0, np.int64)
-    starts, ends = np.concatenate(([0], cut + 1)), np.concatenate((cut, [len(buf)]))
+    starts, ends = spans
     ms, seq, ok = _ids(np.frombuffer(buf, np.uint8), starts, ends, _ID_DIGITS)
     return (ms, seq) if ok else (None, seq)
 

@@ -20,6 +20,7 @@ from worker.common.events import (
     json_inputs,
     last_json,
 )
+from worker.engine.compute.columnar import nul_spans
 
 _NAMES = itemgetter(slice(None, None, 2))
 _SEP = b"\0"
@@ -47,11 +48,10 @@ def _by_column(flats: list[list], names: tuple[bytes, ...]) -> RawInputs | None:
         return None
     n = len(flats)
     data = _SEP.join([_SEP.join(map(itemgetter(at), flats)) for _, at in picks])
-    cut = np.flatnonzero(np.frombuffer(data, np.uint8) == 0)
-    if len(cut) != len(picks) * n - 1:
+    spans = nul_spans(data, len(picks) * n)
+    if spans is None:
         return None
-    first = np.concatenate(([0], cut + 1)).reshape(len(picks), n)
-    last = np.concatenate((cut, [len(data)])).reshape(len(picks), n)
+    first, last = (x.reshape(len(picks), n) for x in spans)
     too_long = last - first > MAX_INPUT_BYTES
     first[too_long] = last[too_long]
     starts, ends = np.zeros((len(names), n), np.int64), np.zeros((len(names), n), np.int64)
@@ -132,8 +132,8 @@ def _spans(parts: list[bytes]) -> tuple[bytes, np.ndarray, np.ndarray]:
     the NULs (two C-level passes, no Python per part), unless a part holds a NUL (never a
     shop's field; the NULs' count tells): then measured one by one."""
     chunk = _SEP.join(parts)
-    cut = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 0)
-    if len(cut) == len(parts) - 1:
-        return chunk, np.concatenate(([0], cut + 1)), np.concatenate((cut, [len(chunk)]))
+    spans = nul_spans(chunk, len(parts))
+    if spans is not None:
+        return chunk, *spans
     ends = np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)))
     return b"".join(parts), np.concatenate(([0], ends[:-1])), ends
