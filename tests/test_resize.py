@@ -275,8 +275,10 @@ def test_a_producer_publishing_across_a_resize_loses_nothing(backend, model_path
     worker = WorkerProcess(url, model_path, tmp_path / "w1.log", "--partitions", "2",
                            "--lease-ms", "2000", *flags).start()  # fmt: skip
     wait_for(lambda: client.exists(KEYS.lease(0), KEYS.lease(1)) == 2, what="leases")
+    # 10 s of publishing: the worker's stop and the resize (two command starts) fit inside
+    # it on a slow machine under the suite's load (at 300/s the producer once ended first)
     producer = subprocess.Popen(
-        [console_script(), "publish", "--synthetic", "1500", "--users", "300", "--rate", "300",
+        [console_script(), "publish", "--synthetic", "1500", "--users", "300", "--rate", "150",
          "--partitions", "2", "--redis-url", url, *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
