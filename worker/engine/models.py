@@ -30,7 +30,7 @@ from worker.engine.adapters.model_source import (
     ModelRejectedError,
     RegistryModelSource,
 )
-from worker.engine.compute import columnar, histories, items
+from worker.engine.compute import columnar, histories, items, resends
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, UserStates, build_commit
 from worker.engine.compute.quality import LiveQuality
@@ -99,6 +99,7 @@ class Models:
         if self.shadow is not None:
             self.shadow.warm_up()
         columnar.warm_up()
+        resends.warm_up()
         histories.warm_up()
         items.warm_up()
         input_bytes.warm_up()

@@ -17,7 +17,7 @@ from model.artifact import label_type_of
 from model.input_bytes import stored_forms
 from model.inputs import Stored
 from model.scoring import ScoringModel
-from worker.common.dedup import DEFAULT_WINDOW, Memory
+from worker.common.dedup import DEFAULT_WINDOW
 from worker.engine.compute import actions as act
 from worker.engine.compute.actions import Action, ScoredEvents
 from worker.engine.compute.batch import Batch, DeadLetter
@@ -32,6 +32,7 @@ from worker.engine.compute.recent import (
     form_of,
     unpack,
 )
+from worker.engine.compute.resends import memories_after
 from worker.engine.compute.rules import RuleTable
 
 NO_HISTORY = b""  # a packed history with no events (compute/recent.py)
@@ -161,26 +162,6 @@ def _applied_before(batch: Batch, states: UserStates, slot: np.ndarray) -> np.nd
         np.bool_,
         len(slot),
     )
-
-
-def _drop_producer_retries(
-    batch: Batch, states: UserStates, slot: np.ndarray, keep: np.ndarray, window: int
-) -> dict[int, bytes]:
-    """Unmark events that are a producer's resend (worker/common/dedup.py); return the updated
-    memory (`event_ids`) of the users whose memory changed."""
-    memory: dict[int, Memory] = {}
-    stored = states.event_ids
-    kept = keep.tolist()  # plain bools: a numpy scalar per event costs more than the check
-    rows = zip(slot.tolist(), batch.event_ids, batch.producers, kept, strict=True)
-    for i, (s, event_id, producer, applied) in enumerate(rows):
-        if not applied or (event_id is None and producer is None):
-            continue
-        m = memory.get(s)
-        if m is None:
-            m = memory[s] = Memory(stored[s], window)
-        if not m.admit(event_id, producer):
-            keep[i] = False
-    return {s: m.packed() for s, m in memory.items()}
 
 
 def _advance(
@@ -322,7 +303,8 @@ def build_commit(
     slot = user_slots(batch, states.users)
     ts_before = states.last_ts.copy()  # the advances move last_ts
     keep = _applied_before(batch, states, slot)
-    recent = _drop_producer_retries(batch, states, slot, keep, event_id_window)
+    remembered = memories_after(states.event_ids, slot, keep, batch.event_ids, batch.producers,
+                                event_id_window)  # fmt: skip
     idx = np.flatnonzero(keep)
     k_slot = slot[idx]
     types = [batch.types[i] for i in idx]
@@ -399,7 +381,7 @@ def build_commit(
         last_keys=[batch.entry_keys[i] for i in last_of_user.tolist()],
         last_ts=states.last_ts[touched],
         n=states.n[touched] + applied,
-        event_ids=[recent.get(s, states.event_ids[s]) for s in touched_list],
+        event_ids=[remembered.get(s, states.event_ids[s]) for s in touched_list],
         recent=_recent_after(
             states,
             touched_list,
