@@ -90,3 +90,17 @@ def test_the_window_keeps_the_last_ids():
     memories, kept = decided(resends._by_kernel, [b"a b"], [(0, b"c", None), (0, b"d", None),
                                                            (0, b"a", None)], keep, 3)  # fmt: skip
     assert memories == {0: b"c d a"} and kept == [True, True, True]
+
+
+def test_a_batch_of_stamped_events_only():
+    """publish()'s batches: every event stamped, no own ids; a resend of any size is dropped."""
+    stamps = [(0, None, (b"p", s)) for s in (1, 2, 3)] + [(1, None, (b"q", 9))]
+    events = stamps + stamps  # the whole batch sent twice
+    keep = np.ones(len(events), np.bool_)
+    memories, kept = decided(resends._by_kernel, [b"", b"\nq:8"], events, keep, 32)
+    assert kept == [True] * 4 + [False] * 4
+    assert memories == {0: b"\np:3", 1: b"\nq:9"}
+    assert decided(resends.memories_by_object, [b"", b"\nq:8"], events, keep, 32) == (
+        memories,
+        kept,
+    )

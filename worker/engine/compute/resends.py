@@ -14,6 +14,8 @@ before; the two agree on every memory the kernel reads (tests/test_resends.py).
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numba as nb
 import numpy as np
 
@@ -60,8 +62,10 @@ def memories_by_object(
 def _joined(values: list[bytes | None], at: int) -> tuple[bytes, np.ndarray, np.ndarray]:
     """The values joined, with where each starts (from offset `at`) and its length (-1 for
     None)."""
-    n = len(values)
-    if values.count(None) == 0:
+    n, nones = len(values), values.count(None)
+    if nones == n:
+        return b"", np.full(n, at, np.int64), np.full(n, -1, np.int64)
+    if nones == 0:
         size = np.fromiter(map(len, values), np.int64, n)
         length = size
     else:
@@ -77,10 +81,13 @@ def _by_kernel(
 ) -> dict[int, bytes] | None:  # fmt: skip
     """`memories_after` in one kernel call; None (keep untouched) when a memory it meets is
     not in the worker's form."""
-    n = len(keep)
-    if producers.count(None) == n:
+    n, unstamped = len(keep), producers.count(None)
+    if unstamped == n:
         pids: list[bytes | None] = producers  # all None
         seqs = np.zeros(n, np.int64)
+    elif unstamped == 0:  # publish()'s batches: every event stamped
+        pids = list(map(itemgetter(0), producers))
+        seqs = np.fromiter(map(itemgetter(1), producers), np.int64, n)
     else:
         pids = [None if p is None else p[0] for p in producers]
         seqs = np.fromiter((0 if p is None else p[1] for p in producers), np.int64, n)
