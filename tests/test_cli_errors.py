@@ -179,11 +179,18 @@ def test_a_closed_pipe_mid_stream_exits_quietly(golden_path):
     assert json.loads(result.stdout)["user_id"] == "u0"
 
 
+def _as_at_a_terminal() -> None:
+    """SIGINT's default action in the child, as a shell gives a foreground command: a suite
+    run in the background (`cmd &` without job control) passes SIGINT on ignored, and Python
+    then installs no Ctrl-C handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_without_a_traceback(golden_path: Path):
     proc = subprocess.Popen(
         [console_script(), "score", "--model", str(golden_path), "--batch-size", "1"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        bufsize=1,
+        bufsize=1, preexec_fn=_as_at_a_terminal,
     )  # fmt: skip
     try:
         proc.stdin.write(json.dumps({"user_id": "a", "type": "view"}) + "\n")
