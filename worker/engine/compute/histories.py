@@ -142,7 +142,7 @@ def _section(buf, at, end, n_old, key_buf, key_ends, held):
     F = key_ends.shape[0]
     keys_len = key_ends[F - 1] if F else 0
     count = buf[at]
-    if count == F and at + 1 + keys_len <= end and _same(buf, at + 1, key_buf, 0, keys_len):
+    if count == F and at + 1 + keys_len <= end and same_bytes(buf, at + 1, key_buf, 0, keys_len):
         # the fields of the batch before, in the same order: the usual case, no search
         col = at + 1 + keys_len
         for f in range(F):
@@ -157,7 +157,7 @@ def _section(buf, at, end, n_old, key_buf, key_ends, held):
         size = 2 + buf[head + 1]
         for f in range(key_ends.shape[0]):
             k0 = key_ends[f - 1] if f else 0
-            if key_ends[f] - k0 == size and _same(buf, head, key_buf, k0, size):
+            if key_ends[f] - k0 == size and same_bytes(buf, head, key_buf, k0, size):
                 held[f] = col
         head += size
         col += 8 * n_old
@@ -165,7 +165,7 @@ def _section(buf, at, end, n_old, key_buf, key_ends, held):
 
 
 @nb.njit(cache=True)
-def _same(a, i, b, j, size):
+def same_bytes(a, i, b, j, size):
     """Whether a[i:i+size] equals b[j:j+size]."""
     for k in range(size):  # noqa: SIM110 (a loop: numba compiles no generator into all())
         if a[i + k] != b[j + k]:
@@ -273,7 +273,7 @@ def _holding(buf, ends, name):
             pos = _names_at(buf, a)
             for _ in range(n):
                 size = np.int64(buf[pos]) + 1
-                if size == name.shape[0] and _same(buf, pos, name, 0, size):
+                if size == name.shape[0] and same_bytes(buf, pos, name, 0, size):
                     out[u] = True
                     break
                 pos += size

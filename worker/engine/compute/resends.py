@@ -20,6 +20,7 @@ import numba as nb
 import numpy as np
 
 from worker.common.dedup import MAX_PRODUCERS, Memory, Producer
+from worker.engine.compute.histories import same_bytes
 
 _SPACE, _NEWLINE, _COLON, _DASH, _ZERO = 32, 10, 58, 45, 48
 _SEQ_DIGITS = 18  # publish()'s sequences are below 10^18: a mark's fits int64
@@ -113,15 +114,6 @@ def _by_kernel(
 
 
 @nb.njit(cache=True)
-def _same(buf, a, b, n):
-    """Whether buf[a:a+n] == buf[b:b+n]."""
-    for k in range(n):  # noqa: SIM110 (a loop is what Numba compiles best)
-        if buf[a + k] != buf[b + k]:
-            return False
-    return True
-
-
-@nb.njit(cache=True)
 def _digits(seq):
     """The decimal digits of seq >= 0."""
     n = 1
@@ -147,7 +139,7 @@ def _write_decimal(out, at, seq):
 def _is_generated(buf, id_at, id_n, pid_at, pid_n, seq):
     """Whether the event id is the one publish() makes from its stamp: `<pid>-<seq>`."""
     n = _digits(seq)
-    if id_n != pid_n + 1 + n or not _same(buf, id_at, pid_at, pid_n):
+    if id_n != pid_n + 1 + n or not same_bytes(buf, id_at, buf, pid_at, pid_n):
         return False
     if buf[id_at + pid_n] != _DASH:
         return False
@@ -191,7 +183,7 @@ def _marks(buf, at, end, mk_at, mk_n, mk_seq, max_producers):
                 return -1
             seq = seq * 10 + (c - _ZERO)
         for p in range(k):
-            if mk_n[p] == colon - i and _same(buf, mk_at[p], i, colon - i):
+            if mk_n[p] == colon - i and same_bytes(buf, mk_at[p], buf, i, colon - i):
                 return -1  # the same producer twice
         mk_at[k], mk_n[k], mk_seq[k] = i, colon - i, seq
         k += 1
@@ -271,7 +263,7 @@ def _admit_mark(buf, mk_at, mk_n, mk_seq, k, pid_at, pid_n, seq, max_producers):
     mark moves to the newest place whether or not it admits."""
     last = -1
     for p in range(k):
-        if mk_n[p] == pid_n and _same(buf, mk_at[p], pid_at, pid_n):
+        if mk_n[p] == pid_n and same_bytes(buf, mk_at[p], buf, pid_at, pid_n):
             last = mk_seq[p]
             for r in range(p, k - 1):
                 mk_at[r], mk_n[r], mk_seq[r] = mk_at[r + 1], mk_n[r + 1], mk_seq[r + 1]
