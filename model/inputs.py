@@ -380,13 +380,19 @@ def _numbers(values: Sequence | Stored) -> np.ndarray:
     return values.values if isinstance(values, Stored) else numeric_values(values)
 
 
+def transformed(spec: NumericInput, v: np.ndarray) -> np.ndarray:
+    """Numbers in stored form through the input's transform (float64; NaN stays NaN)."""
+    if spec.transform != "log1p":
+        return v
+    with np.errstate(all="ignore"):
+        return np.log1p(v)
+
+
 def _numeric_parts(spec: NumericInput, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(value, missing flag, bad mask) of numbers in stored form (numeric_column)."""
     present = ~np.isnan(v)
     with np.errstate(all="ignore"):
-        if spec.transform == "log1p":
-            v = np.log1p(v)
-        z = ((v - spec.mean) / spec.scale).astype(np.float32)
+        z = ((transformed(spec, v) - spec.mean) / spec.scale).astype(np.float32)
     ok = np.isfinite(z)
     return np.where(ok, z, np.float32(0)), (~ok).astype(np.float32), present & ~ok
 
@@ -459,10 +465,17 @@ def item_flags(slot, item_key, new_session, memory, count):
     present item moves to (or is appended at) the end, the oldest dropped when K are kept. A
     missing item gets flags 0 and changes nothing.
     """
-    n = slot.shape[0]
+    flags = np.zeros((slot.shape[0], 2), np.float32)
+    write_item_flags(flags, slot, item_key, new_session, memory, count)
+    return flags
+
+
+@nb.njit(cache=True)
+def write_item_flags(flags, slot, item_key, new_session, memory, count):
+    """item_flags written into flags (N, 2), a zeroed block of a larger array (the flags are
+    set, never cleared)."""
     K = memory.shape[1]
-    flags = np.zeros((n, 2), np.float32)
-    for e in range(n):
+    for e in range(slot.shape[0]):
         s = slot[e]
         if new_session[e]:
             count[s] = 0
@@ -489,7 +502,6 @@ def item_flags(slot, item_key, new_session, memory, count):
             for j in range(K - 1):  # drop the oldest
                 memory[s, j] = memory[s, j + 1]
             memory[s, K - 1] = key
-    return flags
 
 
 # ---- a batch's extra block ---------------------------------------------------------------
@@ -524,10 +536,7 @@ def input_parts(
     counts: dict[str, InputCounts] = {}
     col, k = 0, 0
     for spec in specs:
-        values = raw.get(spec.name)
-        if values is None or len(values) != n:
-            got = "none" if values is None else len(values)
-            raise ValueError(f"input {spec.name!r}: {n} values expected, got {got}")
+        values = _checked(spec, raw, n)
         if spec.kind == "numeric":
             value, missing, bad_mask = _numeric_parts(spec, _numbers(values))
             fixed[:, col] = value
@@ -548,6 +557,22 @@ def input_parts(
             fixed[:, col : col + 2] = item_flags(slot, hashes, new_session, mem.keys, mem.count)
             col += 2
     return fixed, buckets, counts
+
+
+def _checked(spec: InputSpec, raw: Mapping[str, Sequence], n: int) -> Sequence | Stored:
+    """The input's n values in `raw` (ValueError when absent or of another length)."""
+    values = raw.get(spec.name)
+    if values is None or len(values) != n:
+        got = "none" if values is None else len(values)
+        raise ValueError(f"input {spec.name!r}: {n} values expected, got {got}")
+    return values
+
+
+def stored_column(spec: InputSpec, raw: Mapping[str, Sequence], n: int) -> np.ndarray:
+    """The input's n values in `raw` in their stored form (float64 numbers, int64 hashes),
+    given so or converted now; ValueError when absent or of another length."""
+    values = _checked(spec, raw, n)
+    return _numbers(values) if spec.kind == "numeric" else _hashes(spec.name, values)
 
 
 def _hashes(name: str, values: Sequence | Stored) -> np.ndarray:

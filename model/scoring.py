@@ -24,9 +24,11 @@ from model.inputs import (
     ItemMemory,
     Stored,
     encode_inputs,
-    input_parts,
+    stored_column,
     table_columns,
     table_name,
+    transformed,
+    write_item_flags,
 )
 from model.params import Params, pack
 
@@ -47,6 +49,10 @@ class Projection(NamedTuple):
     offsets: np.ndarray  # (K,) int64
     kept: np.ndarray  # the input block's columns still fed as features (numeric, item flags)
     W_fh: np.ndarray  # W_fh without the embedding rows: (features + kept, G·H) float32
+    # where the kept columns sit after the features: each numeric input's value (its missing
+    # flag next), each table input's "same item" flag (then "seen"), -1 for a categorical
+    numeric_at: np.ndarray  # (numeric inputs,) int64
+    flags_at: np.ndarray  # (table inputs,) int64
 
 
 def projection(
@@ -71,25 +77,58 @@ def projection(
     keep = [r for r in range(W.shape[0]) if r not in dropped]
     kept = np.asarray([r - n_features for r in keep if r >= n_features], np.int64)
     offsets = np.cumsum([0] + [len(t) for t in projected[:-1]], dtype=np.int64)
+    numeric_at, flags_at, at = [], [], 0
+    for spec in specs:
+        if spec.kind == "numeric":
+            numeric_at.append(at)
+        else:
+            flags_at.append(at if spec.kind == "item" else -1)
+        at += 2 if spec.kind != "categorical" else 0
     return Projection(np.concatenate(projected), offsets, kept,
-                      np.ascontiguousarray(weights.W_fh[keep]))  # fmt: skip
+                      np.ascontiguousarray(weights.W_fh[keep]), np.array(numeric_at, np.int64),
+                      np.array(flags_at, np.int64))  # fmt: skip
 
 
 @nb.njit(cache=True)
-def _event_rows(type_in, tables, offsets, type_idx, buckets):
-    """Each event's layer-0 input row: its type's row plus its tables' projected rows, added
-    in declaration order (as numpy's `row += table[bucket]` would, bit for bit)."""
-    n, G = type_idx.shape[0], type_in.shape[1]
-    out = np.empty((n, G), np.float32)
+def _projected_inputs(type_in, tables, offsets, type_idx, x_feat, numbers, values, mean, scale,
+                      numeric_at, hashes, buckets, width, count_from):  # fmt: skip
+    """(x, rows, counts) of a batch in one pass, what model/inputs.py's input_parts and numpy's
+    gathers give (bit for bit, tests/test_projection.py): x (N, width) float32 the features,
+    then the input block's kept columns: each
+    numeric input's standardised value and missing flag at its `numeric_at` past them (the
+    item flags' columns left 0); rows (N, G) each event's type row plus its tables' projected
+    rows (bucket 1 + hash mod (buckets - 1), 0 for a hash < 0); counts (inputs, 2) of the
+    events from count_from on: numeric inputs first, (absent, present but not finite), then
+    table inputs, (absent, 0). numbers (numeric, N) are the stored values, `values` them
+    through their transforms; hashes (table inputs, N)."""
+    n, G, F = type_idx.shape[0], type_in.shape[1], x_feat.shape[1]
+    n_num = numbers.shape[0]
+    rows = np.empty((n, G), np.float32)
+    x = np.zeros((n, width), np.float32)
+    counts = np.zeros((n_num + hashes.shape[0], 2), np.int64)
     for e in range(n):
         t = type_idx[e]
         for j in range(G):
-            out[e, j] = type_in[t, j]
-        for k in range(offsets.shape[0]):
-            r = offsets[k] + buckets[e, k]
+            rows[e, j] = type_in[t, j]
+        for k in range(hashes.shape[0]):
+            h = hashes[k, e]
+            r = offsets[k] + (0 if h < 0 else 1 + h % (buckets[k] - 1))
             for j in range(G):
-                out[e, j] += tables[r, j]
-    return out
+                rows[e, j] += tables[r, j]
+            if h < 0 and e >= count_from:
+                counts[n_num + k, 0] += 1
+        for f in range(F):
+            x[e, f] = x_feat[e, f]
+        for i in range(n_num):
+            z = np.float32((values[i, e] - mean[i]) / scale[i])
+            at = F + numeric_at[i]
+            if np.isfinite(z):
+                x[e, at] = z
+            else:
+                x[e, at + 1] = 1.0
+                if e >= count_from:
+                    counts[i, 0 if np.isnan(numbers[i, e]) else 1] += 1
+    return x, rows, counts
 
 
 class ScoringModel:
@@ -124,6 +163,10 @@ class ScoringModel:
         self.input_counts: dict[str, InputCounts] = {}  # the last batch's, per input
         self.projection = projection(params, self.weights, len(meta.features), self.inputs,
                                      model.tables())  # fmt: skip
+        numeric = [s for s in self.inputs if s.kind == "numeric"]
+        self._means = np.array([s.mean for s in numeric], np.float64)
+        self._scales = np.array([s.scale for s in numeric], np.float64)
+        self._buckets = np.array([s.buckets for s in self.inputs if s.kind != "numeric"], np.int64)
 
     @property
     def state_shape(self) -> tuple[int, int]:
@@ -181,13 +224,31 @@ class ScoringModel:
         flag columns only."""
         if inputs is None:
             raise ValueError(f"the model declares inputs {self.input_names}; none were given")
-        proj = self.projection
-        fixed, buckets, self.input_counts = input_parts(self.inputs, inputs, slot, reset,
-                                                        memory or {}, replayed)  # fmt: skip
-        rows = _event_rows(self.weights.type_in, proj.tables, proj.offsets, type_idx, buckets)
-        x = np.ascontiguousarray(np.concatenate([x_feat, fixed[:, proj.kept]], axis=1))
+        proj, n = self.projection, slot.shape[0]
+        numeric = [s for s in self.inputs if s.kind == "numeric"]
+        with_table = [s for s in self.inputs if s.kind != "numeric"]
+        numbers = np.array([stored_column(s, inputs, n) for s in numeric], np.float64)
+        hashes = np.array([stored_column(s, inputs, n) for s in with_table], np.int64)
+        numbers, hashes = numbers.reshape(len(numeric), n), hashes.reshape(len(with_table), n)
+        values = np.array([transformed(s, v) for s, v in zip(numeric, numbers, strict=True)])
+        x, rows, counts = _projected_inputs(
+            self.weights.type_in, proj.tables, proj.offsets, type_idx, x_feat, numbers,
+            values.reshape(numbers.shape), self._means, self._scales, proj.numeric_at, hashes,
+            self._buckets, x_feat.shape[1] + len(proj.kept), replayed,
+        )  # fmt: skip
+        for k, spec in enumerate(with_table):
+            if spec.kind != "item":
+                continue
+            mem = (memory or {}).get(spec.name)
+            if mem is None:
+                raise ValueError(f"input {spec.name!r}: no item memory given")
+            at = x_feat.shape[1] + proj.flags_at[k]
+            write_item_flags(x[:, at : at + 2], slot, hashes[k], reset, mem.keys, mem.count)
+        got = dict(zip([s.name for s in numeric + with_table],
+                       map(InputCounts._make, counts.tolist()), strict=True))  # fmt: skip
+        self.input_counts = {s.name: got[s.name] for s in self.inputs}  # declaration order
         weights = (*self.kernel_weights[:2], rows, proj.W_fh, *self.kernel_weights[4:])
-        return weights, np.arange(len(type_idx), dtype=np.int64), x
+        return weights, np.arange(n, dtype=np.int64), x
 
     def _with_inputs(self, x_feat, slot, reset, inputs, memory, replayed) -> np.ndarray:
         """x_feat widened by the declared inputs' block (model/inputs.py, encode_inputs)."""

@@ -9,6 +9,7 @@ import pytest
 
 from model import scoring
 from model.artifact import random_model
+from model.inputs import input_parts
 from model.scoring import ScoringModel
 
 TYPES = ["view", "add_to_cart", "coupon", "purchase"]
@@ -66,15 +67,34 @@ def test_a_model_with_only_numeric_inputs_has_nothing_to_project():
     assert ScoringModel(m).projection is None
 
 
-def test_event_rows_are_numpys_gathered_sums_bit_for_bit():
-    rng = np.random.default_rng(3)
-    type_in = rng.normal(size=(5, 12)).astype(np.float32)
-    tables = [rng.normal(size=(b, 12)).astype(np.float32) for b in (7, 3, 11)]
-    type_idx = rng.integers(0, 5, 40)
-    buckets = np.stack([rng.integers(0, len(t), 40) for t in tables], axis=1)
-    want = type_in[type_idx]
-    for k, table in enumerate(tables):
-        want += table[buckets[:, k]]
-    offsets = np.array([0, 7, 10], np.int64)
-    got = scoring._event_rows(type_in, np.concatenate(tables), offsets, type_idx, buckets)
-    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+@pytest.mark.parametrize("replayed", [0, 17])
+def test_projected_inputs_are_input_parts_and_numpys_gathers_bit_for_bit(replayed):
+    """The one-pass kernel against its definition: input_parts's block (its kept columns
+    after the features) and each event's type row plus its tables' projected rows, summed
+    in declaration order by numpy; the counts and the item memories the same."""
+    m = random_model(TYPES, hidden=8, features=["gap"], seed=5, inputs=INPUTS,
+                     session_gap_seconds=600)  # fmt: skip
+    model = ScoringModel(m)
+    proj = model.projection
+    users = 9
+    for seed in range(4):
+        slot, types, _, inputs = batch(200, users, seed)
+        bad = [b"-3", b"x", b"inf", b"1e400"]  # present, not finite after log1p
+        inputs["price"][::7] = [bad[k % 4] for k in range(len(inputs["price"][::7]))]
+        x_feat = np.random.default_rng(seed).normal(size=(200, 1)).astype(np.float32)
+        reset = np.random.default_rng(seed + 1).random(200) < 0.1
+        got_memory, want_memory = model.empty_memory(users), model.empty_memory(users)
+        weights, _, x = model._projected(types, x_feat, slot, reset, inputs, got_memory,
+                                         replayed)  # fmt: skip
+        fixed, buckets, counts = input_parts(model.inputs, inputs, slot, reset, want_memory,
+                                             replayed)  # fmt: skip
+        want_x = np.concatenate([x_feat, fixed[:, proj.kept]], axis=1)
+        want_rows = model.weights.type_in[types].copy()
+        for k, (start, end) in enumerate(zip(proj.offsets, [*proj.offsets[1:], None], strict=True)):
+            want_rows += proj.tables[start:end][buckets[:, k]]
+        np.testing.assert_array_equal(x.view(np.int32), want_x.view(np.int32))
+        np.testing.assert_array_equal(weights[2].view(np.int32), want_rows.view(np.int32))
+        assert model.input_counts == counts and counts["price"].bad > 0
+        for name in model.item_inputs:
+            np.testing.assert_array_equal(got_memory[name].keys, want_memory[name].keys)
+            np.testing.assert_array_equal(got_memory[name].count, want_memory[name].count)
