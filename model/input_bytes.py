@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numba as nb
 import numpy as np
@@ -44,14 +45,22 @@ def stored_forms(
     """The stored values of the events `rows` of each (name, numeric) of `wanted` (a name
     `raw` holds): float64 numbers where numeric (numeric_values), else int64 hashes of the
     name's values (value_hashes), all in one kernel call."""
-    at = np.array([raw.names.index(name) for name, _ in wanted], np.int64)
-    numeric = np.array([is_numeric for _, is_numeric in wanted], np.bool_)
-    seeds = np.array([hash_seed(name) for name, _ in wanted], np.int64)
+    at, numeric, seeds = _plan(raw.names, tuple(wanted))
     starts, ends = raw.starts.take(at, 0).take(rows, 1), raw.ends.take(at, 0).take(rows, 1)
     buf = np.frombuffer(raw.data, np.uint8)
     hashes, numbers, slow = _stored(buf, starts, ends, seeds, numeric, _TEN)
     _parse_slow(raw.data, starts, ends, numbers, slow)
     return [numbers[k] if is_numeric else hashes[k] for k, (_, is_numeric) in enumerate(wanted)]
+
+
+@lru_cache(maxsize=64)
+def _plan(names: tuple[str, ...], wanted: tuple[tuple[str, bool], ...]) -> tuple[np.ndarray, ...]:
+    """(rows of `names`, numeric flags, hash seeds) of `wanted`: the same few per worker, so
+    worked out once each, not per batch (never written to)."""
+    at = np.array([names.index(name) for name, _ in wanted], np.int64)
+    numeric = np.array([is_numeric for _, is_numeric in wanted], np.bool_)
+    seeds = np.array([hash_seed(name) for name, _ in wanted], np.int64)
+    return at, numeric, seeds
 
 
 def _parse_slow(data: bytes, starts: np.ndarray, ends: np.ndarray, numbers: np.ndarray,

@@ -26,6 +26,21 @@ def test_memories_round_trip_by_input_name() -> None:
     assert only["shop"].count.tolist() == [0, 1] and only["brand_new"].count.tolist() == [0, 0]
 
 
+def test_fields_over_255_bytes_read_back() -> None:
+    # three inputs of long names, full memories: each field is ~400 bytes
+    names = ["a" * 60, "b" * 60, "c" * 60]
+    memory = {n: ItemMemory.empty(3) for n in names}
+    for k, n in enumerate(names):
+        memory[n].keys[:] = np.arange(ITEM_MEMORY) + 100 * k
+        memory[n].count[:] = [ITEM_MEMORY, 1, 0]
+    packed = packed_items(memory, np.arange(3))
+    assert len(packed[0]) > 255
+    back = memories_of(names, packed)
+    for n in names:
+        assert back[n].count.tolist() == [ITEM_MEMORY, 1, 0]
+        np.testing.assert_array_equal(back[n].keys[0], memory[n].keys[0])
+
+
 def test_a_malformed_field_reads_as_empty_memories() -> None:
     for raw in (b"\x05abc", b"\x02ab\x09\x01", b"\xff" * 3, b"\x01\xff\x00"):
         mem = memories_of(["ab"], [raw])["ab"]

@@ -26,7 +26,10 @@ def memories_of(names: Sequence[str], raw: list[bytes]) -> dict[str, ItemMemory]
     if not names:
         return {}
     buf = np.frombuffer(b"".join(raw), np.uint8)
-    ends = np.fromiter(map(len, raw), np.int64, len(raw)).cumsum()
+    try:  # lengths as bytes when all are under 256 (the cheapest to build), else int64
+        ends = np.frombuffer(bytes(map(len, raw)), np.uint8).cumsum(dtype=np.int64)
+    except ValueError:
+        ends = np.fromiter(map(len, raw), np.int64, len(raw)).cumsum()
     return {name: ItemMemory(*_unpack(buf, ends, np.frombuffer(name.encode(), np.uint8),
                                       ITEM_MEMORY)) for name in names}  # fmt: skip
 
@@ -92,10 +95,14 @@ def packed_items(memory: dict[str, ItemMemory], rows: np.ndarray) -> list[bytes]
     if not len(rows) or max(map(len, raw), default=256) > 255:  # none, or a name too long
         columns = [_packed_memories(name, memory[name], rows) for name in names]
         return [b"".join(parts) for parts in zip(*columns, strict=True)]
-    keys = np.stack([memory[name].keys[rows] for name in names])
-    counts = np.stack([memory[name].count[rows] for name in names])
+    if len(names) == 1:  # the common case: views, no copy (the kernel picks the rows)
+        keys, counts = memory[names[0]].keys[None], memory[names[0]].count[None]
+    else:
+        keys = np.stack([memory[name].keys for name in names])
+        counts = np.stack([memory[name].count for name in names])
     name_ends = np.cumsum([len(r) for r in raw], dtype=np.int64)
-    data, ends = _pack(np.frombuffer(b"".join(raw), np.uint8), name_ends, keys, counts, ITEM_MEMORY)
+    data, ends = _pack(np.frombuffer(b"".join(raw), np.uint8), name_ends, keys, counts,
+                       np.ascontiguousarray(rows, np.int64), ITEM_MEMORY)  # fmt: skip
     out, bounds = data.tobytes(), ends.tolist()
     return [out[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
 
@@ -112,14 +119,15 @@ def _packed_memories(name: str, memory: ItemMemory, rows: np.ndarray) -> list[by
 
 
 @nb.njit(cache=True)
-def _pack(names, name_ends, keys, counts, K):
-    """Each row's field, concatenated, and the rows' ends: for each input i (names[name_ends],
-    keys (n, R, K), counts (n, R) clipped to 0..K), as `_packed_memories` writes its part."""
-    n, R = counts.shape
+def _pack(names, name_ends, keys, counts, rows, K):
+    """Each of `rows`' field, concatenated, and their ends: for each input i (names[name_ends],
+    keys (n, U, K), counts (n, U) clipped to 0..K), as `_packed_memories` writes its part."""
+    n, R = counts.shape[0], rows.shape[0]
     out = np.empty(R * (name_ends[n - 1] + n * (3 + 4 * K)), np.uint8)
     ends = np.empty(R, np.int64)
     pos = 0
-    for r in range(R):
+    for q in range(R):
+        r = rows[q]
         for i in range(n):
             a = name_ends[i - 1] if i else 0
             out[pos] = name_ends[i] - a
@@ -136,7 +144,7 @@ def _pack(names, name_ends, keys, counts, K):
                 for b in range(4):
                     out[pos] = (key >> (8 * b)) & 0xFF
                     pos += 1
-        ends[r] = pos
+        ends[q] = pos
     return out[:pos], ends
 
 

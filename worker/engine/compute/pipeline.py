@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -219,12 +220,19 @@ def stored_columns(
     """The stored values (model/inputs.py, Stored forms) of the batch's events `idx` of every
     input the scoring models declare, all parsed or hashed in one kernel call; absent for an
     input the batch was not parsed with (a model swapped in since)."""
-    keys = list(dict.fromkeys((form_of(s), s.name) for model in models for s in model.inputs))
+    keys = _input_keys(tuple(models))
     names = batch.inputs.names if batch.inputs is not None else ()
     held = [(form, name) for form, name in keys if name in names]
     wanted = [(name, form == NUMBER) for form, name in held]
     found = dict(zip(held, stored_forms(batch.inputs, wanted, idx), strict=True)) if held else {}
     return {key: found[key] if key in found else absent(key[0], len(idx)) for key in keys}
+
+
+@lru_cache(maxsize=8)
+def _input_keys(models: tuple[ScoringModel, ...]) -> tuple[Field, ...]:
+    """Each (stored form, name) the models declare, once: worked out per set of models, not
+    per batch (models are swapped, never changed)."""
+    return tuple(dict.fromkeys((form_of(s), s.name) for model in models for s in model.inputs))
 
 
 def _recent_after(
