@@ -27,7 +27,6 @@ from model.inputs import (
     stored_column,
     table_columns,
     table_name,
-    transformed,
     write_item_flags,
 )
 from model.params import Params, pack
@@ -163,10 +162,17 @@ class ScoringModel:
         self.input_counts: dict[str, InputCounts] = {}  # the last batch's, per input
         self.projection = projection(params, self.weights, len(meta.features), self.inputs,
                                      model.tables())  # fmt: skip
-        numeric = [s for s in self.inputs if s.kind == "numeric"]
-        self._means = np.array([s.mean for s in numeric], np.float64)
-        self._scales = np.array([s.scale for s in numeric], np.float64)
-        self._buckets = np.array([s.buckets for s in self.inputs if s.kind != "numeric"], np.int64)
+        # the projected path's inputs, worked out once: numeric ones, then those with tables
+        self._numeric = [s for s in self.inputs if s.kind == "numeric"]
+        self._with_table = [s for s in self.inputs if s.kind != "numeric"]
+        self._means = np.array([s.mean for s in self._numeric], np.float64)
+        self._scales = np.array([s.scale for s in self._numeric], np.float64)
+        self._buckets = np.array([s.buckets for s in self._with_table], np.int64)
+        self._log1p = [s.transform == "log1p" for s in self._numeric]
+        # the kernel's counts rows (numeric, then tables) in declaration order
+        grouped = [s.name for s in self._numeric + self._with_table]
+        self._count_rows = np.array([grouped.index(n) for n in self.input_names], np.int64)
+        self._event_index = np.arange(0, dtype=np.int64)
 
     @property
     def state_shape(self) -> tuple[int, int]:
@@ -225,16 +231,24 @@ class ScoringModel:
         if inputs is None:
             raise ValueError(f"the model declares inputs {self.input_names}; none were given")
         proj, n = self.projection, slot.shape[0]
-        numeric = [s for s in self.inputs if s.kind == "numeric"]
-        with_table = [s for s in self.inputs if s.kind != "numeric"]
-        numbers = np.array([stored_column(s, inputs, n) for s in numeric], np.float64)
-        hashes = np.array([stored_column(s, inputs, n) for s in with_table], np.int64)
-        numbers, hashes = numbers.reshape(len(numeric), n), hashes.reshape(len(with_table), n)
-        values = np.array([transformed(s, v) for s, v in zip(numeric, numbers, strict=True)])
+        numeric, with_table = self._numeric, self._with_table
+        numbers = np.empty((len(numeric), n), np.float64)
+        values = np.empty_like(numbers)
+        for i, spec in enumerate(numeric):
+            numbers[i] = stored_column(spec, inputs, n)
+        with np.errstate(all="ignore"):  # NaN (absent) and bad values stay NaN / inf
+            for i, log1p in enumerate(self._log1p):
+                if log1p:
+                    np.log1p(numbers[i], out=values[i])
+                else:
+                    values[i] = numbers[i]
+        hashes = np.empty((len(with_table), n), np.int64)
+        for k, spec in enumerate(with_table):
+            hashes[k] = stored_column(spec, inputs, n)
         x, rows, counts = _projected_inputs(
-            self.weights.type_in, proj.tables, proj.offsets, type_idx, x_feat, numbers,
-            values.reshape(numbers.shape), self._means, self._scales, proj.numeric_at, hashes,
-            self._buckets, x_feat.shape[1] + len(proj.kept), replayed,
+            self.weights.type_in, proj.tables, proj.offsets, type_idx, x_feat, numbers, values,
+            self._means, self._scales, proj.numeric_at, hashes, self._buckets,
+            x_feat.shape[1] + len(proj.kept), replayed,
         )  # fmt: skip
         for k, spec in enumerate(with_table):
             if spec.kind != "item":
@@ -244,11 +258,17 @@ class ScoringModel:
                 raise ValueError(f"input {spec.name!r}: no item memory given")
             at = x_feat.shape[1] + proj.flags_at[k]
             write_item_flags(x[:, at : at + 2], slot, hashes[k], reset, mem.keys, mem.count)
-        got = dict(zip([s.name for s in numeric + with_table],
-                       map(InputCounts._make, counts.tolist()), strict=True))  # fmt: skip
-        self.input_counts = {s.name: got[s.name] for s in self.inputs}  # declaration order
+        rows_counts = counts[self._count_rows].tolist()  # in declaration order
+        self.input_counts = dict(zip(self.input_names, map(InputCounts._make, rows_counts),
+                                     strict=True))  # fmt: skip
         weights = (*self.kernel_weights[:2], rows, proj.W_fh, *self.kernel_weights[4:])
-        return weights, np.arange(n, dtype=np.int64), x
+        return weights, self._event_indices(n), x
+
+    def _event_indices(self, n: int) -> np.ndarray:
+        """0..n-1 (int64), a view of one array grown on demand (the kernels only read it)."""
+        if self._event_index.shape[0] < n:
+            self._event_index = np.arange(max(n, 1024), dtype=np.int64)
+        return self._event_index[:n]
 
     def _with_inputs(self, x_feat, slot, reset, inputs, memory, replayed) -> np.ndarray:
         """x_feat widened by the declared inputs' block (model/inputs.py, encode_inputs)."""
