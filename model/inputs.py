@@ -64,6 +64,8 @@ import numba as nb
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
 
+from model.values import value_bytes
+
 # Event fields the worker reads itself: an input may not take their names.
 RESERVED_NAMES = ("user_id", "type", "ts", "event_id", "json", "producer")
 
@@ -257,27 +259,13 @@ def _fnv1a_batch(buf, ends, seed):
     return out
 
 
-def _as_bytes(v: object) -> bytes:
-    """A value's bytes for hashing: bytes as given, text as UTF-8, numbers as their text
-    (an integer id hashes as its digits, so 12345 and "12345" share a bucket), None as b""."""
-    if v is None:
-        return b""
-    if isinstance(v, bytes):
-        return v
-    if isinstance(v, str):
-        return v.encode("utf-8", "surrogatepass")
-    if isinstance(v, float) and v.is_integer():
-        return str(int(v)).encode()
-    return str(v).encode("utf-8", "surrogatepass")
-
-
 def value_hashes(name: str, values: Sequence[bytes | str | int | float | None]) -> np.ndarray:
     """The 32-bit hash of every value of a batch (int64), -1 where missing (None or empty).
 
     Per-event Python: one comprehension (bytes as given, text encoded) and a join; the hash
     itself runs in one Numba kernel over the concatenated bytes.
     """
-    raw = [v if type(v) is bytes else _as_bytes(v) for v in values]
+    raw = [v if type(v) is bytes else value_bytes(v) for v in values]
     ends = np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)))
     buf = np.frombuffer(b"".join(raw), np.uint8)
     return _fnv1a_batch(buf, ends, hash_seed(name))

@@ -143,3 +143,61 @@ def test_train_from_redis_reads_the_declared_inputs_the_streams_carry(redis_serv
     price = next(spec for spec in fitted if spec.name == "price")
     assert price.mean == pytest.approx(np.mean(prices), abs=0.3)  # fitted on training users
     assert [spec.name for spec in fitted] == ["price", "product_id"]
+
+
+def typed_events(n: int, seed: int) -> list[dict]:
+    """Events as a shop's JSON carries them: prices as numbers (some whole: 12.0), product ids
+    as integers, a boolean brand now and then, a null, a nested object no model reads."""
+    rng = np.random.default_rng(seed)
+    t = 1_700_000_000_000
+    out = []
+    for i in range(n):
+        t += int(rng.integers(1_000, 20_000))
+        e = {"user_id": f"u{rng.integers(15)}", "type": str(rng.choice(TYPES)), "ts": t,
+             "event_id": f"t{i}", "product_id": int(rng.integers(8)),
+             "price": float(rng.choice([12.0, 9.99, 250.0, 0.5])),
+             "brand": str(rng.choice(["acme", "globex"])), "ctx": {"page": i}}  # fmt: skip
+        if i % 5 == 0:
+            e["brand"] = True
+        if i % 6 == 0:
+            e["price"] = None
+        out.append(e)
+    return out
+
+
+def test_events_sent_by_intentstream_publish_carry_their_inputs(redis_server, tmp_path):
+    """`intentstream publish` of JSON lines sends the fields models declare: the worker then
+    scores them as `intentstream score` scores the same file."""
+    model = random_model(TYPES, hidden=8, features=["gap"], seed=6, inputs=INPUTS,
+                         session_gap_seconds=60.0)  # fmt: skip
+    path = tmp_path / "rich.npz"
+    save_model(model, path)
+    events = typed_events(300, seed=8)
+    lines = "\n".join(json.dumps(e) for e in events)
+    sent = run_cli("publish", "--redis-url", redis_server.url, "--partitions", str(P),
+                   stdin=lines)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    r = connect(redis_server.url)
+    worker = WorkerProcess(redis_server.url, path, tmp_path / "w.log", "--partitions",
+                           str(P)).start()  # fmt: skip
+    try:
+        wait_for(lambda: count_scores(r, partitions=P) >= len(events), what="all scores")
+    finally:
+        assert worker.terminate() == 0
+    offline = run_cli("score", "--model", str(path), stdin=lines)
+    assert offline.returncode == 0, offline.stderr
+    want = {e["event_id"]: json.loads(line)["score"]
+            for e, line in zip(events, offline.stdout.splitlines(), strict=True)}  # fmt: skip
+    got = {row["event_id"]: float(row["score"]) for row in score_entries(r, partitions=P)}
+    assert set(got) == set(want)
+    np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=2e-5)
+    # the fields as sent: whole prices as their digits, booleans as their text, no nested
+    # object, no null
+    entries = [f for p in range(P) for _, f in r.xrange(f"intentstream:events:{{{p}}}")]
+    assert {f.get(b"price") for f in entries} == {b"12", b"9.99", b"250", b"0.5", None}
+    assert b"True" in {f.get(b"brand") for f in entries}
+    assert not any(b"ctx" in f for f in entries)
+    # without the fields the scores would differ: the inputs are read, not defaulted
+    bare = run_cli("score", "--model", str(path), stdin="\n".join(
+        json.dumps({k: e[k] for k in ("user_id", "type", "ts")}) for e in events))  # fmt: skip
+    assert [json.loads(x)["score"] for x in bare.stdout.splitlines()] != list(want.values())

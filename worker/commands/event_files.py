@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import TextIO
 
 from model.opencdp import OPENCDP, MappingError, csv_events, parse_mapping
-from worker.common.events import Event, numbered_events
+from worker.common.events import EVENT_FIELDS, SCALARS, Event, numbered_events
 from worker.common.settings import SettingsError
 
 FORMATS = ("jsonl", "opencdp", "csv")
@@ -84,16 +84,13 @@ def read_event_files(paths: list[str], format: str = "jsonl", columns: str | Non
     return events
 
 
-_EVENT_KEYS = frozenset(("user_id", "type", "ts", "event_id"))
-
-
 def recording_fields(
     lines: Iterable[str], out: deque[dict], names: Iterable[str] | None = None
 ) -> Iterator[str]:
     """The lines as they are, recording on `out` each non-blank line's extra fields (the
-    lines the event parser yields an event or a None for): those of `names` as they are, or
-    without names every other scalar key (strings, numbers, booleans); {} when the line is
-    no JSON object."""
+    lines the event parser yields an event or a None for): those of `names` whose values are
+    scalars (strings, numbers, booleans) as they are, or without names every other scalar
+    key; {} when the line is no JSON object."""
     wanted = list(names) if names is not None else None
     for line in lines:
         if line.strip():
@@ -103,12 +100,11 @@ def recording_fields(
                 doc = None
             if not isinstance(doc, dict):
                 out.append({})
-            elif wanted is not None:
-                out.append({n: doc[n] for n in wanted if n in doc})
+            elif wanted is not None:  # a null, an object or a list reads as absent
+                out.append({n: doc[n] for n in wanted if isinstance(doc.get(n), SCALARS)})
             else:
-                scalar = (str, int, float, bool)
                 out.append({k: v for k, v in doc.items()
-                            if k not in _EVENT_KEYS and isinstance(v, scalar)})  # fmt: skip
+                            if k not in EVENT_FIELDS and isinstance(v, SCALARS)})  # fmt: skip
         yield line
 
 

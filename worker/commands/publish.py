@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
 
 from model.synthetic import synthetic_events
-from worker.commands.event_files import chunks, reported_events
+from worker.commands.event_files import chunks, recording_fields, reported_events
 from worker.common.connection import connect_settings
 from worker.common.events import Event
 from worker.common.publisher import publish
@@ -27,6 +28,18 @@ def synthetic_backlog(args: argparse.Namespace, now_ms: int | None = None) -> li
         for event in events:
             event["ts"] += shift
     return events
+
+
+def file_events(lines: Iterable[str]) -> Iterator[dict | None]:
+    """JSON-lines events as mappings with their other scalar fields (the inputs a model may
+    declare); a bad line is reported on stderr as `line N: reason` and yields None."""
+    extras: deque[dict] = deque()
+    for event in reported_events(recording_fields(lines, extras), sys.stderr):
+        extra = extras.popleft()
+        if event is not None:
+            yield extra | event.model_dump(exclude_none=True)
+        else:
+            yield None
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -49,9 +62,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
             events = synthetic_backlog(args)
     else:
         source = open(args.events, encoding="utf-8") if args.events else sys.stdin  # noqa: SIM115
-        parsed = list(reported_events(source, sys.stderr))
-        bad = sum(e is None for e in parsed)
-        events = [e for e in parsed if e is not None]
+        events = list(file_events(source))
+        bad = sum(e is None for e in events)
+        events = [e for e in events if e is not None]
     chunk = max(1, int(args.rate / 10)) if args.rate else 1000
     sent = 0
     t0 = time.monotonic()

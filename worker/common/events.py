@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from model.values import value_bytes
+
 MAX_USER_ID_BYTES = 256
 MAX_TYPE_BYTES = 128
 MAX_EVENT_ID_BYTES = 128
@@ -346,15 +348,26 @@ def json_inputs(raw: bytes, names: tuple[bytes, ...]) -> dict[bytes, bytes | Non
     out: dict[bytes, bytes | None] = dict.fromkeys(names)
     if isinstance(doc, dict):
         for name in names:
-            v = doc.get(name.decode("utf-8", "replace"))
-            if isinstance(v, str):
-                out[name] = v.encode("utf-8", "replace")
-            elif isinstance(v, int | float) and not isinstance(v, bool):
-                out[name] = str(v).encode()
+            out[name] = input_text(doc.get(name.decode("utf-8", "replace")))
     return out
 
 
-_NOT_INPUTS = frozenset((b"user_id", b"type", b"ts", b"event_id", b"producer", b"json"))
+SCALARS = (str, int, float, bool)  # the JSON values a declared input reads; others are absent
+
+
+def input_text(v: object) -> bytes | None:
+    """The bytes a JSON value of a declared input stands for in a stream entry, so that the
+    worker reads what `score` and training read of the same value: text as UTF-8, numbers
+    and booleans as model/inputs.py's value_bytes writes them; None (absent) for null, an
+    empty string, an object or a list."""
+    if v is None or not isinstance(v, SCALARS):
+        return None
+    return value_bytes(v) or None
+
+
+# The event's own fields (docs/contract.md, Events in): never a declared input.
+EVENT_FIELDS = frozenset(("user_id", "type", "ts", "event_id", "producer", "json"))
+_NOT_INPUTS = frozenset(n.encode() for n in EVENT_FIELDS)
 
 
 def extra_values(flat: list) -> dict[bytes, bytes]:

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 import redis
 
 from worker.common.append_function import call_args, unavailable
-from worker.common.events import Event, event_from_mapping
+from worker.common.events import (
+    EVENT_FIELDS,
+    MAX_INPUT_BYTES,
+    Event,
+    EventError,
+    event_from_mapping,
+    input_text,
+)
 from worker.common.keys import Keys, partition_of
 from worker.common.partitions import check_partitions
 
@@ -30,16 +37,42 @@ log = logging.getLogger("intentstream.publish")
 RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
-def entry_fields(event: Event) -> dict[str, str | int]:
-    """The stream entry fields of an event: user_id, type, ts when known, event_id."""
-    fields: dict[str, str | int] = {"user_id": event.user_id, "type": event.type}
+def entry_fields(event: Event, extra: Mapping[str, bytes] | None = None) -> dict:
+    """The stream entry fields of an event: user_id, type, ts when known, event_id, the
+    producer's stamp, then its other fields (`other_fields`), which models may declare as
+    inputs."""
+    fields: dict = {"user_id": event.user_id, "type": event.type}
     if event.ts is not None:
         fields["ts"] = event.ts
     if event.event_id is not None:
         fields["event_id"] = event.event_id
     if event.producer is not None:
         fields["producer"] = event.producer
+    if extra:
+        fields.update(extra)
     return fields
+
+
+MAX_OTHER_FIELDS = 64  # an event's fields beyond its own: a shop's few, not a document
+
+
+def other_fields(doc: Mapping) -> dict[str, bytes]:
+    """An event mapping's fields beyond the event's own, as entry values (`input_text`: what
+    the worker, `score` and training read alike); null, empty, an object, a list or a value
+    over MAX_INPUT_BYTES is left out, as the worker would read it as absent. EventError for
+    a name that is not text and for more than MAX_OTHER_FIELDS of them."""
+    out: dict[str, bytes] = {}
+    for name, value in doc.items():
+        if not isinstance(name, str):
+            raise EventError(f"field name {name!r}: not text")
+        if name in EVENT_FIELDS:
+            continue
+        text = (value or None) if isinstance(value, bytes) else input_text(value)
+        if text is not None and len(text) <= MAX_INPUT_BYTES:
+            out[name] = text
+    if len(out) > MAX_OTHER_FIELDS:
+        raise EventError(f"{len(out)} fields beyond the event's own; at most {MAX_OTHER_FIELDS}")
+    return out
 
 
 def stamps() -> Iterator[tuple[str, str]]:
@@ -84,7 +117,9 @@ def publish(
     """Append each event to its user's partition stream; return the entry ids in order.
 
     Events are validated first (EventError names a bad one), stamped with this call's
-    producer id and sequence, and given an event_id when they have none; sends go in
+    producer id and sequence, and given an event_id when they have none; a mapping's other
+    fields (a product, a price: what models declare as inputs) travel with it as
+    `other_fields` writes them. Sends go in
     pipelines of `pipeline_size` events, one round trip each, through the producers'
     function (worker/common/append_function.py), one call per partition. A write routed with a
     stale partition count is refused there and re-routed with the count in force; during a
@@ -103,11 +138,15 @@ def publish(
     ids: list[bytes] = []
     chunk: list[tuple[str, dict]] = []
     for item in events:
-        event = item if isinstance(item, Event) else event_from_mapping(dict(item))
+        if isinstance(item, Event):
+            event, extra = item, None
+        else:
+            doc = dict(item)
+            event, extra = event_from_mapping(doc), other_fields(doc)
         stamp, generated = next(fresh)
         own_id = event.event_id or generated
         event = event.model_copy(update={"producer": stamp, "event_id": own_id})
-        chunk.append((event.user_id, entry_fields(event)))
+        chunk.append((event.user_id, entry_fields(event, extra)))
         if len(chunk) >= pipeline_size:
             ids.extend(_send(client, keys, route, partitions, chunk, retries))
             chunk = []
