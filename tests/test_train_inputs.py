@@ -242,6 +242,26 @@ def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
     assert bad.returncode == 2 and "log1p or none" in bad.stderr
 
 
+def test_the_cli_trains_on_numbered_users_and_names_an_input_no_event_carries(tmp_path):
+    """A shop's export numbers its users (JSON integers: their digits, as Redis carries them);
+    a declared input that no event carries (a misspelt name) is named with the fields the
+    events do carry, and the report shows each input's share of the events."""
+    events, _ = rich_shop(users=150, seed=9)
+    numbered = {u: k for k, u in enumerate(dict.fromkeys(e["user_id"] for e in events))}
+    data = tmp_path / "events.jsonl"
+    data.write_text("".join(json.dumps(e | {"user_id": numbered[e["user_id"]]}) + "\n"
+                            for e in events))  # fmt: skip
+    run = run_cli("train", "--data", str(data), "--numeric", "prcie", "--item", "product_id",
+                  "--hidden", "4", "--epochs", "1", "--no-calibrate", "--min-type-count", "1",
+                  "--quiet")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "bad line" not in run.stderr
+    assert "no event carries input(s) prcie" in run.stderr and "price" in run.stderr
+    share = sum("product_id" in e for e in events) / len(events)
+    assert f"product_id: item, 1024 buckets x 8; in {share:.0%} of the events" in run.stdout
+    assert "prcie: numeric, none, mean 0, scale 1; in 0% of the events" in run.stdout
+
+
 def test_the_input_tables_decay_and_a_type_only_model_is_unchanged():
     from model.params import pack
     from model.train import decay_tables

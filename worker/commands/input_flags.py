@@ -75,13 +75,33 @@ def input_declarations(args: argparse.Namespace) -> list[dict]:
     return out
 
 
-def describe_inputs(inputs) -> list[str]:
-    """One line per declared input (fitted numbers included), for reports."""
+def describe_inputs(inputs, coverage: dict[str, float] | None = None) -> list[str]:
+    """One line per declared input (fitted numbers included, and with `coverage` the share
+    of the events that carry it), for reports."""
     lines = []
     for s in inputs:
         if s.kind == "numeric":
-            lines.append(f"  {s.name}: numeric, {s.transform}, mean {s.mean:.6g}, "
-                         f"scale {s.scale:.6g}")  # fmt: skip
+            line = f"  {s.name}: numeric, {s.transform}, mean {s.mean:.6g}, scale {s.scale:.6g}"
         else:
-            lines.append(f"  {s.name}: {s.kind}, {s.buckets} buckets x {s.dim}")
+            line = f"  {s.name}: {s.kind}, {s.buckets} buckets x {s.dim}"
+        if coverage is not None and s.name in coverage:
+            line += f"; in {coverage[s.name]:.0%} of the events"
+        lines.append(line)
     return lines
+
+
+def input_coverage(events: list[dict], names: list[str]) -> dict[str, float]:
+    """The share of `events` that carry a value (not null, not empty) of each input."""
+    n = max(len(events), 1)
+    return {name: sum(e.get(name) not in (None, "") for e in events) / n for name in names}
+
+
+def absent_inputs_warning(coverage: dict[str, float], events: list[dict]) -> str | None:
+    """A warning naming the declared inputs no event carries (a misspelt name, a column not
+    mapped), with the fields the events do carry; None when each appears somewhere."""
+    missing = [name for name, share in coverage.items() if share == 0]
+    if not missing:
+        return None
+    seen = sorted({k for e in events[:10_000] for k in e} - {"user_id", "type", "ts", "event_id"})
+    return (f"warning: no event carries input(s) {', '.join(missing)}: they learn nothing "
+            f"(the events' other fields: {', '.join(seen) or 'none'})")  # fmt: skip

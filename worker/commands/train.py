@@ -17,7 +17,12 @@ from model.artifact import file_version, load_model, save_model, state_space_of
 from worker.commands.args import csv
 from worker.commands.event_files import read_event_files
 from worker.commands.history import read_history
-from worker.commands.input_flags import describe_inputs, input_declarations
+from worker.commands.input_flags import (
+    absent_inputs_warning,
+    describe_inputs,
+    input_coverage,
+    input_declarations,
+)
 from worker.commands.registry_access import with_registry
 from worker.common.connection import connect_settings
 from worker.common.registry import Registry
@@ -271,6 +276,11 @@ def run_train(args: argparse.Namespace) -> int:
     config = train_config(args)
     init, space = parent_model(args.init_from, settings) if args.init_from else (None, None)
     events = read_training_events(args, settings)
+    names = [d["name"] for d in config.model_dump()["inputs"]]
+    coverage = input_coverage(events, names) if names else None
+    warning = absent_inputs_warning(coverage, events) if coverage else None
+    if warning:
+        print(warning, file=sys.stderr)
     progress = None if args.quiet else progress_factory(sys.stderr.isatty())
     result = train(events, config, progress=progress, init=init, state_space=space)
     if init is not None:
@@ -279,7 +289,7 @@ def run_train(args: argparse.Namespace) -> int:
     print(report["kept_epoch"]["reason"])
     if len(result.model.inputs):
         print("inputs (numeric scales fitted on the training users):")
-        print("\n".join(describe_inputs(result.model.inputs)))
+        print("\n".join(describe_inputs(result.model.inputs, coverage)))
     _print_metrics(report)
     _print_left_out(report, config.min_type_count)
     if args.out:

@@ -48,6 +48,13 @@ class Event(BaseModel):
     event_id: str | None = None
     producer: str | None = None  # `<producer id>:<sequence>`, stamped by publish()
 
+    @field_validator("user_id", "event_id", mode="before")
+    @classmethod
+    def _integer_as_digits(cls, v: object) -> object:
+        # Shops' exports often number their users (REES46's user_id): in JSON an integer id
+        # is its digits, as a stream entry carries it. A float or a boolean is no id.
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
     @field_validator("user_id")
     @classmethod
     def _user_id_size(cls, v: str) -> str:
