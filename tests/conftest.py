@@ -47,6 +47,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+@pytest.fixture(autouse=True)
+def _close_followers(monkeypatch):
+    """Close every registry model source and rule source a test made. Their threads follow
+    Redis for as long as they live: left open, they poll a stopped server with redis-py's
+    jittered retries for the rest of the session, in the process later tests run in
+    (Hypothesis warned of the `random` calls inside its strategies)."""
+    from worker.engine.adapters.model_source import RegistryModelSource
+    from worker.engine.adapters.rule_source import RuleSource
+
+    made: list = []
+    for cls in (RegistryModelSource, RuleSource):
+
+        def tracked(self, *args, __init=cls.__init__, **kwargs):
+            __init(self, *args, **kwargs)
+            made.append(self)
+
+        monkeypatch.setattr(cls, "__init__", tracked)
+    yield
+    for follower in made:
+        follower.close()
+
+
 def console_script() -> str:
     """Path of the installed `intentstream` script (the venv's, beside this interpreter)."""
     beside = Path(sys.executable).parent / "intentstream"
