@@ -18,6 +18,8 @@ from model.sessions import pad, sessionize
 from model.train import TrainConfig, train
 from tests.conftest import run_cli
 from worker.commands.event_files import read_event_files
+from worker.commands.input_flags import absent_inputs_warning, input_coverage
+from worker.commands.train import seconds_warning
 
 TYPES = ["view", "cart", "purchase"]
 INPUTS = parse_inputs([
@@ -277,3 +279,18 @@ def test_the_input_tables_decay_and_a_type_only_model_is_unchanged():
     assert all((runs[0].arrays[k] == runs[1].arrays[k]).all() for k in runs[0].arrays)
     with pytest.raises(ValueError, match="below 1"):
         TrainConfig(lr=0.1, input_weight_decay=10, inputs=[{"kind": "item", "name": "p"}])
+
+
+def test_input_coverage_and_the_warnings_of_data_a_model_would_misread():
+    events = [{"user_id": "a", "type": "view", "ts": 1_700_000_000_000, "price": 3.0},
+              {"user_id": "a", "type": "view", "ts": 1_700_000_001_000, "price": ""},
+              {"user_id": "b", "type": "view", "ts": None, "brand": "x"}]  # fmt: skip
+    coverage = input_coverage(events, ["price", "sku"])
+    assert coverage == {"price": 1 / 3, "sku": 0.0}
+    warning = absent_inputs_warning(coverage, events)
+    assert "input(s) sku" in warning and "brand, price" in warning
+    assert absent_inputs_warning({"price": 0.5}, events) is None
+    assert seconds_warning(events) is None
+    in_seconds = [e | {"ts": 1_700_000_000 + k} for k, e in enumerate(events)]
+    assert "3 of 3 events' ts are before 2000-01-01" in seconds_warning(in_seconds)
+    assert seconds_warning([]) is None

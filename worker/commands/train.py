@@ -25,6 +25,7 @@ from worker.commands.input_flags import (
 )
 from worker.commands.registry_access import with_registry
 from worker.common.connection import connect_settings
+from worker.common.events import MIN_TS_MS
 from worker.common.registry import Registry
 from worker.common.rule_store import read_rules
 from worker.common.rules import RuleError
@@ -129,6 +130,18 @@ def read_training_events(args: argparse.Namespace, settings) -> list[dict]:
             print(f"skipped {skipped} unparseable stream entries", file=sys.stderr)
         return events
     return read_event_files(args.data, args.format, args.columns)
+
+
+def seconds_warning(events: list[dict]) -> str | None:
+    """A warning when most of the events' times are before 2000 as epoch milliseconds: epoch
+    seconds, most likely, which would shrink every gap (and the session cut) a thousandfold
+    against what the worker later sees; None otherwise."""
+    times = [e["ts"] for e in events if e.get("ts") is not None]
+    early = sum(t < MIN_TS_MS for t in times)
+    if not times or early * 2 <= len(times):
+        return None
+    return (f"warning: {early} of {len(times)} events' ts are before 2000-01-01 as epoch "
+            "milliseconds: seconds? ts is epoch milliseconds, as the worker reads it")  # fmt: skip
 
 
 METRIC_COLUMNS = (
@@ -276,6 +289,9 @@ def run_train(args: argparse.Namespace) -> int:
     config = train_config(args)
     init, space = parent_model(args.init_from, settings) if args.init_from else (None, None)
     events = read_training_events(args, settings)
+    warning = seconds_warning(events)
+    if warning:
+        print(warning, file=sys.stderr)
     names = [d["name"] for d in config.model_dump()["inputs"]]
     coverage = input_coverage(events, names) if names else None
     warning = absent_inputs_warning(coverage, events) if coverage else None
