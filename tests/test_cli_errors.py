@@ -112,6 +112,16 @@ def test_missing_files_are_one_line_naming_the_file(argv, needles, golden_path):
     assert_one_line(run_cli(*argv), *needles)
 
 
+def test_model_evaluate_without_versions_says_where_they_go(golden_path):
+    # --data takes every argument after it: the versions named there are not lost silently
+    taken = run_cli(
+        "model", "evaluate", "--data", "/dev/null", str(golden_path), "--redis-url", DOWN
+    )
+    assert_one_line(taken, "before --data", f"--data took {golden_path}")
+    assert_one_line(run_cli("model", "evaluate", "--from-redis", "--redis-url", DOWN),
+                    "name the versions")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [

@@ -210,7 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
         "versions (or .npz files) side by side on live data: ROC AUC, log loss, ECE, Brier",
         cmd_model_evaluate,
     )
-    ev.add_argument("versions", nargs="+", metavar="VERSION|FILE", help="what to compare")
+    # nargs "*": none given is said by cmd_model_evaluate, which can tell a --data that took them
+    ev.add_argument(
+        "versions",
+        nargs="*",
+        metavar="VERSION|FILE",
+        help="what to compare (before --data, which takes every file after it)",
+    )
     src = ev.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-redis", action="store_true", help="the retained event streams")
     src.add_argument("--data", nargs="+", metavar="FILE", help=DATA_HELP)

@@ -130,11 +130,25 @@ def cmd_model_promote(args: argparse.Namespace) -> int:
     return with_registry(args, promote)
 
 
+def missing_versions(data: list[str] | None) -> str:
+    """What to say when `model evaluate` got no version to compare: with --data, that it
+    takes every argument after it (the versions named after it among them)."""
+    if not data:
+        return "name the versions or .npz files to compare: model evaluate 3 4 --from-redis"
+    taken = [f for f in data if f.endswith(".npz")]
+    hint = f" (--data took {', '.join(taken)})" if taken else ""
+    return ("name the versions or files to compare before --data, which takes every argument "
+            f"after it: model evaluate 3 4 --data FILE{hint}")  # fmt: skip
+
+
 def cmd_model_evaluate(args: argparse.Namespace) -> int:
     """`intentstream model evaluate`: see worker/commands/evaluate.py."""
     # model.evaluate loads scipy.stats (about a second): for this sub-command only
     from worker.commands.evaluate import run_evaluate, since_ms
 
+    if not args.versions:
+        print(f"error: {missing_versions(args.data)}", file=sys.stderr)
+        return 2
     cutoff = since_ms(args.since)
 
     def evaluate(reg: Registry) -> int:
