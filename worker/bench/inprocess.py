@@ -43,7 +43,7 @@ def start_worker(
 
 def consume(consumer: Consumer, metrics: WorkerMetrics, n: int) -> tuple[float, list]:
     """Tick until n events are scored: (seconds, per-tick (events, seconds)); then stop
-    following the rules (their listener thread would outlive the run)."""
+    following the registry and the rules (their threads would outlive the run)."""
     latencies = []
     t0 = time.perf_counter()
     while (before := metrics.count("scored")) < n:
@@ -51,5 +51,5 @@ def consume(consumer: Consumer, metrics: WorkerMetrics, n: int) -> tuple[float, 
         consumer.tick()
         latencies.append((int(metrics.count("scored") - before), time.perf_counter() - t))
     seconds = time.perf_counter() - t0
-    consumer.rulebook.close()
+    consumer.close()
     return seconds, latencies

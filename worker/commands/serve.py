@@ -133,6 +133,5 @@ def cmd_worker(args: argparse.Namespace) -> int:
         say("error", str(exc), args)
         return 2
     consumer = Consumer(settings, client, source, metrics, health, stop)
-    consumer.run(max_seconds=args.max_seconds)
-    source.close()
+    consumer.run(max_seconds=args.max_seconds)  # closes the source at its end
     return stop.exit_code(consumer.exit_code)

@@ -144,6 +144,12 @@ class Consumer:
         """Ask the loop to finish the batch in hand and return."""
         self._stop.set()
 
+    def close(self) -> None:
+        """Stop following the registry and the rules (their threads poll Redis for as long as
+        they live); `run` ends with it, a caller that only ticks calls it."""
+        self.rulebook.close()
+        self.models.source.close()
+
     def run(self, max_seconds: float | None = None) -> None:
         """Consume until stopped (or for max_seconds), surviving Redis outages."""
         self.models.warm_up()
@@ -215,7 +221,7 @@ class Consumer:
             self.ownership.release_all()
         except redis.RedisError as exc:
             log.warning("could not release leases", extra={"error": str(exc)})
-        self.rulebook.close()
+        self.close()
         log.info("worker stopped", extra={"consumer": self.s.consumer})
 
     # ---- one round of the loop ---------------------------------------------------------
