@@ -78,6 +78,7 @@ def test_publish_sends_other_scalar_fields_as_their_text():
            "ctx": {"a": 1}, "long": "x" * 257}  # fmt: skip
     assert other_fields(doc) == {"price": b"12", "qty": b"3", "ratio": b"0.25",
                                  "member": b"True", "brand": b"acme", "raw": b"\x01"}  # fmt: skip
+    assert other_fields({"huge": 10**5000, "big": 10**255}) == {"big": b"1" + b"0" * 255}
     with pytest.raises(EventError, match="not text"):
         other_fields({1: "a"})
     many = {f"f{i}": i for i in range(MAX_OTHER_FIELDS + 1)}

@@ -360,6 +360,7 @@ def json_inputs(raw: bytes, names: tuple[bytes, ...]) -> dict[bytes, bytes | Non
 
 
 SCALARS = (str, int, float, bool)  # the JSON values a declared input reads; others are absent
+_INT_BOUND = 10**MAX_INPUT_BYTES
 
 
 def input_text(v: object) -> bytes | None:
@@ -369,6 +370,8 @@ def input_text(v: object) -> bytes | None:
     empty string, an object or a list."""
     if v is None or not isinstance(v, SCALARS):
         return None
+    if isinstance(v, int) and not -_INT_BOUND < v < _INT_BOUND:
+        return None  # over the bound as text (and past what str() of an int may print)
     return value_bytes(v) or None
 
 
