@@ -14,6 +14,7 @@ from model.explain import Session, leave_one_out
 from model.scoring import ScoringModel
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, count_scores, wait_for
+from worker.commands.explain import shown_input
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.publisher import publish
@@ -174,6 +175,13 @@ def test_errors(redis_server, tmp_path: Path):
     assert down.returncode == 2 and "is unreachable" in down.stderr
 
 
+def test_kept_inputs_are_shown_as_numbers_hashes_or_nothing():
+    assert shown_input(None) == "-"
+    assert shown_input(12.5) == "12.5" and shown_input(1234567.0) == "1.23457e+06"
+    assert shown_input("not a number") == "bad"
+    assert shown_input({"hash": 3_000_000_000}) == "#b2d05e00"
+
+
 def test_explains_a_rich_models_user_with_the_inputs_it_scored(redis_server, tmp_path: Path):
     """A format 2 model's user: the replay with the kept inputs is the stored score; a history
     without them (the layout before inputs) replays them as missing, and says so."""
@@ -210,6 +218,15 @@ def test_explains_a_rich_models_user_with_the_inputs_it_scored(redis_server, tmp
         assert event["inputs"]["brand"] == (None if brand < 0 else {"hash": int(brand)})
     products = [e["inputs"]["product"] for e in report["events"]]
     assert None in products and any(isinstance(p, dict) for p in products)
+    # the table shows them too: a column per input
+    table = run_cli("explain", "u1", "--redis-url", redis_server.url, "--model", str(path))
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("#"))
+    assert all(name in header for name in ("price", "brand", "product"))
+    rows = lines[lines.index(header) + 1 : lines.index(header) + 1 + len(report["events"])]
+    for row, event in zip(rows, report["events"], strict=True):
+        assert shown_input(event["inputs"]["product"]) in row.split()
 
     write_state(r, "u1", Recent(recent.prev_ts, recent.ts_raw, recent.names), score,
                 scoring.version)  # fmt: skip

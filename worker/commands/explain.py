@@ -215,8 +215,20 @@ def iso_time(ts_ms: int) -> str | None:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def shown_input(value: object) -> str:
+    """An input's kept value in the table: the number, `bad` for one that was not a number,
+    `#` and the hash in hex for a category or an item (the raw value is not kept), `-` for
+    none."""
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return f"#{value['hash']:08x}"
+    return "bad" if isinstance(value, str) else f"{value:.6g}"
+
+
 def render(report: dict) -> str:
-    """The table: a header, one row per event (the reasons ranked 1-3), then the notes."""
+    """The table: a header, one row per event (its kept inputs' values, the reasons ranked
+    1-3), then the notes."""
     stored = report["stored_score"]
     w = max([20, *(len(e["type"]) for e in report["events"])])  # the type column's width
     same = (
@@ -226,6 +238,9 @@ def render(report: dict) -> str:
         if report["same_score"]
         else "differs from the stored score"
     )
+    names = list(report["events"][0].get("inputs", {})) if report["events"] else []
+    widths = {n: max(len(n), 10) for n in names}
+    head = "".join(f" {n:>{widths[n]}}" for n in names)
     lines = [
         f"user {report['user_id']!r}  partition {report['partition']} of "
         f"{report['partitions']}  state of model {report['state_model'] or '(none)'}  "
@@ -233,12 +248,13 @@ def render(report: dict) -> str:
         f"model {report['model']}: score with all {len(report['events'])} events "
         f"{report['score_all']:.6f} ({same})",
         "",
-        f"{'#':>4}  {'type':<{w}} {'time (UTC)':<24} {'without':>10} {'delta':>10}  reason",
+        f"{'#':>4}  {'type':<{w}} {'time (UTC)':<24}{head} {'without':>10} {'delta':>10}  reason",
     ]
     for e in report["events"]:
         mark = "" if e["reason"] is None else f"*{e['reason']}"
+        values = "".join(f" {shown_input(e['inputs'][n]):>{widths[n]}}" for n in names)
         line = (
-            f"{e['position']:>4}  {e['type']:<{w}} {e['time'] or '(no time)':<24} "
+            f"{e['position']:>4}  {e['type']:<{w}} {e['time'] or '(no time)':<24}{values} "
             f"{e['score_without']:>10.6f} {e['delta']:>+10.6f}  {mark}"
         )
         lines.append(line.rstrip())
