@@ -366,7 +366,7 @@ _INT_BOUND = 10**MAX_INPUT_BYTES
 def input_text(v: object) -> bytes | None:
     """The bytes a JSON value of a declared input stands for in a stream entry, so that the
     worker reads what `score` and training read of the same value: text as UTF-8, numbers
-    and booleans as model/inputs.py's value_bytes writes them; None (absent) for null, an
+    and booleans as model/values.py's value_bytes writes them; None (absent) for null, an
     empty string, an object or a list."""
     if v is None or not isinstance(v, SCALARS):
         return None
