@@ -27,6 +27,7 @@ from model.inputs import (
     stored_column,
     table_columns,
     table_name,
+    transformed,
     write_item_flags,
 )
 from model.params import Params, pack
@@ -168,7 +169,6 @@ class ScoringModel:
         self._means = np.array([s.mean for s in self._numeric], np.float64)
         self._scales = np.array([s.scale for s in self._numeric], np.float64)
         self._buckets = np.array([s.buckets for s in self._with_table], np.int64)
-        self._log1p = [s.transform == "log1p" for s in self._numeric]
         # the kernel's counts rows (numeric, then tables) in declaration order
         grouped = [s.name for s in self._numeric + self._with_table]
         self._count_rows = np.array([grouped.index(n) for n in self.input_names], np.int64)
@@ -236,12 +236,7 @@ class ScoringModel:
         values = np.empty_like(numbers)
         for i, spec in enumerate(numeric):
             numbers[i] = stored_column(spec, inputs, n)
-        with np.errstate(all="ignore"):  # NaN (absent) and bad values stay NaN / inf
-            for i, log1p in enumerate(self._log1p):
-                if log1p:
-                    np.log1p(numbers[i], out=values[i])
-                else:
-                    values[i] = numbers[i]
+            values[i] = transformed(spec, numbers[i])
         hashes = np.empty((len(with_table), n), np.int64)
         for k, spec in enumerate(with_table):
             hashes[k] = stored_column(spec, inputs, n)

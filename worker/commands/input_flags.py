@@ -8,6 +8,7 @@ import argparse
 import json
 
 from worker.commands.args import csv
+from worker.common.events import EVENT_FIELDS
 from worker.common.settings import SettingsError
 
 DEFAULT_BUCKETS = 1024
@@ -102,6 +103,6 @@ def absent_inputs_warning(coverage: dict[str, float], events: list[dict]) -> str
     missing = [name for name, share in coverage.items() if share == 0]
     if not missing:
         return None
-    seen = sorted({k for e in events[:10_000] for k in e} - {"user_id", "type", "ts", "event_id"})
+    seen = sorted({k for e in events[:10_000] for k in e} - EVENT_FIELDS)
     return (f"warning: no event carries input(s) {', '.join(missing)}: they learn nothing "
             f"(the events' other fields: {', '.join(seen) or 'none'})")  # fmt: skip

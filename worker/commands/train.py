@@ -292,7 +292,7 @@ def run_train(args: argparse.Namespace) -> int:
     warning = seconds_warning(events)
     if warning:
         print(warning, file=sys.stderr)
-    names = [d["name"] for d in config.model_dump()["inputs"]]
+    names = [d.name for d in config.inputs]
     coverage = input_coverage(events, names) if names else None
     warning = absent_inputs_warning(coverage, events) if coverage else None
     if warning:
