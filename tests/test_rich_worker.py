@@ -65,6 +65,20 @@ def publish_raw(r, events: list[dict]) -> None:
             r.xadd(stream, {key: str(v) for key, v in e.items()})
 
 
+def assert_worker_scored_as_score_does(r, path, events: list[dict]) -> dict[str, float]:
+    """The worker's score entries are `intentstream score`'s scores of the same events (as
+    JSON lines), matched by event id; returns score's, by event id."""
+    offline = run_cli("score", "--model", str(path),
+                      stdin="\n".join(json.dumps(e) for e in events))  # fmt: skip
+    assert offline.returncode == 0, offline.stderr
+    want = {e["event_id"]: json.loads(line)["score"]
+            for e, line in zip(events, offline.stdout.splitlines(), strict=True)}  # fmt: skip
+    got = {row["event_id"]: float(row["score"]) for row in score_entries(r, partitions=P)}
+    assert set(got) == set(want)
+    np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=2e-5)
+    return want
+
+
 def test_the_worker_scores_declared_inputs_as_score_does_across_restarts(redis_server, tmp_path):
     model = random_model(TYPES, hidden=8, features=["gap"], seed=5, inputs=INPUTS,
                          session_gap_seconds=60.0)  # fmt: skip
@@ -93,14 +107,7 @@ def test_the_worker_scores_declared_inputs_as_score_does_across_restarts(redis_s
     finally:
         assert second.terminate() == 0
 
-    offline = run_cli("score", "--model", str(path),
-                      stdin="\n".join(json.dumps(e) for e in events))  # fmt: skip
-    assert offline.returncode == 0, offline.stderr
-    want = {e["event_id"]: json.loads(line)["score"]
-            for e, line in zip(events, offline.stdout.splitlines(), strict=True)}  # fmt: skip
-    got = {row["event_id"]: float(row["score"]) for row in score_entries(r, partitions=P)}
-    assert set(got) == set(want)
-    np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=2e-5)
+    assert_worker_scored_as_score_does(r, path, events)
     # the item memory is in the state, packed per input
     some = as_fields(r.hgetall(f"intentstream:state:{{{partition_of('u1', P)}}}:u1"))
     assert b"product_id" in some.get(b"items", b"")
@@ -184,13 +191,7 @@ def test_events_sent_by_intentstream_publish_carry_their_inputs(redis_server, tm
         wait_for(lambda: count_scores(r, partitions=P) >= len(events), what="all scores")
     finally:
         assert worker.terminate() == 0
-    offline = run_cli("score", "--model", str(path), stdin=lines)
-    assert offline.returncode == 0, offline.stderr
-    want = {e["event_id"]: json.loads(line)["score"]
-            for e, line in zip(events, offline.stdout.splitlines(), strict=True)}  # fmt: skip
-    got = {row["event_id"]: float(row["score"]) for row in score_entries(r, partitions=P)}
-    assert set(got) == set(want)
-    np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=2e-5)
+    want = assert_worker_scored_as_score_does(r, path, events)
     # the fields as sent: whole prices as their digits, booleans as their text, no nested
     # object, no null
     entries = [f for p in range(P) for _, f in r.xrange(f"intentstream:events:{{{p}}}")]
