@@ -199,3 +199,23 @@ def test_bench_commit_replays_every_commit_of_each_layout_beside_the_plain_write
     assert all(sorted(r[1::2]) == ["full", "lean", "plain"] for r in rounds), result.stdout
     assert re.search(r"medians: full [\d.]+, lean [\d.]+, plain writes [\d.]+ µs/event; "
                      r"lean / full [\d.]+", result.stdout), result.stdout  # fmt: skip
+
+
+def test_the_producer_packs_each_chunk_as_xadds_of_the_users_events():
+    import hiredis
+
+    from worker.bench.load import packed_chunks
+    from worker.bench.workload import STREAM
+
+    users = [f"u{i}" for i in range(7)]
+    chunks = packed_chunks(users, 5, 3)
+    assert len(chunks) == 3
+    for chunk in chunks:
+        reader = hiredis.Reader()
+        reader.feed(chunk)
+        commands = iter(reader.gets, False)
+        parsed = list(commands)
+        assert len(parsed) == 5
+        for cmd in parsed:
+            assert cmd[:3] == [b"XADD", STREAM.encode(), b"*"]
+            assert cmd[3] == b"user_id" and cmd[4].decode() in users and cmd[5] == b"type"
