@@ -213,8 +213,7 @@ def test_the_producer_packs_each_chunk_as_xadds_of_the_users_events():
     for chunk in chunks:
         reader = hiredis.Reader()
         reader.feed(chunk)
-        commands = iter(reader.gets, False)
-        parsed = list(commands)
+        parsed = list(iter(reader.gets, False))
         assert len(parsed) == 5
         for cmd in parsed:
             assert cmd[:3] == [b"XADD", STREAM.encode(), b"*"]

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from itertools import cycle
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -109,16 +110,21 @@ def produce(r: redis.Redis, users: list[str], rate: float, seconds: float) -> in
     chunk = max(1, round(rate / 500))
     chunks = packed_chunks(users, chunk, min(CHUNKS, max(1, round(rate * seconds / chunk))))
     conn = r.connection_pool.get_connection()
+    sent, t0 = 0, time.monotonic()
     try:
-        sent, t0 = 0, time.monotonic()
-        while time.monotonic() - t0 < seconds:
-            conn.send_packed_command([chunks[(sent // chunk) % len(chunks)]])
+        for packed in cycle(chunks):
+            if time.monotonic() - t0 >= seconds:
+                break
+            conn.send_packed_command([packed])
             for _ in range(chunk):
                 conn.read_response()  # an error reply raises: the run stops
             sent += chunk
             ahead = sent / rate - (time.monotonic() - t0)
             if ahead > 0:
                 time.sleep(ahead)
+    except BaseException:
+        conn.disconnect()  # replies may still be in flight on it
+        raise
     finally:
         r.connection_pool.release(conn)
     return sent
