@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from operator import itemgetter
 
 from model.input_bytes import RawInputs
 from worker.common.dedup import Producer
@@ -67,10 +66,10 @@ def _parsed_by_columns(
 ) -> Batch | None:
     """The batch parsed column by column (compute/columnar.py) when its entries are all
     valid events in one layout; else None."""
-    flats = list(map(itemgetter(1), entries))
+    flats = [e[1] for e in entries]
     if set(map(type, flats)) != {list} or not same_names(flats):
         return None
-    ids = list(map(itemgetter(0), entries))
+    ids = [e[0] for e in entries]
     cols = parsed_columns(ids, flats, partition, partitions, max_skew_ms)
     if cols is None:
         return None

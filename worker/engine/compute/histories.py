@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 import numba as nb
 import numpy as np
@@ -28,13 +29,11 @@ def extended_histories(
     values = np.empty((len(fields), len(ts)), "<i8")
     for i, (f, v) in enumerate(fields):
         values[i] = np.frombuffer(column_bytes(f[0], v), "<i8")
-    nothing = np.array([_bits(column_bytes(f[0], absent(f[0], 1))) for f, _ in fields], np.int64)
-    keys = [field_key(*f) for f, _ in fields]
+    nothing, keys, key_ends = _field_table(tuple(f for f, _ in fields))
     out, out_ends = _extend(
         np.frombuffer(b"".join(old), np.uint8), _ends(old),
         np.asarray(ts, np.int64)[order], ts_ends, codes[order], names, name_ends,
-        values[:, order], nothing, np.frombuffer(b"".join(keys), np.uint8), _ends(keys),
-        keep, *_gap_of(session_gap_ms),
+        values[:, order], nothing, keys, key_ends, keep, *_gap_of(session_gap_ms),
     )  # fmt: skip
     data, ends = out.tobytes(), out_ends.tolist()
     return [data[a:b] for a, b in zip([0, *ends][: len(ends)], ends, strict=True)]
@@ -46,6 +45,16 @@ def warm_up() -> None:
     extended_histories([b""], one, one, ["view"], 1, 0.0, {(HASH, "warm"): one})
     valid_histories([b"\xff" * 10])
     holding([b"\xff" * 10], "view")
+
+
+@lru_cache(maxsize=16)
+def _field_table(fields: tuple[Field, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel's view of the fields a history keeps: each one's absent value (as int64
+    bits), their headers as stored (concatenated) and where each ends; worked out once per
+    set of fields (a model's), not per batch."""
+    nothing = np.array([_bits(column_bytes(f[0], absent(f[0], 1))) for f in fields], np.int64)
+    keys = [field_key(*f) for f in fields]
+    return nothing, np.frombuffer(b"".join(keys), np.uint8), _ends(keys)
 
 
 def _ends(parts: Sequence[bytes]) -> np.ndarray:

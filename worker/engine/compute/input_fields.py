@@ -47,7 +47,7 @@ def _by_column(flats: list[list], names: tuple[bytes, ...]) -> RawInputs | None:
     if not picks:
         return None
     n = len(flats)
-    data = _SEP.join([_SEP.join(map(itemgetter(at), flats)) for _, at in picks])
+    data = _SEP.join([_SEP.join([f[at] for f in flats]) for _, at in picks])
     spans = nul_spans(data, len(picks) * n)
     if spans is None:
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import gt
 
 import numpy as np
 
@@ -145,8 +146,8 @@ class Commit:
 
 def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
     """For each valid event of the batch, the row of its user in `users`."""
-    row = {u: i for i, u in enumerate(users)}
-    return np.fromiter((row[u] for u in batch.users), np.int64, len(batch.users))
+    row = dict(zip(users, range(len(users)), strict=True))
+    return np.fromiter(map(row.__getitem__, batch.users), np.int64, len(batch.users))
 
 
 def distinct_users(batch: Batch) -> list[str]:
@@ -157,12 +158,8 @@ def distinct_users(batch: Batch) -> list[str]:
 def _applied_before(batch: Batch, states: UserStates, slot: np.ndarray) -> np.ndarray:
     """Events whose entry id is above their user's last applied id (docs/contract.md, User
     state and scores out)."""
-    last = states.last_id
-    return np.fromiter(
-        (k > last[s] for k, s in zip(batch.entry_keys, slot.tolist(), strict=True)),
-        np.bool_,
-        len(slot),
-    )
+    last = map(states.last_id.__getitem__, slot.tolist())
+    return np.fromiter(map(gt, batch.entry_keys, last), np.bool_, len(slot))
 
 
 def _advance(
@@ -314,9 +311,11 @@ def build_commit(
     remembered = memories_after(states.event_ids, slot, keep, batch.event_ids, batch.producers,
                                 event_id_window)  # fmt: skip
     idx = np.flatnonzero(keep)
-    k_slot = slot[idx]
-    types = [batch.types[i] for i in idx]
-    ts = np.fromiter((batch.ts[i] for i in idx), np.int64, len(idx))
+    picked = idx.tolist()  # plain ints index lists ~2x faster than numpy's
+    every = len(picked) == len(keep)  # the common case: no resend, nothing applied before
+    k_slot = slot if every else slot[idx]
+    types = batch.types if every else [batch.types[i] for i in picked]
+    ts = np.array(batch.ts if every else [batch.ts[i] for i in picked], np.int64)
     type_idx = model.type_indices(types)
     memory = memories_of(model.item_inputs, states.items) if model.item_inputs else None
     sh = states.shadow if shadow is not None else None
@@ -359,7 +358,7 @@ def build_commit(
     row_of_slot[touched] = np.arange(len(touched))
     applied = np.bincount(k_slot, minlength=len(states.users))[touched]
     touched_list = touched.tolist()
-    score_event_ids = [batch.event_ids[i] or batch.entry_ids[i] for i in idx.tolist()]
+    score_event_ids = [batch.event_ids[i] or batch.entry_ids[i] for i in picked]
     acted: dict = {}
     if rules is not None and len(rules):
         events = ScoredEvents(k_slot, types, type_idx, ts, scores, ts_before, columns)
@@ -405,7 +404,7 @@ def build_commit(
         scores=scores,
         score_ts=ts,
         score_event_ids=score_event_ids,
-        arrival_ms=np.fromiter((batch.entry_keys[i][0] for i in idx), np.float64, len(idx)),
+        arrival_ms=np.array([batch.entry_keys[i][0] for i in picked], np.float64),
         dead=batch.dead,
         outcomes=outcomes,
         unknown_types=int((type_idx == model.unknown_index).sum()),
