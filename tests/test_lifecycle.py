@@ -278,6 +278,52 @@ def test_label_samples_take_the_last_score_before_the_label_or_the_sessions_end(
     assert got[0].tolist() == [0.2, 0.5] and got[1].tolist() == [True, False]
 
 
+def _reference_samples(slot, types, ts, scores, last_score, last_ts, labelled, label, gap_ms):
+    """label_samples' definition, a Python step per event: a session's sample is its last
+    score before its label, or before it ended (the next event after the gap) unlabelled."""
+    prev_score, prev_ts, labelled = list(last_score), list(last_ts), set(labelled)
+    out = []
+    for r, name, t, s in zip(slot.tolist(), types, ts.tolist(), scores.tolist(), strict=True):
+        before = prev_score[r]
+        if gap_ms > 0 and prev_ts[r] >= 0 and t - prev_ts[r] > gap_ms:
+            if r not in labelled and before == before:
+                out.append((before, False))
+            labelled.discard(r)
+            before = float("nan")
+        if name == label and r not in labelled:
+            if before == before:
+                out.append((before, True))
+            labelled.add(r)
+        prev_score[r] = s
+        prev_ts[r] = max(prev_ts[r], t)
+    return out
+
+
+def test_label_samples_are_the_per_event_definitions_on_random_batches():
+    from worker.engine.compute.quality import label_samples
+    from worker.engine.compute.recent import extend_packed, names_of
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        users, n = int(rng.integers(1, 6)), int(rng.integers(1, 40))
+        slot = rng.integers(0, users, n)
+        types = [str(x) for x in rng.choice(["view", "cart", "purchase"], n, p=[0.6, 0.3, 0.1])]
+        ts = np.sort(rng.integers(0, 10**6, n))
+        scores = rng.random(n).astype(np.float32)
+        last_score = np.where(rng.random(users) < 0.3, np.nan, rng.random(users))
+        last_ts = np.where(rng.random(users) < 0.3, -1, rng.integers(0, 10**5, users))
+        had = rng.random(users) < 0.3  # the current session already had its label
+        recent = [
+            extend_packed(b"", [0], names_of(["purchase" if h else "view"]), 8, 0.0) for h in had
+        ]
+        gap = float(rng.choice([0.0, 1000.0, 50_000.5]))
+        got = label_samples(slot, types, ts, scores, last_score, last_ts, recent, "purchase", gap)
+        had_label = np.flatnonzero(had).tolist()
+        want = _reference_samples(slot, types, ts, scores.astype(np.float64), last_score,
+                                  last_ts, had_label, "purchase", gap)  # fmt: skip
+        assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == want
+
+
 def test_live_auc_of_the_current_model_is_exported(redis_server):
     from model.evaluate import roc_auc
     from tests.test_worker import scrape

@@ -31,6 +31,7 @@ from worker.engine.adapters.model_source import (
     RegistryModelSource,
 )
 from worker.engine.compute import columnar, histories, items, resends
+from worker.engine.compute import quality as live_quality
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, UserStates, build_commit
 from worker.engine.compute.quality import LiveQuality
@@ -93,8 +94,8 @@ class Models:
         self.rules: RuleTable | None = None  # the intent rules in force (engine/rulebook.py)
 
     def warm_up(self) -> None:
-        """Compile both models' kernels and the parse's, histories', item memories' and
-        inputs' ones, then pin BLAS to one thread."""
+        """Compile both models' kernels and the parse's, histories', item memories', live
+        quality's and inputs' ones, then pin BLAS to one thread."""
         self.current.warm_up()
         if self.shadow is not None:
             self.shadow.warm_up()
@@ -102,6 +103,7 @@ class Models:
         resends.warm_up()
         histories.warm_up()
         items.warm_up()
+        live_quality.warm_up()
         input_bytes.warm_up()
         resp.warm_up()
         pin_blas()

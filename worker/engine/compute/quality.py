@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 
+import numba as nb
 import numpy as np
 
 from worker.engine.compute.histories import holding
@@ -37,48 +38,56 @@ def label_samples(
     last_score and last_ts hold each row's state before the batch; `recent` tells whether
     the row's current session already had its label.
     """
-    rows = _rows_with_outcomes(k_slot, types, ts, last_ts, label_type, gap_ms)
+    is_label = np.fromiter(map(label_type.__eq__, types), np.bool_, len(types))
+    rows = _rows_with_outcomes(k_slot, is_label, ts, last_ts, gap_ms)
     if not rows:
         return np.zeros(0), np.zeros(0, bool)
-    mine = np.isin(k_slot, np.fromiter(rows, np.int64, len(rows)))
-    keep = np.flatnonzero(mine)
-    k_slot, ts, scores = k_slot[keep], ts[keep], scores[keep]
-    types = [types[i] for i in keep.tolist()]
-    # plain lists, advanced per row below: a numpy scalar and np.isnan per event cost more
-    # than the rest of the step (x != x is NaN's test)
-    prev_score = last_score.astype(np.float64).tolist()
-    prev_ts = last_ts.tolist()
+    labelled = np.zeros(len(last_score), np.bool_)
     listed = list(rows)
-    held = holding([recent[r] for r in listed], label_type)
-    labelled = {r for r, yes in zip(listed, held, strict=True) if yes}
-    out_scores: list[float] = []
-    out_labels: list[bool] = []
-    for r, name, t, s in zip(k_slot.tolist(), types, ts.tolist(), scores.tolist(), strict=True):
+    labelled[listed] = holding([recent[r] for r in listed], label_type)
+    return _samples(np.ascontiguousarray(k_slot, np.int64), is_label,
+                    np.ascontiguousarray(ts, np.int64), np.asarray(scores, np.float64),
+                    last_score.astype(np.float64), last_ts.astype(np.int64), labelled,
+                    float(gap_ms))  # fmt: skip
+
+
+@nb.njit(cache=True)
+def _samples(k_slot, is_label, ts, scores, prev_score, prev_ts, labelled, gap_ms):
+    """The samples of a batch's events in order: each row's session ends (the next event
+    comes after the gap) and label events, from its score and time before the batch
+    (prev_score, prev_ts, advanced here) and whether its session already had its label.
+    Only rows with a label event or a session end in the batch give samples (the caller
+    fills `labelled` for those)."""
+    n = k_slot.shape[0]
+    out_scores = np.empty(2 * n, np.float64)
+    out_labels = np.empty(2 * n, np.bool_)
+    m = 0
+    for e in range(n):
+        r, t = k_slot[e], ts[e]
         before = prev_score[r]
         if gap_ms > 0 and prev_ts[r] >= 0 and t - prev_ts[r] > gap_ms:  # a session ended
-            if r not in labelled and before == before:
-                out_scores.append(before)
-                out_labels.append(False)
-            labelled.discard(r)
+            if not labelled[r] and before == before:
+                out_scores[m], out_labels[m] = before, False
+                m += 1
+            labelled[r] = False
             before = np.nan  # a new session has no score before its first event
-        if name == label_type and r not in labelled:
+        if is_label[e] and not labelled[r]:
             if before == before:
-                out_scores.append(before)
-                out_labels.append(True)
-            labelled.add(r)
-        prev_score[r] = s
+                out_scores[m], out_labels[m] = before, True
+                m += 1
+            labelled[r] = True
+        prev_score[r] = scores[e]
         if t > prev_ts[r]:
             prev_ts[r] = t
-    return np.asarray(out_scores, np.float64), np.asarray(out_labels, bool)
+    return out_scores[:m], out_labels[:m]
 
 
 def _rows_with_outcomes(
-    k_slot: np.ndarray, types: list[str], ts: np.ndarray, last_ts: np.ndarray,
-    label_type: str, gap_ms: float,
+    k_slot: np.ndarray, is_label: np.ndarray, ts: np.ndarray, last_ts: np.ndarray,
+    gap_ms: float,
 ) -> set[int]:  # fmt: skip
     """The rows with a label event or a session end in the batch (the only ones that can
     give a sample), found without a Python step per event."""
-    is_label = np.fromiter(map(label_type.__eq__, types), np.bool_, len(types))
     rows = set(k_slot[is_label].tolist())
     if gap_ms > 0 and len(k_slot):
         order = np.argsort(k_slot, kind="stable")
@@ -91,6 +100,12 @@ def _rows_with_outcomes(
         ended = (prev >= 0) & (times - prev > gap_ms)
         rows.update(np.unique(slots[ended]).tolist())
     return rows
+
+
+def warm_up() -> None:
+    """Compile (or load from cache) the samples kernel now, not on the first batch."""
+    one = np.zeros(1, np.int64)
+    label_samples(one, ["purchase"], one, np.zeros(1), np.zeros(1), one, [b""], "purchase", 1.0)
 
 
 class LiveQuality:
