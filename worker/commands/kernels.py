@@ -36,18 +36,11 @@ def _tiny_batch():
 
 
 def _compile_scoring() -> None:
-    from model import input_bytes
     from model.scoring import ScoringModel
-    from worker.engine.adapters import resp
-    from worker.engine.compute import columnar, histories, items, resends
+    from worker.engine.models import warm_up_worker_kernels
 
     ScoringModel(_tiny_model()).warm_up()
-    histories.warm_up()  # the worker's own kernels beside the model's
-    items.warm_up()
-    columnar.warm_up()
-    resends.warm_up()
-    input_bytes.warm_up()
-    resp.warm_up()
+    warm_up_worker_kernels()  # the worker's own kernels beside the model's
 
 
 def _compile_training() -> None:

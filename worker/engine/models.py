@@ -75,6 +75,19 @@ def state_space(model: ScoringModel) -> str:
     return state_space_of(model.model.meta.model_extra or {}, model.version)
 
 
+def warm_up_worker_kernels() -> None:
+    """Compile (or load from cache) the worker's own kernels, beside the models': the parse's,
+    the resends', the histories', the item memories', live quality's, the inputs' and the
+    commit framing's. The image's build step calls this too (worker/commands/kernels.py)."""
+    columnar.warm_up()
+    resends.warm_up()
+    histories.warm_up()
+    items.warm_up()
+    live_quality.warm_up()
+    input_bytes.warm_up()
+    resp.warm_up()
+
+
 class Models:
     """One worker's current and shadow models, swapped only between batches."""
 
@@ -94,18 +107,12 @@ class Models:
         self.rules: RuleTable | None = None  # the intent rules in force (engine/rulebook.py)
 
     def warm_up(self) -> None:
-        """Compile both models' kernels and the parse's, histories', item memories', live
-        quality's and inputs' ones, then pin BLAS to one thread."""
+        """Compile both models' kernels and the worker's own (`warm_up_worker_kernels`), then
+        pin BLAS to one thread."""
         self.current.warm_up()
         if self.shadow is not None:
             self.shadow.warm_up()
-        columnar.warm_up()
-        resends.warm_up()
-        histories.warm_up()
-        items.warm_up()
-        live_quality.warm_up()
-        input_bytes.warm_up()
-        resp.warm_up()
+        warm_up_worker_kernels()
         pin_blas()
 
     def spec(self) -> StateSpec:
