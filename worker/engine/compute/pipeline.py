@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import gt
+from operator import gt, itemgetter
 
 import numpy as np
 
@@ -350,13 +350,14 @@ def build_commit(
 
     # The users written are those with at least one scored event; each state row takes the
     # values of the user's last scored event.
-    touched = np.unique(k_slot)
+    applied_to = np.bincount(k_slot, minlength=len(states.users))  # events per row
+    touched = np.flatnonzero(applied_to)  # np.unique's rows, ~10x faster for small ints
     last_event = np.full(len(states.users), -1, np.int64)
     np.maximum.at(last_event, k_slot, np.arange(len(idx)))
     last_of_user = idx[last_event[touched]]
     row_of_slot = np.zeros(len(states.users), np.int64)
     row_of_slot[touched] = np.arange(len(touched))
-    applied = np.bincount(k_slot, minlength=len(states.users))[touched]
+    applied = applied_to[touched]
     touched_list = touched.tolist()
     score_event_ids = [batch.event_ids[i] or batch.entry_ids[i] for i in picked]
     acted: dict = {}
@@ -375,12 +376,20 @@ def build_commit(
     # The shadow's item memories are kept too (under their input names, the current model's
     # first where both declare one), so its flags survive batches before its promotion.
     kept = {**(sh_memory or {}), **(memory or {})}
+    if len(touched_list) == len(states.users):  # the common case: every user is written
+        written_users = list(states.users)
+    else:
+        written_users = [states.users[s] for s in touched_list]
+    if every:
+        arrival_ms = np.fromiter(map(itemgetter(0), batch.entry_keys), np.float64, len(picked))
+    else:
+        arrival_ms = np.array([batch.entry_keys[i][0] for i in picked], np.float64)
     return Commit(
         partition=batch.partition,
         model=model.version,
         seq=states.seq,
         ack_ids=batch.ids,
-        users=[states.users[s] for s in touched_list],
+        users=written_users,
         h=states.h[touched],
         user_scores=scores[last_event[touched]],
         last_scored=last_event[touched],
@@ -404,7 +413,7 @@ def build_commit(
         scores=scores,
         score_ts=ts,
         score_event_ids=score_event_ids,
-        arrival_ms=np.array([batch.entry_keys[i][0] for i in picked], np.float64),
+        arrival_ms=arrival_ms,
         dead=batch.dead,
         outcomes=outcomes,
         unknown_types=int((type_idx == model.unknown_index).sum()),
