@@ -76,7 +76,7 @@ def multi_writes(commit: Commit, script: CommitScript) -> tuple[bytes, int]:
     rules, actions, dead letters or rewrites; no state TTL): WATCH, the script's check reads,
     then MULTI, its writes in its order and EXEC, as one pipeline's bytes, and the number of its
     replies."""
-    c, keys = commit, script._keys(commit)
+    c, keys = commit, script.pack(commit)[0]  # the script's KEYS
     events, scores_key, dead, lease, seq, acked, last_commit = keys[:7]
     text = decimals(c.scores)
     h, score, last_id, last_ts, n, recent, event_ids = map(

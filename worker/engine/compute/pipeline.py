@@ -155,6 +155,11 @@ def distinct_users(batch: Batch) -> list[str]:
     return list(dict.fromkeys(batch.users))
 
 
+def _taken(values: list, picked: list[int], every: bool) -> list:
+    """The values at `picked`: the list itself when `every` (it picks them all)."""
+    return values if every else [values[i] for i in picked]
+
+
 def _applied_before(batch: Batch, states: UserStates, slot: np.ndarray) -> np.ndarray:
     """Events whose entry id is above their user's last applied id (docs/contract.md, User
     state and scores out)."""
@@ -314,8 +319,8 @@ def build_commit(
     picked = idx.tolist()  # plain ints index lists ~2x faster than numpy's
     every = len(picked) == len(keep)  # the common case: no resend, nothing applied before
     k_slot = slot if every else slot[idx]
-    types = batch.types if every else [batch.types[i] for i in picked]
-    ts = np.array(batch.ts if every else [batch.ts[i] for i in picked], np.int64)
+    types = _taken(batch.types, picked, every)
+    ts = np.array(_taken(batch.ts, picked, every), np.int64)
     type_idx = model.type_indices(types)
     memory = memories_of(model.item_inputs, states.items) if model.item_inputs else None
     sh = states.shadow if shadow is not None else None
@@ -380,10 +385,8 @@ def build_commit(
         written_users = list(states.users)
     else:
         written_users = [states.users[s] for s in touched_list]
-    if every:
-        arrival_ms = np.fromiter(map(itemgetter(0), batch.entry_keys), np.float64, len(picked))
-    else:
-        arrival_ms = np.array([batch.entry_keys[i][0] for i in picked], np.float64)
+    arrival_ms = np.fromiter(map(itemgetter(0), _taken(batch.entry_keys, picked, every)),
+                             np.float64, len(picked))  # fmt: skip
     return Commit(
         partition=batch.partition,
         model=model.version,
