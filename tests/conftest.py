@@ -9,9 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from model.artifact import save_model
 from tests.golden import golden_model
+
+# Hypothesis's timing checks (a deadline per example, a health check on slow generation) are
+# timed assertions: on two cores shared by four pytest workers, some of which compile kernels
+# or start clusters, one draw once took 2.4 s and failed a run that had found no bug.
+settings.register_profile(
+    "intentstream", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("intentstream")
 
 # A test that starts redis-server or a subprocess is an integration test: `pytest -m "not
 # integration"` runs the rest in seconds. Marked here from what a test uses, so a new test
