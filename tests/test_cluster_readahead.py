@@ -105,6 +105,32 @@ def test_commits_read_ahead_on_their_node_only(cluster, model_path):
     assert_scored_once_as_offline(r, events, model_path)
 
 
+def test_each_nodes_next_batch_is_computed_ahead_behind_other_nodes_batches(cluster, model_path):
+    """A node's last batch of a round commits with its node's next batch computed ahead, even
+    when other nodes' batches come first in the queue: on a backlog, at most one commit a
+    node goes out alone (Redis running it while the worker waits for the reply)."""
+    r, events = published(cluster.url, seed=12)
+    consumer = cluster_consumer(cluster.url, model_path)
+    _, used = recorded(consumer)
+    alone, run = [], consumer.committer.run
+    consumer.committer.run = lambda commit, *a: alone.append(commit.partition) or run(commit, *a)
+    ticks = 0
+    while consumer.metrics.count("scored") < len(events):
+        consumer.tick()
+        ticks += 1
+        assert ticks < 5_000, "stuck"
+    batches = len(used)
+    computed_ahead = sum(a is not None for a in used)
+    assert batches > 3 * P
+    # each node's first batch is computed in line; a node whose partitions all wait in
+    # blocking reads at the backlog's end may send one alone. Before the node's next batch
+    # was looked for behind other nodes' (44 batches: 26 computed ahead, 12 sent alone).
+    nodes = len(consumer.r.get_primaries())
+    assert computed_ahead >= batches - 2 * nodes, (computed_ahead, batches, alone)
+    assert len(alone) <= nodes, alone
+    assert_scored_once_as_offline(r, events, model_path)
+
+
 def test_a_stale_slot_map_redirects_the_commit_and_nothing_doubles(cluster, model_path):
     r, events = published(cluster.url, seed=10)
     consumer = cluster_consumer(cluster.url, model_path)

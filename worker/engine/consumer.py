@@ -280,14 +280,19 @@ class Consumer:
                 and bool(still)
                 and not any(self.parts[p].cursor.draining for p in still)
             )
-            upcoming = self.parts.peek()
-            if upcoming is not None and self.nodes.name(upcoming.partition) != node:
-                upcoming = None  # on another node: no one connection to pipeline on
+            # The node's next batch, even when another node's comes first in the queue (a
+            # node's last batch of a round, its read ahead queued behind the other nodes'):
+            # nothing of its partition commits before it, so its states read now still hold.
+            upcoming = self.parts.peek(self._node_parts(node))
             self._guarded(batch.partition, self.process, batch,
                           still if read_ahead else None, upcoming)  # fmt: skip
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
             self.maintenance.run(self._readable())
             self._last_maintenance = now
+
+    def _node_parts(self, node: str) -> set[int] | None:
+        """The held partitions on `node`; None (all) on one Redis."""
+        return set(self.nodes.on_node(node, sorted(self.ownership.owned))) if self.cluster else None
 
     def _readable(self) -> list[int]:
         """Held partitions not backing off after bad data."""

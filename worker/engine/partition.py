@@ -118,13 +118,15 @@ class Partitions:
             parts = [part for part in parts if part.number in among]
         return sum(len(part.queued) for part in parts)
 
-    def _first(self) -> Partition | None:
+    def _first(self, among: Collection[int] | None = None) -> Partition | None:
         parts = self._queueing()
+        if among is not None:
+            parts = [part for part in parts if part.number in among]
         return min(parts, key=lambda part: part.queued[0][0]) if parts else None
 
-    def peek(self) -> Batch | None:
-        """The batch queued first, left queued."""
-        first = self._first()
+    def peek(self, among: Collection[int] | None = None) -> Batch | None:
+        """The batch queued first (of the partitions `among`, when given), left queued."""
+        first = self._first(among)
         return first.queued[0][1] if first is not None else None
 
     def pop(self) -> Batch | None:
