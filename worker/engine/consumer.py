@@ -271,28 +271,25 @@ class Consumer:
             if batch is None:
                 break  # a failure dropped the rest
             node = self.nodes.name(batch.partition)
-            still = [p for p in self.nodes.on_node(node, self._readable()) if p not in self.parked]
+            on_node = self.nodes.on_node(node, self._readable())
+            still = [p for p in on_node if p not in self.parked]
             # A commit travels with a read ahead of its node's partitions while at most one
-            # batch of them is queued (new entries only: pending ones are read in order),
-            # and the next queued batch, if of that node, is computed while Redis runs it.
+            # batch of them is queued (new entries only: pending ones are read in order).
             read_ahead = (
                 self.parts.queued(set(still)) <= 1
                 and bool(still)
                 and not any(self.parts[p].cursor.draining for p in still)
             )
-            # The node's next batch, even when another node's comes first in the queue (a
-            # node's last batch of a round, its read ahead queued behind the other nodes'):
-            # nothing of its partition commits before it, so its states read now still hold.
-            upcoming = self.parts.peek(self._node_parts(node))
+            # The node's next queued batch is computed while Redis runs the commit, even when
+            # another node's comes first in the queue (a node's last batch of a round, its
+            # read ahead queued behind the other nodes'): nothing of its partition commits
+            # before it, so the states read with this commit still hold.
+            upcoming = self.parts.peek(set(on_node) if self.cluster else None)
             self._guarded(batch.partition, self.process, batch,
                           still if read_ahead else None, upcoming)  # fmt: skip
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
             self.maintenance.run(self._readable())
             self._last_maintenance = now
-
-    def _node_parts(self, node: str) -> set[int] | None:
-        """The held partitions on `node`; None (all) on one Redis."""
-        return set(self.nodes.on_node(node, sorted(self.ownership.owned))) if self.cluster else None
 
     def _readable(self) -> list[int]:
         """Held partitions not backing off after bad data."""
