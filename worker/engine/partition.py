@@ -105,23 +105,20 @@ class Partitions:
             part.queued.append((next(self._order), batch))
             self._busy[part.number] = part
 
-    def _queueing(self) -> list[Partition]:
-        """The partitions with batches queued (a forgotten one has none)."""
+    def _queueing(self, among: Collection[int] | None = None) -> list[Partition]:
+        """The partitions with batches queued (a forgotten one has none), all or those
+        `among`."""
         for p in [p for p, part in self._busy.items() if not part.queued]:
             del self._busy[p]
-        return list(self._busy.values())
+        parts = list(self._busy.values())
+        return parts if among is None else [part for part in parts if part.number in among]
 
     def queued(self, among: Collection[int] | None = None) -> int:
         """How many batches are queued, over all partitions or those `among`."""
-        parts = self._queueing()
-        if among is not None:
-            parts = [part for part in parts if part.number in among]
-        return sum(len(part.queued) for part in parts)
+        return sum(len(part.queued) for part in self._queueing(among))
 
     def _first(self, among: Collection[int] | None = None) -> Partition | None:
-        parts = self._queueing()
-        if among is not None:
-            parts = [part for part in parts if part.number in among]
+        parts = self._queueing(among)
         return min(parts, key=lambda part: part.queued[0][0]) if parts else None
 
     def peek(self, among: Collection[int] | None = None) -> Batch | None:
