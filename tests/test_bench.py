@@ -78,7 +78,7 @@ def test_bench_reports_ratios_redis_cpu_latency_and_memory():
         assert re.search(rf"^{name} +3000 +[\d,]+ .* [\d.]+ +[\d,]+ [\d,]+$", out, re.M), name
     assert re.search(r"a / f \(worker / competent consumer\): [\d.]+ median", out)
     assert re.search(r"a / b \(model on / I/O path\): [\d.]+ median", out)
-    assert re.search(r"a worker +evalsha [\d.]+", out)
+    assert re.search(r"a worker +exec [\d.]+", out)  # the commit's transaction
     assert re.search(r"real worker process, history-events 32: [\d,]+ events/s .* Redis CPU "
                      r"[\d.]+ µs/event, worker CPU [\d.]+ µs/event; / f = [\d.]+", out)  # fmt: skip
     # the 50% row: target, reached rate, events, p50, p99, max, the load average at its start
@@ -197,39 +197,40 @@ def test_bench_commit_replays_every_commit_of_each_layout_beside_the_plain_write
     assert [k for k, _ in rounds] == ["1", "2"], result.stdout
     for _, figures in rounds:  # every variant once a round, each with its µs/event
         named = dict(re.fullmatch(r"(\w+) ([\d.]+)", x).groups() for x in figures.split(", "))
-        assert sorted(named) == ["args", "full", "lean", "multi", "plain"], result.stdout
+        assert sorted(named) == ["full", "lean", "plain"], result.stdout
     assert re.search(r"medians: full [\d.]+, lean [\d.]+, plain writes [\d.]+ µs/event; "
                      r"lean / full [\d.]+", result.stdout), result.stdout  # fmt: skip
-    assert re.search(r"probes: .* \(multi\) [\d.]+ µs/event, [\d.]+ of the script's; its "
-                     r"arguments alone \(args\) [\d.]+", result.stdout), result.stdout  # fmt: skip
 
 
-def test_the_multi_probe_writes_what_the_commit_script_writes(redis_server):
-    """The commit bench's `multi` probe (the full layout's writes in MULTI/EXEC) leaves the
-    states, score entries, acknowledgements and sequence the script leaves."""
+def test_the_commit_bench_replays_what_the_worker_commits(redis_server):
+    """The commit bench's replay (checks and transaction in one pipeline) leaves the states,
+    score entries, acknowledgements and sequence that the worker's commit leaves, run the
+    worker's way (two round trips, the checks judged)."""
     from model.scoring import ScoringModel
     from worker.bench import commit_cost as cc
     from worker.bench.pipeline_cpu import entries_of, pipeline_commits
     from worker.bench.workload import GROUP, KEYS, STREAM
-    from worker.engine.adapters.commit import CommitLimits, CommitScript
+    from worker.engine.adapters.commit import CommitLimits, Committer
 
     r = connect(redis_server.url)
     model = ScoringModel(random_model([*EVENT_TYPES, LABEL_TYPE], hidden=8, seed=0), "1")
     batches = entries_of(list(synthetic_events(2000, 150, seed=3)), ())
     commits = list(pipeline_commits(model, batches, 32))
-    script = CommitScript(r, KEYS, GROUP, cc.CONSUMER, cc.HOLDER,
+    committer = Committer(r, KEYS, GROUP, cc.CONSUMER, cc.HOLDER,
                           CommitLimits(10**9, 10_000, 512, 0), "full")  # fmt: skip
 
-    def left(sends) -> tuple:
-        cc.replay_cpu(r, batches, sends)
+    def left() -> tuple:
         states = {k: r.hgetall(k) for k in r.scan_iter(match=KEYS.state(0, "*"))}
         scores = [f for _, f in r.xrange(KEYS.scores(0))]
         return states, scores, r.xpending(STREAM, GROUP)["pending"], r.get(KEYS.commit_seq(0))
 
-    by_script = left([(script.command(c), 1) for c in commits])
-    by_multi = left([cc.multi_writes(c, script) for c in commits])
-    assert by_script[0] and by_script[1]
-    assert by_multi == by_script
+    cc.replay_cpu(r, batches, [cc.worker_commit(c, committer) for c in commits])
+    replayed = left()
+    cc._pending(r, batches)
+    for c in commits:
+        committer.run(c)
+    assert replayed[0] and replayed[1]
+    assert left() == replayed
 
 
 def test_the_producer_packs_each_chunk_as_xadds_of_the_users_events():

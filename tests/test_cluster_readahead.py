@@ -178,15 +178,15 @@ def test_commits_sent_alone_on_a_stale_slot_map_are_redirected_and_nothing_doubl
 ):
     """Commits without a read ahead (an idle partition's, the last of a backlog) go packed
     to the partition's node too: when the slot map is stale the node answers MOVED, the
-    commit did not run, and the cluster client sends it again."""
+    commit did not run, and it is sent again to the slot's node by a fresh slot map."""
     r, events = published(cluster.url, seed=11)
     consumer = cluster_consumer(cluster.url, model_path)
     committer, redirected, sends = consumer.committer, [], []
-    packed, run = committer._packed, committer.run
+    on, run = committer._on, committer.run
 
     def record(client, commit):
         try:
-            return packed(client, commit)
+            return on(client, commit)
         except REDIRECTS as exc:
             redirected.append(exc)
             raise
@@ -200,7 +200,7 @@ def test_commits_sent_alone_on_a_stale_slot_map_are_redirected_and_nothing_doubl
             node = consumer.nodes.client(commit.partition)
         return run(commit, node)
 
-    committer._packed, committer.run = record, stale_run
+    committer._on, committer.run = record, stale_run
     # every commit alone: none pipelined with reads ahead
     consumer._commit_and_prefetch = lambda commit, *_: committer.run(
         commit, consumer.nodes.node_client(commit.partition)
@@ -211,7 +211,7 @@ def test_commits_sent_alone_on_a_stale_slot_map_are_redirected_and_nothing_doubl
         ticks += 1
         assert ticks < 5_000, "stuck"
     assert len(sends) > 20 and all(node is not None for node in sends)
-    assert len(redirected) > 3  # MOVED from the stale node, then sent by the cluster client
+    assert len(redirected) > 3  # MOVED from the stale node, then sent to the slot's node
     assert_scored_once_as_offline(r, events, model_path)
     assert consumer.metrics.count("scored") == len(events)
 

@@ -1,4 +1,5 @@
-"""The commit script called directly against a real Redis: ok, applied, and every refusal."""
+"""The commit (checks under WATCH, then MULTI/EXEC) called directly against a real Redis: ok,
+applied, every refusal, and a change between the checks and EXEC."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import redis
 
 from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, golden_model
-from worker.common.connection import connect
+from worker.common.connection import connect, read_replies
 from worker.common.keys import Keys
 from worker.engine.adapters.commit import (
     MAX_DEAD_FIELDS,
     CommitLimits,
     CommitRefusedError,
-    CommitScript,
+    Committer,
     dead_letter_items,
 )
 from worker.engine.compute.batch import DeadLetter, parse_batch
@@ -35,7 +36,7 @@ class Setup:
         self.r = connect(url)
         self.r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
         self.r.set(KEYS.lease(0), HOLDER)
-        self.script = CommitScript(self.r, KEYS, GROUP, CONSUMER, HOLDER, LIMITS)
+        self.script = Committer(self.r, KEYS, GROUP, CONSUMER, HOLDER, LIMITS)
         self.model = ScoringModel(golden_model(), version="1")
 
     def read(self, *events: dict, consumer: str = CONSUMER):
@@ -75,11 +76,66 @@ def test_ok_writes_everything_and_a_resend_reports_applied(setup):
     assert setup.r.xlen(KEYS.scores(0)) == 3
 
 
-def test_a_commit_after_redis_lost_the_script_loads_it_and_applies(setup):
+def test_a_commit_needs_no_script_in_redis(setup):
     setup.r.script_flush()  # as after a restart without persistence of scripts
     result = setup.script.run(setup.commit_of(setup.read(alice("view"))))
     assert not result.resent and setup.r.xlen(KEYS.scores(0)) == 1 and setup.pending() == 0
-    assert setup.r.script_exists(setup.script.sha) == [True]
+
+
+def checked(setup, commit) -> list:
+    """The replies to the commit's WATCH and checks, sent on a connection of its own (kept
+    in setup.conn for the writes)."""
+    setup.conn = setup.r.connection_pool.get_connection()
+    command, n = setup.script.checks(commit)
+    setup.conn.send_packed_command([command])
+    return read_replies(setup.conn, n)
+
+
+def test_a_watched_key_changed_after_the_checks_applies_nothing(setup):
+    commit = setup.commit_of(setup.read(alice("view")))
+    replies = checked(setup, commit)
+    setup.r.incr(KEYS.commit_seq(0))  # another commit landed between the checks and EXEC
+    result = setup.script.finish(setup.conn, commit, None, replies)
+    assert isinstance(result, CommitRefusedError) and result.reason == "conflict"
+    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.pending() == 1
+    assert setup.r.exists(KEYS.state(0, "alice")) == 0
+    # the connection is clean: the commit, read at the new sequence and checked again on
+    # it, applies
+    commit.seq = setup.r.get(KEYS.commit_seq(0))
+    assert not setup.script.finish(setup.conn, commit, None, checked(setup, commit)).resent
+    assert setup.r.xlen(KEYS.scores(0)) == 1 and setup.pending() == 0
+
+
+def test_a_lease_taken_after_the_checks_applies_nothing(setup):
+    commit = setup.commit_of(setup.read(alice("view")))
+    replies = checked(setup, commit)
+    setup.r.set(KEYS.lease(0), "another:process")
+    result = setup.script.finish(setup.conn, commit, None, replies)
+    assert isinstance(result, CommitRefusedError) and setup.pending() == 1
+    assert setup.r.xlen(KEYS.scores(0)) == 0
+
+
+def test_a_check_that_fails_on_data_raises_and_writes_nothing(setup):
+    commit = setup.commit_of(setup.read(alice("view")))
+    setup.r.delete(STREAM)
+    setup.r.set(STREAM, "not a stream")  # the events key of another type: XPENDING fails
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        setup.script.run(commit)
+    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.r.exists(KEYS.state(0, "alice")) == 0
+    assert setup.r.get(KEYS.commit_seq(0)) is None
+
+
+def test_a_user_that_may_not_watch_never_writes(setup):
+    """An ACL user without WATCH (an old deployment's worker user): the writes would run
+    unguarded, so none is sent."""
+    setup.r.acl_setuser("nowatch", enabled=True, passwords=["+pw"], keys=["*"],
+                        commands=["+@all", "-watch"])  # fmt: skip
+    url = setup.r.connection_pool.connection_kwargs
+    r = redis.Redis(host=url["host"], port=url["port"], username="nowatch", password="pw")
+    script = Committer(r, KEYS, GROUP, CONSUMER, HOLDER, LIMITS)
+    with pytest.raises(redis.ResponseError, match=r"NOPERM|permission"):
+        script.run(setup.commit_of(setup.read(alice("view"))))
+    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.pending() == 1
 
 
 def test_a_commit_whose_connection_was_killed_applies_once(setup, redis_server):

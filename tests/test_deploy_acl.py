@@ -487,8 +487,12 @@ JOBS: dict[str, list[list[str]]] = {
         ["HSETNX", "intentstream:config", "partitions", "2"],
         ["FUNCTION", "LOAD", "x"], ["GET", "intentstream:model:current"],
         ["STRLEN", "intentstream:model:1"], ["LRANGE", "intentstream:model:history", "0", "-1"],
+        # the commit (adapters/commit.py): the checks under WATCH, then MULTI/EXEC
+        ["WATCH", "intentstream:lease:{0}", "intentstream:seq:{0}", SC0, D0, A0],
+        ["XPENDING", E0, "g", "1-1", "1-1", "1", "c"], ["GET", "intentstream:lastcommit:{0}"],
+        ["TIME"], ["MULTI"], ["INCR", "intentstream:seq:{0}"], ["EXEC"],
         # the intent rules (adapters/rule_source.py, common/rule_store.py) and the actions,
-        # which the commit script writes (TYPE, XADD: Redis checks them against the caller)
+        # which the commit writes (TYPE, XADD: Redis checks them against the caller)
         ["HGET", RU, ":version"], ["HGETALL", RU], ["TYPE", RU],
         ["SUBSCRIBE", "intentstream:rules:updates"], ["TYPE", A0],
         ["XADD", A0, "MAXLEN", "~", "1000000", "*", "user_id", "u", "rule", "r"],
@@ -548,6 +552,12 @@ SHARED = {
     ("worker", "STRLEN intentstream:model:1"), ("worker", "GET intentstream:model:meta:1"),
     ("worker", "HGET intentstream:config partitions"), ("worker", f"HGETALL {ST0}"),
     ("worker", f"XLEN {A0}"), ("producer", "HGET intentstream:config partitions"),
+    # the worker's commit watches its keys as the ruler does the rules (a read)
+    ("worker", f"WATCH {RU}"), ("worker", "UNWATCH"),
+    # ... and the writers of the registry and the rules open transactions as it does
+    ("trainer", "MULTI"), ("trainer", "EXEC"), ("ruler", "MULTI"), ("ruler", "EXEC"),
+    # KEDA's scaler reads the pending entries as the commit's checks do
+    ("keda", f"XPENDING {E0} g 1-1 1-1 1 c"),
     ("trainer", "GET intentstream:model:meta:1"), ("trainer", f"XRANGE {E0} - + COUNT 10000"),
     # the trainer's promotion gate reads the rules as the worker does
     ("trainer", f"HGETALL {RU}"), ("worker", f"HGETALL {RU}"), ("ruler", f"HGETALL {RU}"),

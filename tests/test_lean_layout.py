@@ -23,7 +23,7 @@ from worker.common.keys import Keys, partition_of
 from worker.common.publisher import publish
 from worker.common.registry import Registry
 from worker.common.rules import make_rule
-from worker.engine.adapters.commit import CommitLimits, CommitScript
+from worker.engine.adapters.commit import CommitLimits, Committer
 from worker.engine.adapters.states import FIELDS, StateReader
 from worker.engine.compute.batch import parse_batch
 from worker.engine.compute.lean_state import (
@@ -158,9 +158,9 @@ def pending_batch(r, events: list[dict], input_names: tuple[str, ...] = ()):
     return parse_batch(0, entries, input_names=input_names)
 
 
-def committer(r, layout: str = "lean") -> CommitScript:
+def committer(r, layout: str = "lean") -> Committer:
     """The commit script of consumer "c" holding partition 0 (pending_batch)."""
-    return CommitScript(r, KEYS, "g", "c", "holder", LIMITS, layout)
+    return Committer(r, KEYS, "g", "c", "holder", LIMITS, layout)
 
 
 @pytest.mark.integration

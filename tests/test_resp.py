@@ -1,5 +1,6 @@
 """adapters/resp.py frames every kind of argument column exactly as hiredis packs the plain
-arguments, and a commit's prepared EVALSHA is the command redis-py would send."""
+arguments, commands laid out from columns as hiredis packs each, and a commit's transaction
+is the commands it means, each argument as hiredis packs it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from hypothesis import strategies as st
 from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, golden_model
 from worker.common.keys import Keys
-from worker.engine.adapters.commit import CommitLimits, CommitScript
-from worker.engine.adapters.resp import as_arguments, packed_command, resp_column
+from worker.engine.adapters.commit import CommitLimits, Committer, decimals
+from worker.engine.adapters.resp import as_arguments, packed_command, resp_column, resp_commands
 from worker.engine.compute.batch import parse_batch
 from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
 
@@ -59,21 +60,67 @@ def test_float_rows_are_their_little_endian_bytes():
     assert as_arguments(h)[1] == h[1].astype("<f4").tobytes()
 
 
-def test_a_prepared_commit_is_the_evalsha_redis_py_sends():
-    client = redis.Redis()  # never connected: a script's sha is computed locally
-    script = CommitScript(client, Keys(), "g", "c", "holder", CommitLimits(100, 100, 64, 0))
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), st.text(max_size=20),
+                          st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=30),
+       st.data())  # fmt: skip
+def test_commands_from_columns_pack_as_hiredis_does(rows, data):
+    blobs, texts, ints = (list(x) for x in zip(*rows, strict=True))
+    order = data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=40))
+    template = ["XADD", "k", "*", "a", blobs, "b", texts, "c", np.asarray(ints, np.int64), "m"]
+    want = b"".join(hiredis.pack_command(("XADD", "k", "*", "a", blobs[i], "b", texts[i], "c",
+                                          ints[i], "m")) for i in order)  # fmt: skip
+    assert resp_commands(template, np.asarray(order, np.int64)) == want
+
+
+def golden_commit(seq: bytes = b"7"):
     model = ScoringModel(golden_model(), version="1")
-    events = [(user, t, 1000 * (i + 1)) for i, t in enumerate(GOLDEN_EVENTS) for user in "ab"]
-    entries = [[f"{k + 1}-0".encode(), [b"user_id", u.encode(), b"type", t.encode(), b"ts",
-                str(ts).encode(), b"event_id", f"e{k}".encode()]]
+    start = 1_790_000_000_000  # epoch ms: entry ids at the events' times
+    events = [(user, t, start + 1000 * i) for i, t in enumerate(GOLDEN_EVENTS) for user in "ab"]
+    entries = [[f"{ts}-{k}".encode(), [b"user_id", u.encode(), b"type", t.encode(), b"ts",
+                str(ts).encode(), *([b"event_id", f"e{k}".encode()] if u == "a" else [])]]
                for k, (u, t, ts) in enumerate(events)]  # fmt: skip
     batch = parse_batch(0, entries)
-    states = UserStates.empty(distinct_users(batch), model.state_shape, b"7")
-    commit = build_commit(batch, states, model, history_events=8)
-    keys, args = script.pack(commit)
-    assert script.command(commit) == hiredis.pack_command(
-        ("EVALSHA", script.sha, len(keys), *keys, *args)
-    )
+    states = UserStates.empty(distinct_users(batch), model.state_shape, seq)
+    return build_commit(batch, states, model, history_events=8)
+
+
+def commands_of(packed: bytes) -> list[list[bytes]]:
+    reader = hiredis.Reader()
+    reader.feed(packed)
+    return list(iter(reader.gets, False))
+
+
+def test_a_commit_transaction_is_the_commands_it_means():
+    """The full layout's transaction, framed from columns, against the same commands built
+    one argument at a time: a state without producer event ids has no event_ids field."""
+    keys = Keys()
+    committer = Committer(redis.Redis(), keys, "g", "c", "holder", CommitLimits(100, 100, 64, 0))
+    c = golden_commit()
+    packed, n = committer.transaction(c, seed=b"123")
+    commands = commands_of(packed)
+    assert len(commands) == n  # each gets a reply: MULTI, QUEUED each, EXEC
+    text = decimals(c.scores)
+    users = [c.users[i] for i in c.score_user.tolist()]
+    want = [["MULTI"]] + [
+        ["XADD", keys.scores(0), "*", "user_id", users[i], "score", text[i], "event_id",
+         c.score_event_ids[i], "type", c.score_types[i], "ts", int(c.score_ts[i]), "model", "1"]
+        for i in range(len(c.scores))
+    ] + [
+        ["XTRIM", keys.scores(0), "MAXLEN", "~", 100], ["XACK", keys.events(0), "g", *c.ack_ids],
+        ["SET", keys.acked(0), c.ack_ids[-1]], ["GET", keys.last_commit(0)],
+        ["SET", keys.last_commit(0), b"holder " + c.ack_ids[-1]],
+    ]  # fmt: skip
+    for i, user in enumerate(c.users):
+        fields = ["h", c.h[i].astype("<f4").tobytes(), "score", text[int(c.last_scored[i])],
+                  "last_id", c.last_ids[i], "last_ts", int(c.last_ts[i]), "model", "1",
+                  "n", int(c.n[i]), "recent", c.recent[i]]  # fmt: skip
+        fields += ["event_ids", c.event_ids[i]] if c.event_ids[i] else []
+        want.append(["HSET", keys.state(0, user), *fields])
+    want += [["SET", keys.commit_seq(0), "123"], ["INCR", keys.commit_seq(0)], ["EXEC"]]
+    assert c.event_ids[0] and not c.event_ids[1]  # one state of each kind
+    assert commands == [[x if isinstance(x, bytes) else str(x).encode() for x in command]
+                        for command in want]  # fmt: skip
 
 
 @settings(max_examples=100, deadline=None)

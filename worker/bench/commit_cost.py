@@ -6,17 +6,13 @@ The backlog goes once through the worker's pipeline without Redis (parse, states
 write-through cache, `build_commit`; worker/bench/pipeline_cpu.py), and each commit is packed
 for each layout (docs/contract.md, The lean layout). A round flushes Redis, publishes the
 backlog, reads it all as the committing consumer (so every entry is pending, as the worker
-leaves it), then sends the commits one by one, each EVALSHA's reply read before the next, and
-counts Redis's CPU (`used_cpu_user` + `used_cpu_sys`) over the sends only. `plain` sends, per
-batch, the writes of the plain consumer of `--against-plain` as one pipeline: an HSET of h and
-last_id per user, an XADD of user_id, score and event_id and an XACK per event. Two probes
-of where the script's cost goes, beside them: `multi` sends the full layout's checks and writes
-without a script, as a WATCH-based commit would (WATCH of the lease and the sequence, the
-script's check reads, then MULTI, the very writes the script makes, EXEC; one pipeline here,
-two round trips in a worker, the same work for Redis); `args` sends the full layout's EVALSHA
-to a script that returns at once (what reading the command and turning its arguments into Lua
-strings costs). Nothing else runs while Redis works, so the figures are steadier than a live
-worker's; the rounds rotate the variants' order.
+leaves it), then sends the commits one by one: the checks under WATCH and the transaction
+(adapters/commit.py; two round trips in a worker, one pipeline here, the same work for
+Redis), each's replies read before the next, and counts Redis's CPU (`used_cpu_user` +
+`used_cpu_sys`) over the sends only. `plain` sends, per batch, the writes of the plain
+consumer of `--against-plain` as one pipeline: an HSET of h and last_id per user, an XADD of
+user_id, score and event_id and an XACK per event. Nothing else runs while Redis works, so
+the figures are steadier than a live worker's; the rounds rotate the variants' order.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 
-import hiredis
 import numpy as np
 import redis
 
@@ -32,20 +27,13 @@ from model.scoring import ScoringModel
 from worker.bench.load import redis_cpu
 from worker.bench.pipeline_cpu import entries_of, pipeline_commits
 from worker.bench.workload import GROUP, KEYS, STREAM
-from worker.engine.adapters.commit import (
-    COMMIT_SCRIPT,
-    CommitLimits,
-    CommitScript,
-    decimals,
-    score_columns,
-    state_columns,
-)
-from worker.engine.adapters.resp import as_arguments, packed_command
+from worker.common.connection import read_replies
+from worker.engine.adapters.commit import CommitLimits, Committer
+from worker.engine.adapters.resp import packed_command
 from worker.engine.compute.pipeline import Commit
 
 CONSUMER, HOLDER = "bench-commit", "bench-commit:0"
-VARIANTS = ("full", "lean", "plain", "multi", "args")
-RETURN_AT_ONCE = "return {'ok', ''}"  # the `args` probe's script
+VARIANTS = ("full", "lean", "plain")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,48 +59,18 @@ def plain_writes(commit: Commit) -> tuple[bytes, int]:
     return b"".join(out), len(out)
 
 
-def multi_writes(commit: Commit, script: CommitScript) -> tuple[bytes, int]:
-    """The full layout's commit without a script, for a commit of the bench's kind (no shadow,
-    rules, actions, dead letters or rewrites; no state TTL): WATCH, the script's check reads,
-    then MULTI, its writes in its order and EXEC, as one pipeline's bytes, and the number of its
-    replies."""
-    c, keys = commit, script.pack(commit)[0]  # the script's KEYS
-    events, scores_key, dead, lease, seq, acked, last_commit = keys[:7]
-    text = decimals(c.scores)
-    h, score, last_id, last_ts, n, recent, event_ids = map(
-        as_arguments, state_columns(c, text, False, False)
-    )
-    first, last = c.ack_ids[0], c.ack_ids[-1]
-    commands: list[list] = [
-        ["WATCH", lease, seq], ["GET", lease],
-        ["XPENDING", events, GROUP, first, first, 1, CONSUMER],
-        ["XPENDING", events, GROUP, last, last, 1, CONSUMER], ["XPENDING", events, GROUP],
-        ["GET", seq], ["TYPE", scores_key], ["TYPE", dead], ["GET", last_commit], ["MULTI"],
-    ]  # fmt: skip
-    for user, s, eid, type_, ts in zip(*map(as_arguments, score_columns(c, text, False)),
-                                       strict=True):  # fmt: skip
-        commands.append(["XADD", scores_key, "*", "user_id", user, "score", s, "event_id", eid,
-                         "type", type_, "ts", ts, "model", c.model])  # fmt: skip
-    commands += [
-        ["XTRIM", scores_key, "MAXLEN", "~", script.limits.scores_maxlen],
-        ["XACK", events, GROUP, *c.ack_ids], ["SET", acked, last],
-        ["SET", last_commit, script.token(c)], ["INCR", seq],
-    ]  # fmt: skip
-    rows = zip(keys[8:], h, score, last_id, last_ts, n, recent, event_ids, strict=True)
-    for key, h_row, s, lid, lts, count, rec, eids in rows:
-        fields = ["h", h_row, "score", s, "last_id", lid, "last_ts", lts, "model", c.model,
-                  "n", count, "recent", rec]  # fmt: skip
-        commands.append(["HSET", key, *fields, *(["event_ids", eids] if eids else [])])
-    commands.append(["EXEC"])
-    return b"".join(hiredis.pack_command(tuple(x)) for x in commands), len(commands)
+def worker_commit(commit: Commit, committer: Committer) -> tuple[bytes, int]:
+    """The worker's commit as one pipeline's bytes: the checks under WATCH, then the
+    transaction; and the number of its replies (EXEC's last)."""
+    checks, n_checks = committer.checks(commit)
+    transaction, n = committer.transaction(commit)
+    return checks + transaction, n_checks + n
 
 
 def _pending(r: redis.Redis, batches: list[list]) -> None:
     """A flushed database with the backlog published and read by CONSUMER, the partition's
     lease HOLDER's, its sequence where the first commit read it."""
     r.flushdb()
-    r.script_load(COMMIT_SCRIPT)
-    r.script_load(RETURN_AT_ONCE)
     pipe = r.pipeline(transaction=False)
     for entries in batches:
         for entry_id, flat in entries:
@@ -134,11 +92,9 @@ def replay_cpu(r: redis.Redis, batches: list[list], sends: list[tuple[bytes, int
         before = redis_cpu(r)
         for command, replies in sends:
             conn.send_packed_command([command])
-            reply = [conn.read_response() for _ in range(replies)]
-            if replies == 1 and reply[0][0] != b"ok":
-                raise RuntimeError(f"a replayed commit was refused: {reply[0]!r}")
-            if reply[-1] is None:  # an EXEC whose WATCH saw a change
-                raise RuntimeError("a replayed transaction was aborted")
+            reply = read_replies(conn, replies)
+            if reply[-1] is None or isinstance(reply[-1], redis.ResponseError):
+                raise RuntimeError(f"a replayed commit did not apply: {reply[-1]!r}")
         return redis_cpu(r) - before
     finally:
         r.connection_pool.release(conn)
@@ -152,14 +108,12 @@ def run_commit_bench(
     batches = entries_of(events, ())
     commits = list(pipeline_commits(model, batches, args.history_events))
     limits = CommitLimits(10**9, 10_000, 512, 0)
-    scripts = {lay: CommitScript(r, KEYS, GROUP, CONSUMER, HOLDER, limits, lay)
-               for lay in ("full", "lean")}  # fmt: skip
-    sends = {lay: [(s.command(c), 1) for c in commits] for lay, s in scripts.items()}
+    sends = {
+        lay: [worker_commit(c, Committer(r, KEYS, GROUP, CONSUMER, HOLDER, limits, lay))
+              for c in commits]
+        for lay in ("full", "lean")
+    }  # fmt: skip
     sends["plain"] = [plain_writes(c) for c in commits]
-    sends["multi"] = [multi_writes(c, scripts["full"]) for c in commits]
-    at_once = redis.client.Script(r, RETURN_AT_ONCE).sha.encode()  # the same length as any sha1
-    full_sha = scripts["full"].sha.encode()
-    sends["args"] = [(b.replace(full_sha, at_once, 1), 1) for b, _ in sends["full"]]
     n = len(events)
     print(f"the worker's {len(commits)} commits of the backlog replayed (history-events "
           f"{args.history_events}), Redis CPU µs per event:")  # fmt: skip
@@ -181,7 +135,4 @@ def run_commit_bench(
           f"{float(np.median(np.divide(cost['lean'], cost['plain']))):.2f}, full / plain "
           f"{float(np.median(np.divide(cost['full'], cost['plain']))):.2f} (medians of each "
           "round's ratio)")  # fmt: skip
-    print(f"probes: the full layout's writes without a script (multi) {med['multi']:.2f} "
-          f"µs/event, {ratio['multi']:.2f} of the script's; its arguments alone (args) "
-          f"{med['args']:.2f}, {ratio['args']:.2f}")  # fmt: skip
     return cost

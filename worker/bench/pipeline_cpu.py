@@ -4,11 +4,12 @@ inputs cost the computation alone.
 Each 512-entry batch of the backlog, as XREADGROUP returns it, goes through what the worker
 does between its reads and its commits: the parse (with the declared inputs' values), the
 states from the write-through cache (a user seen for the first time is new), `build_commit`,
-the commit's EVALSHA packed to bytes, and the cache's copy of what it writes. No socket, no
-reply parsing, no state read from Redis: the rest of the bench's difference is there and in
-Redis. Timed with process time under the worker's garbage collection, the two models
-stepping through the batches in lockstep; the figure is the median of the rounds' paired
-differences, which a shared machine's slow spells disturb less than either model's time.
+the commit's checks and transaction packed to bytes, and the cache's copy of what it
+writes. No socket, no reply parsing, no state read from Redis: the rest of the bench's
+difference is there and in Redis. Timed with process time under the worker's garbage
+collection, the two models stepping through the batches in lockstep; the figure is the
+median of the rounds' paired differences, which a shared machine's slow spells disturb less
+than either model's time.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import redis
 from model.scoring import ScoringModel
 from worker.bench.workload import entry_fields
 from worker.common.keys import Keys
-from worker.engine.adapters.commit import CommitLimits, CommitScript
+from worker.engine.adapters.commit import CommitLimits, Committer
 from worker.engine.adapters.states import FIELDS as STATE_FIELDS
 from worker.engine.adapters.states import StateReader
 from worker.engine.compute.batch import parse_batch
@@ -72,14 +73,15 @@ def pipeline_commits(
 def step_seconds(model: ScoringModel, batches: list[list], history_events: int) -> Iterator[float]:
     """Process time of each batch's step through the pipeline (its commit built and packed,
     the cache's copy of the one before stored), from an empty cache."""
-    script = CommitScript(redis.Redis(), Keys(), "g", "c", "h", CommitLimits(10**8, 1000, 256, 0))
+    committer = Committer(redis.Redis(), Keys(), "g", "c", "h", CommitLimits(10**8, 1000, 256, 0))
     commits = pipeline_commits(model, batches, history_events)
     while True:
         t = time.process_time()
         commit = next(commits, None)
         if commit is None:
             return
-        script.command(commit)
+        committer.checks(commit)
+        committer.prepare(commit)
         yield time.process_time() - t
 
 

@@ -24,9 +24,10 @@ start of its batch's read to the end of its batch's commit (the backlog's queuei
 not counted: every variant starts with the whole backlog waiting).
 
 Redis CPU per event: `used_cpu_user` + `used_cpu_sys` (INFO cpu) over the variant's run, and
-INFO commandstats (reset before each variant; commands run by a script are counted inside
-its EVALSHA and again under their own names). `--latency` adds the real worker process under
-a fixed-rate producer and the memory per state and per retained event (worker/bench/load.py).
+INFO commandstats (reset before each variant; commands run by a script or a transaction are
+counted inside its EVALSHA or EXEC and again under their own names). `--latency` adds the
+real worker process under a fixed-rate producer and the memory per state and per retained
+event (worker/bench/load.py).
 """
 
 from __future__ import annotations
@@ -265,8 +266,8 @@ def print_table(results: dict[str, list[tuple[Result, RedisCost]]]) -> None:
         print(f"{res.name:<26} {res.events:>8} {res.rate:>10,.0f}", end="")
         print(f" {res.p50 * 1e3:>8.2f} {res.p99 * 1e3:>8.2f} {ratio} {cost.cpu_us:>11.1f}", end="")
         print("  " + " ".join(f"{r.rate:,.0f}" for r, _ in runs))
-    print("\nRedis time per event by command, µs (median run; calls inside a script are also")
-    print("counted in its evalsha):")
+    print("\nRedis time per event by command, µs (median run; calls inside a script or a")
+    print("transaction are also counted in its evalsha or exec):")
     for runs in results.values():
         res, cost = median_result(runs)
         print(f"  {res.name:<24} {cost.top()}")

@@ -39,7 +39,7 @@ from worker.engine.adapters.commit import (
     CommitLimits,
     CommitRefusedError,
     CommitResult,
-    CommitScript,
+    Committer,
     PreparedCommit,
 )
 from worker.engine.adapters.maintenance import Maintenance
@@ -107,8 +107,8 @@ class Consumer:
                                  self.metrics)  # fmt: skip
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
-        self.committer = CommitScript(client, self.keys, s.group, s.consumer, self.holder, limits,
-                                      s.layout)  # fmt: skip
+        self.committer = Committer(client, self.keys, s.group, s.consumer, self.holder, limits,
+                                   s.layout, self.nodes)  # fmt: skip
         self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
@@ -233,8 +233,7 @@ class Consumer:
             self._recreate_groups()
             self._groups_missing = False
         if not self._scripts_loaded:
-            # EVALSHA without a fallback (the prefetching commit) needs them in place
-            self.r.script_load(self.committer.script.script)
+            # EVALSHA without a fallback (the prefetching state read) needs it in place
             self.r.script_load(self.states.script.script)
             self.r.script_load(self._route.script)
             if self._may_install:  # a flushed or new server has none either
@@ -470,8 +469,6 @@ class Consumer:
         if reason == "conflict":
             log.info("state conflict; recomputing the batch", extra={"partition": p})
             return True
-        if reason == "noscript":
-            return True  # the plain call below loads it
         if reason == "not_owned":
             log.warning("partition lease lost before commit", extra={"partition": p})
             self._let_go(p)
@@ -548,15 +545,13 @@ class Consumer:
             )
         except REDIRECTS as exc:
             # The node no longer serves the commit's slot (a resharding, a failover): the
-            # commit did not run. Sent again by the cluster client, which follows MOVED and
-            # ASK, retries TRYAGAIN and re-reads its slot map; what was read is read again.
-            log.info("commit redirected; sent through the cluster client",
+            # commit did not run. Sent again to the slot's node by a fresh slot map (a slot
+            # still migrating is retried after a backoff); what was read is read again.
+            log.info("commit redirected; sent to the slot's node",
                      extra={"partition": commit.partition, "error": str(exc)})  # fmt: skip
             self._rewind()
             return self.committer.run(commit)
-        except BaseException as exc:
-            if isinstance(exc, CommitRefusedError):  # noscript: lost (restart, SCRIPT FLUSH)
-                self._scripts_loaded = False
+        except BaseException:
             self._rewind()
             raise
         self._written = (commit, sent.written)

@@ -5,13 +5,14 @@ One exchange, in this order on the wire:
 
   1. the reads, sent together: the upcoming batch's states (the read script's EVALSHA for
      the users not known, or a GET of the partition's sequence when all are known) and a
-     non-blocking XREADGROUP of new entries of the partitions given;
-  2. their replies, read before the commit is sent: Redis sends the replies of commands it
-     read together only after running them all, so reads sent with the commit would come
-     back only after it;
-  3. the commit's EVALSHA; while Redis runs it this process parses the entries read and
+     non-blocking XREADGROUP of new entries of the partitions given; and behind them the
+     commit's WATCH and checks (adapters/commit.py);
+  2. their replies, read before the commit's writes are sent: the writes go only when the
+     checks passed, and Redis sends the replies of commands it read together only after
+     running them all, so reads sent with the writes would come back only after them;
+  3. the commit's transaction; while Redis runs it this process parses the entries read and
      computes the upcoming batch from its states (an `Ahead`);
-  4. the commit's reply (`Exchange.settle`).
+  4. the transaction's replies (`Exchange.settle`).
 
 The upcoming batch's states are the ones Redis holds once the commit applied: those of the
 users the commit writes come from the commit (`written`), the others from the read, which
@@ -30,7 +31,7 @@ On a Redis Cluster the exchange goes to the node that holds the commit's partiti
 (adapters/nodes.py), with the reads of that node's partitions only, one XREADGROUP each (a
 command's keys share a slot). A node that no longer serves the commit's slot (a resharding,
 a failover) answers MOVED, ASK or TRYAGAIN: the commit did not run, and the caller rewinds
-and sends it through the cluster client.
+and sends it again through `Committer.run`, which finds the slot's node.
 """
 
 from __future__ import annotations
@@ -42,15 +43,14 @@ import hiredis
 import redis
 
 from model.scoring import ScoringModel
+from worker.common.connection import read_replies, reply_or_error
 from worker.common.keys import Keys
 from worker.engine.adapters.commit import (
     CommitRefusedError,
     CommitResult,
-    CommitScript,
+    Committer,
     PreparedCommit,
-    settle,
 )
-from worker.engine.adapters.nodes import REDIRECTS
 from worker.engine.adapters.resp import packed_command
 from worker.engine.adapters.states import StateReader, StateRequest
 from worker.engine.adapters.streams import Cursor, StreamReader
@@ -88,19 +88,21 @@ class Ahead:
 
 @dataclass
 class Exchange:
-    """What one exchange brought back: the commit's reply, the batches read ahead, the
-    states the commit writes, and the upcoming batch computed ahead (if it was)."""
+    """What one exchange brought back: the commit's result (or refusal), the batches read
+    ahead, the states the commit writes, and the upcoming batch computed ahead (if it was)."""
 
     commit: Commit
-    reply: list
+    result: CommitResult | CommitRefusedError
     batches: list[Batch]
     written: dict[str, CachedState]
     ahead: Ahead | None
 
     def settle(self) -> CommitResult:
         """The commit's result (CommitRefusedError when it applied nothing); `ahead` is
-        dropped when the reply was of an earlier send, which it was not computed after."""
-        result = settle(self.reply)
+        dropped when the result was of an earlier send, which it was not computed after."""
+        result = self.result
+        if isinstance(result, CommitRefusedError):
+            raise result
         ahead = self.ahead
         if ahead is not None and result.resent:
             self.ahead = None
@@ -110,20 +112,11 @@ class Exchange:
         return result
 
 
-def _reply_or_error(conn: redis.connection.Connection):
-    """The next reply on a connection, or the error it holds (the replies behind it are
-    still read)."""
-    try:
-        return conn.read_response()
-    except redis.ResponseError as exc:
-        return exc
-
-
 class ReadAhead:
     """Sends a worker's commits pipelined with its reads ahead, and parses the replies."""
 
     def __init__(
-        self, keys: Keys, states: StateReader, reader: StreamReader, committer: CommitScript
+        self, keys: Keys, states: StateReader, reader: StreamReader, committer: Committer
     ) -> None:
         self.keys = keys
         self.states = states
@@ -151,44 +144,62 @@ class ReadAhead:
         """One exchange (see the module's docstring) with `node`, which holds the commit's
         partition, plan's and cursors': the states of `plan`, up to `count` new entries of
         `cursors` (as batches of at most `size`), then the commit, during which `models`
-        compute the planned batch. CommitRefusedError("noscript") when Redis has lost the
-        commit script; a REDIRECTS error when the node no longer serves the commit's slot."""
+        compute the planned batch. A REDIRECTS error when the node no longer serves the
+        commit's slot."""
         reads = [_packed_read(plan.command)] if plan is not None else []
         groups = self.reader.read_groups(cursors)
         reads += [hiredis.pack_command(self.reader.read_command(g, count, None)) for g in groups]
-        packed_commit = self.committer.command(commit, prepared)
+        checks, n_checks = self.committer.checks(commit)
         pool = node.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([b"".join(reads)])
+            conn.send_packed_command([b"".join(reads), checks])
             in_flight = written(commit)  # while Redis runs the reads
-            state_reply = _reply_or_error(conn) if plan is not None else None
-            read_replies = [_reply_or_error(conn) for _ in groups]
-            conn.send_packed_command([packed_commit])
-            batches = []
-            for group, read_reply in zip(groups, read_replies, strict=True):
-                if not isinstance(read_reply, Exception):
-                    batches += self.reader.batches(read_reply, group, size)
-            ahead = None
-            if plan is not None and not isinstance(state_reply, Exception):
-                if plan.command[0] == "EVALSHA":
-                    ahead = self._compute(plan, state_reply, in_flight, models)
-                elif (state_reply or b"") == plan.request.seq:  # no state needed reading
-                    ahead = self._compute(plan, None, in_flight, models)
-            elif plan is None and (known := self._known(commit, batches)) is not None:
-                ahead = self._compute(known, None, in_flight, models)
-            reply = conn.read_response()
-        except redis.exceptions.NoScriptError:
-            # the reply was read whole: the connection stays usable
-            raise CommitRefusedError("noscript", "COMMIT was not loaded") from None
-        except REDIRECTS:
-            raise  # the commit did not run, and its reply was read whole, as above
+            state_reply = reply_or_error(conn) if plan is not None else None
+            read_replies_ = [reply_or_error(conn) for _ in groups]
+            check_replies = read_replies(conn, n_checks)
+            parsed: list[list[Batch]] = []
+            ahead: Ahead | None = None
+
+            def parse() -> list[Batch]:
+                return [batch for group, reply in zip(groups, read_replies_, strict=True)
+                        if not isinstance(reply, Exception)
+                        for batch in self.reader.batches(reply, group, size)]  # fmt: skip
+
+            def while_redis_writes() -> None:
+                nonlocal ahead
+                parsed.append(parse())
+                ahead = self._ahead(commit, plan, state_reply, parsed[0], in_flight, models)
+
+            result = self.committer.finish(conn, commit, prepared, check_replies,
+                                           during=while_redis_writes)  # fmt: skip
+            batches = parsed[0] if parsed else parse()  # refused: nothing computed ahead
+        except redis.ResponseError:
+            raise  # every reply was read: the connection stays usable (a redirect, above)
         except BaseException:
             conn.disconnect()  # a reply may still be in flight on it
             raise
         finally:
             pool.release(conn)
-        return Exchange(commit, reply, batches, in_flight, ahead)
+        return Exchange(commit, result, batches, in_flight, ahead)
+
+    def _ahead(
+        self, commit: Commit, plan: Plan | None, state_reply: object, batches: list[Batch],
+        in_flight: dict[str, CachedState], models: Models,
+    ) -> Ahead | None:  # fmt: skip
+        """The upcoming batch computed from what the exchange read: the planned one from its
+        states' reply, else the first batch just read of the commit's partition when all its
+        states are known (_known); None when neither can be."""
+        if plan is not None:
+            if isinstance(state_reply, Exception):
+                return None
+            if plan.command[0] == "EVALSHA":
+                return self._compute(plan, state_reply, in_flight, models)
+            if (state_reply or b"") == plan.request.seq:  # no state needed reading
+                return self._compute(plan, None, in_flight, models)
+            return None
+        known = self._known(commit, batches)
+        return self._compute(known, None, in_flight, models) if known is not None else None
 
     def _known(self, commit: Commit, batches: list[Batch]) -> Plan | None:
         """The first batch just read of the commit's partition, when every state it needs

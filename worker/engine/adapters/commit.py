@@ -1,227 +1,63 @@
 """The atomic, conditional commit of one partition batch (docs/contract.md, User state and
-scores out): its Lua script, and the packing of a pipeline `Commit` into the script's arguments.
+scores out): the checks as plain reads under WATCH, then every write in one MULTI/EXEC.
 
-One script call writes the score entries, the actions the intent rules fired, the dead
-letters, the XACK of every entry, and the users' states (their rule states with them), in the
-full layout or the lean one (docs/contract.md, The lean layout), or, when a check fails,
-writes nothing and says why:
+Two round trips on one connection (the first rides with the reads ahead, engine/readahead.py):
+
+  1. WATCH of the partition's lease, sequence, scores and dead-letter streams (and actions
+     stream, when the commit writes actions), then the checks: the lease's holder, whether
+     the batch's first and last entries are still pending for this consumer, the oldest
+     pending entry, the sequence, the types of the streams written, the partition's last
+     commit token (and the server's time, for a partition's first sequence);
+  2. when every check passes, MULTI, the writes, EXEC; when one fails, UNWATCH and nothing
+     is written. The writes: the score entries, the actions the intent rules fired, the dead
+     letters, the XACK of every entry, the partition's acknowledged id and commit token, the
+     users' states (their rule states with them), the sequence's INCR.
+
+A failed check says why (CommitRefusedError):
 
     not_owned    the partition's lease is another process's (or gone)
     not_pending  an entry is no longer pending for this consumer (claimed by another, or
                  committed by an earlier send of another commit)
     behind       an older entry of the partition is still pending (read, not committed): it
                  must be applied first, or a user's later event would make it look applied
-    conflict     a commit of the partition landed since the states were read
+    conflict     a commit of the partition landed since the states were read (or a watched
+                 key changed between the checks and EXEC)
     bad_key      a scores, actions, dead-letter or sequence key holds data of another type
 
-and one success besides `ok`: `applied`, when this very commit was applied by an earlier send
-whose reply was lost (redis-py resends on timeouts): the caller counts it as committed.
+and one success besides a plain one: `applied`, when this very commit was applied by an
+earlier send whose reply was lost (the caller sends it again after an outage): the entries
+are no longer pending and the partition's last commit token is this commit's.
 
-Why it is safe to resend: every write of a partition's states goes through this script and
-bumps the partition's commit sequence, so one GET checks that none of the batch's states
-moved; the entries it acknowledges can be acknowledged once. All checks come before the
-first write, and the writes that could fail on data come first or are guarded (a state key
-of another type is replaced): a script is not rolled back when a command in it fails.
+Why all or nothing: EXEC runs the queued writes only if no watched key changed since the
+WATCH, so what the checks saw still holds when the writes run (another commit bumps the
+sequence; a take-over writes the lease). A slot that moved fails the queueing (MOVED, ASK)
+and EXEC discards the transaction. The writes cannot fail on data but one way: a user's
+state key that an operator overwrote with another type. Its HSET fails alone, as if the
+operator's write had come just after the commit, and the key is replaced by the state at
+once, in a transaction of its own under the sequence the commit set (`replaced`). Why not a
+Lua script: taking a script's arguments as Lua strings (each byte hashed) and each
+redis.call cost Redis about half again what the same writes cost as commands
+(BENCHMARKS.md, The commit's Redis CPU).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import hiredis
 import numpy as np
 import redis
 
-from worker.common.connection import call_packed, is_cluster
+from worker.common.connection import is_cluster, read_replies, refresh_topology
 from worker.common.keys import Keys
-from worker.engine.adapters.nodes import REDIRECTS
-from worker.engine.adapters.resp import Joined, as_arguments, resp_args, resp_column
+from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
+from worker.engine.adapters.resp import Joined, packed_command, resp_commands
 from worker.engine.compute.batch import DeadLetter
 from worker.engine.compute.lean_state import packed_states
 from worker.engine.compute.pipeline import Commit
 
 # Field/value pairs kept of one dead letter; values are cut to `max_value_bytes` besides.
 MAX_DEAD_FIELDS = 32
-
-COMMIT_SCRIPT = """
-local events_key, scores_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
-local lease_key, seq_key, acked_key, last_commit_key = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local actions_key = KEYS[8]
-local FIRST_STATE = 9 -- KEYS[9..] are the users' state keys, U of them
-local U = #KEYS - FIRST_STATE + 1
-
-local group, consumer, holder, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local read_seq, model = ARGV[5], ARGV[6]
-local scores_maxlen, dead_maxlen, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
-local n_ack, n_scores = tonumber(ARGV[10]), tonumber(ARGV[11])
-local shadow = ARGV[12]           -- the shadow model's version, '' = none
-local SH = shadow ~= '' and 1 or 0
-local RU = tonumber(ARGV[13])     -- 1: intent rules are set, states carry `rules`
-local n_actions = tonumber(ARGV[14])
-local IT = tonumber(ARGV[15])     -- 1: the model declares item inputs, states carry `items`
-local LE = tonumber(ARGV[16])     -- 1: the lean layout (score, model, s; short score entries)
-local n_rewrite = tonumber(ARGV[17])
--- Then runs of plain arguments (nothing to parse here), a column at a time:
-local ACK = 18                    -- the batch's entry ids, stream order
-local STATE = ACK + n_ack         -- U each: h, score, last_id, last_ts, n, recent, event_ids
-                                  --   [, rules] [, items]; lean: score, s;
-                                  --   then [, shadow_h, shadow_score [, shadow_rules]]
-local STATE_COLUMNS = (LE == 1 and 2 or 7 + RU + IT) + SH * (2 + RU)
-local SCORE = STATE + STATE_COLUMNS * U -- n_scores each: user_id, score, event_id[, type, ts]
-                                        --   [, shadow_score]
-local SCORE_COLUMNS = (LE == 1 and 3 or 5) + SH
-local ACTION = SCORE + SCORE_COLUMNS * n_scores -- n_actions each: user_id, rule, score,
-                                                --   event_id, ts, reasons
-local REWRITE = ACTION + 6 * n_actions -- n_rewrite state rows (1..U) holding the other
-                                       --   layout's fields: rewritten whole
-local DEAD = REWRITE + n_rewrite -- per dead letter: pair count, source_id, error, pairs...
-local first_id, last_id = ARGV[ACK], ARGV[STATE - 1]
-
--- ---- checks: nothing is written above this line ----
-if redis.pcall('GET', lease_key) ~= holder then return {'not_owned', ''} end
-for _, id in ipairs({first_id, last_id}) do
-  if #redis.call('XPENDING', events_key, group, id, id, 1, consumer) == 0 then
-    if redis.pcall('GET', last_commit_key) == token then
-      return {'applied', redis.call('GET', seq_key) or ''}
-    end
-    return {'not_pending', id}
-  end
-end
-local oldest = redis.call('XPENDING', events_key, group)[2]
-if oldest and oldest ~= first_id then return {'behind', oldest} end
-
-local seq = redis.pcall('GET', seq_key)
-if type(seq) == 'table' or (seq and not string.match(seq, '^%d+$')) then
-  return {'bad_key', seq_key}
-end
-seq = seq or ''
-if seq ~= read_seq then return {'conflict', seq} end
-for _, key in ipairs(n_actions > 0 and {scores_key, dead_key, actions_key}
-                     or {scores_key, dead_key}) do
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'stream' and t ~= 'none' then return {'bad_key', key} end
-end
-
--- ---- writes ----
--- The streams are trimmed once a commit, not at every XADD (whose MAXLEN option costs
--- about a quarter of the XADD): the same bound, seen from outside the atomic script.
-local S = n_scores
-for b = SCORE, SCORE + S - 1 do
-  if LE == 1 and SH == 0 then
-    redis.call('XADD', scores_key, '*',
-               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
-               'model', model)
-  elseif LE == 1 then
-    redis.call('XADD', scores_key, '*',
-               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
-               'model', model, 'shadow_score', ARGV[b + 3 * S], 'shadow_model', shadow)
-  elseif SH == 0 then
-    redis.call('XADD', scores_key, '*',
-               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
-               'type', ARGV[b + 3 * S], 'ts', ARGV[b + 4 * S], 'model', model)
-  else
-    redis.call('XADD', scores_key, '*',
-               'user_id', ARGV[b], 'score', ARGV[b + S], 'event_id', ARGV[b + 2 * S],
-               'type', ARGV[b + 3 * S], 'ts', ARGV[b + 4 * S], 'model', model,
-               'shadow_score', ARGV[b + 5 * S], 'shadow_model', shadow)
-  end
-end
-if S > 0 then redis.call('XTRIM', scores_key, 'MAXLEN', '~', scores_maxlen) end
-
-local A = n_actions
-for a = ACTION, ACTION + A - 1 do
-  redis.call('XADD', actions_key, '*',
-             'user_id', ARGV[a], 'rule', ARGV[a + A], 'score', ARGV[a + 2 * A],
-             'event_id', ARGV[a + 3 * A], 'ts', ARGV[a + 4 * A], 'model', model,
-             'reasons', ARGV[a + 5 * A])
-end
-if A > 0 then redis.call('XTRIM', actions_key, 'MAXLEN', '~', scores_maxlen) end
-
-local d = DEAD
-while d <= #ARGV do
-  local pairs = tonumber(ARGV[d])
-  local fields = {unpack(ARGV, d + 3, d + 2 + 2 * pairs)}
-  redis.call('XADD', dead_key, 'MAXLEN', '~', dead_maxlen, '*', 'source_id', ARGV[d + 1],
-             'error', ARGV[d + 2], unpack(fields))
-  d = d + 3 + 2 * pairs
-end
-
-for i = ACK, STATE - 1, 1000 do
-  redis.call('XACK', events_key, group, unpack(ARGV, i, math.min(i + 999, STATE - 1)))
-end
-redis.call('SET', acked_key, last_id)
-local previous = redis.pcall('GET', last_commit_key)
-if type(previous) ~= 'string' then previous = '' end
-redis.call('SET', last_commit_key, token)
-if seq == '' then -- seeded from the clock: a flushed database never repeats a sequence
-  local now = redis.call('TIME')
-  redis.call('SET', seq_key, now[1] .. string.format('%06d', tonumber(now[2])))
-end
-local new_seq = redis.call('INCR', seq_key)
-
--- A state key of another type (an operator's SET) is an invalid state: replaced whole.
-local replaced = 0
-local function write_state(key, ...)
-  local reply = redis.pcall('HSET', key, ...)
-  if type(reply) == 'table' and reply.err then
-    redis.call('DEL', key)
-    redis.call('HSET', key, ...)
-    replaced = replaced + 1
-  end
-  if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
-end
-local rewrite = {}
-for r = REWRITE, DEAD - 1 do rewrite[tonumber(ARGV[r])] = true end
-for i = 1, U do
-  local key, b = KEYS[FIRST_STATE - 1 + i], STATE + i - 1
-  local event_ids = LE == 0 and ARGV[b + 6 * U] or ''
-  if rewrite[i] then redis.call('DEL', key) end
-  if LE == 1 then
-    write_state(key, 'score', ARGV[b], 'model', model, 's', ARGV[b + U])
-  elseif IT == 1 then -- the general case, one table of field/value pairs
-    local state = {'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
-                   'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
-                   'recent', ARGV[b + 5 * U]}
-    if event_ids ~= '' then
-      state[#state + 1] = 'event_ids'
-      state[#state + 1] = event_ids
-    end
-    if RU == 1 then
-      state[#state + 1] = 'rules'
-      state[#state + 1] = ARGV[b + 7 * U]
-    end
-    state[#state + 1] = 'items'
-    state[#state + 1] = ARGV[b + (7 + RU) * U]
-    write_state(key, unpack(state))
-  elseif RU == 0 and event_ids == '' then
-    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
-                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
-                'recent', ARGV[b + 5 * U])
-  elseif RU == 0 then
-    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
-                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
-                'recent', ARGV[b + 5 * U], 'event_ids', event_ids)
-  elseif event_ids == '' then
-    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
-                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
-                'recent', ARGV[b + 5 * U], 'rules', ARGV[b + 7 * U])
-  else
-    write_state(key, 'h', ARGV[b], 'score', ARGV[b + U], 'last_id', ARGV[b + 2 * U],
-                'last_ts', ARGV[b + 3 * U], 'model', model, 'n', ARGV[b + 4 * U],
-                'recent', ARGV[b + 5 * U], 'event_ids', event_ids, 'rules', ARGV[b + 7 * U])
-  end
-  if SH == 1 then
-    local c = b + (LE == 1 and 2 or 7 + RU + IT) * U
-    if RU == 0 then
-      redis.call('HSET', key, 'shadow_h', ARGV[c], 'shadow_score', ARGV[c + U],
-                 'shadow_model', shadow)
-    else
-      redis.call('HSET', key, 'shadow_h', ARGV[c], 'shadow_score', ARGV[c + U],
-                 'shadow_model', shadow, 'shadow_rules', ARGV[c + 2 * U])
-    end
-  end
-end
-return {'ok', new_seq, replaced, previous}
-"""
 
 REASONS = ("not_owned", "not_pending", "behind", "conflict", "bad_key")
 
@@ -248,16 +84,6 @@ class CommitResult:
 
 
 @dataclass(frozen=True)
-class PreparedCommit:
-    """A commit's EVALSHA packed in two parts around its head (see CommitScript.prepare)."""
-
-    start: bytes  # EVALSHA, sha, key count, keys
-    n_start: int
-    body: bytes  # the arguments after the head
-    n_body: int
-
-
-@dataclass(frozen=True)
 class CommitLimits:
     """Sizes the commit bounds its writes to (settings)."""
 
@@ -270,63 +96,6 @@ class CommitLimits:
 def decimals(values: np.ndarray) -> list[str]:
     """Floats as decimal strings, 9 significant digits (float32 round-trips)."""
     return list(map("{:.9g}".format, values.tolist()))
-
-
-def state_columns(c: Commit, score_text: list[str], lean: bool, write_items: bool) -> list:
-    """The state rows' columns: h, score, last_id, last_ts, n, recent, event_ids
-    (space-separated), rules (when rules are set), items (when the model declares item
-    inputs); in the lean layout score and s (compute/lean_state.py) instead; then shadow_h,
-    shadow_score (and shadow_rules) when a shadow model runs. The h columns are float
-    arrays (one row per state), last_ts and n int64 arrays, s values end to end, the others
-    lists (adapters/resp.py frames each kind). `score_text`: the scores' decimals;
-    `write_items`: whether the full layout's rows carry `items` (CommitScript.writes_items)."""
-    if not c.users:
-        return []
-    scores = [score_text[i] for i in c.last_scored.tolist()]  # each user's last score
-    if lean:
-        k = len(c.users)
-        rules = c.rules if c.rules is not None else [b""] * k
-        items = c.items if c.items is not None else [b""] * k
-        packed = packed_states(c.h, c.last_ts, c.n,
-                               [c.last_ids, c.event_ids, c.recent, rules, items])  # fmt: skip
-        columns = [scores, Joined(*packed)]
-    else:
-        columns = [c.h, scores, c.last_ids, c.last_ts, c.n, c.recent, c.event_ids]
-        if c.rules is not None:
-            columns.append(c.rules)
-        if write_items:
-            columns.append(c.items)
-    if c.shadow_h is not None:
-        columns += [c.shadow_h, decimals(c.shadow_user_scores)]
-        if c.rules is not None:
-            columns.append(c.shadow_rules)
-    return columns
-
-
-def action_columns(c: Commit) -> list[list]:
-    """The action entries' columns: user_id, rule, score, event_id, ts, reasons."""
-    if not c.actions:
-        return []
-    a = c.actions
-    return [
-        [x.user_id for x in a], [x.rule for x in a],
-        decimals(np.asarray([x.score for x in a], np.float32)), [x.event_id for x in a],
-        [x.ts for x in a], [x.reasons for x in a],
-    ]  # fmt: skip
-
-
-def score_columns(c: Commit, score_text: list[str], lean: bool) -> list:
-    """The score entries' columns: user_id, score, event_id, type, ts[, shadow_score]; in
-    the lean layout without type and ts."""
-    if not len(c.scores):
-        return []
-    users = [c.users[i] for i in c.score_user.tolist()]
-    columns = [users, score_text, c.score_event_ids]
-    if not lean:
-        columns += [c.score_types, c.score_ts]
-    if c.shadow_scores is not None:
-        columns.append(decimals(c.shadow_scores))
-    return columns
 
 
 def cut(value: bytes, limit: int) -> bytes:
@@ -360,53 +129,230 @@ def token_of(holder: str, commit: Commit) -> bytes:
     return holder.encode() + b" " + commit.ack_ids[-1]
 
 
-class CommitScript:
-    """Packs Commits for one worker process and runs them."""
+_MULTI, _EXEC, _UNWATCH = (hiredis.pack_command((x,)) for x in ("MULTI", "EXEC", "UNWATCH"))
+
+
+def _packed(*args: object) -> bytes:
+    """A command as RESP (hiredis packs it in C)."""
+    return hiredis.pack_command(args)
+
+
+@dataclass(frozen=True)
+class PreparedCommit:
+    """A commit's transaction packed but for its end (which depends on the sequence read,
+    known only once the commit before it replied), and where its replies of interest sit in
+    EXEC's."""
+
+    body: bytes  # MULTI and the writes
+    n_writes: int  # commands queued by body
+    previous_at: int  # the GET of the partition's last commit token
+    states_at: int  # the first state HSET; one per state row from there, in `state_rows`
+    state_rows: np.ndarray  # int64
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """What the checks decided: go on with the writes (result None), or a result without
+    them (`applied`, a refusal, or an error reply to raise)."""
+
+    result: CommitResult | CommitRefusedError | redis.ResponseError | None
+    seed: bytes = b""  # the partition's first sequence, from the server's time
+
+
+class Committer:
+    """Packs Commits for one worker process and applies them."""
 
     def __init__(
         self, client: redis.Redis, keys: Keys, group: str, consumer: str, holder: str,
-        limits: CommitLimits, layout: str = "full",
+        limits: CommitLimits, layout: str = "full", nodes: PartitionNodes | None = None,
     ) -> None:  # fmt: skip
         self.client = client
         self.lean = layout == "lean"  # docs/contract.md, The lean layout
-        self.script = client.register_script(COMMIT_SCRIPT)
         self.keys = keys
         self.group = group
         self.consumer = consumer
         self.holder = holder
         self.limits = limits
+        self.nodes = nodes or PartitionNodes(client, keys)
 
     def token(self, commit: Commit) -> bytes:
         """The token this commit records as the partition's last commit."""
         return token_of(self.holder, commit)
 
-    @property
-    def sha(self) -> str:
-        return self.script.sha
+    # ---- 1. the checks ------------------------------------------------------------------
 
-    def pack(self, c: Commit) -> tuple[list[str], list]:
-        """KEYS and ARGV of the script for a Commit: plain values, one argument each."""
-        return self._keys(c), [
-            *self._head(c),
-            *(x for column in self._body(c) for x in as_arguments(column)),
+    def checks(self, c: Commit) -> tuple[bytes, int]:
+        """The WATCH and the check reads of a Commit as RESP, and the number of replies."""
+        k, p = self.keys, c.partition
+        watched = [k.lease(p), k.commit_seq(p), k.scores(p), k.deadletter(p)]
+        if c.actions:
+            watched.append(k.actions(p))
+        events, first, last = k.events(p), c.ack_ids[0], c.ack_ids[-1]
+        commands = [
+            ("WATCH", *watched), ("GET", k.lease(p)),
+            ("XPENDING", events, self.group, first, first, 1, self.consumer),
+            ("XPENDING", events, self.group, last, last, 1, self.consumer),
+            ("XPENDING", events, self.group), ("GET", k.commit_seq(p)),
+            *(("TYPE", key) for key in watched[2:]), ("GET", k.last_commit(p)),
+        ]  # fmt: skip
+        if c.seq == b"":  # the partition's first commit: its sequence starts from the clock
+            commands.append(("TIME",))
+        return b"".join(_packed(*x) for x in commands), len(commands)
+
+    def _verdict(self, c: Commit, replies: list) -> _Verdict:
+        """The checks' replies judged in the order of the module's docstring."""
+        for reply in replies:
+            if isinstance(reply, REDIRECTS):
+                return _Verdict(reply)  # the node does not serve the slot: nothing was read
+        if isinstance(replies[0], redis.ResponseError):
+            return _Verdict(replies[0])  # no WATCH (an ACL without it): never write unwatched
+        clock = 1 if c.seq == b"" else 0  # the TIME read last
+        lease, first, last, summary, seq = replies[1:6]
+        types, token = replies[6 : len(replies) - 1 - clock], replies[-1 - clock]
+        if lease != self.holder.encode():
+            return _Verdict(CommitRefusedError("not_owned", ""))
+        for pending, entry_id in ((first, c.ack_ids[0]), (last, c.ack_ids[-1])):
+            if isinstance(pending, redis.ResponseError):
+                return _Verdict(pending)  # the stream is another type, or its group is gone
+            if not pending:
+                if token == self.token(c):
+                    applied = seq if isinstance(seq, bytes) else b""
+                    return _Verdict(CommitResult(applied, 0, resent=True))
+                return _Verdict(CommitRefusedError("not_pending", entry_id.decode()))
+        if isinstance(summary, redis.ResponseError):
+            return _Verdict(summary)
+        if summary[1] is not None and summary[1] != c.ack_ids[0]:
+            return _Verdict(CommitRefusedError("behind", summary[1].decode()))
+        seq_key = self.keys.commit_seq(c.partition)
+        if isinstance(seq, redis.ResponseError) or (seq is not None and not seq.isdigit()):
+            return _Verdict(CommitRefusedError("bad_key", seq_key))
+        if (seq or b"") != c.seq:
+            return _Verdict(CommitRefusedError("conflict", (seq or b"").decode()))
+        streams = [self.keys.scores(c.partition), self.keys.deadletter(c.partition)]
+        streams += [self.keys.actions(c.partition)] if c.actions else []
+        for key, kind in zip(streams, types, strict=True):
+            if kind not in (b"stream", b"none"):
+                return _Verdict(CommitRefusedError("bad_key", key))
+        if clock:
+            seconds, micros = replies[-1]
+            return _Verdict(None, seconds + b"%06d" % int(micros))
+        return _Verdict(None)
+
+    # ---- 2. the writes ------------------------------------------------------------------
+
+    def prepare(self, c: Commit) -> PreparedCommit:
+        """MULTI and the writes of a Commit as RESP, in this order: score entries, actions,
+        dead letters, XACK, acknowledged id, last commit token (GET, then SET), the state
+        keys rewritten whole (DEL), the states (HSET), the shadow model's, their TTL."""
+        k, p, lim = self.keys, c.partition, self.limits
+        text = decimals(c.scores)
+        # Each stream is trimmed once a commit, not at every XADD (whose MAXLEN option costs
+        # about a quarter of the XADD): the same bound, seen from outside the transaction.
+        parts, n = [self._scores(c, text)], len(c.scores)
+        if n:
+            parts.append(_packed("XTRIM", k.scores(p), "MAXLEN", "~", lim.scores_maxlen))
+            n += 1
+        if c.actions:
+            parts += [self._actions(c),
+                      _packed("XTRIM", k.actions(p), "MAXLEN", "~", lim.scores_maxlen)]  # fmt: skip
+            n += len(c.actions) + 1
+        for dead in c.dead:
+            _, source_id, error, *pairs = dead_letter_items(dead, lim.deadletter_max_value_bytes)
+            parts.append(_packed("XADD", k.deadletter(p), "MAXLEN", "~", lim.deadletter_maxlen,
+                                 "*", "source_id", source_id, "error", error, *pairs))  # fmt: skip
+        n += len(c.dead)
+        parts += [
+            packed_command(["XACK", k.events(p), self.group, *c.ack_ids], 3),
+            _packed("SET", k.acked(p), c.ack_ids[-1]),
+            _packed("GET", k.last_commit(p)),
+            _packed("SET", k.last_commit(p), self.token(c)),
         ]
+        previous_at, n = n + 2, n + 4
+        states, n_states, first_hset, rows = self._state_writes(c, text)
+        parts.append(states)
+        return PreparedCommit(_MULTI + b"".join(parts), n + n_states, previous_at,
+                              n + first_hset, rows)  # fmt: skip
 
-    def _keys(self, c: Commit) -> list[str]:
-        p, keys = c.partition, self.keys
-        return [
-            keys.events(p), keys.scores(p), keys.deadletter(p), keys.lease(p),
-            keys.commit_seq(p), keys.acked(p), keys.last_commit(p), keys.actions(p),
-            *map(keys.state_prefix(p).__add__, c.users),  # keys.state(p, u) of each user
-        ]  # fmt: skip
+    def _actions(self, c: Commit) -> bytes:
+        """The actions' XADDs: user_id, rule, score, event_id, ts, model, reasons."""
+        a = c.actions
+        score = decimals(np.asarray([x.score for x in a], np.float32))
+        return resp_commands([
+            "XADD", self.keys.actions(c.partition), "*", "user_id", [x.user_id for x in a],
+            "rule", [x.rule for x in a], "score", score, "event_id", [x.event_id for x in a],
+            "ts", [x.ts for x in a], "model", c.model, "reasons", [x.reasons for x in a],
+        ])  # fmt: skip
 
-    def _head(self, c: Commit) -> list:
-        lim = self.limits
-        return [
-            self.group, self.consumer, self.holder, self.token(c), c.seq, c.model,
-            lim.scores_maxlen, lim.deadletter_maxlen, lim.state_ttl_ms,
-            len(c.ack_ids), len(c.scores), c.shadow_model, int(c.rules is not None),
-            len(c.actions), int(self.writes_items(c)), int(self.lean), len(c.rewrite),
-        ]  # fmt: skip
+    def _scores(self, c: Commit, text: list[str]) -> bytes:
+        """The score entries' XADDs: user_id, score, event_id[, type, ts], model, and the
+        shadow model's score and version when one runs; the lean layout without type and ts."""
+        users = [c.users[i] for i in c.score_user.tolist()]
+        template = ["XADD", self.keys.scores(c.partition), "*", "user_id", users, "score", text,
+                    "event_id", c.score_event_ids]  # fmt: skip
+        if not self.lean:
+            template += ["type", c.score_types, "ts", c.score_ts]
+        template += ["model", c.model]
+        if c.shadow_scores is not None:
+            template += ["shadow_score", decimals(c.shadow_scores), "shadow_model",
+                         c.shadow_model]  # fmt: skip
+        return resp_commands(template)
+
+    def _state_writes(
+        self, c: Commit, text: list[str], rows: np.ndarray | None = None, replace: bool = False
+    ) -> tuple[bytes, int, int, np.ndarray]:
+        """The state writes of the rows given (default: every row): the DELs of the keys
+        rewritten whole (c.rewrite's rows, or every row given when `replace`), the states'
+        HSETs, the shadow model's, the keys' TTL. Their bytes, their number of commands,
+        the first HSET's place among them, and the state row of each HSET in order."""
+        if not c.users:
+            return b"", 0, 0, np.zeros(0, np.int64)
+        every = np.arange(len(c.users), dtype=np.int64)
+        rows = every if rows is None else np.asarray(rows, np.int64)
+        p = c.partition
+        keys = list(map(self.keys.state_prefix(p).__add__, c.users))  # keys.state(p, u)
+        dels = rows if replace else np.asarray(c.rewrite, np.int64)
+        states, hset_rows = self._states(c, keys, text, rows)
+        parts = [resp_commands(["DEL", keys], dels), states]
+        n = len(dels) + len(rows)
+        if c.shadow_h is not None:
+            shadow = ["HSET", keys, "shadow_h", c.shadow_h, "shadow_score",
+                      decimals(c.shadow_user_scores), "shadow_model", c.shadow_model]  # fmt: skip
+            shadow += ["shadow_rules", c.shadow_rules] if c.rules is not None else []
+            parts.append(resp_commands(shadow, rows))
+            n += len(rows)
+        if self.limits.state_ttl_ms > 0:
+            parts.append(resp_commands(["PEXPIRE", keys, self.limits.state_ttl_ms], rows))
+            n += len(rows)
+        return b"".join(parts), n, len(dels), hset_rows
+
+    def _states(
+        self, c: Commit, keys: list[str], text: list[str], rows: np.ndarray
+    ) -> tuple[bytes, np.ndarray]:
+        """The HSETs of the states of `rows`, and the state row of each in order. The full
+        layout writes h, score, last_id, last_ts, model, n, recent, event_ids (when there
+        are any), rules (when rules are set) and items (writes_items); the lean one score,
+        model and s (compute/lean_state.py)."""
+        scores = [text[i] for i in c.last_scored.tolist()]  # each user's last score
+        if self.lean:
+            k = len(c.users)
+            rules = c.rules if c.rules is not None else [b""] * k
+            items = c.items if c.items is not None else [b""] * k
+            packed = packed_states(c.h, c.last_ts, c.n,
+                                   [c.last_ids, c.event_ids, c.recent, rules, items])  # fmt: skip
+            template = ["HSET", keys, "score", scores, "model", c.model, "s", Joined(*packed)]
+            return resp_commands(template, rows), rows
+        head = ["HSET", keys, "h", c.h, "score", scores, "last_id", c.last_ids, "last_ts",
+                c.last_ts, "model", c.model, "n", c.n, "recent", c.recent]  # fmt: skip
+        tail = ["rules", c.rules] if c.rules is not None else []
+        tail += ["items", c.items] if self.writes_items(c) else []
+        # a state with no producer event ids has no event_ids field
+        stamped = np.fromiter(map(bool, c.event_ids), bool, len(c.event_ids))[rows]
+        with_ids, without = rows[stamped], rows[~stamped]
+        return (
+            resp_commands([*head, "event_ids", c.event_ids, *tail], with_ids)
+            + resp_commands([*head, *tail], without),
+            np.concatenate([with_ids, without]),
+        )
 
     def writes_items(self, c: Commit) -> bool:
         """Whether the full layout's states of this commit carry `items`: when the model
@@ -414,66 +360,121 @@ class CommitScript:
         as read, would go with the key)."""
         return c.write_items or (not self.lean and bool(c.rewrite) and c.items is not None)
 
-    def _body(self, c: Commit) -> list:
-        """The arguments after the head, as columns: ack ids, the state columns, the score
-        columns, the action columns, the state rows to rewrite whole (1-based), the dead
-        letters."""
-        limit = self.limits.deadletter_max_value_bytes
-        dead = [x for d in c.dead for x in dead_letter_items(d, limit)]
-        text = decimals(c.scores)
-        rewrite = np.asarray(c.rewrite, np.int64) + 1
-        return [c.ack_ids, *state_columns(c, text, self.lean, self.writes_items(c)),
-                *score_columns(c, text, self.lean), *action_columns(c), rewrite,
-                dead]  # fmt: skip
-
-    def prepare(self, c: Commit) -> PreparedCommit:
-        """The EVALSHA of a Commit packed but for its head (which holds the read sequence,
-        known only once the commit before it replied)."""
-        keys, body = self._keys(c), self._body(c)
-        return PreparedCommit(
-            resp_args(("EVALSHA", self.sha, len(keys))) + resp_column(keys), len(keys) + 3,
-            b"".join(map(resp_column, body)), sum(map(len, body)),
-        )  # fmt: skip
-
-    def command(self, c: Commit, prepared: PreparedCommit | None = None) -> bytes:
-        """The EVALSHA of a Commit as RESP bytes, from its prepared parts when given."""
+    def transaction(
+        self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b""
+    ) -> tuple[bytes, int]:
+        """The whole transaction as RESP (from `prepared` when given): MULTI, the writes, the
+        sequence's first value `seed` when it has none, its INCR, EXEC; and the number of
+        replies it gets."""
         prepared = prepared or self.prepare(c)
-        head = self._head(c)
-        count = prepared.n_start + len(head) + prepared.n_body
-        return b"*%d\r\n" % count + prepared.start + resp_args(head) + prepared.body
+        seq_key = self.keys.commit_seq(c.partition)
+        start = _packed("SET", seq_key, seed) if seed else b""
+        end = start + _packed("INCR", seq_key) + _EXEC
+        return prepared.body + end, prepared.n_writes + (2 if seed else 1) + 2
+
+    def _outcome(self, c: Commit, prepared: PreparedCommit, replies: list) -> tuple:
+        """(result, the state rows whose HSET failed) from MULTI's, the QUEUED and EXEC's
+        replies; CommitRefusedError("conflict") when a watched key changed, the first
+        queueing error (a redirect, OOM) raised."""
+        queued = replies[1:-1]
+        for reply in [replies[0], *queued]:
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+        done = replies[-1]
+        if done is None:
+            return CommitRefusedError("conflict", "a watched key changed"), []
+        if isinstance(done, redis.ResponseError):
+            raise done
+        seq = b"%d" % done[-1]
+        previous = done[prepared.previous_at]
+        hsets = done[prepared.states_at : prepared.states_at + len(prepared.state_rows)]
+        failed = []
+        if set(map(type, hsets)) - {int}:  # a state key of another type (scanned in C first)
+            failed = [int(prepared.state_rows[i]) for i, reply in enumerate(hsets)
+                      if isinstance(reply, redis.ResponseError)]  # fmt: skip
+        previous = previous if isinstance(previous, bytes) else b""
+        return CommitResult(seq, len(failed), False, previous), failed
+
+    # ---- both round trips ---------------------------------------------------------------
+
+    def finish(
+        self, conn: redis.connection.Connection, c: Commit, prepared: PreparedCommit | None,
+        check_replies: list, during=None,
+    ) -> CommitResult | CommitRefusedError:  # fmt: skip
+        """Round trip 2 on `conn`, after the checks' replies: the writes when every check
+        passed (calling `during()` while Redis runs them), else UNWATCH. The result, or the
+        refusal; an error reply of a check or of the queueing (a redirect) raised, with every
+        reply read (the connection stays usable)."""
+        verdict = self._verdict(c, check_replies)
+        if verdict.result is not None:
+            conn.send_packed_command([_UNWATCH])
+            conn.read_response()
+            if isinstance(verdict.result, redis.ResponseError):
+                raise verdict.result
+            return verdict.result
+        prepared = prepared or self.prepare(c)
+        command, n = self.transaction(c, prepared, verdict.seed)
+        conn.send_packed_command([command])
+        if during is not None:
+            during()
+        replies = read_replies(conn, n)
+        result, failed = self._outcome(c, prepared, replies)
+        if failed:
+            self._replace(conn, c, failed, result.seq)
+        return result
+
+    def _replace(
+        self, conn: redis.connection.Connection, c: Commit, rows: list[int], seq: bytes
+    ) -> None:
+        """Replace the state keys of these rows, found of another type by the commit, by the
+        states it computed (DEL, HSET, the shadow's HSET, PEXPIRE), if the partition's
+        sequence is still the one it set: else a later commit read them, found them invalid
+        and wrote them itself."""
+        seq_key = self.keys.commit_seq(c.partition)
+        conn.send_packed_command([_packed("WATCH", seq_key), _packed("GET", seq_key)])
+        conn.read_response()
+        if conn.read_response() != seq:
+            conn.send_packed_command([_UNWATCH])
+            conn.read_response()
+            return
+        writes, n, _, _ = self._state_writes(c, decimals(c.scores), np.asarray(rows), True)
+        conn.send_packed_command([_MULTI, writes, _EXEC])
+        read_replies(conn, n + 2)
 
     def run(self, commit: Commit, node: redis.Redis | None = None) -> CommitResult:
-        """Apply a Commit; CommitRefusedError when it applied nothing. The EVALSHA goes as
-        `command` packs it, on a pooled connection of the one Redis, or of `node` on a
-        cluster (the partition's, adapters/nodes.py); without a node, or when the node no
-        longer serves the slot (the command did not run), through the cluster client, which
-        packs it with redis-py and follows the redirects."""
+        """Apply a Commit (both round trips on a pooled connection); CommitRefusedError when
+        it applied nothing. On a cluster it goes to `node`, else to the node that holds the
+        partition by a fresh slot map, once more after a MOVED; ASK or TRYAGAIN (a slot
+        migrating) is raised for the caller to retry later."""
         if not is_cluster(self.client):
-            return self._packed(self.client, commit)
-        if node is not None:
+            return self._on(self.client, commit)
+        for attempt in range(3):
+            if node is None:
+                refresh_topology(self.client)
+                node = self.nodes.client(commit.partition)
             try:
-                return self._packed(node, commit)
-            except REDIRECTS:
-                pass
-        keys, args = self.pack(commit)
-        return settle(self.script(keys=keys, args=args))
+                return self._on(node, commit)
+            except redis.exceptions.MovedError:
+                if attempt == 2:
+                    raise
+                node = None
+        raise AssertionError("unreachable")
 
-    def _packed(self, client: redis.Redis, commit: Commit) -> CommitResult:
-        """The commit sent as `command` packs it on a connection of `client`."""
+    def _on(self, client: redis.Redis, commit: Commit) -> CommitResult:
+        """Both round trips on a pooled connection of `client`."""
+        pool = client.connection_pool
+        conn = pool.get_connection()
         try:
-            return settle(call_packed(client, self.command(commit)))
-        except redis.exceptions.NoScriptError:  # Redis lost it (a restart, SCRIPT FLUSH)
-            client.script_load(COMMIT_SCRIPT)
-            return settle(call_packed(client, self.command(commit)))
-
-
-def settle(reply: list) -> CommitResult:
-    """The script's reply as a CommitResult, or CommitRefusedError."""
-    status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-    if status == "ok":
-        return CommitResult(str(reply[1]).encode(), int(reply[2]), False, reply[3] or b"")
-    if status == "applied":
-        seq = reply[1] if isinstance(reply[1], bytes) else str(reply[1]).encode()
-        return CommitResult(seq, 0, resent=True)
-    detail = reply[1].decode(errors="replace") if isinstance(reply[1], bytes) else str(reply[1])
-    raise CommitRefusedError(status, detail)
+            command, n = self.checks(commit)
+            conn.send_packed_command([command])
+            result = self.finish(conn, commit, None, read_replies(conn, n))
+        except redis.ResponseError:
+            raise  # every reply was read: the connection stays usable
+        except BaseException:
+            conn.disconnect()  # a reply may still be in flight on it
+            raise
+        finally:
+            pool.release(conn)
+        if isinstance(result, CommitRefusedError):
+            raise result
+        return result
