@@ -1,7 +1,8 @@
 """The cluster path in one worker: a commit travels on its node's connection with the reads of
 that node's partitions only, and a stale slot map (as after a resharding) redirects it, when
-it is sent again through the cluster client: every event is scored once, as offline. Idle
-partitions wait in blocking reads of their own, answered as soon as an entry comes."""
+it is sent again to the slot's node by a fresh slot map: every event is scored once, as
+offline. Idle partitions wait in blocking reads of their own, answered as soon as an entry
+comes."""
 
 from __future__ import annotations
 

@@ -54,14 +54,14 @@ def pipeline_commits(
 ) -> Iterator[Commit]:
     """The worker's commit of each batch, its users' states from the cache of the commits
     before it (a user seen for the first time is new), from an empty cache."""
-    client = redis.Redis()  # never connected: the read script's sha1 is computed locally
+    client = redis.Redis()  # never connected
     cache = StateCache(10**8)
     reader = StateReader(client, Keys(), cache, lambda _version: model.version)
     names, width, seq = tuple(model.input_names), len(STATE_FIELDS), 1
     for entries in batches:
         batch = parse_batch(0, entries, input_names=names)
         request = reader.request(0, distinct_users(batch))
-        # what the read script returns for users Redis has no state of
+        # what the read returns for users Redis has no state of
         read = [str(seq).encode()] + [None] * (width * len(request.misses))
         states = reader.complete(request, read, model.state_shape, model.version)
         commit = build_commit(batch, states, model, history_events)

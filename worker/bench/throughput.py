@@ -11,7 +11,7 @@ with `--against-plain` the real worker process against a plain redis-py consumer
 
 Each variant gets the same preloaded backlog on a flushed database and consumes it to the
 end. Variants:
-  a  worker         this project's worker (packed Lua read and commit, batched kernel)
+  a  worker         this project's worker (pipelined read, commit in MULTI/EXEC, batched kernel)
   b  worker, no model   the same with the model step replaced by zeros (its I/O path)
   c  redis-py       XREADGROUP, then pipelines of HGET, HSET, XADD, XACK per event; no model
   d  naive          one round trip per command per event, numpy reference step per event

@@ -116,7 +116,7 @@ class Consumer:
         self.parts = Partitions(s.partitions, self.cache)  # all it holds of each partition
         # the states the last commit sent ahead writes, made while Redis ran the reads
         self._written: tuple[Commit, dict[str, CachedState]] | None = None
-        self._scripts_loaded = False
+        self._function_checked = False
         self._may_install = True  # the producers' function (worker/common/append_function.py)
         self._route = client.register_script(ROUTE_SCRIPT)
         self._groups_missing = False  # a read found a group gone (NOGROUP)
@@ -190,7 +190,7 @@ class Consumer:
 
     def _redis_trouble(self, message: str) -> None:
         self.metrics.redis_errors.inc()
-        self._scripts_loaded = False  # a restarted server has none
+        self._function_checked = False  # a restarted server may have lost it
         self.health.redis_ok = False
         self._backoff = min(5.0, max(0.05, self._backoff * 2))
         log.warning(message + f"; retrying in {self._backoff:.2f} s")
@@ -232,13 +232,10 @@ class Consumer:
         if self._groups_missing:
             self._recreate_groups()
             self._groups_missing = False
-        if not self._scripts_loaded:
-            # EVALSHA without a fallback (the prefetching state read) needs it in place
-            self.r.script_load(self.states.script.script)
-            self.r.script_load(self._route.script)
-            if self._may_install:  # a flushed or new server has none either
+        if not self._function_checked:
+            if self._may_install:  # a flushed or new server has none
                 self._may_install = install_function(self.r)
-            self._scripts_loaded = True
+            self._function_checked = True
         if self.ownership.due(now):
             # Batches read ahead are committed first: their commit checks the lease itself,
             # so after a pause past the lease it is refused (not_owned), never applied;

@@ -3,8 +3,8 @@ known, and the next batch computed while Redis runs the commit.
 
 One exchange, in this order on the wire:
 
-  1. the reads, sent together: the upcoming batch's states (the read script's EVALSHA for
-     the users not known, or a GET of the partition's sequence when all are known) and a
+  1. the reads, sent together: the upcoming batch's states (the sequence and an HMGET per
+     user not known, or a GET of the sequence alone when all are known) and a
      non-blocking XREADGROUP of new entries of the partitions given; and behind them the
      commit's WATCH and checks (adapters/commit.py);
   2. their replies, read before the commit's writes are sent: the writes go only when the
@@ -51,8 +51,12 @@ from worker.engine.adapters.commit import (
     Committer,
     PreparedCommit,
 )
-from worker.engine.adapters.resp import packed_command
-from worker.engine.adapters.states import StateReader, StateRequest
+from worker.engine.adapters.states import (
+    PartitionDataError,
+    StateRead,
+    StateReader,
+    StateRequest,
+)
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, UserStates, distinct_users
@@ -63,11 +67,14 @@ from worker.engine.models import Models
 
 @dataclass(frozen=True)
 class Plan:
-    """The read of an upcoming batch's states, sent in front of a commit."""
+    """The read of an upcoming batch's states, sent in front of a commit: the states' read,
+    or the sequence's GET alone when all are known (`reads_states` False); None when the
+    batch was just read and needs no read."""
 
     batch: Batch
     request: StateRequest
-    command: tuple
+    read: StateRead | None
+    reads_states: bool = False
 
 
 @dataclass
@@ -133,9 +140,11 @@ class ReadAhead:
             )
         else:
             request = self.states.request(p, users)
+        read = self.states.command(request)
+        if read is not None:
+            return Plan(upcoming, request, read, reads_states=True)
         # all known: reading the sequence checks they still hold
-        command = self.states.command(request) or ("GET", self.keys.commit_seq(p))
-        return Plan(upcoming, request, command)
+        return Plan(upcoming, request, StateRead(_packed_get(self.keys.commit_seq(p)), 1))
 
     def exchange(
         self, node: redis.Redis, commit: Commit, prepared: PreparedCommit | None,
@@ -146,7 +155,8 @@ class ReadAhead:
         `cursors` (as batches of at most `size`), then the commit, during which `models`
         compute the planned batch. A REDIRECTS error when the node no longer serves the
         commit's slot."""
-        reads = [_packed_read(plan.command)] if plan is not None else []
+        state_read = plan.read if plan is not None else None
+        reads = [state_read.packed] if state_read is not None else []
         groups = self.reader.read_groups(cursors)
         reads += [hiredis.pack_command(self.reader.read_command(g, count, None)) for g in groups]
         checks, n_checks = self.committer.checks(commit)
@@ -155,7 +165,7 @@ class ReadAhead:
         try:
             conn.send_packed_command([b"".join(reads), checks])
             in_flight = written(commit)  # while Redis runs the reads
-            state_reply = reply_or_error(conn) if plan is not None else None
+            state_replies = read_replies(conn, state_read.replies) if state_read else []
             read_replies_ = [reply_or_error(conn) for _ in groups]
             check_replies = read_replies(conn, n_checks)
             parsed: list[list[Batch]] = []
@@ -169,7 +179,7 @@ class ReadAhead:
             def while_redis_writes() -> None:
                 nonlocal ahead
                 parsed.append(parse())
-                ahead = self._ahead(commit, plan, state_reply, parsed[0], in_flight, models)
+                ahead = self._ahead(commit, plan, state_replies, parsed[0], in_flight, models)
 
             result = self.committer.finish(conn, commit, prepared, check_replies,
                                            during=while_redis_writes)  # fmt: skip
@@ -184,22 +194,26 @@ class ReadAhead:
         return Exchange(commit, result, batches, in_flight, ahead)
 
     def _ahead(
-        self, commit: Commit, plan: Plan | None, state_reply: object, batches: list[Batch],
+        self, commit: Commit, plan: Plan | None, state_replies: list, batches: list[Batch],
         in_flight: dict[str, CachedState], models: Models,
     ) -> Ahead | None:  # fmt: skip
         """The upcoming batch computed from what the exchange read: the planned one from its
-        states' reply, else the first batch just read of the commit's partition when all its
-        states are known (_known); None when neither can be."""
-        if plan is not None:
-            if isinstance(state_reply, Exception):
+        states' read, else the first batch just read of the commit's partition when all its
+        states are known (_known); None when neither can be (a read that failed is made
+        again in the batch's turn, which says why)."""
+        if plan is None:
+            known = self._known(commit, batches)
+            return self._compute(known, None, in_flight, models) if known is not None else None
+        if not plan.reads_states:
+            seq = state_replies[0]
+            if isinstance(seq, Exception) or (seq or b"") != plan.request.seq:
                 return None
-            if plan.command[0] == "EVALSHA":
-                return self._compute(plan, state_reply, in_flight, models)
-            if (state_reply or b"") == plan.request.seq:  # no state needed reading
-                return self._compute(plan, None, in_flight, models)
+            return self._compute(plan, None, in_flight, models)
+        try:
+            flat = self.states.flat(plan.batch.partition, state_replies)
+        except (redis.ResponseError, PartitionDataError):
             return None
-        known = self._known(commit, batches)
-        return self._compute(known, None, in_flight, models) if known is not None else None
+        return self._compute(plan, flat, in_flight, models)
 
     def _known(self, commit: Commit, batches: list[Batch]) -> Plan | None:
         """The first batch just read of the commit's partition, when every state it needs
@@ -212,13 +226,13 @@ class ReadAhead:
             batch.partition, distinct_users(batch), in_flight=set(commit.users),
             in_flight_seq=commit.seq,
         )  # fmt: skip
-        return Plan(batch, request, ()) if self.states.command(request) is None else None
+        return Plan(batch, request, None) if self.states.command(request) is None else None
 
     def _compute(
         self, plan: Plan, flat: list | None, in_flight: dict[str, CachedState], models: Models
     ) -> Ahead | None:
-        """The planned batch computed from its states read ahead (`flat`, the read script's
-        reply) and those the commit in flight writes; None when the states moved since (it
+        """The planned batch computed from its states read ahead (`flat`, the read's flat
+        replies) and those the commit in flight writes; None when the states moved since (it
         is then computed the usual way, in its turn)."""
         t1 = time.perf_counter()
         model, shadow = models.current, models.shadow
@@ -232,7 +246,6 @@ class ReadAhead:
                      (t2 - t1, time.perf_counter() - t2), models.rules)  # fmt: skip
 
 
-def _packed_read(command: tuple) -> bytes:
-    """The states' read (EVALSHA, sha, key count, then a state key per user: their column
-    framed by adapters/resp.py) or the sequence's GET, as RESP."""
-    return packed_command(command, 3) if command[0] == "EVALSHA" else hiredis.pack_command(command)
+def _packed_get(key: str) -> bytes:
+    """GET of a key as RESP."""
+    return hiredis.pack_command(("GET", key))

@@ -1,5 +1,6 @@
-"""Reading users' states: from the write-through cache, else one packed Lua read, validated
-into the pipeline's UserStates (docs/contract.md, User state and scores out).
+"""Reading users' states: from the write-through cache, else one pipelined read (the
+partition's sequence, then an HMGET per state), validated into the pipeline's UserStates
+(docs/contract.md, User state and scores out).
 
 A hidden state belongs to the model that computed it: it is read only by a model of the same
 state space (its meta's `state_space`, else its version). Any other state is rebuilt by the
@@ -17,14 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+import hiredis
 import numpy as np
 import redis
 
-from worker.common.connection import call_packed, is_cluster
+from worker.common.connection import is_cluster, read_replies, refresh_topology
 from worker.common.dedup import bounded
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
-from worker.engine.adapters.resp import packed_command
+from worker.engine.adapters.resp import resp_commands
 from worker.engine.compute.batch import entry_id
 from worker.engine.compute.histories import valid_histories
 from worker.engine.compute.lean_state import later_id, unpack_state
@@ -39,28 +41,20 @@ FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shado
 # read as none, so crafted data costs no parsing time.
 MAX_RULES_BYTES = 8192
 
-# KEYS: 1 the partition's commit sequence, 2.. state keys. Returns the sequence (nil before
-# the first commit), then the FIELDS of each state key (nil when absent; h = -1 when the key
-# holds another type). pcall: one bad key must not fail the read of the others.
-READ_STATES_SCRIPT = """
-local seq = redis.pcall('GET', KEYS[1])
-if type(seq) == 'table' or (seq and not string.match(seq, '^%d+$')) then
-  return redis.error_reply('BADKEY ' .. KEYS[1])
-end
-local out = {seq}
-for i = 2, #KEYS do
-  local v = redis.pcall('HMGET', KEYS[i], 'h', 'last_id', 'last_ts', 'model', 'n', 'event_ids',
-                       'recent', 'shadow_h', 'shadow_model', 'score', 'shadow_score', 'rules',
-                       'shadow_rules', 'items', 's')
-  if v.err then
-    out[#out + 1] = -1
-    for _ = 2, 15 do out[#out + 1] = false end
-  else
-    for j = 1, 15 do out[#out + 1] = v[j] end
-  end
-end
-return out
-"""
+# One read: GET of the partition's commit sequence, then an HMGET of FIELDS per state key, in
+# one pipeline. The sequence is read first: a commit that lands between the two makes some
+# states newer than it, and the commit built on them is refused (`conflict`), never applied.
+# Why not a Lua script reading them all: it cost Redis about 5 µs a state against 2 for the
+# HMGET (BENCHMARKS.md, The commit's Redis CPU).
+WRONG_TYPE = -1  # h of a state key that holds another type, the other fields None
+
+
+@dataclass(frozen=True)
+class StateRead:
+    """The read of a request's misses as RESP, and the number of its replies."""
+
+    packed: bytes
+    replies: int
 
 
 def _bounded_field(raw: bytes | None) -> bytes:
@@ -110,7 +104,6 @@ class StateReader:
     ) -> None:  # fmt: skip
         self.client = client
         self.nodes = nodes  # on a cluster, who holds each partition
-        self.script = client.register_script(READ_STATES_SCRIPT)
         self.keys = keys
         self.cache = cache
         self.space_of = space_of  # the state space of the model version that wrote a state
@@ -128,8 +121,8 @@ class StateReader:
         space `space`, and for a shadow model of (shape, space) when one runs."""
         while True:
             request = self.request(p, users)
-            command = self.command(request)
-            flat = self._run(p, self._keys(request)) if command is not None else None
+            read = self.command(request)
+            flat = self._run(p, read) if read is not None else None
             states = self.complete(request, flat, shape, space, shadow)
             if states is not None:
                 return states
@@ -155,57 +148,66 @@ class StateReader:
         misses = [i for i, c in enumerate(cached) if c is None and i not in taken]
         return StateRequest(p, users, cached, misses, seq, pending)
 
-    def command(self, request: StateRequest) -> tuple | None:
-        """The read script's EVALSHA for a request's misses (None when all are known)."""
+    def command(self, request: StateRequest) -> StateRead | None:
+        """The read of a request's misses: the sequence's GET, then an HMGET per state key
+        (None when all are known)."""
         if not request.misses and request.seq is not None:
             return None
-        keys = self._keys(request)
-        return ("EVALSHA", self.script.sha, len(keys), *keys)
-
-    def _keys(self, request: StateRequest) -> list[str]:
-        """The read script's KEYS: the partition's sequence, then the misses' state keys."""
         p, users = request.partition, request.users
-        prefix = self.keys.state_prefix(p)  # + user: keys.state(p, user)
-        return [self.keys.commit_seq(p), *(prefix + users[i] for i in request.misses)]
+        keys = list(map(self.keys.state_prefix(p).__add__, (users[i] for i in request.misses)))
+        return StateRead(
+            _packed("GET", self.keys.commit_seq(p)) + resp_commands(["HMGET", keys, *FIELDS]),
+            len(keys) + 1,
+        )
 
-    def _run(self, p: int, keys: list[str]) -> list:
-        """The read script's reply: its EVALSHA packed here (the key column by a kernel),
-        sent to the one Redis or to the partition's cluster node; through the cluster
-        client, which follows redirects, when the node is unknown or no longer serves the
-        slot (the command did not run)."""
-        cluster = is_cluster(self.client)
-        node = self.nodes.node_client(p) if cluster and self.nodes is not None else None
-        try:
-            if node is not None or not cluster:
-                try:
-                    return self._packed(node or self.client, keys)
-                except REDIRECTS:
-                    pass
-            return self.script(keys=keys)
-        except redis.ResponseError as exc:
-            raise self.reply_error(p, exc) from None
+    def flat(self, p: int, replies: list) -> list:
+        """The replies of a read as one list: the sequence (None before the first commit),
+        then the FIELDS of each state (None when absent; h = WRONG_TYPE when the key holds
+        another type). A redirect (the node does not serve the slot) is raised as it is;
+        the sequence of another type, PartitionDataError."""
+        seq = replies[0]
+        for reply in replies:
+            if isinstance(reply, REDIRECTS):
+                raise reply
+        if isinstance(seq, redis.ResponseError) or (seq is not None and not seq.isdigit()):
+            key = self.keys.commit_seq(p)
+            raise PartitionDataError(p, f"{key} holds no sequence; fix or delete that key")
+        out = [seq]
+        for reply in replies[1:]:
+            if isinstance(reply, list):
+                out += reply
+            elif isinstance(reply, redis.ResponseError) and "WRONGTYPE" in str(reply):
+                out += [WRONG_TYPE] + [None] * (len(FIELDS) - 1)
+            else:
+                raise reply  # another refusal (NOPERM, OOM): not the state's fault
+        return out
 
-    def _packed(self, client: redis.Redis, keys: list[str]) -> list:
-        command = packed_command(["EVALSHA", self.script.sha, len(keys), *keys], 3)
-        try:
-            return call_packed(client, command)  # type: ignore[return-value]
-        except redis.exceptions.NoScriptError:  # Redis lost it (a restart, SCRIPT FLUSH)
-            client.script_load(READ_STATES_SCRIPT)
-            return call_packed(client, command)  # type: ignore[return-value]
-
-    @staticmethod
-    def reply_error(p: int, exc: redis.ResponseError) -> Exception:
-        """The exception a failed read script reply stands for."""
-        if str(exc).startswith(("BADKEY", "WRONGTYPE")):
-            return PartitionDataError(p, f"{exc}; fix or delete that key")
-        return exc
+    def _run(self, p: int, read: StateRead) -> list:
+        """A read's flat replies, from the one Redis, or the partition's cluster node by the
+        slot map (read again when it answers a redirect)."""
+        if not is_cluster(self.client):
+            return self.flat(p, _replies(self.client, read))
+        for attempt in range(3):
+            node = self.nodes.node_client(p) if self.nodes is not None else None
+            if node is None:
+                refresh_topology(self.client)
+                node = self.nodes.client(p) if self.nodes is not None else None
+            if node is None:
+                raise redis.ConnectionError(f"no cluster node known for partition {p}")
+            try:
+                return self.flat(p, _replies(node, read))
+            except redis.exceptions.MovedError:
+                if attempt == 2:
+                    raise
+                refresh_topology(self.client)
+        raise AssertionError("unreachable")
 
     def complete(
         self, request: StateRequest, flat: list | None, shape: tuple[int, int], space: str,
         shadow: tuple[tuple[int, int], str] | None = None,
         in_flight: dict[str, CachedState] | None = None,
     ) -> UserStates | None:  # fmt: skip
-        """UserStates from a request, the read script's reply (None when no read was
+        """UserStates from a request, its read's flat replies (`flat`; None when no read was
         needed) and the states the commit in flight writes (for `request.pending`); None
         when the known states no longer hold at the sequence read."""
         states = UserStates.empty(request.users, shape)
@@ -235,7 +237,7 @@ class StateReader:
     def _fill(
         self, states: UserStates, rows: list[int], flat: list, shape, space: str, shadow
     ) -> None:
-        """Validate the script's reply (after the sequence) into `states`."""
+        """Validate the read's flat replies (after the sequence) into `states`."""
         width = len(FIELDS)
         shadow_scores = np.full(len(states.users), np.nan)
         shadow_rules = [b""] * len(states.users)
@@ -348,3 +350,22 @@ class StateReader:
         """Cache the states a commit wrote (see `written`), at the sequence it moved the
         partition to."""
         self.cache.store(p, seq, written)
+
+
+def _packed(*args: object) -> bytes:
+    """A command as RESP (hiredis packs it in C)."""
+    return hiredis.pack_command(args)
+
+
+def _replies(client: redis.Redis, read: StateRead) -> list:
+    """A read's replies, sent on a pooled connection of `client`, errors as values."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([read.packed])
+        return read_replies(conn, read.replies)
+    except BaseException:
+        conn.disconnect()  # a reply may still be in flight on it
+        raise
+    finally:
+        pool.release(conn)
