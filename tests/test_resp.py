@@ -97,8 +97,8 @@ def test_a_commit_transaction_is_the_commands_it_means():
     keys = Keys()
     committer = Committer(redis.Redis(), keys, "g", "c", "holder", CommitLimits(100, 100, 64, 0))
     c = golden_commit()
-    packed, n = committer.transaction(c, seed=b"123")
-    commands = commands_of(packed)
+    chunks, n = committer.transaction(c, seed=b"123")
+    commands = commands_of(b"".join(chunks))
     assert len(commands) == n  # each gets a reply: MULTI, QUEUED each, EXEC
     text = decimals(c.scores)
     users = [c.users[i] for i in c.score_user.tolist()]

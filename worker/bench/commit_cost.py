@@ -64,7 +64,7 @@ def worker_commit(commit: Commit, committer: Committer) -> tuple[bytes, int]:
     transaction; and the number of its replies (EXEC's last)."""
     checks, n_checks = committer.checks(commit)
     transaction, n = committer.transaction(commit)
-    return checks + transaction, n_checks + n
+    return b"".join([checks, *transaction]), n_checks + n
 
 
 def _pending(r: redis.Redis, batches: list[list]) -> None:

@@ -137,13 +137,31 @@ def _packed(*args: object) -> bytes:
     return hiredis.pack_command(args)
 
 
+def _chunks(parts: list) -> list:
+    """Bytes-like parts as the chunks to send: neighbours under 4 KB joined (a send each would
+    be a system call each), big ones kept as they are (joining would copy them)."""
+    out: list = []
+    small: list = []
+    for part in parts:
+        if len(part) < 4096:
+            small.append(part)
+            continue
+        if small:
+            out.append(b"".join(small))
+            small = []
+        out.append(part)
+    if small:
+        out.append(b"".join(small))
+    return out
+
+
 @dataclass(frozen=True)
 class PreparedCommit:
     """A commit's transaction packed but for its end (which depends on the sequence read,
     known only once the commit before it replied), and where its replies of interest sit in
     EXEC's."""
 
-    body: bytes  # MULTI and the writes
+    body: list  # MULTI and the writes: bytes-like chunks, sent as they are (_chunks)
     n_writes: int  # commands queued by body
     previous_at: int  # the GET of the partition's last commit token
     states_at: int  # the first state HSET; one per state row from there, in `state_rows`
@@ -269,8 +287,7 @@ class Committer:
         ]
         previous_at, n = n + 2, n + 4
         states, n_states, first_hset, rows = self._state_writes(c, text)
-        parts.append(states)
-        return PreparedCommit(_MULTI + b"".join(parts), n + n_states, previous_at,
+        return PreparedCommit(_chunks([_MULTI, *parts, *states]), n + n_states, previous_at,
                               n + first_hset, rows)  # fmt: skip
 
     def _actions(self, c: Commit) -> bytes:
@@ -299,20 +316,20 @@ class Committer:
 
     def _state_writes(
         self, c: Commit, text: list[str], rows: np.ndarray | None = None, replace: bool = False
-    ) -> tuple[bytes, int, int, np.ndarray]:
+    ) -> tuple[list, int, int, np.ndarray]:
         """The state writes of the rows given (default: every row): the DELs of the keys
         rewritten whole (c.rewrite's rows, or every row given when `replace`), the states'
         HSETs, the shadow model's, the keys' TTL. Their bytes, their number of commands,
         the first HSET's place among them, and the state row of each HSET in order."""
         if not c.users:
-            return b"", 0, 0, np.zeros(0, np.int64)
+            return [], 0, 0, np.zeros(0, np.int64)
         every = np.arange(len(c.users), dtype=np.int64)
         rows = every if rows is None else np.asarray(rows, np.int64)
         p = c.partition
         keys = list(map(self.keys.state_prefix(p).__add__, c.users))  # keys.state(p, u)
         dels = rows if replace else np.asarray(c.rewrite, np.int64)
         states, hset_rows = self._states(c, keys, text, rows)
-        parts = [resp_commands(["DEL", keys], dels), states]
+        parts = [resp_commands(["DEL", keys], dels), *states]
         n = len(dels) + len(rows)
         if c.shadow_h is not None:
             shadow = ["HSET", keys, "shadow_h", c.shadow_h, "shadow_score",
@@ -323,12 +340,12 @@ class Committer:
         if self.limits.state_ttl_ms > 0:
             parts.append(resp_commands(["PEXPIRE", keys, self.limits.state_ttl_ms], rows))
             n += len(rows)
-        return b"".join(parts), n, len(dels), hset_rows
+        return parts, n, len(dels), hset_rows
 
     def _states(
         self, c: Commit, keys: list[str], text: list[str], rows: np.ndarray
-    ) -> tuple[bytes, np.ndarray]:
-        """The HSETs of the states of `rows`, and the state row of each in order. The full
+    ) -> tuple[list, np.ndarray]:
+        """The HSETs of the states of `rows` (chunks), and the state row of each in order. The full
         layout writes h, score, last_id, last_ts, model, n, recent, event_ids (when there
         are any), rules (when rules are set) and items (writes_items); the lean one score,
         model and s (compute/lean_state.py)."""
@@ -340,7 +357,7 @@ class Committer:
             packed = packed_states(c.h, c.last_ts, c.n,
                                    [c.last_ids, c.event_ids, c.recent, rules, items])  # fmt: skip
             template = ["HSET", keys, "score", scores, "model", c.model, "s", Joined(*packed)]
-            return resp_commands(template, rows), rows
+            return [resp_commands(template, rows)], rows
         head = ["HSET", keys, "h", c.h, "score", scores, "last_id", c.last_ids, "last_ts",
                 c.last_ts, "model", c.model, "n", c.n, "recent", c.recent]  # fmt: skip
         tail = ["rules", c.rules] if c.rules is not None else []
@@ -349,10 +366,10 @@ class Committer:
         stamped = np.fromiter(map(bool, c.event_ids), bool, len(c.event_ids))[rows]
         with_ids, without = rows[stamped], rows[~stamped]
         return (
-            resp_commands([*head, "event_ids", c.event_ids, *tail], with_ids)
-            + resp_commands([*head, *tail], without),
+            [resp_commands([*head, "event_ids", c.event_ids, *tail], with_ids),
+             resp_commands([*head, *tail], without)],
             np.concatenate([with_ids, without]),
-        )
+        )  # fmt: skip
 
     def writes_items(self, c: Commit) -> bool:
         """Whether the full layout's states of this commit carry `items`: when the model
@@ -362,15 +379,15 @@ class Committer:
 
     def transaction(
         self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b""
-    ) -> tuple[bytes, int]:
-        """The whole transaction as RESP (from `prepared` when given): MULTI, the writes, the
-        sequence's first value `seed` when it has none, its INCR, EXEC; and the number of
-        replies it gets."""
+    ) -> tuple[list, int]:
+        """The whole transaction as RESP chunks (from `prepared` when given): MULTI, the
+        writes, the sequence's first value `seed` when it has none, its INCR, EXEC; and the
+        number of replies it gets."""
         prepared = prepared or self.prepare(c)
         seq_key = self.keys.commit_seq(c.partition)
         start = _packed("SET", seq_key, seed) if seed else b""
         end = start + _packed("INCR", seq_key) + _EXEC
-        return prepared.body + end, prepared.n_writes + (2 if seed else 1) + 2
+        return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 2
 
     def _outcome(self, c: Commit, prepared: PreparedCommit, replies: list) -> tuple:
         """(result, the state rows whose HSET failed) from MULTI's, the QUEUED and EXEC's
@@ -414,7 +431,7 @@ class Committer:
             return verdict.result
         prepared = prepared or self.prepare(c)
         command, n = self.transaction(c, prepared, verdict.seed)
-        conn.send_packed_command([command])
+        conn.send_packed_command(command)
         if during is not None:
             during()
         replies = read_replies(conn, n)
@@ -438,7 +455,7 @@ class Committer:
             conn.read_response()
             return
         writes, n, _, _ = self._state_writes(c, decimals(c.scores), np.asarray(rows), True)
-        conn.send_packed_command([_MULTI, writes, _EXEC])
+        conn.send_packed_command(_chunks([_MULTI, *writes, _EXEC]))
         read_replies(conn, n + 2)
 
     def run(self, commit: Commit, node: redis.Redis | None = None) -> CommitResult:

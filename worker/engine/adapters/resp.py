@@ -21,6 +21,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 _INT64_MIN = np.iinfo(np.int64).min
+_NOTHING = np.zeros(0, np.uint8)
 
 
 def resp_args(args: tuple | list) -> bytes:
@@ -32,7 +33,7 @@ def resp_args(args: tuple | list) -> bytes:
     return packed[packed.index(b"\r\n") + 2 :]
 
 
-def resp_rows(h: np.ndarray) -> bytes:
+def _rows(h: np.ndarray) -> np.ndarray:
     """Each row of h (little-endian float32 bytes) as a RESP bulk string, framed by numpy:
     thousands of equal-sized blobs cost one copy."""
     rows = np.ascontiguousarray(h, "<f4").reshape(len(h), -1).view(np.uint8)
@@ -41,28 +42,24 @@ def resp_rows(h: np.ndarray) -> bytes:
     out[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
     out[:, len(prefix) : -2] = rows
     out[:, -2:] = np.frombuffer(b"\r\n", np.uint8)
-    return out.tobytes()
+    return out.reshape(-1)
 
 
-def resp_blobs(values: Sequence[bytes]) -> bytes:
+def _blobs(values: Sequence[bytes]) -> np.ndarray:
     """Byte strings as RESP bulk strings (their concatenation framed by one kernel call)."""
-    if not values:
-        return b""
     return _framed_joined(b"".join(values), values)
 
 
-def resp_texts(values: Sequence[str]) -> bytes:
+def _texts(values: Sequence[str]) -> np.ndarray:
     """Strings as RESP bulk strings of their UTF-8 bytes."""
-    if not values:
-        return b""
     text = "".join(values)
     data = text.encode()
     if len(data) != len(text):  # not all ASCII: a string's length is not its bytes'
-        return resp_blobs([v.encode() for v in values])
+        return _blobs([v.encode() for v in values])
     return _framed_joined(data, values)
 
 
-def _framed_joined(data: bytes, values: Sequence[bytes] | Sequence[str]) -> bytes:
+def _framed_joined(data: bytes, values: Sequence[bytes] | Sequence[str]) -> np.ndarray:
     """`values` laid end to end in `data` (as many bytes each as its len), framed. Their
     lengths go to the kernel as bytes when all are under 256 (the common case, and the
     cheapest to build), else as int64."""
@@ -70,17 +67,15 @@ def _framed_joined(data: bytes, values: Sequence[bytes] | Sequence[str]) -> byte
         lengths = np.frombuffer(bytes(map(len, values)), np.uint8)
     except ValueError:
         lengths = np.fromiter(map(len, values), np.int64, len(values))
-    return _framed(np.frombuffer(data, np.uint8), lengths).tobytes()
+    return _framed(np.frombuffer(data, np.uint8), lengths)
 
 
-def resp_ints(values: np.ndarray) -> bytes:
+def _ints(values: np.ndarray) -> np.ndarray:
     """Integers (int64) as RESP bulk strings of their decimals."""
-    if not len(values):
-        return b""
     values = np.ascontiguousarray(values, np.int64)
     if values.min() == _INT64_MIN:  # no magnitude to negate
-        return resp_args(values.tolist())
-    return _framed_ints(values).tobytes()
+        return np.frombuffer(resp_args(values.tolist()), np.uint8)
+    return _framed_ints(values)
 
 
 @dataclass(frozen=True)
@@ -100,26 +95,33 @@ class Joined:
 
 
 def resp_column(column: np.ndarray | Joined | Sequence) -> bytes:
-    """A column of arguments as RESP bulk strings, by the cheapest framer for its kind: a 2-D
-    float array's rows, a 1-D integer array's decimals, values laid end to end, byte
-    strings, strings, else hiredis."""
+    """A column of arguments as RESP bulk strings (see framed)."""
+    return framed(column).tobytes()
+
+
+def framed(column: np.ndarray | Joined | Sequence) -> np.ndarray:
+    """A column of arguments as RESP bulk strings, uint8, by the cheapest framer for its
+    kind: a 2-D float array's rows, a 1-D integer array's decimals, values laid end to end,
+    byte strings, strings, else hiredis."""
+    if not len(column):
+        return _NOTHING
     if isinstance(column, Joined):
-        return _framed(column.data, column.lengths).tobytes() if len(column) else b""
+        return _framed(column.data, column.lengths)
     if isinstance(column, np.ndarray):
         if column.dtype.kind == "i":
-            return resp_ints(column)
-        return resp_rows(column) if column.dtype.kind == "f" else resp_args(column.tolist())
-    if not column:
-        return b""
+            return _ints(column)
+        if column.dtype.kind == "f":
+            return _rows(column)
+        return np.frombuffer(resp_args(column.tolist()), np.uint8)
     first = column[0]
     try:
         if isinstance(first, bytes):
-            return resp_blobs(column)
+            return _blobs(column)
         if isinstance(first, str):
-            return resp_texts(column)
+            return _texts(column)
     except TypeError:  # a column mixing bytes and strings
         pass
-    return resp_args(column)
+    return np.frombuffer(resp_args(column), np.uint8)
 
 
 def packed_command(args: Sequence, head: int) -> bytes:
@@ -128,10 +130,11 @@ def packed_command(args: Sequence, head: int) -> bytes:
     return b"*%d\r\n" % len(args) + resp_args(args[:head]) + resp_column(args[head:])
 
 
-def resp_commands(template: Sequence, rows: np.ndarray | None = None) -> bytes:
+def resp_commands(template: Sequence, rows: np.ndarray | None = None) -> memoryview:
     """One command per row, each `template`'s items in order: an item that is a column (a
     list, a tuple, an array or Joined) stands for the row's value of it, any other item is a
-    constant argument. `rows`: the rows to emit, in that order (default: every row).
+    constant argument. `rows`: the rows to emit, in that order (default: every row). The
+    commands' bytes, as a view of the kernel's output (bytes-like: no copy).
 
     Why: a transaction queues a command per score entry and per state, thousands a batch;
     each column is framed once by resp_column and one kernel call lays the rows out between
@@ -140,7 +143,7 @@ def resp_commands(template: Sequence, rows: np.ndarray | None = None) -> bytes:
     n = len(columns[0]) if columns else 0
     order = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
     if not len(order):
-        return b""
+        return memoryview(b"")
     between: list[list] = [[]]  # the constants before each column, and after the last
     for item in template:
         if _is_column(item):
@@ -150,17 +153,17 @@ def resp_commands(template: Sequence, rows: np.ndarray | None = None) -> bytes:
     segments = [resp_args(x) for x in between]
     segments[0] = b"*%d\r\n" % len(template) + segments[0]
     if not columns:  # one constant command, once per row
-        return segments[0] * len(order)
-    framed = [resp_column(c) for c in columns]
-    data = np.frombuffer(b"".join(framed), np.uint8)
+        return memoryview(segments[0] * len(order))
+    pieces = [framed(c) for c in columns]
+    data = np.concatenate(pieces)
     starts = np.empty((len(columns), n + 1), np.int64)
     base = 0
-    for k, blob in enumerate(framed):
+    for k, piece in enumerate(pieces):
         _element_starts(data, base, n, starts[k])
-        base += len(blob)
+        base += len(piece)
     seg_at = np.cumsum([0, *map(len, segments)]).astype(np.int64)
-    return _interleaved(data, starts, np.frombuffer(b"".join(segments), np.uint8), seg_at,
-                        order).tobytes()  # fmt: skip
+    seg = np.frombuffer(b"".join(segments), np.uint8)
+    return memoryview(_interleaved(data, starts, seg, seg_at, order))
 
 
 def _is_column(item: object) -> bool:
@@ -183,9 +186,9 @@ def as_arguments(column: np.ndarray | Joined | Sequence) -> list:
 
 def warm_up() -> None:
     """Compile (or load from cache) the kernels now, not on the first commit."""
-    resp_blobs([b"a"])  # lengths as bytes
-    resp_blobs([b"a" * 256])  # lengths as int64
-    resp_ints(np.zeros(1, np.int64))
+    framed([b"a"])  # lengths as bytes
+    framed([b"a" * 256])  # lengths as int64
+    framed(np.zeros(1, np.int64))
     resp_commands(["HSET", [b"k"], "f", [b"v"]])  # commands laid out from columns
 
 
