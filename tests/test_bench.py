@@ -209,20 +209,20 @@ def test_the_commit_bench_replays_what_the_worker_commits(redis_server):
     from model.scoring import ScoringModel
     from worker.bench import commit_cost as cc
     from worker.bench.pipeline_cpu import entries_of, pipeline_commits
-    from worker.bench.workload import GROUP, KEYS, STREAM
+    from worker.bench.workload import KEYS
     from worker.engine.adapters.commit import CommitLimits, Committer
 
     r = connect(redis_server.url)
     model = ScoringModel(random_model([*EVENT_TYPES, LABEL_TYPE], hidden=8, seed=0), "1")
     batches = entries_of(list(synthetic_events(2000, 150, seed=3)), ())
     commits = list(pipeline_commits(model, batches, 32))
-    committer = Committer(r, KEYS, GROUP, cc.CONSUMER, cc.HOLDER,
+    committer = Committer(r, KEYS, cc.HOLDER,
                           CommitLimits(10**9, 10_000, 512, 0), "full")  # fmt: skip
 
     def left() -> tuple:
         states = {k: r.hgetall(k) for k in r.scan_iter(match=KEYS.state(0, "*"))}
         scores = [f for _, f in r.xrange(KEYS.scores(0))]
-        return states, scores, r.xpending(STREAM, GROUP)["pending"], r.get(KEYS.commit_seq(0))
+        return states, scores, r.get(KEYS.acked(0)), r.get(KEYS.commit_seq(0))
 
     cc.replay_cpu(r, batches, [cc.worker_commit(c, committer) for c in commits])
     replayed = left()

@@ -16,7 +16,7 @@ import redis
 from model.synthetic import synthetic_events
 from tests.test_worker import scrape
 from tests.test_worker_faults import uninterrupted, with_event_ids
-from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import LocalCluster, free_port
@@ -62,8 +62,7 @@ def assert_each_event_scored_and_states_equal(r, events, model_path) -> int:
     for user, h in states.items():
         stored = as_fields(r.hgetall(KEYS.state(partition_of(user, P), user)))[b"h"]
         np.testing.assert_allclose(np.frombuffer(stored, "<f4").reshape(h.shape), h, atol=1e-5)
-    for p in range(P):
-        assert r.xpending(KEYS.events(p), "intentstream-workers")["pending"] == 0
+    assert all_committed(r, partitions=P)
     return sum(n - 1 for n in seen.values())
 
 

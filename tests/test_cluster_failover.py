@@ -17,7 +17,7 @@ from tests.actions_check import assert_actions_exactly_once, set_firing_rules
 from tests.test_cluster import KEYS, P, start_worker
 from tests.test_worker import scrape
 from tests.test_worker_faults import assert_exactly_once_and_equal, with_event_ids
-from tests.workers import count_scores, wait_for
+from tests.workers import all_committed, count_scores, wait_for
 from worker.common.connection import connect
 from worker.common.keys import partition_of
 from worker.common.local_redis import LocalCluster, free_port
@@ -108,8 +108,8 @@ def run_kill_9(cluster, model_path, tmp_path, seed: int, *extra: str):
         held = held_events(r, events)
         wait_for(lambda: count_scores(r, partitions=P) >= len(held), timeout=180,
                  what=f"all {len(held)} held events scored after the failover")  # fmt: skip
-        wait_for(lambda: all(r.xpending(KEYS.events(p), GROUP)["pending"] == 0
-                             for p in range(P)), timeout=60, what="nothing pending")  # fmt: skip
+        wait_for(lambda: all_committed(r, partitions=P), timeout=60,
+                 what="every entry committed")  # fmt: skip
     except BaseException:
         worker.kill()
         print(worker.log()[-5000:])

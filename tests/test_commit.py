@@ -30,28 +30,34 @@ LIMITS = CommitLimits(scores_maxlen=1000, deadletter_maxlen=1000, deadletter_max
 
 
 class Setup:
-    """A partition with entries pending for CONSUMER, its lease held by HOLDER."""
+    """A partition whose entries CONSUMER reads (NOACK, as the worker does), its lease held by
+    HOLDER; each batch read follows the one read before (`after`)."""
 
     def __init__(self, url: str) -> None:
         self.r = connect(url)
         self.r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
         self.r.set(KEYS.lease(0), HOLDER)
-        self.script = Committer(self.r, KEYS, GROUP, CONSUMER, HOLDER, LIMITS)
+        self.script = Committer(self.r, KEYS, HOLDER, LIMITS)
         self.model = ScoringModel(golden_model(), version="1")
+        self.after = b"0-0"
 
     def read(self, *events: dict, consumer: str = CONSUMER):
         for fields in events:
             self.r.xadd(STREAM, fields)
-        reply = self.r.xreadgroup(GROUP, consumer, {STREAM: ">"})
+        reply = self.r.xreadgroup(GROUP, consumer, {STREAM: ">"}, noack=True)
         entries = [[i, [x for kv in f.items() for x in kv]] for i, f in reply[0][1]]
-        return parse_batch(0, entries)
+        batch = parse_batch(0, entries)
+        if consumer == CONSUMER:
+            batch.after, self.after = self.after, batch.ids[-1]
+        return batch
 
     def commit_of(self, batch, seq: bytes = b""):
         states = UserStates.empty(distinct_users(batch), self.model.state_shape, seq)
         return build_commit(batch, states, self.model)
 
-    def pending(self) -> int:
-        return self.r.xpending(STREAM, GROUP)["pending"]
+    def position(self) -> bytes | None:
+        """The partition's last commit's last entry."""
+        return self.r.get(KEYS.acked(0))
 
 
 @pytest.fixture
@@ -68,7 +74,7 @@ def test_ok_writes_everything_and_a_resend_reports_applied(setup):
     first = setup.script.run(commit)
     assert not first.resent and first.replaced == 0
     assert setup.r.xlen(KEYS.scores(0)) == 3 and setup.r.xlen(KEYS.deadletter(0)) == 1
-    assert setup.pending() == 0
+    assert setup.position() == commit.ack_ids[-1]
     state = setup.r.hgetall(KEYS.state(0, "alice"))
     assert state[b"n"] == b"3" and state[b"model"] == b"1" and len(state[b"h"]) == 8
     again = setup.script.run(commit)  # as redis-py resends after a lost reply
@@ -79,7 +85,7 @@ def test_ok_writes_everything_and_a_resend_reports_applied(setup):
 def test_a_commit_needs_no_script_in_redis(setup):
     setup.r.script_flush()  # as after a restart without persistence of scripts
     result = setup.script.run(setup.commit_of(setup.read(alice("view"))))
-    assert not result.resent and setup.r.xlen(KEYS.scores(0)) == 1 and setup.pending() == 0
+    assert not result.resent and setup.r.xlen(KEYS.scores(0)) == 1 and setup.position()
 
 
 def checked(setup, commit) -> list:
@@ -97,13 +103,13 @@ def test_a_watched_key_changed_after_the_checks_applies_nothing(setup):
     setup.r.incr(KEYS.commit_seq(0))  # another commit landed between the checks and EXEC
     result = setup.script.finish(setup.conn, commit, None, replies)
     assert isinstance(result, CommitRefusedError) and result.reason == "conflict"
-    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.pending() == 1
+    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.position() is None
     assert setup.r.exists(KEYS.state(0, "alice")) == 0
     # the connection is clean: the commit, read at the new sequence and checked again on
     # it, applies
     commit.seq = setup.r.get(KEYS.commit_seq(0))
     assert not setup.script.finish(setup.conn, commit, None, checked(setup, commit)).resent
-    assert setup.r.xlen(KEYS.scores(0)) == 1 and setup.pending() == 0
+    assert setup.r.xlen(KEYS.scores(0)) == 1 and setup.position() == commit.ack_ids[-1]
 
 
 def test_a_lease_taken_after_the_checks_applies_nothing(setup):
@@ -111,14 +117,14 @@ def test_a_lease_taken_after_the_checks_applies_nothing(setup):
     replies = checked(setup, commit)
     setup.r.set(KEYS.lease(0), "another:process")
     result = setup.script.finish(setup.conn, commit, None, replies)
-    assert isinstance(result, CommitRefusedError) and setup.pending() == 1
+    assert isinstance(result, CommitRefusedError) and setup.position() is None
     assert setup.r.xlen(KEYS.scores(0)) == 0
 
 
 def test_a_check_that_fails_on_data_raises_and_writes_nothing(setup):
     commit = setup.commit_of(setup.read(alice("view")))
     setup.r.delete(STREAM)
-    setup.r.set(STREAM, "not a stream")  # the events key of another type: XPENDING fails
+    setup.r.set(STREAM, "not a stream")  # the events key of another type: XRANGE fails
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         setup.script.run(commit)
     assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.r.exists(KEYS.state(0, "alice")) == 0
@@ -132,10 +138,10 @@ def test_a_user_that_may_not_watch_never_writes(setup):
                         commands=["+@all", "-watch"])  # fmt: skip
     url = setup.r.connection_pool.connection_kwargs
     r = redis.Redis(host=url["host"], port=url["port"], username="nowatch", password="pw")
-    script = Committer(r, KEYS, GROUP, CONSUMER, HOLDER, LIMITS)
+    script = Committer(r, KEYS, HOLDER, LIMITS)
     with pytest.raises(redis.ResponseError, match=r"NOPERM|permission"):
         script.run(setup.commit_of(setup.read(alice("view"))))
-    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.pending() == 1
+    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.position() is None
 
 
 def test_a_commit_whose_connection_was_killed_applies_once(setup, redis_server):
@@ -153,24 +159,29 @@ def test_not_owned(setup):
     setup.r.set(KEYS.lease(0), "another:process")
     with pytest.raises(CommitRefusedError, match="not_owned"):
         setup.script.run(commit)
-    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.pending() == 1
+    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.position() is None
 
 
-def test_not_pending_when_another_consumer_claimed_the_entries(setup):
-    batch = setup.read(alice("view"))
-    commit = setup.commit_of(batch)
-    setup.r.xclaim(STREAM, GROUP, "other", 0, batch.ids)
-    with pytest.raises(CommitRefusedError, match="not_pending"):
-        setup.script.run(commit)
+def test_not_next_when_the_batch_does_not_follow_the_last_commit(setup):
+    first, second = setup.read(alice("view")), setup.read(alice("coupon"))
+    with pytest.raises(CommitRefusedError, match="not_next") as refused:
+        setup.script.run(setup.commit_of(second))  # follows `first`, not committed
+    assert refused.value.detail == "0-0"  # nothing committed yet
     assert setup.r.xlen(KEYS.scores(0)) == 0
+    seq = setup.script.run(setup.commit_of(first)).seq
+    setup.script.run(setup.commit_of(second, seq))  # in order, both apply
+    assert setup.r.xlen(KEYS.scores(0)) == 2 and setup.position() == second.ids[-1]
 
 
-def test_behind_when_an_older_entry_is_still_pending(setup):
-    setup.read(alice("view"), consumer="old-holder")  # read, never committed
+def test_gap_when_another_reader_took_entries_before_the_batch(setup):
+    """A paused worker past its lease reads on: the entries it took lie between the last
+    commit and this worker's batch, which must not commit over them."""
+    taken = setup.read(alice("view"), consumer="paused-holder")  # read, never committed
     commit = setup.commit_of(setup.read(alice("add_to_cart")))
-    with pytest.raises(CommitRefusedError, match="behind"):
+    with pytest.raises(CommitRefusedError, match="gap") as refused:
         setup.script.run(commit)
-    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.pending() == 2
+    assert refused.value.detail == taken.ids[0].decode()
+    assert setup.r.xlen(KEYS.scores(0)) == 0 and setup.position() is None
 
 
 def test_conflict_when_the_sequence_moved(setup):
@@ -181,7 +192,8 @@ def test_conflict_when_the_sequence_moved(setup):
     assert setup.r.xlen(KEYS.scores(0)) == 1
 
 
-@pytest.mark.parametrize("key", [KEYS.scores(0), KEYS.deadletter(0), KEYS.commit_seq(0)])
+@pytest.mark.parametrize("key", [KEYS.scores(0), KEYS.deadletter(0), KEYS.commit_seq(0),
+                                 KEYS.acked(0)])  # fmt: skip
 def test_bad_key_when_a_partition_key_holds_another_type(setup, key):
     commit = setup.commit_of(setup.read(alice("view"), {"type": "dead"}))
     setup.r.delete(key)
@@ -189,7 +201,8 @@ def test_bad_key_when_a_partition_key_holds_another_type(setup, key):
     with pytest.raises(CommitRefusedError, match="bad_key") as refused:
         setup.script.run(commit)
     assert refused.value.detail == key
-    assert setup.pending() == 2 and setup.r.exists(KEYS.state(0, "alice")) == 0
+    assert setup.r.exists(KEYS.state(0, "alice")) == 0
+    assert setup.r.type(KEYS.acked(0)) == (b"list" if key == KEYS.acked(0) else b"none")
 
 
 def test_a_state_key_of_another_type_is_replaced_and_the_rest_commits(setup):
@@ -201,7 +214,7 @@ def test_a_state_key_of_another_type_is_replaced_and_the_rest_commits(setup):
     assert result.replaced == 1
     for user in ("alice", "b", "c"):
         assert setup.r.hget(KEYS.state(0, user), "n") == b"1"
-    assert setup.r.xlen(KEYS.scores(0)) == 3 and setup.pending() == 0
+    assert setup.r.xlen(KEYS.scores(0)) == 3 and setup.position() == batch.ids[-1]
 
 
 def test_dead_letters_are_cut_and_trimmed(setup):

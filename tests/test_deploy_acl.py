@@ -478,8 +478,8 @@ E0, SC0, D0, ST0 = STREAM, "intentstream:scores:{0}", "intentstream:deadletter:{
 A0, RU = ACTIONS, RULES
 JOBS: dict[str, list[list[str]]] = {
     "worker": [
-        ["XREADGROUP", "GROUP", "g", "c", "COUNT", "5", "STREAMS", E0, ">"],
-        ["XACK", E0, "g", "1-1"], ["XAUTOCLAIM", E0, "g", "c", "1", "0-0", "JUSTID"],
+        ["XREADGROUP", "GROUP", "g", "c", "COUNT", "5", "NOACK", "STREAMS", E0, ">"],
+        ["XGROUP", "SETID", E0, "g", "0-0"],  # a seek back to the last commit
         ["XGROUP", "CREATE", E0, "g", "0", "MKSTREAM"], ["XTRIM", E0, "MINID", "1-1"],
         ["EVALSHA", "0" * 40, "2", E0, ST0], ["HSET", ST0, "h", "x"], ["XADD", SC0, "*", "a", "b"],
         ["XADD", D0, "*", "a", "b"], ["SET", "intentstream:lease:{0}", "w"],
@@ -489,7 +489,8 @@ JOBS: dict[str, list[list[str]]] = {
         ["STRLEN", "intentstream:model:1"], ["LRANGE", "intentstream:model:history", "0", "-1"],
         # the commit (adapters/commit.py): the checks under WATCH, then MULTI/EXEC
         ["WATCH", "intentstream:lease:{0}", "intentstream:seq:{0}", SC0, D0, A0],
-        ["XPENDING", E0, "g", "1-1", "1-1", "1", "c"], ["GET", "intentstream:lastcommit:{0}"],
+        ["GET", "intentstream:acked:{0}"], ["XRANGE", E0, "(0-0", "(1-1", "COUNT", "1"],
+        ["GET", "intentstream:lastcommit:{0}"],
         ["TIME"], ["MULTI"], ["INCR", "intentstream:seq:{0}"], ["EXEC"],
         # the intent rules (adapters/rule_source.py, common/rule_store.py) and the actions,
         # which the commit writes (TYPE, XADD: Redis checks them against the caller)
@@ -556,8 +557,10 @@ SHARED = {
     ("worker", f"WATCH {RU}"), ("worker", "UNWATCH"),
     # ... and the writers of the registry and the rules open transactions as it does
     ("trainer", "MULTI"), ("trainer", "EXEC"), ("ruler", "MULTI"), ("ruler", "EXEC"),
-    # KEDA's scaler reads the pending entries as the commit's checks do
-    ("keda", f"XPENDING {E0} g 1-1 1-1 1 c"),
+    # the worker reads event ranges (its commit's gap check, a seek, the lag) as the trainer
+    # and the ruler read the history
+    ("worker", f"XRANGE {E0} - + COUNT 10"), ("worker", f"XRANGE {E0} - + COUNT 10000"),
+    ("trainer", f"XRANGE {E0} (0-0 (1-1 COUNT 1"), ("ruler", f"XRANGE {E0} (0-0 (1-1 COUNT 1"),
     ("trainer", "GET intentstream:model:meta:1"), ("trainer", f"XRANGE {E0} - + COUNT 10000"),
     # the trainer's promotion gate reads the rules as the worker does
     ("trainer", f"HGETALL {RU}"), ("worker", f"HGETALL {RU}"), ("ruler", f"HGETALL {RU}"),

@@ -147,20 +147,20 @@ LIMITS = CommitLimits(1000, 1000, 64, 0)
 
 def pending_batch(r, events: list[dict], input_names: tuple[str, ...] = ()):
     """Partition 0 with its lease "holder"'s and the events read by consumer "c" of group
-    "g" (pending, as the worker leaves them before its commit), parsed as a batch."""
+    "g" (NOACK, as the worker reads them), parsed as a batch: the partition's first."""
     stream = KEYS.events(0)
     r.xgroup_create(stream, "g", id="0", mkstream=True)
     r.set(KEYS.lease(0), "holder")
     for fields in events:
         r.xadd(stream, fields)
     entries = [[i, [x for kv in f.items() for x in kv]] for i, f in
-               r.xreadgroup("g", "c", {stream: ">"})[0][1]]  # fmt: skip
+               r.xreadgroup("g", "c", {stream: ">"}, noack=True)[0][1]]  # fmt: skip
     return parse_batch(0, entries, input_names=input_names)
 
 
 def committer(r, layout: str = "lean") -> Committer:
     """The commit script of consumer "c" holding partition 0 (pending_batch)."""
-    return Committer(r, KEYS, "g", "c", "holder", LIMITS, layout)
+    return Committer(r, KEYS, "holder", LIMITS, layout)
 
 
 @pytest.mark.integration
@@ -184,7 +184,7 @@ def test_a_lean_commit_writes_three_state_fields_and_four_score_fields(redis_ser
     assert [row["event_id"] for row in rows] == [f"e-{t}" for t in GOLDEN_EVENTS]
     np.testing.assert_allclose([float(row["score"]) for row in rows], GOLDEN_SCORES, atol=1e-4)
     assert float(state[b"score"]) == pytest.approx(GOLDEN_SCORES[-1], abs=1e-4)
-    assert r.xlen(KEYS.deadletter(0)) == 1 and r.xpending(KEYS.events(0), "g")["pending"] == 0
+    assert r.xlen(KEYS.deadletter(0)) == 1 and r.get(KEYS.acked(0)) == batch.ids[-1]
     kept = read_state(Registry(r), "alice")  # what `intentstream explain` reads
     assert (
         kept is not None

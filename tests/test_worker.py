@@ -19,7 +19,7 @@ from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
 from tests.conftest import run_cli
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
-from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
@@ -208,26 +208,29 @@ def test_each_bad_input_is_dead_lettered_and_good_events_around_it_are_scored(
     rows = score_entries(r)
     assert sorted(row["event_id"] for row in rows) == sorted(i.decode() for i in good_ids)
     assert {row["user_id"] for row in rows} >= {"j", "x"}
-    assert r.xpending(STREAM0, "intentstream-workers")["pending"] == 0  # all acknowledged
+    assert all_committed(r)
     m = consumer.metrics
     assert m.count("deadletter") == len(bad)
     assert m.count("scored") == len(good_ids)
     assert m.value("intentstream_unknown_type_events_total") == 1
 
 
-def test_entry_deleted_while_pending_is_counted_lost_not_dropped_silently(
-    redis_server, golden_path
-):
+def test_an_entry_deleted_before_its_commit_holds_up_nothing(redis_server, golden_path):
+    """Delivered, not committed (a read whose reply was lost), then deleted: the partition's
+    next read resumes after its last commit, where the entry no longer is; the rest is scored
+    once and nothing is counted that did not happen."""
     r = connect(redis_server.url)
     consumer = in_process_consumer(redis_server.url, golden_path)
     consumer.tick()  # creates the group
     a = r.xadd(STREAM0, {"user_id": "a", "type": "view"})
-    r.xreadgroup("intentstream-workers", "c1", {STREAM0: ">"})  # delivered, not processed
+    r.xreadgroup("intentstream-workers", "c1", {STREAM0: ">"}, noack=True)  # reply "lost"
     r.xdel(STREAM0, a)
+    b = r.xadd(STREAM0, {"user_id": "b", "type": "view"})
     consumer.cursors[0].rewind()  # as after a lost read reply
     consumer.tick()
-    assert consumer.metrics.count("lost") == 1
-    assert r.xpending(STREAM0, "intentstream-workers")["pending"] == 0
+    assert [row["user_id"] for row in score_entries(r)] == ["b"]
+    assert consumer.metrics.count("scored") == 1 and consumer.metrics.count("lost") == 0
+    assert r.get(consumer.keys.acked(0)) == b
 
 
 def test_a_commit_sent_twice_applies_once_and_counts_once(redis_server, golden_path):
@@ -337,7 +340,8 @@ def test_sigterm_commits_the_batch_in_hand_and_exits_zero(redis_server, model_pa
     wait_for(lambda: count_scores(r) > 0, what="the first scores")
     assert worker.terminate() == 0
     group = r.xinfo_groups(STREAM0)[0]
-    assert group["pending"] == 0  # every entry read was committed and acknowledged
+    # every entry read was committed: the position is the last entry delivered
+    assert r.get(Keys("intentstream").acked(0)) == group["last-delivered-id"]
     assert count_scores(r) == group["entries-read"]
     assert '"worker stopped"' in worker.log()
     assert r.get("intentstream:lease:{0}") is None  # released for the next worker
@@ -434,17 +438,18 @@ def test_tls_redis_url(tmp_path, golden_path):
 def test_an_older_pending_entry_is_applied_before_a_newer_one_of_the_same_user(
     redis_server, golden_path
 ):
-    # A read whose reply was lost (or whose commit failed) leaves an entry pending; a newer
-    # event of the same user must not commit first, or the older one would look applied.
+    # A read whose reply was lost (or whose commit failed) leaves an entry delivered and not
+    # committed; a newer event of the same user must not commit first, or the older one would
+    # look applied.
     r = connect(redis_server.url)
     consumer = in_process_consumer(redis_server.url, golden_path)
     consumer.tick()  # takes the partition, nothing to read
     r.xadd(STREAM0, {"user_id": "alice", "type": "view"})
-    r.xreadgroup("intentstream-workers", "c1", {STREAM0: ">"})  # delivered; reply "lost"
+    r.xreadgroup("intentstream-workers", "c1", {STREAM0: ">"}, noack=True)  # reply "lost"
     r.xadd(STREAM0, {"user_id": "alice", "type": "add_to_cart"})
     ghost_id = r.xadd(STREAM0, {"user_id": "bob", "type": "view"})
-    r.xreadgroup("intentstream-workers", "ghost", {STREAM0: ">"})  # an old holder's late read
-    r.xadd(STREAM0, {"user_id": "bob", "type": "add_to_cart"})
+    r.xreadgroup("intentstream-workers", "ghost", {STREAM0: ">"}, noack=True)  # an old holder's
+    last = r.xadd(STREAM0, {"user_id": "bob", "type": "add_to_cart"})
     for _ in range(4):
         consumer.tick()
     rows = score_entries(r)
@@ -453,9 +458,9 @@ def test_an_older_pending_entry_is_applied_before_a_newer_one_of_the_same_user(
     alice = [float(x["score"]) for x in rows if x["user_id"] == "alice"]
     np.testing.assert_allclose(alice, GOLDEN_SCORES[:2], atol=1e-4)
     assert consumer.metrics.count("duplicate") == 0
-    assert consumer.metrics.value("intentstream_commit_retries_total", reason="behind") >= 1
+    assert consumer.metrics.value("intentstream_commit_retries_total", reason="gap") >= 1
     assert ghost_id.decode() in {x["event_id"] for x in rows}
-    assert r.xpending(STREAM0, "intentstream-workers")["pending"] == 0
+    assert r.get(consumer.keys.acked(0)) == last
 
 
 def test_two_processes_with_one_consumer_name_never_both_hold_a_partition(
@@ -488,21 +493,22 @@ def test_group_recreated_after_the_last_acknowledged_entry(redis_server, golden_
     assert [x["user_id"] for x in score_entries(r)] == ["a", "b"]
 
 
-def test_long_idle_consumers_without_pending_entries_are_forgotten(
-    redis_server, golden_path, monkeypatch
-):
+def test_long_idle_consumers_are_forgotten(redis_server, golden_path, monkeypatch):
     r = connect(redis_server.url)
     consumer = in_process_consumer(redis_server.url, golden_path)
-    consumer.tick()
+    r.xadd(STREAM0, {"user_id": "z", "type": "view"})
+    while not consumer.metrics.count("scored"):  # reads as c1
+        consumer.tick()
     r.xreadgroup("intentstream-workers", "host-123", {STREAM0: ">"})  # a restarted worker's
     r.xadd(STREAM0, {"user_id": "a", "type": "view"})
-    r.xreadgroup("intentstream-workers", "host-456", {STREAM0: ">"})  # holds a pending entry
+    # a version before NOACK reads: its pending entries mean nothing now
+    r.xreadgroup("intentstream-workers", "host-456", {STREAM0: ">"})
     monkeypatch.setattr(
         "worker.engine.adapters.maintenance.STALE_CONSUMER_MS", -1
     )  # any idle time is long
     consumer.maintenance.run(sorted(consumer.ownership.owned))
     names = {c["name"] for c in r.xinfo_consumers(STREAM0, "intentstream-workers")}
-    assert names == {b"c1", b"host-456"} or names == {"c1", "host-456"}
+    assert names == {b"c1"} or names == {"c1"}
 
 
 def assert_each_scored_once_as_offline(
@@ -661,7 +667,7 @@ def test_a_real_worker_dead_letters_an_entry_at_2_63_ms_and_scores_the_rest(
         assert "past year 9999 and no ts is given" in dead[poison]
         scored = {row["event_id"] for row in score_entries(r)}
         assert scored == {i.decode() for i in [*before, after]}
-        wait_for(lambda: r.xpending(STREAM0, "intentstream-workers")["pending"] == 0,
+        wait_for(lambda: all_committed(r),
                  what="everything acknowledged")  # fmt: skip
         assert worker.proc.poll() is None, worker.log()
     finally:

@@ -16,7 +16,7 @@ import redis
 
 from tests.golden import GOLDEN_SCORES
 from tests.test_worker import http_status, in_process_consumer, scrape
-from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.append_function import install
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
@@ -53,7 +53,7 @@ def test_a_state_key_of_another_type_resets_that_user_and_the_batch_commits_whol
         pipe.xadd(KEYS.events(0), {"user_id": u, "type": "add_to_cart"})
     pipe.execute()
     tick_until(consumer, lambda: count_scores(r) == 6, "second scores")
-    assert r.xpending(KEYS.events(0), "intentstream-workers")["pending"] == 0
+    assert all_committed(r)
     n = {u: r.hget(KEYS.state(0, u), "n") for u in "abc"}
     assert n == {"a": b"2", "b": n_b, "c": b"2"}
     scores = {row["user_id"]: float(row["score"]) for row in score_entries(r)[3:]}

@@ -14,7 +14,7 @@ from model.artifact import load_model
 from model.scoring import InMemoryScorer, ScoringModel
 from model.synthetic import synthetic_events
 from tests.actions_check import assert_actions_exactly_once, set_firing_rules
-from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
+from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import partition_of
 from worker.common.local_redis import free_port
@@ -55,8 +55,7 @@ def assert_exactly_once_and_equal(r, events, model_path, partitions=PARTITIONS):
         p = partition_of(user, partitions)
         stored = as_fields(r.hgetall(f"intentstream:state:{{{p}}}:{user}"))[b"h"]  # any layout
         np.testing.assert_allclose(np.frombuffer(stored, "<f4").reshape(h.shape), h, atol=1e-5)
-    for p in range(partitions):
-        assert r.xpending(f"intentstream:events:{{{p}}}", "intentstream-workers")["pending"] == 0
+    assert all_committed(r, partitions=partitions)
 
 
 def test_kill_9_at_random_points_loses_nothing_and_applies_nothing_twice(

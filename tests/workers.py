@@ -81,3 +81,13 @@ def score_entries(
 
 def count_scores(client: redis.Redis, prefix: str = "intentstream", partitions: int = 1) -> int:
     return sum(client.xlen(f"{prefix}:scores:{{{p}}}") for p in range(partitions))
+
+
+def all_committed(client: redis.Redis, prefix: str = "intentstream", partitions: int = 1) -> bool:
+    """Every partition's position (its last commit's last entry, `acked`) is its stream's
+    last entry: every entry was committed (a stream with no entry: nothing to commit)."""
+    for p in range(partitions):
+        newest = client.xrevrange(f"{prefix}:events:{{{p}}}", count=1)
+        if newest and client.get(f"{prefix}:acked:{{{p}}}") != newest[0][0]:
+            return False
+    return True

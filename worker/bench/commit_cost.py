@@ -5,8 +5,8 @@ of the same events.
 The backlog goes once through the worker's pipeline without Redis (parse, states from the
 write-through cache, `build_commit`; worker/bench/pipeline_cpu.py), and each commit is packed
 for each layout (docs/contract.md, The lean layout). A round flushes Redis, publishes the
-backlog, reads it all as the committing consumer (so every entry is pending, as the worker
-leaves it), then sends the commits one by one: the checks under WATCH and the transaction
+backlog, reads it all as the committing consumer (every entry pending, for the plain
+consumer's XACKs), then sends the commits one by one: the checks under WATCH and the transaction
 (adapters/commit.py; two round trips in a worker, one pipeline here, the same work for
 Redis), each's replies read before the next, and counts Redis's CPU (`used_cpu_user` +
 `used_cpu_sys`) over the sends only. `plain` sends, per batch, the writes of the plain
@@ -68,8 +68,9 @@ def worker_commit(commit: Commit, committer: Committer) -> tuple[bytes, int]:
 
 
 def _pending(r: redis.Redis, batches: list[list]) -> None:
-    """A flushed database with the backlog published and read by CONSUMER, the partition's
-    lease HOLDER's, its sequence where the first commit read it."""
+    """A flushed database with the backlog published and read by CONSUMER (pending, for the
+    plain consumer's XACKs; the worker's commits need only the stream), the partition's lease
+    HOLDER's, its sequence where the first commit read it."""
     r.flushdb()
     pipe = r.pipeline(transaction=False)
     for entries in batches:
@@ -109,7 +110,7 @@ def run_commit_bench(
     commits = list(pipeline_commits(model, batches, args.history_events))
     limits = CommitLimits(10**9, 10_000, 512, 0)
     sends = {
-        lay: [worker_commit(c, Committer(r, KEYS, GROUP, CONSUMER, HOLDER, limits, lay))
+        lay: [worker_commit(c, Committer(r, KEYS, HOLDER, limits, lay))
               for c in commits]
         for lay in ("full", "lean")
     }  # fmt: skip

@@ -58,8 +58,10 @@ def pipeline_commits(
     cache = StateCache(10**8)
     reader = StateReader(client, Keys(), cache, lambda _version: model.version)
     names, width, seq = tuple(model.input_names), len(STATE_FIELDS), 1
+    after = b"0-0"
     for entries in batches:
         batch = parse_batch(0, entries, input_names=names)
+        batch.after, after = after, batch.ids[-1]  # each batch follows the one before
         request = reader.request(0, distinct_users(batch))
         # what the read returns for users Redis has no state of
         read = [str(seq).encode()] + [None] * (width * len(request.misses))
@@ -73,7 +75,7 @@ def pipeline_commits(
 def step_seconds(model: ScoringModel, batches: list[list], history_events: int) -> Iterator[float]:
     """Process time of each batch's step through the pipeline (its commit built and packed,
     the cache's copy of the one before stored), from an empty cache."""
-    committer = Committer(redis.Redis(), Keys(), "g", "c", "h", CommitLimits(10**8, 1000, 256, 0))
+    committer = Committer(redis.Redis(), Keys(), "h", CommitLimits(10**8, 1000, 256, 0))
     commits = pipeline_commits(model, batches, history_events)
     while True:
         t = time.process_time()

@@ -65,9 +65,6 @@ class Settings(BaseSettings):
     batch_size: int = Field(512, ge=1, le=100_000, description="max entries per read")
     block_ms: int = Field(1000, ge=1, description="blocking read time in ms")
     socket_timeout: float = Field(5.0, gt=0, description="Redis socket timeout in seconds")
-    claim_idle_ms: int = Field(
-        60_000, ge=1, description="claim other consumers' entries idle this long"
-    )
     lease_ms: int = Field(
         10_000, ge=100, description="partition lease; a dead worker's partitions move after it"
     )

@@ -12,10 +12,10 @@ when none of its batches is queued, and idle partitions wait in blocking reads o
 (adapters/parked.py). All the worker holds of a partition is a Partition (partition.py),
 forgotten in one call when it may no longer hold.
 
-A commit that applied nothing never loses an entry: the entries stay pending for this
-consumer and are read again, in order, before new ones. Redis outages back off and retry;
-bad data in one partition-wide key stops that partition only (it backs off, the log names
-the key); bad data in a user's state resets that user only.
+A commit that applied nothing never loses an entry: the partition's next read resumes after
+its last commit (adapters/streams.py), so its entries are read again, in order. Redis
+outages back off and retry; bad data in one partition-wide key stops that partition only (it
+backs off, the log names the key); bad data in a user's state resets that user only.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class Consumer:
                                  self.metrics)  # fmt: skip
         limits = CommitLimits(s.scores_maxlen, s.deadletter_maxlen,
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
-        self.committer = Committer(client, self.keys, s.group, s.consumer, self.holder, limits,
+        self.committer = Committer(client, self.keys, self.holder, limits,
                                    s.layout, self.nodes)  # fmt: skip
         self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
@@ -204,7 +204,8 @@ class Consumer:
         refresh_topology(self.r)
 
     def _rewind(self) -> None:
-        """Re-read own pending entries first: they may hold a batch that did not commit."""
+        """Resume every partition after its last commit: what was read may not have
+        committed."""
         self.parked.release_all()
         for part in self.parts:
             part.forget()
@@ -215,8 +216,8 @@ class Consumer:
             self._process_queued()
             self._settle()
         except (redis.RedisError, PartitionDataError) as exc:
-            log.warning("read entries left pending at stop", extra={"error": str(exc)})
-        self.parked.release_all()  # what they delivered stays pending, for the next holder
+            log.warning("read entries left uncommitted at stop", extra={"error": str(exc)})
+        self.parked.release_all()  # what they delivered is read again by the next holder
         try:
             self.ownership.release_all()
         except redis.RedisError as exc:
@@ -251,9 +252,6 @@ class Consumer:
         if not parts:
             self._stop.wait(min(1.0, self.s.lease_ms / 3000))
             return
-        for p in parts:
-            self._guarded(p, self._claim_idle, p, now)
-        parts = self._readable()
         self.parts.keep_only(parts)
         self._unpark(parts)
         unfed = self._unfed([p for p in parts if p not in self.parked])
@@ -270,11 +268,11 @@ class Consumer:
             on_node = self.nodes.on_node(node, self._readable())
             still = [p for p in on_node if p not in self.parked]
             # A commit travels with a read ahead of its node's partitions while at most one
-            # batch of them is queued (new entries only: pending ones are read in order).
+            # batch of them is queued (and none has to seek back to its last commit first).
             read_ahead = (
                 self.parts.queued(set(still)) <= 1
                 and bool(still)
-                and not any(self.parts[p].cursor.draining for p in still)
+                and not any(self.parts[p].cursor.seeking for p in still)
             )
             # The node's next queued batch is computed while Redis runs the commit, even when
             # another node's comes first in the queue (a node's last batch of a round, its
@@ -350,13 +348,13 @@ class Consumer:
         got = {b.partition for b in batches}
         for p in read:
             cursor = self.parts[p].cursor
-            if p not in got and not cursor.draining:
+            if p not in got and not cursor.seeking:
                 self.parked.park(self.nodes.client(p), cursor, self.s.batch_size, self.s.block_ms)
 
     def _unpark(self, parts: list[int]) -> None:
-        """Let go the parked reads of partitions not readable or re-reading their own
-        pending entries (claimed, taken over): those are read in order, by plain reads."""
-        keep = {p for p in parts if not self.parts[p].cursor.draining}
+        """Let go the parked reads of partitions not readable or seeking back to their last
+        commit (taken over, refused): those are read in order, by plain reads."""
+        keep = {p for p in parts if not self.parts[p].cursor.seeking}
         for part in self.parts:
             if part.number in self.parked and part.number not in keep:
                 self.parked.release(part.number)
@@ -376,11 +374,6 @@ class Consumer:
         while (batch := self.parts.pop()) is not None:
             if batch.partition in self._readable():
                 self._guarded(batch.partition, self.process, batch)
-
-    def _claim_idle(self, p: int, now: float) -> None:
-        cursor = self.parts[p].cursor
-        if now - cursor.last_claim > self.s.claim_idle_ms / 2000:
-            self.tally.lost(p, self.reader.claim(cursor, self.s.claim_idle_ms))
 
     # ---- ownership ---------------------------------------------------------------------
 
@@ -410,14 +403,14 @@ class Consumer:
             raise _PartitionCountChangedError from None
 
     def _take_over(self, p: int) -> None:
-        """A newly held partition: make sure the group exists, claim all its pending entries.
-        What it knew of it is forgotten: others may have committed while we did not hold it."""
+        """A newly held partition: make sure the group exists; its first read resumes after
+        its last commit. What it knew of it is forgotten: others may have committed while we
+        did not hold it."""
         part = self.parts[p]
         part.forget()
         self.reader.ensure_group(p)
         self._route(keys=[self.keys.route(p)], args=[self.s.partitions])
         self.health.group_ok = True
-        self.tally.lost(p, self.reader.claim(part.cursor, min_idle_ms=0))
         log.info("took partition", extra={"partition": p})
 
     def _let_go(self, p: int) -> None:
@@ -455,8 +448,8 @@ class Consumer:
                 self.cache.drop(p)
                 self.metrics.commit_retries.labels(exc.reason).inc()
                 if not self._refusal_retries(p, exc) or attempt == CONFLICT_RETRIES - 1:
-                    # Not applied: the batch, and any newer one read behind it, stay pending
-                    # for us and are read again in order.
+                    # Not applied: the batch, and any newer one read behind it, are read
+                    # again, in order, after the partition's last commit.
                     self.parts[p].forget()
                     return
 
@@ -469,15 +462,11 @@ class Consumer:
         if reason == "not_owned":
             log.warning("partition lease lost before commit", extra={"partition": p})
             self._let_go(p)
-        elif reason == "behind":
-            # An older entry is still pending (a read whose commit failed, or one delivered
-            # to another consumer): take them all and re-read in order.
-            log.info("older entries pending; re-reading in order", extra={"partition": p})
-            self.tally.lost(p, self.reader.claim(self.parts[p].cursor, min_idle_ms=0))
         elif reason == "bad_key":
             raise PartitionDataError(p, f"{exc.detail} holds another type; fix or delete it")
-        else:  # not_pending: claimed by another consumer, or committed by an earlier send
-            log.info("batch no longer pending for this consumer", extra={"partition": p})
+        else:  # not_next, gap: another commit or reader moved the partition on
+            log.info("batch does not follow the partition's last commit; re-reading in order",
+                     extra={"partition": p, "reason": reason, "detail": exc.detail})  # fmt: skip
         return False
 
     def _process_once(

@@ -5,8 +5,8 @@ was lost.
 
 `Partition.forget` drops all that was read, computed or cached of it, whenever what this
 worker knows of the partition may no longer hold: its lease lost or handed over, newly
-taken, bad data, a commit that applied nothing, a Redis outage. Nothing is lost by it: the
-entries stay pending for this consumer and are read again, in order.
+taken, bad data, a commit that applied nothing, a Redis outage. Nothing is lost by it: its
+next read resumes after its last commit, so its entries are read again, in order.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Partition:
 
     def forget(self) -> None:
         """Drop what was read, computed ahead or cached of this partition; its next read
-        starts from this consumer's own pending entries. The block and an unsettled commit
+        resumes after its last commit. The block and an unsettled commit
         are kept: the bad data is still there, and the commit is counted whenever Redis
         shows it applied, whoever holds the partition by then."""
         self.queued.clear()

@@ -4,40 +4,42 @@ scores out): the checks as plain reads under WATCH, then every write in one MULT
 Two round trips on one connection (the first rides with the reads ahead, engine/readahead.py):
 
   1. WATCH of the partition's lease, sequence, scores and dead-letter streams (and actions
-     stream, when the commit writes actions), then the checks: the lease's holder, whether
-     the batch's first and last entries are still pending for this consumer, the oldest
-     pending entry, the sequence, the types of the streams written, the partition's last
+     stream, when the commit writes actions), then the checks: the lease's holder, the
+     partition's position (`acked`: its last commit's last entry), the entries between it
+     and the batch, the sequence, the types of the streams written, the partition's last
      commit token (and the server's time, for a partition's first sequence);
   2. when every check passes, MULTI, the writes, EXEC; when one fails, UNWATCH and nothing
      is written. The writes: the score entries, the actions the intent rules fired, the dead
-     letters, the XACK of every entry, the partition's acknowledged id and commit token, the
-     users' states (their rule states with them), the sequence's INCR.
+     letters, the partition's position and commit token, the users' states (their rule
+     states with them), the sequence's INCR.
 
 A failed check says why (CommitRefusedError):
 
     not_owned    the partition's lease is another process's (or gone)
-    not_pending  an entry is no longer pending for this consumer (claimed by another, or
-                 committed by an earlier send of another commit)
-    behind       an older entry of the partition is still pending (read, not committed): it
-                 must be applied first, or a user's later event would make it look applied
+    not_next     the partition's last commit is not the entry the batch follows (another
+                 commit landed since it was read, or an earlier send of another commit)
+    gap          entries lie between the partition's last commit and the batch (read by
+                 another reader of the group, say a paused worker past its lease): they must
+                 be applied first, or a user's later event would make them look applied
     conflict     a commit of the partition landed since the states were read (or a watched
                  key changed between the checks and EXEC)
-    bad_key      a scores, actions, dead-letter or sequence key holds data of another type
+    bad_key      a scores, actions, dead-letter, position or sequence key holds data of
+                 another type
 
 and one success besides a plain one: `applied`, when this very commit was applied by an
-earlier send whose reply was lost (the caller sends it again after an outage): the entries
-are no longer pending and the partition's last commit token is this commit's.
+earlier send whose reply was lost (the caller sends it again after an outage): the
+partition's position is the batch's last entry and its last commit token is this commit's.
 
 Why all or nothing: EXEC runs the queued writes only if no watched key changed since the
 WATCH, so what the checks saw still holds when the writes run (another commit bumps the
-sequence; a take-over writes the lease). A slot that moved fails the queueing (MOVED, ASK)
-and EXEC discards the transaction. The writes cannot fail on data but one way: a user's
-state key that an operator overwrote with another type. Its HSET fails alone, as if the
-operator's write had come just after the commit, and the key is replaced by the state at
-once, in a transaction of its own under the sequence the commit set (`replaced`). Why not a
-Lua script: taking a script's arguments as Lua strings (each byte hashed) and each
-redis.call cost Redis about half again what the same writes cost as commands
-(BENCHMARKS.md, The commit's Redis CPU).
+sequence; a take-over writes the lease; no entry can appear between two existing ones). A
+slot that moved fails the queueing (MOVED, ASK) and EXEC discards the transaction. The writes
+cannot fail on data but one way: a user's state key that an operator overwrote with another
+type. Its HSET fails alone, as if the operator's write had come just after the commit, and
+the key is replaced by the state at once, in a transaction of its own under the sequence the
+commit set (`replaced`). Why not a Lua script: taking a script's arguments as Lua strings
+(each byte hashed) and each redis.call cost Redis about half again what the same writes cost
+as commands (BENCHMARKS.md, The commit's Redis CPU).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import redis
 from worker.common.connection import is_cluster, read_replies, refresh_topology
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
-from worker.engine.adapters.resp import Joined, packed_command, resp_commands
+from worker.engine.adapters.resp import Joined, resp_commands
 from worker.engine.compute.batch import DeadLetter
 from worker.engine.compute.lean_state import packed_states
 from worker.engine.compute.pipeline import Commit
@@ -59,7 +61,7 @@ from worker.engine.compute.pipeline import Commit
 # Field/value pairs kept of one dead letter; values are cut to `max_value_bytes` besides.
 MAX_DEAD_FIELDS = 32
 
-REASONS = ("not_owned", "not_pending", "behind", "conflict", "bad_key")
+REASONS = ("not_owned", "not_next", "gap", "conflict", "bad_key")
 
 
 class CommitRefusedError(Exception):
@@ -181,14 +183,12 @@ class Committer:
     """Packs Commits for one worker process and applies them."""
 
     def __init__(
-        self, client: redis.Redis, keys: Keys, group: str, consumer: str, holder: str,
-        limits: CommitLimits, layout: str = "full", nodes: PartitionNodes | None = None,
+        self, client: redis.Redis, keys: Keys, holder: str, limits: CommitLimits,
+        layout: str = "full", nodes: PartitionNodes | None = None,
     ) -> None:  # fmt: skip
         self.client = client
         self.lean = layout == "lean"  # docs/contract.md, The lean layout
         self.keys = keys
-        self.group = group
-        self.consumer = consumer
         self.holder = holder
         self.limits = limits
         self.nodes = nodes or PartitionNodes(client, keys)
@@ -205,13 +205,11 @@ class Committer:
         watched = [k.lease(p), k.commit_seq(p), k.scores(p), k.deadletter(p)]
         if c.actions:
             watched.append(k.actions(p))
-        events, first, last = k.events(p), c.ack_ids[0], c.ack_ids[-1]
         commands = [
-            ("WATCH", *watched), ("GET", k.lease(p)),
-            ("XPENDING", events, self.group, first, first, 1, self.consumer),
-            ("XPENDING", events, self.group, last, last, 1, self.consumer),
-            ("XPENDING", events, self.group), ("GET", k.commit_seq(p)),
-            *(("TYPE", key) for key in watched[2:]), ("GET", k.last_commit(p)),
+            ("WATCH", *watched), ("GET", k.lease(p)), ("GET", k.acked(p)),
+            ("XRANGE", k.events(p), b"(" + c.after, b"(" + c.ack_ids[0], "COUNT", 1),
+            ("GET", k.commit_seq(p)), *(("TYPE", key) for key in watched[2:]),
+            ("GET", k.last_commit(p)),
         ]  # fmt: skip
         if c.seq == b"":  # the partition's first commit: its sequence starts from the clock
             commands.append(("TIME",))
@@ -225,22 +223,22 @@ class Committer:
         if isinstance(replies[0], redis.ResponseError):
             return _Verdict(replies[0])  # no WATCH (an ACL without it): never write unwatched
         clock = 1 if c.seq == b"" else 0  # the TIME read last
-        lease, first, last, summary, seq = replies[1:6]
-        types, token = replies[6 : len(replies) - 1 - clock], replies[-1 - clock]
+        lease, at, between, seq = replies[1:5]
+        types, token = replies[5 : len(replies) - 1 - clock], replies[-1 - clock]
         if lease != self.holder.encode():
             return _Verdict(CommitRefusedError("not_owned", ""))
-        for pending, entry_id in ((first, c.ack_ids[0]), (last, c.ack_ids[-1])):
-            if isinstance(pending, redis.ResponseError):
-                return _Verdict(pending)  # the stream is another type, or its group is gone
-            if not pending:
-                if token == self.token(c):
-                    applied = seq if isinstance(seq, bytes) else b""
-                    return _Verdict(CommitResult(applied, 0, resent=True))
-                return _Verdict(CommitRefusedError("not_pending", entry_id.decode()))
-        if isinstance(summary, redis.ResponseError):
-            return _Verdict(summary)
-        if summary[1] is not None and summary[1] != c.ack_ids[0]:
-            return _Verdict(CommitRefusedError("behind", summary[1].decode()))
+        if isinstance(at, redis.ResponseError):
+            return _Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
+        at = at or b"0-0"
+        if at != c.after:
+            if at == c.ack_ids[-1] and token == self.token(c):
+                applied = seq if isinstance(seq, bytes) else b""
+                return _Verdict(CommitResult(applied, 0, resent=True))
+            return _Verdict(CommitRefusedError("not_next", at.decode()))
+        if isinstance(between, redis.ResponseError):
+            return _Verdict(between)  # the events key holds another type
+        if between:
+            return _Verdict(CommitRefusedError("gap", between[0][0].decode()))
         seq_key = self.keys.commit_seq(c.partition)
         if isinstance(seq, redis.ResponseError) or (seq is not None and not seq.isdigit()):
             return _Verdict(CommitRefusedError("bad_key", seq_key))
@@ -260,7 +258,7 @@ class Committer:
 
     def prepare(self, c: Commit) -> PreparedCommit:
         """MULTI and the writes of a Commit as RESP, in this order: score entries, actions,
-        dead letters, XACK, acknowledged id, last commit token (GET, then SET), the state
+        dead letters, the partition's position, last commit token (GET, then SET), the state
         keys rewritten whole (DEL), the states (HSET), the shadow model's, their TTL."""
         k, p, lim = self.keys, c.partition, self.limits
         text = decimals(c.scores)
@@ -280,12 +278,11 @@ class Committer:
                                  "*", "source_id", source_id, "error", error, *pairs))  # fmt: skip
         n += len(c.dead)
         parts += [
-            packed_command(["XACK", k.events(p), self.group, *c.ack_ids], 3),
             _packed("SET", k.acked(p), c.ack_ids[-1]),
             _packed("GET", k.last_commit(p)),
             _packed("SET", k.last_commit(p), self.token(c)),
         ]
-        previous_at, n = n + 2, n + 4
+        previous_at, n = n + 1, n + 3
         states, n_states, first_hset, rows = self._state_writes(c, text)
         return PreparedCommit(_chunks([_MULTI, *parts, *states]), n + n_states, previous_at,
                               n + first_hset, rows)  # fmt: skip

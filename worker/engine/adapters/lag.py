@@ -99,3 +99,14 @@ def undelivered(client: Client, stream: str, group: dict, cap: int = COUNT_CAP) 
         return int(lag)
     counted = count_after(client, stream, _field(group, "last-delivered-id"), cap)
     return counted if counted <= cap else None
+
+
+def uncommitted(client: Client, stream: str, acked: tuple[int, int], group: dict) -> int:
+    """Entries of `stream` delivered to `group` (its XINFO GROUPS entry) and not yet
+    committed: after the partition's position `acked`, up to the group's last-delivered-id
+    (at most a few batches read ahead; counted up to a page)."""
+    last = _id(_field(group, "last-delivered-id") or b"0-0")
+    if last <= acked:
+        return 0
+    end = f"{last[0]}-{last[1]}"
+    return len(client.xrange(stream, f"({acked[0]}-{acked[1]}", end, count=PAGE))

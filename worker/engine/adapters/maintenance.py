@@ -1,10 +1,11 @@
-"""Housekeeping at the worker's maintenance tick: lag and pending gauges, Redis memory
-gauges, trimming of the input history, and forgetting long-idle consumers.
+"""Housekeeping at the worker's maintenance tick: lag and pending gauges (pending: delivered,
+not yet committed), Redis memory gauges, trimming of the input history, and forgetting
+long-idle consumers.
 
-Input streams are never trimmed past an entry some group has not acknowledged (docs/contract.md,
-User state and scores out);
-the history kept for training is bounded by a retention time (MINID) and a length cap,
-whichever trims more.
+Input streams are never trimmed past an entry the workers have not committed (after the
+partition's position, `acked`), nor one another group has not acknowledged (docs/contract.md,
+User state and scores out); the history kept for training is bounded by a retention time
+(MINID) and a length cap, whichever trims more.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import redis
 
 from worker.common.keys import Keys
 from worker.common.settings import Settings
-from worker.engine.adapters.lag import REPAIR_SCRIPT, undelivered
+from worker.engine.adapters.lag import REPAIR_SCRIPT, uncommitted, undelivered
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.compute.batch import entry_id
 
@@ -86,7 +87,9 @@ class Maintenance:
         self.metrics.redis_maxmemory.set(int(info.get("maxmemory", 0)))
 
     def _unacked_bound(self, p: int, stream: str) -> tuple[int, int] | None:
-        """The oldest entry some group still needs (pending or undelivered); sets the gauges."""
+        """The oldest entry some group still needs: the workers' group every entry after the
+        partition's last commit (`acked`), another group its pending or undelivered ones;
+        sets the gauges."""
         bound: tuple[int, int] | None = None
         for g in self.r.xinfo_groups(stream):
             name = _text(_field(g, "name"))
@@ -95,15 +98,18 @@ class Maintenance:
             if name == self.s.group:
                 lag = undelivered(self.r, stream, g)
                 self.metrics.lag.labels(str(p)).set(math.nan if lag is None else lag)
-                self.metrics.pending.labels(str(p)).set(pending)
+                acked = entry_id(self.r.get(self.keys.acked(p)) or b"0-0")
+                self.metrics.pending.labels(str(p)).set(uncommitted(self.r, stream, acked, g))
                 if lag == 0 and _field(g, "lag") not in (0, None):
                     self._repair_counter(p, stream, _field(g, "lag"))
                 read = _field(g, "entries-read")
                 if read is not None:
                     self.positions.setdefault(p, Positions()).add(int(read), last)
-            keep_from = (last[0], last[1] + 1)  # delivered and acked up to last-delivered
-            if pending:
-                keep_from = min(keep_from, entry_id(self.r.xpending(stream, name)["min"]))
+                keep_from = (acked[0], acked[1] + 1)  # committed up to acked
+            else:
+                keep_from = (last[0], last[1] + 1)  # delivered and acked up to last-delivered
+                if pending:
+                    keep_from = min(keep_from, entry_id(self.r.xpending(stream, name)["min"]))
             bound = keep_from if bound is None else min(bound, keep_from)
         return bound
 
@@ -141,11 +147,11 @@ class Maintenance:
 
     def _forget_idle_consumers(self, stream: str) -> None:
         """Each restart under the default name (host and pid) leaves a consumer behind in the
-        group; drop those idle for a day with no pending entries."""
+        group; drop those idle for a day. Their pending entries, if any (read by a version
+        before reads were NOACK), mean nothing now: the position is the last commit."""
         for c in self.r.xinfo_consumers(stream, self.s.group):
             name = _text(_field(c, "name"))
             idle = int(_field(c, "idle") or 0)
-            pending = int(_field(c, "pending") or 0)
-            if name != self.s.consumer and not pending and idle > STALE_CONSUMER_MS:
+            if name != self.s.consumer and idle > STALE_CONSUMER_MS:
                 self.r.xgroup_delconsumer(stream, self.s.group, name)
                 log.info("removed an idle consumer", extra={"consumer_removed": name})

@@ -104,8 +104,8 @@ class Ownership:
         changes = LeaseChanges(gained=sorted(held - self.owned), lost=sorted(self.owned - held))
         extra = sorted(held)[fair:]
         if extra:
-            # Entries read but not committed stay pending; the next holder claims them and
-            # applies them first.
+            # Entries read but not committed are read again by the next holder, which
+            # resumes after the partition's last commit.
             self._release_keys(extra)
             changes.handed_over = extra
             held -= set(extra)

@@ -5,7 +5,8 @@ One Redis blocks one XREADGROUP over every partition; on a cluster a command's k
 slot, and a partition is a slot, so each idle partition gets a read of its own, on a
 connection of its own to its node. A parked partition is read by nothing else. Letting one go
 without its reply (a lost lease, a rewind, a stop) disconnects it: what it may have delivered
-stays pending for this consumer, so its cursor is rewound and that is read again, in order.
+was not committed, so its cursor is rewound and that is read again, in order, after the
+partition's last commit.
 """
 
 from __future__ import annotations

@@ -1,8 +1,15 @@
-"""Reading the partition streams: XREADGROUP (own pending entries first, then new ones),
-claiming other consumers' pending entries, and group creation.
+"""Reading the partition streams: XREADGROUP ... NOACK from where the partition's last commit
+left off, and group creation.
 
-A partition's own pending entries are read from id 0 before new ones (cursor ">"): they may
-hold a batch whose commit failed, and a user's events must apply in order.
+A partition's position is its last commit's last entry (`{prefix}:acked:{p}`, written by the
+commit itself, adapters/commit.py): the group's pending-entries list is not used (NOACK), so
+reading costs Redis no pending entry to add and no XACK to remove it (about 1 µs per event of
+the ~1.5 that XREADGROUP and XACK cost together). Whenever what this worker read may not have
+been committed (it took the partition over, a commit applied nothing, a Redis outage), the
+partition's next read first seeks: the group's last-delivered id is set back to `acked`
+(SEEK_SCRIPT), so everything after the last commit is delivered again, in order. Every batch
+knows the entry it follows (`Batch.after`), and its commit applies only if that is still the
+partition's last commit and no entry lies between the two.
 
 On one Redis a round is one XREADGROUP over every held partition, blocking while all are
 idle. On a Redis Cluster the partitions' streams live in different slots, so a round is one
@@ -16,7 +23,6 @@ its own (adapters/parked.py).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import hiredis
@@ -30,25 +36,58 @@ from worker.engine.compute.batch import Batch, parse_batch
 log = logging.getLogger("intentstream.worker")
 
 
+# KEYS: the partition's stream, its `acked` key. ARGV: the group. Sets the group's
+# last-delivered id back to the partition's last commit (`acked`, or the stream's start before
+# the first commit), so that whatever was delivered and not committed is delivered again, and
+# its entries-read back by as many entries, so that XINFO GROUPS' lag, which KEDA scales on,
+# stays exact (left unknown when the group's was, or more than 100,000 entries go back: Redis
+# and adapters/lag.py count it then). A group behind the last commit (an operator's SETID) is
+# moved up to it. Returns the position.
+SEEK_SCRIPT = """
+local stream, acked_key, group = KEYS[1], KEYS[2], ARGV[1]
+if redis.call('TYPE', stream)['ok'] == 'none' then
+  return redis.error_reply('NOGROUP no stream ' .. stream)
+end
+local at = redis.call('GET', acked_key) or '0-0'
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  if info['name'] == group then
+    local last, read = info['last-delivered-id'], info['entries-read']
+    if last == at then return at end
+    local back = #redis.call('XRANGE', stream, '(' .. at, last, 'COUNT', 100001)
+    if read and back > 0 and back <= 100000 and read >= back then
+      redis.call('XGROUP', 'SETID', stream, group, at, 'ENTRIESREAD', read - back)
+    else
+      redis.call('XGROUP', 'SETID', stream, group, at)
+    end
+    return at
+  end
+end
+return redis.error_reply('NOGROUP ' .. group .. ' of ' .. stream)
+"""
+
+
 @dataclass
 class Cursor:
-    """Where the next read of a partition starts, and when it last claimed entries."""
+    """Where the next read of a partition resumes: after the entry `after`, the last one this
+    worker read of it (None: not known; the read first seeks to the last commit)."""
 
     partition: int
-    position: bytes = b"0"  # an entry id while re-reading own pending entries; ">" after
-    last_claim: float = 0.0
+    after: bytes | None = None
 
     @property
-    def draining(self) -> bool:
-        """Still re-reading this consumer's own pending entries."""
-        return self.position != b">"
+    def seeking(self) -> bool:
+        """The next read first moves the group back to the partition's last commit."""
+        return self.after is None
 
     def rewind(self) -> None:
-        self.position = b"0"
+        """Resume after the partition's last commit, whatever was read since."""
+        self.after = None
 
 
 class StreamReader:
-    """Reads and claims one consumer's entries of the partition streams."""
+    """Reads the partition streams for one consumer of the workers' group."""
 
     def __init__(
         self, client: Client, keys, group: str, consumer: str, partitions: int,
@@ -64,20 +103,20 @@ class StreamReader:
         # the fields the running models declare as inputs (set as models swap: engine/models.py)
         self.input_names: tuple[str, ...] = ()
         self.cluster = is_cluster(client)
+        self._seek = client.register_script(SEEK_SCRIPT)
         self._raw()
 
     def _raw(self) -> None:
-        # Raw replies: redis-py's XAUTOCLAIM JUSTID parser drops the cursor and the deleted
-        # ids, which we need; its XREADGROUP parser builds a dict per entry (~2 µs), which
+        # Raw replies: redis-py's XREADGROUP parser builds a dict per entry (~2 µs), which
         # parse_flat_entry does without.
-        raw_replies(self.r, "XAUTOCLAIM", "XREADGROUP")
+        raw_replies(self.r, "XREADGROUP")
 
     def read_command(self, cursors: list[Cursor], count: int, block_ms: int | None) -> tuple:
-        """The XREADGROUP command for these partitions (BLOCK only when none is draining)."""
+        """The XREADGROUP of new entries (NOACK) of these partitions, blocking when asked."""
         names = [self.keys.events(c.partition) for c in cursors]
         block = () if block_ms is None else ("BLOCK", block_ms)
         return ("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, *block,
-                "STREAMS", *names, *(c.position for c in cursors))  # fmt: skip
+                "NOACK", "STREAMS", *names, *([">"] * len(cursors)))  # fmt: skip
 
     def read_groups(self, cursors: list[Cursor]) -> list[list[Cursor]]:
         """The cursors one XREADGROUP each may read together: all of them on one Redis, one
@@ -88,11 +127,18 @@ class StreamReader:
 
     def read(self, cursors: list[Cursor], count: int, block_ms: int) -> list[Batch]:
         """One read over the partitions: a Batch per partition that returned entries."""
+        sought = [self.seek(c) for c in cursors if c.seeking]
         if self.cluster:
             return self._read_per_partition(cursors, count)
-        draining = any(c.draining for c in cursors)
-        command = self.read_command(cursors, count, None if draining else block_ms)
+        command = self.read_command(cursors, count, None if sought else block_ms)
         return self.batches(self.r.execute_command(*command), cursors)
+
+    def seek(self, cursor: Cursor) -> bytes:
+        """Move the partition's group back to its last commit (SEEK_SCRIPT), so its next read
+        delivers everything after it; the position."""
+        keys = [self.keys.events(cursor.partition), self.keys.acked(cursor.partition)]
+        cursor.after = self._seek(keys=keys, args=[self.group])
+        return cursor.after
 
     def _read_per_partition(self, cursors: list[Cursor], count: int) -> list[Batch]:
         """A cluster round's reads: each node's in one packed write on its connection (with
@@ -149,42 +195,21 @@ class StreamReader:
 
     def batches(self, reply, cursors: list[Cursor], size: int | None = None) -> list[Batch]:
         """Parse an XREADGROUP reply into Batches of at most `size` entries (one per
-        partition that has entries when None), and move the draining cursors past what it
-        returned."""
+        partition that has entries when None), each knowing the entry it follows, and move
+        the cursors past what it returned."""
         # RESP3 (redis-py 8's default) answers a map, RESP2 a list of [stream, entries]
         pairs = reply.items() if isinstance(reply, dict) else reply or []
         by_stream = {name.decode(): entries for name, entries in pairs}
         out = []
         for c in cursors:
             entries = by_stream.get(self.keys.events(c.partition), [])
-            if c.draining:
-                c.position = entries[-1][0] if entries else b">"
             step = size or len(entries) or 1
             for i in range(0, len(entries), step):
-                batch = entries[i : i + step]
-                out.append(parse_batch(c.partition, batch, self.partitions, self.max_skew_ms,
-                                       self.input_names))  # fmt: skip
+                batch = parse_batch(c.partition, entries[i : i + step], self.partitions,
+                                    self.max_skew_ms, self.input_names)  # fmt: skip
+                batch.after, c.after = c.after or b"0-0", batch.ids[-1]
+                out.append(batch)
         return out
-
-    def claim(self, cursor: Cursor, min_idle_ms: int) -> int:
-        """Move other consumers' pending entries of this partition idle at least
-        min_idle_ms to us (ids only); rewind if any came. Returns how many entries were
-        deleted while pending (never readable again)."""
-        stream, start, deleted = self.keys.events(cursor.partition), "0-0", 0
-        self._raw()
-        while True:
-            reply = self.r.execute_command(
-                "XAUTOCLAIM", stream, self.group, self.consumer, min_idle_ms, start,
-                "COUNT", 1000, "JUSTID",
-            )  # fmt: skip
-            start = reply[0].decode()
-            deleted += len(reply[2]) if len(reply) > 2 else 0
-            if reply[1]:
-                cursor.rewind()
-            if start == "0-0":
-                break
-        cursor.last_claim = time.monotonic()
-        return deleted
 
     def ensure_group(self, p: int) -> bool:
         """Create the group if missing; True if it was created. It starts after the last

@@ -56,6 +56,9 @@ class Batch:
     misrouted: int = 0  # of the dead letters: users of another partition
     lost: int = 0  # deleted while pending (nil fields)
     parse_seconds: float = 0.0
+    # the entry this batch follows in its stream: its commit applies only while that is the
+    # partition's last commit (adapters/streams.py)
+    after: bytes = b"0-0"
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -101,7 +101,7 @@ class Commit:
     partition: int
     model: str  # version that computed the states and scores
     seq: bytes  # the commit sequence the states were read at
-    ack_ids: list[bytes]  # every entry of the batch, in stream order
+    ack_ids: list[bytes]  # every entry of the batch, in stream order (the last: the new position)
     # one row per user state written (users with at least one scored event)
     users: list[str]
     h: np.ndarray  # (K, L, H) float32
@@ -142,6 +142,7 @@ class Commit:
     actions: list[Action] = field(default_factory=list)
     shadow_actions: Counter[str] = field(default_factory=Counter)
     rewrite: list[int] = field(default_factory=list)  # state rows to rewrite whole (UserStates)
+    after: bytes = b"0-0"  # the entry the batch follows: the partition's last commit, or refused
 
 
 def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
@@ -429,5 +430,6 @@ def build_commit(
         write_items=bool(kept),
         input_counts=input_counts,
         rewrite=_rewritten(states.rewrite, touched_list, row_of_slot),
+        after=batch.after,
         **acted,
     )

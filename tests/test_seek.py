@@ -1,0 +1,103 @@
+"""A partition's position (adapters/streams.py): reads with NOACK resume after the last
+commit (`acked`); the seek moves the group back there with its entries-read kept exact, so
+the lag KEDA scales on stays true; the maintenance tick counts what was delivered and not
+committed, and never trims it."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from worker.common.connection import connect
+from worker.common.keys import Keys
+from worker.common.settings import Settings
+from worker.engine.adapters.maintenance import Maintenance
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.adapters.streams import Cursor, StreamReader
+
+KEYS = Keys()
+STREAM = KEYS.events(0)
+GROUP = "intentstream-workers"
+
+
+@pytest.fixture
+def r(redis_server):
+    client = connect(redis_server.url)
+    yield client
+    client.close()
+
+
+def fill(r: redis.Redis, n: int, read: int) -> list[bytes]:
+    """n entries, the group created at 0 and `read` of them delivered with NOACK."""
+    ids = [r.xadd(STREAM, {"user_id": f"u{i}", "type": "view"}) for i in range(n)]
+    r.xgroup_create(STREAM, GROUP, id="0")
+    if read:
+        r.xreadgroup(GROUP, "c", {STREAM: ">"}, count=read, noack=True)
+    return ids
+
+
+def group(r: redis.Redis) -> dict:
+    return next(g for g in r.xinfo_groups(STREAM) if g["name"] == GROUP.encode())
+
+
+def reader(r: redis.Redis) -> StreamReader:
+    return StreamReader(r, KEYS, GROUP, "c", 1)
+
+
+def test_the_seek_delivers_again_what_was_not_committed_and_keeps_the_lag_exact(r):
+    ids = fill(r, 10, read=6)
+    r.set(KEYS.acked(0), ids[2])  # committed up to the third entry
+    cursor = Cursor(0)
+    assert reader(r).seek(cursor) == ids[2] and cursor.after == ids[2]
+    g = group(r)
+    assert g["last-delivered-id"] == ids[2] and g["entries-read"] == 3 and g["lag"] == 7
+    batches = reader(r).read([Cursor(0, after=ids[2])], 100, 10)
+    assert batches[0].ids == ids[3:] and batches[0].after == ids[2]
+    assert group(r)["lag"] == 0
+
+
+def test_nothing_delivered_past_the_position_leaves_the_group_alone(r):
+    ids = fill(r, 5, read=5)
+    r.set(KEYS.acked(0), ids[-1])
+    before = group(r)
+    assert reader(r).seek(Cursor(0)) == ids[-1]
+    assert group(r) == before
+
+
+def test_before_the_first_commit_the_seek_goes_to_the_start(r):
+    ids = fill(r, 4, read=2)
+    assert reader(r).seek(Cursor(0)) == b"0-0"
+    assert reader(r).read([Cursor(0, after=b"0-0")], 100, 10)[0].ids == ids
+
+
+def test_a_group_behind_the_position_is_moved_up_to_it(r):
+    ids = fill(r, 6, read=0)
+    r.set(KEYS.acked(0), ids[3])  # an operator's SETID put the group back
+    reader(r).seek(Cursor(0))
+    assert group(r)["last-delivered-id"] == ids[3]
+
+
+def test_a_missing_stream_or_group_is_nogroup(r):
+    with pytest.raises(redis.ResponseError, match="NOGROUP"):
+        reader(r).seek(Cursor(0))
+    r.xadd(STREAM, {"user_id": "a", "type": "view"})
+    with pytest.raises(redis.ResponseError, match="NOGROUP"):
+        reader(r).seek(Cursor(0))
+
+
+def test_maintenance_counts_delivered_uncommitted_entries_and_never_trims_them(r):
+    """Entries long past a retention of a second: the trim's bound is the position (the
+    entry after it), not the group's last-delivered id."""
+    old = 1_790_000_000_000
+    ids = [r.xadd(STREAM, {"user_id": f"u{i}", "type": "view"}, id=f"{old}-{i}") for i in range(10)]
+    r.xgroup_create(STREAM, GROUP, id="0")
+    r.xreadgroup(GROUP, "c", {STREAM: ">"}, count=8, noack=True)
+    r.set(KEYS.acked(0), ids[1])
+    metrics = WorkerMetrics()
+    s = Settings(redis_url="redis://x", metrics_port=0, consumer="c", partitions=1,
+                 retention_seconds=1)  # fmt: skip
+    Maintenance(r, KEYS, s, metrics).run([0])
+    assert (
+        metrics.registry.get_sample_value("intentstream_pending_entries", {"partition": "0"}) == 6
+    )
+    assert set(ids[2:]) <= {i for i, _ in r.xrange(STREAM)}  # all after the position kept
