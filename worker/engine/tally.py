@@ -77,11 +77,3 @@ class Tally:
         for stage, seconds in stages.items():
             m.batch_seconds.labels(stage).observe(seconds)
         m.batch_entries.observe(len(batch))
-
-    def lost(self, p: int, deleted: int) -> None:
-        """Count entries of partition p trimmed or deleted while pending: never readable
-        again."""
-        if deleted:
-            self.metrics.events.labels("lost").inc(deleted)
-            log.warning("pending entries were deleted before they were processed",
-                        extra={"partition": p, "count": deleted})  # fmt: skip
