@@ -10,16 +10,12 @@ import math
 import pytest
 import redis
 
+from tests.group_stream import GROUP, KEYS, STREAM, fill, group
 from worker.common.connection import connect
-from worker.common.keys import Keys
 from worker.common.settings import Settings
 from worker.engine.adapters.lag import undelivered
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import WorkerMetrics
-
-KEYS = Keys()
-STREAM = KEYS.events(0)
-GROUP = "intentstream-workers"
 
 
 @pytest.fixture
@@ -27,19 +23,6 @@ def r(redis_server):
     client = connect(redis_server.url)
     yield client
     client.close()
-
-
-def fill(r: redis.Redis, n: int, read: int) -> list[bytes]:
-    """n entries, the group created at 0 and `read` of them delivered (not acknowledged)."""
-    ids = [r.xadd(STREAM, {"user_id": f"u{i}", "type": "view"}) for i in range(n)]
-    r.xgroup_create(STREAM, GROUP, id="0")
-    if read:
-        r.xreadgroup(GROUP, "c", {STREAM: ">"}, count=read)
-    return ids
-
-
-def group(r: redis.Redis) -> dict:
-    return next(g for g in r.xinfo_groups(STREAM) if g["name"] == GROUP.encode())
 
 
 def set_entries_read(r: redis.Redis, last: bytes | str, entries_read: int) -> None:

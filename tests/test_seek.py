@@ -8,16 +8,12 @@ from __future__ import annotations
 import pytest
 import redis
 
+from tests.group_stream import GROUP, KEYS, STREAM, fill, group
 from worker.common.connection import connect
-from worker.common.keys import Keys
 from worker.common.settings import Settings
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.streams import Cursor, StreamReader
-
-KEYS = Keys()
-STREAM = KEYS.events(0)
-GROUP = "intentstream-workers"
 
 
 @pytest.fixture
@@ -27,25 +23,12 @@ def r(redis_server):
     client.close()
 
 
-def fill(r: redis.Redis, n: int, read: int) -> list[bytes]:
-    """n entries, the group created at 0 and `read` of them delivered with NOACK."""
-    ids = [r.xadd(STREAM, {"user_id": f"u{i}", "type": "view"}) for i in range(n)]
-    r.xgroup_create(STREAM, GROUP, id="0")
-    if read:
-        r.xreadgroup(GROUP, "c", {STREAM: ">"}, count=read, noack=True)
-    return ids
-
-
-def group(r: redis.Redis) -> dict:
-    return next(g for g in r.xinfo_groups(STREAM) if g["name"] == GROUP.encode())
-
-
 def reader(r: redis.Redis) -> StreamReader:
     return StreamReader(r, KEYS, GROUP, "c", 1)
 
 
 def test_the_seek_delivers_again_what_was_not_committed_and_keeps_the_lag_exact(r):
-    ids = fill(r, 10, read=6)
+    ids = fill(r, 10, read=6, noack=True)
     r.set(KEYS.acked(0), ids[2])  # committed up to the third entry
     cursor = Cursor(0)
     assert reader(r).seek(cursor) == ids[2] and cursor.after == ids[2]
@@ -57,7 +40,7 @@ def test_the_seek_delivers_again_what_was_not_committed_and_keeps_the_lag_exact(
 
 
 def test_nothing_delivered_past_the_position_leaves_the_group_alone(r):
-    ids = fill(r, 5, read=5)
+    ids = fill(r, 5, read=5, noack=True)
     r.set(KEYS.acked(0), ids[-1])
     before = group(r)
     assert reader(r).seek(Cursor(0)) == ids[-1]
@@ -65,13 +48,13 @@ def test_nothing_delivered_past_the_position_leaves_the_group_alone(r):
 
 
 def test_before_the_first_commit_the_seek_goes_to_the_start(r):
-    ids = fill(r, 4, read=2)
+    ids = fill(r, 4, read=2, noack=True)
     assert reader(r).seek(Cursor(0)) == b"0-0"
     assert reader(r).read([Cursor(0, after=b"0-0")], 100, 10)[0].ids == ids
 
 
 def test_a_group_behind_the_position_is_moved_up_to_it(r):
-    ids = fill(r, 6, read=0)
+    ids = fill(r, 6, read=0, noack=True)
     r.set(KEYS.acked(0), ids[3])  # an operator's SETID put the group back
     reader(r).seek(Cursor(0))
     assert group(r)["last-delivered-id"] == ids[3]

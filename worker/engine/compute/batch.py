@@ -54,7 +54,7 @@ class Batch:
     inputs: RawInputs | None = None
     dead: list[DeadLetter] = field(default_factory=list)  # invalid and misrouted entries
     misrouted: int = 0  # of the dead letters: users of another partition
-    lost: int = 0  # deleted while pending (nil fields)
+    lost: int = 0  # found deleted when read (nil fields; Redis returns none such for ">")
     parse_seconds: float = 0.0
     # the entry this batch follows in its stream: its commit applies only while that is the
     # partition's last commit (adapters/streams.py)
