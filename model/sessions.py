@@ -116,11 +116,14 @@ def sessionize(
 
 
 def split_by_user(
-    sessions: list[Session], validation_fraction: float, seed: int
+    sessions: list[Session], validation_fraction: float, seed: int, test_fraction: float = 0.0
 ) -> tuple[list[Session], list[Session]]:
-    """Train and validation sessions; a user's sessions all land on one side."""
+    """Train and validation sessions; a user's sessions all land on one side; the test users
+    (`is_test_user`) on neither."""
     train, valid = [], []
     for s in sessions:
+        if test_fraction and is_test_user(s.user_id, test_fraction, seed):
+            continue
         (valid if is_validation_user(s.user_id, validation_fraction, seed) else train).append(s)
     return train, valid
 
@@ -128,6 +131,12 @@ def split_by_user(
 def is_validation_user(user_id: str, validation_fraction: float, seed: int) -> bool:
     """Whether split_by_user puts the user's sessions on the validation side."""
     return zlib.crc32(str(seed).encode() + user_id.encode()) < validation_fraction * 2**32
+
+
+def is_test_user(user_id: str, test_fraction: float, seed: int) -> bool:
+    """Whether training holds the user out as a test user, whom no choice sees (a hash of its
+    own, independent of the validation split's)."""
+    return zlib.crc32(f"test:{seed}:".encode() + user_id.encode()) < test_fraction * 2**32
 
 
 def pad(sessions: list[Session], n_features: int) -> SessionBatch:

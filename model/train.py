@@ -36,6 +36,7 @@ from model.params import Params, pack, unpack
 from model.sessions import (
     DataError,
     Session,
+    is_test_user,
     is_validation_user,
     minibatches,
     pad,
@@ -111,6 +112,9 @@ class TrainConfig(BaseModel):
     epochs: int = Field(10, ge=1)
     patience: int = Field(3, ge=1)  # epochs without a lower validation loss before stopping
     validation_fraction: float = Field(0.2, gt=0, lt=1)
+    # Users held out before anything is chosen (early stopping, calibration, inputs' scales):
+    # the model is judged on them beside the baselines (model/judging/); 0 holds none out.
+    test_fraction: float = Field(0.2, ge=0, lt=1)
     seed: int = 0
     # Types seen fewer times in the data take the unknown row: one stray XADD must not
     # become a vocabulary entry with an untrained embedding.
@@ -149,6 +153,8 @@ class TrainResult:
     report: dict
     validation_sessions: list[Session] = field(default_factory=list)
     curves: dict = field(default_factory=dict)
+    # the held-out test users' events (config.test_fraction), which training never read
+    test_events: list[dict] = field(default_factory=list)
 
 
 def vocabulary(events: list[dict], config: TrainConfig) -> list[str]:
@@ -296,8 +302,12 @@ def _train(
     events: list[dict], config: TrainConfig, progress, init: Model | None, state_space
 ) -> TrainResult:
     started = time.time()
-    inputs = (init.inputs or None) if init is not None else fit_inputs(events, config)
-    types, train_s, valid_s = prepare(events, config, inputs)
+    held = {e["user_id"] for e in events
+            if is_test_user(e["user_id"], config.test_fraction, config.seed)}  # fmt: skip
+    test_events = [e for e in events if e["user_id"] in held]
+    used = [e for e in events if e["user_id"] not in held] if held else events
+    inputs = (init.inputs or None) if init is not None else fit_inputs(used, config)
+    types, train_s, valid_s = prepare(used, config, inputs)
     F = len(config.features)
     model = init or random_model(
         types, config.hidden, config.layers, config.features, config.embedding_dim,
@@ -361,7 +371,8 @@ def _train(
         k: v for k, v in metrics_of(*raw_scores).items() if k.startswith("auc")
     }
     base_metrics = metrics_of(*base_scores)
-    data = _summary(events, train_s, valid_s, set(types))
+    data = _summary(events, train_s, valid_s, set(types)) | {
+        "test_users": len(held), "test_events": len(test_events)}  # fmt: skip
     kept_epoch = {
         "epoch": best.epoch,
         "validation_loss": best.validation_loss,
@@ -400,7 +411,7 @@ def _train(
         "rnn": roc_curve(rnn_scores[2], rnn_scores[3]),
         "baseline": roc_curve(base_scores[2], base_scores[3]),
     }
-    return TrainResult(trained, report, valid_s, curves)
+    return TrainResult(trained, report, valid_s, curves, test_events)
 
 
 def _calibrated(
@@ -456,7 +467,8 @@ def evaluate_on(model: Model, events: list[dict], config: TrainConfig) -> dict[s
     sessions = sessionize(events, model.meta.event_types, model.meta.features,
                           model.meta.session_gap_seconds, config.label_type,
                           model.inputs)  # fmt: skip
-    _, valid = split_by_user(sessions, config.validation_fraction, config.seed)
+    _, valid = split_by_user(sessions, config.validation_fraction, config.seed,
+                             config.test_fraction)  # fmt: skip
     return evaluate_model(model, valid)
 
 

@@ -145,10 +145,10 @@ def test_a_model_trained_with_inputs_scores_its_validation_sessions_through_the_
     model = result.model
     assert [s.name for s in model.inputs] == ["price", "brand", "product_id"]
     price = model.inputs[0]
+    # fitted on the training users alone: neither validation nor test users
     valid_users = {s.user_id for s in result.validation_sessions}
-    used = np.array(
-        [np.log1p(float(e["price"])) for e in events if e["user_id"] not in valid_users]
-    )
+    unseen = valid_users | {e["user_id"] for e in result.test_events}
+    used = np.array([np.log1p(float(e["price"])) for e in events if e["user_id"] not in unseen])
     if len(used) >= 200:  # the fit's clip of the extremes (NumericInput.fit)
         used = np.clip(used, *np.percentile(used, [0.5, 99.5]))
     assert price.mean == pytest.approx(np.mean(used), rel=1e-6)
@@ -244,7 +244,7 @@ def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
     assert bad.returncode == 2 and "log1p or none" in bad.stderr
 
 
-def test_the_cli_trains_on_numbered_users_and_names_an_input_no_event_carries(tmp_path):
+def test_the_cli_trains_on_numbered_users_and_refuses_an_input_no_event_carries(tmp_path):
     """A shop's export numbers its users (JSON integers: their digits, as Redis carries them);
     a declared input that no event carries (a misspelt name) is named with the fields the
     events do carry, and the report shows each input's share of the events."""
@@ -253,15 +253,19 @@ def test_the_cli_trains_on_numbered_users_and_names_an_input_no_event_carries(tm
     data = tmp_path / "events.jsonl"
     data.write_text("".join(json.dumps(e | {"user_id": numbered[e["user_id"]]}) + "\n"
                             for e in events))  # fmt: skip
-    run = run_cli("train", "--data", str(data), "--numeric", "prcie", "--item", "product_id",
-                  "--hidden", "4", "--epochs", "1", "--no-calibrate", "--min-type-count", "1",
-                  "--quiet")  # fmt: skip
+    out = tmp_path / "m.npz"
+    flags = ["--item", "product_id", "--hidden", "4", "--epochs", "1", "--no-calibrate",
+             "--min-type-count", "1", "--quiet", "--out", str(out)]  # fmt: skip
+    misspelt = run_cli("train", "--data", str(data), "--numeric", "prcie", *flags)
+    assert misspelt.returncode == 2, misspelt.stderr
+    assert "no event carries input(s) prcie" in misspelt.stderr and "price" in misspelt.stderr
+    assert len(misspelt.stderr.strip().splitlines()) == 1 and not out.exists()
+    run = run_cli("train", "--data", str(data), "--numeric", "price", *flags)
     assert run.returncode == 0, run.stderr
     assert "bad line" not in run.stderr
-    assert "no event carries input(s) prcie" in run.stderr and "price" in run.stderr
     share = sum("product_id" in e for e in events) / len(events)
     assert f"product_id: item, 1024 buckets x 8; in {share:.0%} of the events" in run.stdout
-    assert "prcie: numeric, none, mean 0, scale 1; in 0% of the events" in run.stdout
+    assert "price: numeric, none, mean" in run.stdout and out.exists()
 
 
 def test_the_input_tables_decay_and_a_type_only_model_is_unchanged():

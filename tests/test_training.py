@@ -162,7 +162,7 @@ def test_training_learns_order_and_beats_the_bag_of_types_baseline():
         ([], "no events to train on"),
         (
             [{"user_id": f"u{i}", "type": "view", "ts": i} for i in range(50)],
-            "all 50 sessions are negative",
+            r"all \d+ sessions are negative",
         ),
         ([{"user_id": "u", "type": "purchase", "ts": 0}], "no sessions with inputs"),
     ],

@@ -61,9 +61,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_args[:1] == ["--real"]:
+        return _cmd_bench_real(args)
     from worker.bench.throughput import main as bench_main  # the engine: for this command only
 
     return bench_main(args.bench_args)
+
+
+def _cmd_bench_real(args: argparse.Namespace) -> int:
+    """`bench --real`: train's flags, judged over repeated outer folds (commands/judge.py)."""
+    from worker.commands.judge import run_real_bench
+
+    p = Parser(
+        prog="intentstream bench --real",
+        description="A training configuration judged on held-out users over repeated outer "
+        "folds, beside logistic regression and gradient boosting on session features.",
+    )
+    _add_train_flags(p)
+    p.add_argument("--repeats", type=int, default=2, help="rounds of --folds outer folds")
+    real = p.parse_args(args.bench_args[1:])
+    real._parser = p
+    return run_real_bench(real)
 
 
 def _cmd_partitions_resize(args: argparse.Namespace) -> int:
@@ -122,6 +140,14 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
         metavar="VERSION|FILE",
         help="fine-tune: start from this registry version's (or artifact's) weights, keep its "
         "architecture and vocabulary; the new model continues its users' states",
+    )
+    tr.add_argument(
+        "--folds",
+        type=int,
+        default=0,
+        metavar="K",
+        help="first judge the configuration over K outer folds of users (each fold's users "
+        "held out from one training run, beside the baselines); 0: none",
     )
     tr.add_argument("--out", help="write the trained artifact here")
     tr.add_argument("--report", metavar="DIR", help="write report.json and report.png here")

@@ -98,11 +98,11 @@ def input_coverage(events: list[dict], names: list[str]) -> dict[str, float]:
 
 
 def absent_inputs_warning(coverage: dict[str, float], events: list[dict]) -> str | None:
-    """A warning naming the declared inputs no event carries (a misspelt name, a column not
+    """The problem naming the declared inputs no event carries (a misspelt name, a column not
     mapped), with the fields the events do carry; None when each appears somewhere."""
     missing = [name for name, share in coverage.items() if share == 0]
     if not missing:
         return None
     seen = sorted({k for e in events[:10_000] for k in e} - EVENT_FIELDS)
-    return (f"warning: no event carries input(s) {', '.join(missing)}: they learn nothing "
+    return (f"no event carries input(s) {', '.join(missing)}: they would learn nothing "
             f"(the events' other fields: {', '.join(seen) or 'none'})")  # fmt: skip

@@ -65,7 +65,10 @@ TRAIN_HELP = {
     "patience": "stop after this many epochs without a lower validation loss; the artifact "
     "holds the epoch with the lowest",
     "cell": "rnn (Elman), gru or lstm (long sessions; see docs/models.md, Choosing a cell)",
-    "validation_fraction": "fraction of users held out for validation",
+    "validation_fraction": "fraction of the training users held out for validation (early "
+    "stopping, calibration)",
+    "test_fraction": "fraction of users held out before every choice, the model and the "
+    "baselines judged on them (0: none)",
     "seed": "initialisation, split and shuffling",
     "calibrate": "fit the calibration map on the validation users, so a score is a probability "
     "(--no-calibrate: the head as trained)",
@@ -294,9 +297,12 @@ def run_train(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     names = [d.name for d in config.inputs]
     coverage = input_coverage(events, names) if names else None
-    warning = absent_inputs_warning(coverage, events) if coverage else None
-    if warning:
-        print(warning, file=sys.stderr)
+    absent = absent_inputs_warning(coverage, events) if coverage else None
+    if absent:  # a misspelt name or an unmapped column: refused before anything is written
+        from model.sessions import DataError
+
+        raise DataError(absent)
+    folds = judged_folds(events, config, args.folds) if args.folds else None
     progress = None if args.quiet else progress_factory(sys.stderr.isatty())
     result = train(events, config, progress=progress, init=init, state_space=space)
     if init is not None:
@@ -307,6 +313,9 @@ def run_train(args: argparse.Namespace) -> int:
         print("inputs (numeric scales fitted on the training users):")
         print("\n".join(describe_inputs(result.model.inputs, coverage)))
     _print_metrics(report)
+    report["test"] = judged_test(result, events, config)
+    if folds is not None:
+        report["folds"] = folds
     _print_left_out(report, config.min_type_count)
     if args.out:
         digest = save_model(result.model, args.out)
@@ -339,6 +348,49 @@ def run_train(args: argparse.Namespace) -> int:
     return with_registry(args, publish)
 
 
+def judged_test(result, events: list[dict], config) -> dict | None:
+    """The model and the baselines on the run's test users, printed; report.json's `test`
+    (None, with a line saying why, when there is nothing to judge on)."""
+    from model.judging.baselines import MissingLibraryError
+    from model.judging.protocol import judge_trained
+    from model.judging.report import heldout_lines, heldout_report
+
+    if not result.test_events:
+        print("\ntest users: none held out (--test-fraction 0): no held-out figures")
+        return None
+    try:
+        judged = judge_trained(result, events, config)
+    except MissingLibraryError as exc:
+        print(f"\ntest users: not judged: {exc}")
+        return None
+    if judged is None:
+        print("\ntest users: they hold a single class: no held-out figures (use more data)")
+        return None
+    test = heldout_report(judged)
+    print("\n".join(heldout_lines(test)))
+    return test
+
+
+def judged_folds(events: list[dict], config, k: int) -> dict:
+    """The configuration judged over k outer folds of users (model/judging/protocol.py),
+    the table printed; report.json's `folds`. DataError when the shop is too small."""
+    from model.judging.protocol import judge, outer_folds, summary
+    from model.judging.report import folds_table
+    from model.sessions import DataError
+
+    if k < 2:
+        raise DataError(f"--folds {k}: at least 2 (or 0 for none)")
+    users = sorted({e["user_id"] for e in events})
+    if len(users) < 2 * k:
+        raise DataError(f"--folds {k}: {len(users)} users are too few for {k} folds")
+    print(f"judging over {k} outer folds of users (each trains once on the others)")
+    in_fold = config.model_copy(update={"test_fraction": 0.0})
+    results = judge(events, in_fold, outer_folds(users, k), log=print)
+    out = summary(results)
+    print(folds_table(out))
+    return out
+
+
 def live_rules(reg: Registry) -> tuple:
     """The rules in force under the registry's prefix; none (with a warning) when they do
     not read."""
@@ -359,7 +411,8 @@ def validation_scores(model, events: list[dict], config):
     sessions = sessionize(events, model.meta.event_types, model.meta.features,
                           model.meta.session_gap_seconds, config.label_type,
                           model.inputs)  # fmt: skip
-    _, valid = split_by_user(sessions, config.validation_fraction, config.seed)
+    _, valid = split_by_user(sessions, config.validation_fraction, config.seed,
+                             config.test_fraction)  # fmt: skip
     return valid, model_step_scores(model, valid)
 
 
