@@ -40,7 +40,9 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: str = Field("isotonic", pattern="^isotonic$")
+    # isotonic, or platt (a logistic curve on the raw logit, sampled as knots): the fallback
+    # for validation sets too small for isotonic blocks
+    method: str = Field("isotonic", pattern="^(isotonic|platt)$")
     x: list[float] = Field(min_length=1, max_length=1024)  # raw scores, strictly increasing
     y: list[float] = Field(min_length=1, max_length=1024)  # probabilities, non-decreasing
 
@@ -164,3 +166,36 @@ def reliability(
         mean_p = np.bincount(which, p, bins) / count
         rate = np.bincount(which, y, bins) / count
     return mean_p, rate, count
+
+
+PLATT_KNOTS = 64
+
+
+def fit_platt(raw: np.ndarray, labels: np.ndarray) -> Calibration | None:
+    """Platt scaling: sigmoid(a * logit(raw) + b) fitted by Newton's method on held-out
+    labels, sampled as PLATT_KNOTS knots evenly in logit over the raw scores' range (the
+    piecewise-linear form every scoring path applies); None when the fit does not increase
+    (a <= 0) or the scores do not vary."""
+    p = np.clip(np.asarray(raw, np.float64), EDGE, 1 - EDGE)
+    y = np.asarray(labels, np.float64)
+    z = np.log(p / (1 - p))
+    if z.max() - z.min() < 1e-9 or y.min() == y.max():
+        return None
+    X = np.c_[z, np.ones_like(z)]
+    w = np.zeros(2)
+    for _ in range(50):  # Newton (IRLS) with a hair of ridge for separable data
+        q = 1 / (1 + np.exp(-(X @ w)))
+        grad = X.T @ (q - y) + 1e-6 * w
+        hess = (X * (q * (1 - q))[:, None]).T @ X + 1e-6 * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.abs(step).max() < 1e-10:
+            break
+    if not (np.all(np.isfinite(w)) and w[0] > 0):
+        return None
+    grid = np.linspace(z.min(), z.max(), PLATT_KNOTS)
+    x = 1 / (1 + np.exp(-grid))
+    fitted = np.clip(1 / (1 + np.exp(-(w[0] * grid + w[1]))), EDGE, 1 - EDGE)
+    keep = np.concatenate([[True], np.diff(x) > 0]) & (x > 0) & (x < 1)
+    x, fitted = x[keep], np.maximum.accumulate(fitted[keep] + 1e-9 * np.arange(keep.sum()))
+    return Calibration(method="platt", x=x.tolist(), y=np.minimum(fitted, 1 - EDGE / 2).tolist())

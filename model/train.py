@@ -28,7 +28,7 @@ from threadpoolctl import threadpool_limits
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
 from model.bptt import clip_global_norm, packed_loss_and_gradients
-from model.calibration import fit_isotonic, knots_for
+from model.calibration import fit_isotonic, fit_platt, knots_for
 from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
 from model.inputs import Inputs, NumericInput, parse_inputs
 from model.optim import make_optimizer
@@ -418,45 +418,68 @@ def _calibrated(
     params: Params, sessions: list[Session], n_features: int, raw_scores, min_sessions: int
 ):
     """The map fitted on all the validation sessions, their cross-fitted calibrated scores,
-    and a note; the map only when, cross-fitted, it lowers the ECE over all steps against
-    the raw head's: a map that makes scores worse for users it was not fitted on (a small
-    validation set's noise) never ships."""
-    if len(sessions) < min_sessions:
+    and a note. Isotonic from `min_sessions` validation sessions on; below, Platt scaling
+    (two numbers: a few hundred sessions carry them, not isotonic blocks). Either ships only
+    when, cross-fitted, it lowers the ECE over all steps against the raw head's: a map that
+    makes scores worse for users it was not fitted on (a small validation set's noise)
+    never ships."""
+    isotonic = len(sessions) >= min_sessions
+    if isotonic:
+        fit, why = _isotonic_for(len(sessions)), ""
+    else:
+        fit, why = fit_platt, (f" (Platt scaling: {len(sessions)} validation sessions, fewer "
+                               f"than the {min_sessions} an isotonic map needs)")  # fmt: skip
+    fitted = cross_fitted(params, sessions, n_features, fit)
+    raw_m = metrics_of(*raw_scores)
+    cal_m = metrics_of(*fitted) if fitted is not None else {}
+    ece_raw, ece_cal = raw_m["ece_all"], cal_m.get("ece_all", float("nan"))
+    # the fallback must also keep the log loss (a proper score): on a few hundred sessions
+    # the ECE moves by thousandths with noise alone
+    worse_loss = not isotonic and not cal_m.get("logloss_all", np.inf) <= raw_m["logloss_all"]
+    if not ece_cal < ece_raw or worse_loss:
+        name = "isotonic" if isotonic else "Platt"
         return (
             None,
             raw_scores,
             (
-                f"not applied: {len(sessions)} validation sessions, fewer than the {min_sessions} "
-                "a map needs (--calibration-min-sessions; its knots would follow their noise)"
+                f"not applied: on held-out users a {name} map would take the ECE over all "
+                f"steps from {ece_raw:.4f} to {ece_cal:.4f}"
+                + (
+                    f" and the log loss from {raw_m['logloss_all']:.4f} to "
+                    f"{cal_m.get('logloss_all', float('nan')):.4f}"
+                    if not isotonic
+                    else ""
+                )
+                + why
             ),
         )
-    fitted = cross_fitted(params, sessions, n_features)
-    ece_raw = metrics_of(*raw_scores)["ece_all"]
-    ece_cal = metrics_of(*fitted)["ece_all"]
-    if not ece_cal < ece_raw:
-        return (
-            None,
-            raw_scores,
-            (
-                f"not applied: on held-out users it would raise the ECE over all steps from "
-                f"{ece_raw:.4f} to {ece_cal:.4f} (too few validation sessions to fit a map?)"
-            ),
-        )
-    cal = fit_isotonic(raw_scores[1], raw_scores[0], knots_for(len(sessions)))
-    return cal, fitted, f"isotonic, {len(cal.x)} knots, from {len(sessions)} validation sessions"
+    cal = fit(raw_scores[1], raw_scores[0])
+    return cal, fitted, (f"{cal.method}, {len(cal.x)} knots, from {len(sessions)} validation "
+                         f"sessions; cross-fitted ECE over all steps {ece_raw:.4f} -> "
+                         f"{ece_cal:.4f}{why}")  # fmt: skip
 
 
-def cross_fitted(params: Params, sessions: list[Session], n_features: int):
+def _isotonic_for(sessions: int):
+    """fit_isotonic with the knots `sessions` held-out sessions carry."""
+    return lambda raw, labels: fit_isotonic(raw, labels, knots_for(sessions))
+
+
+def cross_fitted(params: Params, sessions: list[Session], n_features: int, fit=None):
     """The sessions' calibrated step scores, each fold's (users split in two by a hash of
-    their id) from the map fitted on the other: the calibration measured on users it was
-    not fitted on."""
+    their id) from the map `fit` (default isotonic) fitted on the other: the calibration
+    measured on users it was not fitted on. None when a fold's map cannot be fitted."""
+    fit = fit or _isotonic_for(len(sessions))
     folds = [[s for s in sessions if zlib.crc32(s.user_id.encode()) % 2 == k] for k in (0, 1)]
     if not all(folds) or any(len({s.label for s in f}) < 2 for f in folds):
         scores = step_scores(params, sessions, n_features)  # too few users to cross-fit
-        cal = fit_isotonic(scores[1], scores[0], knots_for(len(sessions)))
+        cal = fit(scores[1], scores[0])
+        if cal is None:
+            return None
         return scores[0], cal.apply(scores[1]), scores[2], cal.apply(scores[3])
     raw = [step_scores(params, fold, n_features) for fold in folds]
-    maps = [fit_isotonic(r[1], r[0], knots_for(len(f))) for r, f in zip(raw, folds, strict=True)]
+    maps = [fit(r[1], r[0]) for r in raw]
+    if any(m is None for m in maps):
+        return None
     out = [(r[0], maps[1 - k].apply(r[1]), r[2], maps[1 - k].apply(r[3]))
            for k, r in enumerate(raw)]  # fmt: skip
     return tuple(np.concatenate([o[i] for o in out]) for i in range(4))
@@ -525,7 +548,8 @@ def _reliability_panel(ax, result: TrainResult) -> None:
     calibrated = result.report.get("calibration") is not None
     curves = []
     if calibrated:
-        cal = cross_fitted(params, valid, F)
+        platt = result.report["calibration"].get("method") == "platt"
+        cal = cross_fitted(params, valid, F, fit_platt if platt else None)
         curves += [Curve("calibrated, last step", cal[2], cal[3], "C0"),
                    Curve("calibrated, all steps", cal[0], cal[1], "C1", dashed=True)]  # fmt: skip
     name = "raw" if calibrated else "raw (not calibrated)"

@@ -76,7 +76,7 @@ def test_measures_on_hand_made_cases() -> None:
         ({"method": "isotonic", "x": [0.4, float("nan")], "y": [0.1, 0.2]}, "sigmoid", "finite"),
         ({"method": "isotonic", "x": [0.4, 0.5], "y": [0.1, 1.5]}, "sigmoid", "finite"),
         ({"method": "isotonic", "x": [0.4, 0.5], "y": [0.1]}, "sigmoid", "knots"),
-        ({"method": "platt", "x": [0.5], "y": [0.5]}, "sigmoid", "calibration"),
+        ({"method": "temperature", "x": [0.5], "y": [0.5]}, "sigmoid", "calibration"),
         ({"method": "isotonic", "x": [], "y": []}, "sigmoid", "calibration"),
         ("isotonic", "sigmoid", "calibration"),
         ({"method": "isotonic", "x": [0.5], "y": [0.5]}, "identity", "sigmoid head"),

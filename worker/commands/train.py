@@ -170,12 +170,10 @@ def _print_metrics(report: dict) -> None:
             for (_, k), w in zip(METRIC_COLUMNS, widths, strict=True)
         )
         print(f"{name:<24}{values}")
-    cal = report.get("calibration")
-    if cal is not None:
-        print(f"calibration: isotonic, {len(cal['x'])} knots, fitted on the validation users "
-              "(its ECE and Brier above are cross-fitted)")  # fmt: skip
-    elif report.get("calibration_note"):
+    if report.get("calibration_note"):
         print(f"calibration: {report['calibration_note']}")
+    if report.get("calibration") is not None:
+        print("(fitted on the validation users; its ECE and Brier above are cross-fitted)")
 
 
 def _print_left_out(report: dict, min_count: int) -> None:
