@@ -85,3 +85,28 @@ def test_bad_requests_are_one_line_exit_2_and_nothing_written(shop, tmp_path, fl
 def test_bench_real_refuses_a_shop_too_small_for_its_folds(shop) -> None:
     run = run_cli("bench", "--real", "--data", str(shop), "--folds", "400", *SMALL)
     assert run.returncode == 2 and "too few for 400 folds" in run.stderr
+
+
+def test_model_evaluate_judges_a_model_on_the_users_its_training_held_out(shop, tmp_path):
+    trained = tmp_path / "m.npz"
+    run = run_cli("train", "--data", str(shop), *SMALL, "--out", str(trained), "--report",
+                  str(tmp_path / "r"), timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    by_hand = tmp_path / "init.npz"
+    made = run_cli("model", "init", "--event-types", "view,add_to_cart", "--hidden", "4",
+                   "--out", str(by_hand))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    ev = run_cli("model", "evaluate", str(trained), str(by_hand), "--data", str(shop),
+                 "--held-out", "--json", timeout=600)  # fmt: skip
+    assert ev.returncode == 0, ev.stderr
+    results = json.loads(ev.stdout)
+    ours = results[str(trained)]["held_out"]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())["test"]
+    assert ours["sessions"] == report["sessions"] and ours["users"] == report["users"]
+    for scorer in ("intentstream", "logistic regression", "gradient boosting"):
+        assert ours["metrics"][scorer]["auc_last"] == pytest.approx(
+            report["metrics"][scorer]["auc_last"], abs=1e-6
+        )
+    assert results[str(by_hand)]["held_out"] is None
+    table = run_cli("model", "evaluate", str(by_hand), "--data", str(shop), "--held-out")
+    assert table.returncode == 0 and "no held-out users in these events" in table.stdout

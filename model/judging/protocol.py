@@ -22,7 +22,7 @@ from model.evaluate import model_step_scores, roc_auc
 from model.judging.baselines import BOOSTED, LOGISTIC, baseline_scores
 from model.judging.session_features import step_features
 from model.judging.shop_sessions import ShopSession, shop_sessions
-from model.sessions import DataError, sessionize
+from model.sessions import DataError, is_test_user, sessionize
 from model.train import TrainConfig, train, vocabulary
 
 MODEL = "intentstream"
@@ -130,16 +130,39 @@ def judge_trained(result, events: list[dict], config: TrainConfig) -> FoldResult
     test users (`TrainResult.test_events`); None when it held none out or they hold a single
     class."""
     held = frozenset(e["user_id"] for e in result.test_events)
+    return judge_model(result.model, events, held, config)
+
+
+def judge_model(model, events: list[dict], held: frozenset[str],
+                config: TrainConfig) -> FoldResult | None:  # fmt: skip
+    """A trained model and the baselines, fitted on the events' other users, on the `held`
+    users' sessions (config: the session gap, label type and seed); None when there are none
+    or they hold a single class."""
     if not held:
         return None
-    types = list(result.model.meta.event_types)
     shop = shop_sessions(events, config.session_gap_seconds, config.label_type)
     labels = {s.label for s in shop if s.user_id in held}
-    if labels != {0.0, 1.0}:
+    if labels != {0.0, 1.0} or all(s.user_id in held for s in shop):
         return None
-    rows = step_features(shop, types)
+    rows = step_features(shop, list(model.meta.event_types))
     return judge_fold(events, shop, rows, Fold(0, 0, held), config,
-                      trainer=lambda _events, _config: result.model)  # fmt: skip
+                      trainer=lambda _events, _config: model)  # fmt: skip
+
+
+def held_out_of(model, events: list[dict]) -> tuple[frozenset[str], TrainConfig] | None:
+    """The users of `events` a model's training held out as test users (its meta's
+    `train_config`: seed and test fraction), and that config; None for a model trained
+    without test users or by hand."""
+    raw = (model.meta.model_extra or {}).get("train_config")
+    try:
+        config = TrainConfig.model_validate(raw) if raw else None
+    except ValueError:
+        return None
+    if config is None or not config.test_fraction:
+        return None
+    users = {e["user_id"] for e in events}
+    held = frozenset(u for u in users if is_test_user(u, config.test_fraction, config.seed))
+    return held, config
 
 
 def paired_bootstrap(

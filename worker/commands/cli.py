@@ -255,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--pushgateway", metavar="URL", help="push the metrics to a Pushgateway")
     ev.add_argument("--reliability", metavar="FILE.png",
                     help="write the versions' reliability diagrams (PNG) there")  # fmt: skip
+    ev.add_argument("--held-out", action="store_true",
+                    help="also judge each model on the test users its training held out of "
+                    "these events, beside baselines fitted on the other users")  # fmt: skip
     sha = registry_command(
         "shadow", "score every event with a challenger version too (or --off)", cmd_model_shadow
     )

@@ -129,6 +129,32 @@ def load_named_models(registry: Registry | None, names: list[str]) -> dict[str, 
     return models
 
 
+def judge_held_out(models: dict[str, Model], events: list[dict]) -> dict[str, dict | None]:
+    """Per model: the model and the baselines on the test users its training held out of
+    these events (model/judging/), or None when it held none out (or they are one class)."""
+    from model.judging.protocol import held_out_of, judge_model
+    from model.judging.report import heldout_report
+
+    out: dict[str, dict | None] = {}
+    for name, model in models.items():
+        split = held_out_of(model, events)
+        judged = judge_model(model, events, *split) if split else None
+        out[name] = heldout_report(judged) if judged is not None else None
+    return out
+
+
+def print_held_out(judged: dict[str, dict | None]) -> None:
+    from model.judging.report import heldout_lines
+
+    for name, test in judged.items():
+        if test is None:
+            print(f"\n{name}: no held-out users in these events (trained without test users, "
+                  "or they hold a single class)")  # fmt: skip
+        else:
+            print("\n".join([f"\n{name}:", *heldout_lines(test)[1:]]))
+            print(heldout_lines(test)[0].strip())
+
+
 def print_table(results: dict[str, dict]) -> None:
     widths = [len(k) + 1 for k in METRICS]
     print(f"{'model':<12} {'sessions':>9} {'positive':>9}"
@@ -180,10 +206,16 @@ def run_evaluate(
         events = recent
     scores: dict[str, tuple] = {}
     results = evaluate_models(models, events, args.label_type, scores)
+    if getattr(args, "held_out", False):
+        judged = judge_held_out(models, events)
+        for name, test in judged.items():
+            results[name]["held_out"] = test
     if args.json:
         print(json.dumps(results, indent=2, sort_keys=True, default=float))
     else:
         print_table(results)
+        if getattr(args, "held_out", False):
+            print_held_out(judged)
     if reliability:
         if scores:
             write_reliability(reliability, scores)
