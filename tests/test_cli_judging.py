@@ -110,3 +110,13 @@ def test_model_evaluate_judges_a_model_on_the_users_its_training_held_out(shop, 
     assert results[str(by_hand)]["held_out"] is None
     table = run_cli("model", "evaluate", str(by_hand), "--data", str(shop), "--held-out")
     assert table.returncode == 0 and "no held-out users in these events" in table.stdout
+
+
+def test_train_search_says_what_it_tried_and_kept(shop, tmp_path) -> None:
+    run = run_cli("train", "--data", str(shop), "--search", "0.001", *SMALL, "--report",
+                  str(tmp_path / "r"), timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "search: as given: validation loss" in run.stdout
+    assert "search: kept the configuration as given" in run.stdout
+    search = json.loads((tmp_path / "r" / "report.json").read_text())["search"]
+    assert search["tried"][0]["changes"] == {} and search["untried"] > 0

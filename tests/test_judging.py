@@ -196,3 +196,26 @@ def test_judge_trains_once_per_fold_on_the_other_users(shop) -> None:
     for fold, trained_on, r in zip(folds, seen, results, strict=True):
         assert trained_on == set(users) - fold.test_users
         assert r.sessions == len(r.labels) == len(r.scores[MODEL].last)
+
+
+@pytest.mark.integration  # trains nine small models
+def test_search_tries_each_candidate_once_and_keeps_the_lowest_validation_loss(shop) -> None:
+    from model.search import candidates, searched
+
+    config = TrainConfig(epochs=1, hidden=8, seed=2)
+    assert candidates(config)[0] == config
+    as_gru = candidates(config.model_copy(update={"cell": "gru"}))
+    # {} and {"cell": "gru"} are one candidate there, and so are the two at hidden 32
+    assert len(as_gru) == len(set(map(repr, as_gru))) == len(candidates(config)) - 2
+    one = searched(shop, config, seconds=0)  # a spent budget still trains the given one
+    assert [r["changes"] for r in one.report["search"]["tried"]] == [{}]
+    assert one.report["search"]["untried"] == len(candidates(config)) - 1
+    lines: list[str] = []
+    every = searched(shop, config, seconds=1e9, log=lines.append)
+    tried = every.report["search"]["tried"]
+    assert len(tried) == len(lines) == len(candidates(config))
+    best = min(tried, key=lambda r: r["validation_loss"])
+    assert every.report["search"]["chosen"] == best["changes"]
+    assert every.report["kept_epoch"]["validation_loss"] == best["validation_loss"]
+    # the candidates share the split: the test users stay out of every one
+    assert {e["user_id"] for e in every.test_events} == {e["user_id"] for e in one.test_events}

@@ -26,6 +26,7 @@ ELSEWHERE = {
     "python3 -m venv": "installation: done by scripts/test.sh",
     "intentstream partitions resize": "needs stopped workers: tests/test_resize.py runs it",
     "intentstream bench --workers": "minutes long: tests/test_scaling_bench.py runs it small",
+    "intentstream bench --real": "minutes long: tests/test_cli_judging.py runs it small",
     ".venv/bin/python -m pytest": "the test run itself (docs/contributing.md)",
     ".venv/bin/ruff": "the lint step of scripts/test.sh",
     ".venv/bin/lint-imports": "the import contracts' step of scripts/test.sh",

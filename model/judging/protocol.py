@@ -185,7 +185,9 @@ def judge(
     events: list[dict], config: TrainConfig, folds: list[Fold],
     log: Callable[[str], object] = print, trainer: Callable | None = None,
 ) -> list[FoldResult]:  # fmt: skip
-    """Every fold's result (judge_fold), logging a line per fold."""
+    """Every fold's result (judge_fold), logging a line per fold. Each fold's training run
+    holds no test users of its own: the fold's users are its test."""
+    config = config.model_copy(update={"test_fraction": 0.0})
     types = vocabulary(events, config)
     shop = shop_sessions(events, config.session_gap_seconds, config.label_type)
     rows = step_features(shop, types)

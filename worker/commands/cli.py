@@ -149,6 +149,14 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
         help="first judge the configuration over K outer folds of users (each fold's users "
         "held out from one training run, beside the baselines); 0: none",
     )
+    tr.add_argument(
+        "--search",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="try hyper-parameters around the given ones for about this long and keep the one "
+        "with the lowest validation loss (the test users take no part); 0: none",
+    )
     tr.add_argument("--out", help="write the trained artifact here")
     tr.add_argument("--report", metavar="DIR", help="write report.json and report.png here")
     tr.add_argument("--publish", action="store_true", help="register it in the Redis registry")

@@ -11,7 +11,7 @@ import argparse
 import numpy as np
 
 from model.bench import machine_line
-from worker.commands.train import read_training_events, train_config
+from worker.commands.train import read_training_events, train_config, trainer_of
 from worker.common.settings import load_settings
 
 REES46_CREDIT = ("REES46 Marketing Platform (rees46.com), Kaggle "
@@ -65,7 +65,10 @@ def run_real_bench(args: argparse.Namespace) -> int:
     if args.format == "opencdp":
         print(f"Open CDP events; for the REES46 dataset, credit: {REES46_CREDIT}")
     print(f"{args.repeats} x {k} outer folds of users; each trains once on the other users")
-    results = judge(events, config, outer_folds(users, k, args.repeats), log=print)
+    if args.search:
+        print(f"each fold's training searches for {args.search:g} s (train --search)")
+    results = judge(events, config, outer_folds(users, k, args.repeats), log=print,
+                    trainer=trainer_of(args.search))  # fmt: skip
     out = summary(results)
     print()
     print(folds_table(out))

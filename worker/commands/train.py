@@ -300,9 +300,15 @@ def run_train(args: argparse.Namespace) -> int:
         from model.sessions import DataError
 
         raise DataError(absent)
-    folds = judged_folds(events, config, args.folds) if args.folds else None
+    folds = judged_folds(events, config, args.folds, args.search) if args.folds else None
     progress = None if args.quiet else progress_factory(sys.stderr.isatty())
-    result = train(events, config, progress=progress, init=init, state_space=space)
+    if args.search and init is None:
+        from model.search import searched
+
+        result = searched(events, config, args.search, progress, log=print)
+        print(f"search: kept {result.report['search']['chosen'] or 'the configuration as given'}")
+    else:
+        result = train(events, config, progress=progress, init=init, state_space=space)
     if init is not None:
         print(f"fine-tuned from {args.init_from}: continues state space {space}")
     report = result.report
@@ -369,9 +375,19 @@ def judged_test(result, events: list[dict], config) -> dict | None:
     return test
 
 
-def judged_folds(events: list[dict], config, k: int) -> dict:
-    """The configuration judged over k outer folds of users (model/judging/protocol.py),
-    the table printed; report.json's `folds`. DataError when the shop is too small."""
+def trainer_of(search: float):
+    """How each fold trains: as `train`, or with `search` seconds of search (None: train)."""
+    if not search:
+        return None
+    from model.search import searched
+
+    return lambda events, config: searched(events, config, search).model
+
+
+def judged_folds(events: list[dict], config, k: int, search: float = 0.0) -> dict:
+    """The configuration (with `search` seconds of search in each fold) judged over k outer
+    folds of users (model/judging/protocol.py), the table printed; report.json's `folds`.
+    DataError when the shop is too small."""
     from model.judging.protocol import judge, outer_folds, summary
     from model.judging.report import folds_table
     from model.sessions import DataError
@@ -383,7 +399,7 @@ def judged_folds(events: list[dict], config, k: int) -> dict:
         raise DataError(f"--folds {k}: {len(users)} users are too few for {k} folds")
     print(f"judging over {k} outer folds of users (each trains once on the others)")
     in_fold = config.model_copy(update={"test_fraction": 0.0})
-    results = judge(events, in_fold, outer_folds(users, k), log=print)
+    results = judge(events, in_fold, outer_folds(users, k), log=print, trainer=trainer_of(search))
     out = summary(results)
     print(folds_table(out))
     return out
