@@ -127,6 +127,7 @@ def compare_cells(
         config = TrainConfig(
             cell=cell, hidden=hidden, epochs=epochs, features=[], embedding_dim=8, seed=0,
             event_types=[*EVENT_TYPES, LABEL_TYPE], patience=epochs,
+            test_fraction=0.0,  # judged on the validation users, beside their Bayes score
         )  # fmt: skip
         result = train(events, config)
         out[cell] = result.report["metrics"]["auc_last"]

@@ -190,7 +190,8 @@ def _gbdt():
 def run(events: list[dict], seeds: list[int], epochs: int | None, bayes: dict | None = None,
         log=print) -> dict[str, list[float]]:  # fmt: skip
     """AUC at the last input event per row and seed: {row: [auc per seed]}."""
-    config = TrainConfig() if epochs is None else TrainConfig(epochs=epochs)
+    # its own user splits per seed: training holds no test users of its own here
+    config = TrainConfig(test_fraction=0.0, **({} if epochs is None else {"epochs": epochs}))
     types = vocabulary(events, config)
     shop = shop_sessions(events, config.session_gap_seconds, config.label_type)
     sessions = sessionize(events, types, config.features, config.session_gap_seconds,
