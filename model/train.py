@@ -125,6 +125,10 @@ class TrainConfig(BaseModel):
     # Below this many validation sessions the map is not fitted: measured on
     # model/posterior.py, maps from a few hundred sessions made unseen users' scores worse.
     calibration_min_sessions: int = Field(1000, ge=2)
+    # Below calibration_min_sessions: no map, or Platt scaling (two numbers) where, cross-
+    # fitted, it lowers both the ECE and the log loss. Off by default: on the REES46 slice's
+    # held-out users it left the mean ECE as it was and the worst fold's worse (BENCHMARKS.md).
+    calibration_fallback: Literal["none", "platt"] = "none"
     # Declared inputs (model/inputs.py): fields of the events beyond type and ts; a model
     # with any is artifact format 2.
     inputs: list[InputDeclaration] = Field(default_factory=list)
@@ -361,7 +365,7 @@ def _train(
     if config.calibrate:
         calibration, rnn_scores, calibration_note = _calibrated(
             pack(kept, config.cell, np.float64, inputs), valid_s, F, raw_scores,
-            config.calibration_min_sessions,
+            config.calibration_min_sessions, config.calibration_fallback,
         )  # fmt: skip
     baseline = BagOfTypes(len(types) + 1).fit(train_s)
     base_scores = baseline.step_scores(valid_s)
@@ -415,8 +419,9 @@ def _train(
 
 
 def _calibrated(
-    params: Params, sessions: list[Session], n_features: int, raw_scores, min_sessions: int
-):
+    params: Params, sessions: list[Session], n_features: int, raw_scores, min_sessions: int,
+    fallback: str = "none",
+):  # fmt: skip
     """The map fitted on all the validation sessions, their cross-fitted calibrated scores,
     and a note. Isotonic from `min_sessions` validation sessions on; below, Platt scaling
     (two numbers: a few hundred sessions carry them, not isotonic blocks). Either ships only
@@ -424,6 +429,16 @@ def _calibrated(
     makes scores worse for users it was not fitted on (a small validation set's noise)
     never ships."""
     isotonic = len(sessions) >= min_sessions
+    if not isotonic and fallback == "none":
+        return (
+            None,
+            raw_scores,
+            (
+                f"not applied: {len(sessions)} validation sessions, fewer than the {min_sessions} "
+                "an isotonic map needs (--calibration-min-sessions; its knots would follow their "
+                "noise; --calibration-fallback platt tries Platt scaling)"
+            ),
+        )
     if isotonic:
         fit, why = _isotonic_for(len(sessions)), ""
     else:

@@ -1,7 +1,7 @@
-"""Below the sessions an isotonic map needs, training falls back to Platt scaling: two numbers
-fitted on the validation users, sampled as knots every scoring path applies, shipped only when
-cross-fitted it lowers both the ECE and the log loss over all steps; the note says which map
-and why."""
+"""Below the sessions an isotonic map needs, training may fall back to Platt scaling
+(--calibration-fallback platt): two numbers fitted on the validation users, sampled as knots
+every scoring path applies, shipped only when cross-fitted it lowers both the ECE and the log
+loss over all steps; the note says which map and why."""
 
 from __future__ import annotations
 
@@ -47,6 +47,10 @@ def test_platt_refuses_what_it_cannot_map(raw, labels) -> None:
 def test_a_small_validation_set_gets_platt_or_says_why_not() -> None:
     events, _ = rich_shop(300, seed=4)
     config = TrainConfig(hidden=8, epochs=2, seed=1)  # ~60 validation sessions, under 1000
+    off = train(events, config)  # the fallback is asked for, not the default
+    assert off.report["calibration"] is None
+    assert "--calibration-fallback platt" in off.report["calibration_note"]
+    config = config.model_copy(update={"calibration_fallback": "platt"})
     result = train(events, config)
     note = result.report["calibration_note"]
     assert "Platt scaling" in note and "fewer than the 1000" in note

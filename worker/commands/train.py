@@ -54,8 +54,10 @@ TRAIN_HELP = {
     "least --min-type-count times); others take the unknown row",
     "min_type_count": "types seen fewer times in the data take the unknown row (listed in "
     "the report)",
-    "calibration_min_sessions": "fit the calibration map only on at least this many "
-    "validation sessions (fewer: scores stay the raw head's)",
+    "calibration_min_sessions": "fit the isotonic calibration map only on at least this "
+    "many validation sessions (fewer: see --calibration-fallback)",
+    "calibration_fallback": "below --calibration-min-sessions: none (the raw head's scores) "
+    "or platt (Platt scaling, kept only if, cross-fitted, it lowers the ECE and the log loss)",
     "bptt": "truncation: steps gradients flow back",
     "clip": "global gradient norm bound",
     "optimizer": "the update rule",
