@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from worker.commands.args import csv, positive_int
 from worker.commands.backtest import cmd_rules_backtest
@@ -20,6 +21,7 @@ from worker.common.rules import (
     parse_duration,
     rule_to_dict,
     rule_to_json,
+    threshold_problem,
 )
 from worker.common.settings import add_setting_flags, load_settings
 
@@ -60,6 +62,19 @@ def duration(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def threshold(text: str) -> float:
+    """argparse type: a rule's threshold, a number from 0 to 1 (the rule's own check, so the
+    refusal names the flag: `error: --above: 2.0 is outside 0..1 ...`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    problem = threshold_problem(value)
+    if problem and math.isfinite(value):  # nan and inf: the rule's message names the rule
+        raise argparse.ArgumentTypeError(f"{text} {problem}")
+    return value
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `rules` and its actions."""
     rules = sub.add_parser(
@@ -80,14 +95,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     st.add_argument("name", help="the rule's name: 1-64 letters, digits, _ . - (e.g. coupon)")
     st.add_argument(
         "--above",
-        type=float,
+        type=threshold,
         required=True,
         metavar="X",
-        help="fire when the score after an event is >= X",
+        help="fire when the score after an event is >= X (0 to 1: a score is a probability)",
     )
     st.add_argument(
         "--rearm-below",
-        type=float,
+        type=threshold,
         default=None,
         metavar="Y",
         help="after firing, re-arm at the first later score < Y; Y <= X (default: X)",
