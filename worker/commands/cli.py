@@ -264,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-seconds",
         type=positive_float,
         default=None,
-        help="stop after this long (default: run until SIGTERM/SIGINT)",
+        help="stop this many seconds after the start, every wait included (a Redis still "
+        "unreachable then: exit 2; default: run until SIGTERM/SIGINT)",
     )
     worker.set_defaults(func=cmd_worker)
 

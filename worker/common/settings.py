@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     batch_size: int = Field(512, ge=1, le=100_000, description="max entries per read")
     block_ms: int = Field(1000, ge=1, description="blocking read time in ms")
     socket_timeout: float = Field(5.0, gt=0, description="Redis socket timeout in seconds")
+    wait_for_redis: float = Field(
+        300.0,
+        ge=0,
+        description="at start, wait this many seconds for a Redis that cannot be reached, "
+        "then exit 2; 0 = try once (a Redis lost later is waited for without end)",
+    )
     lease_ms: int = Field(
         10_000, ge=100, description="partition lease; a dead worker's partitions move after it"
     )
