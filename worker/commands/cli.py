@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
@@ -360,12 +361,14 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, interruptible: bool = False) -> int:
     """Run the console script; return its exit code.
 
     Every sub-command's failures a user can fix (bad flags, files, data, an unreachable
     Redis) end as one line on stderr and exit 2 (see worker/commands/errors.py); a closed stdout
     pipe (`| head`) exits quietly with 141, as a process killed by SIGPIPE; Ctrl-C exits 130.
+    `interruptible`: Ctrl-C raises KeyboardInterrupt from the command's start (the console
+    script leaves at once before it, worker/commands/entry.py).
     """
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -376,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     for warning in unknown_variables(os.environ):
         say("warning", warning, args)
     try:
+        if interruptible:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
