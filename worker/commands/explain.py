@@ -30,15 +30,8 @@ NOTHING_EXIT = 1
 SAME = 1e-5
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register the `explain` sub-command."""
-    ex = sub.add_parser(
-        "explain",
-        help="the events of a user's session that moved their score most (leave-one-out)",
-        description="Replay the user's recent session (the state's `recent` field) with each "
-        "event left out in turn; list each event's delta = score with all events - score "
-        "without it, and mark the 3 largest |delta|s: the reasons.",
-    )
+def add_flags(ex: argparse.ArgumentParser) -> None:
+    """The `explain` sub-command's flags (its parser and help: worker/commands/cli.py)."""
     ex.add_argument("user", metavar="USER", help="the user id")
     ex.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_setting_flags(ex, ["redis_url", "cluster", "prefix", "socket_timeout", "model"])
