@@ -22,6 +22,8 @@ CASES = [
     (["partitions", "--help"], set()),
     (["score", "--help"], set()),
     (["score", "--batch-size", "0", "--model", "m.npz"], set()),
+    (["model", "init", "--help"], {"pydantic"}),  # the declared inputs' flags
+    (["model", "init", "--hidden", "0", "--event-types", "a", "--out", "m.npz"], {"pydantic"}),
     (["publish", "--help"], {"pydantic"}),  # settings' flags
     (["rules", "set", "--help"], {"pydantic"}),
     (["rules", "set", "x", "--above", "2"], {"pydantic"}),

@@ -174,7 +174,7 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
 
 
 def _add_init_flags(init: argparse.ArgumentParser) -> None:
-    from model.features import KNOWN_FEATURES  # Numba: only for `model init`
+    from model.feature_names import KNOWN_FEATURES  # the names only: no Numba
 
     init.add_argument(
         "--event-types",

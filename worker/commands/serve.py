@@ -87,8 +87,8 @@ def connected(
 ) -> Client | None:
     """A client whose Redis answered PING, retried with backoff while Redis is unreachable
     (calling `alive` at each try: the process is healthy, only not ready); None if stopped
-    first. Past `deadline` (time.monotonic()'s clock; `bound` names it: `--wait-for-redis
-    300`) it raises RedisWaitExpiredError. The wait is logged once, then every
+    first. Past `deadline` (time.monotonic()'s clock; `bound` names it: `300 s
+    (--wait-for-redis / ...)`) it raises RedisWaitExpiredError. The wait is logged once, then every
     WAIT_REPORT_SECONDS."""
     url = redacted(settings.redis_url)
     delay = FIRST_RETRY_SECONDS
