@@ -85,3 +85,33 @@ def test_the_entry_leaves_at_once_until_the_command_runs():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)  # fmt: skip
     assert (result.returncode, result.stdout, result.stderr) == (130, "", "")
+
+
+def test_after_the_command_ctrl_c_still_exits_130_and_the_teardown_ignores_it():
+    code = (
+        "import atexit, os, signal, sys\n"
+        "from worker.commands import entry\n"
+        "try:\n"
+        "    entry.main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "sys.stdout.flush()\n"
+        "os.kill(os.getpid(), signal.SIGINT)  # the command done: leave at once, 130\n"
+        "print('not reached')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert (result.returncode, result.stderr) == (130, ""), result.stderr
+    assert result.stdout.startswith("intentstream ") and "not reached" not in result.stdout
+    # the last exit handler: SIGINT ignored from there (Python's teardown would reset a Python
+    # handler to the default action: death by the signal instead of an exit code)
+    code = (
+        "import os, signal\n"
+        "from worker.commands import entry\n"
+        "entry._ignore_interrupts()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "print('ignored')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert (result.returncode, result.stdout) == (0, "ignored\n"), result.stderr

@@ -20,14 +20,17 @@ from worker.commands.args import Parser, csv, port_number, positive_float, posit
 USAGE_EXIT = 2
 
 
-def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
-    """A sub-command's function, imported from `module` when it runs."""
+class _lazy:  # noqa: N801 (used as a function: `func=_lazy(module, name)`)
+    """A sub-command's function, imported from `module` when it runs (`load`)."""
 
-    def run(args: argparse.Namespace) -> int:
-        return getattr(importlib.import_module(module), name)(args)
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.__name__ = module, name
 
-    run.__name__ = run.__qualname__ = name
-    return run
+    def load(self) -> Callable[[argparse.Namespace], int]:
+        return getattr(importlib.import_module(self.module), self.__name__)
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.load()(args)
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:
@@ -512,10 +515,20 @@ def main(argv: list[str] | None = None, interruptible: bool = False) -> int:
 
         for warning in unknown_variables(os.environ):
             say("warning", warning, args)
+    interrupted = False
+
+    def interrupt(_sig: int, _frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
     try:
+        func = args.func
+        if isinstance(func, _lazy):  # its imports (numpy, Numba) as the parsing's: Ctrl-C
+            func = func.load()  # leaves at once (a C extension stopped mid-import can fail)
         if interruptible:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        code = args.func(args)
+            signal.signal(signal.SIGINT, interrupt)
+        code = func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
     except BrokenPipeError:
@@ -524,6 +537,8 @@ def main(argv: list[str] | None = None, interruptible: bool = False) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        if interrupted:  # a failure Ctrl-C caused (an import cut short, ...): still Ctrl-C
+            return 130
         from worker.commands.errors import explain, say
 
         line = explain(exc, args)
