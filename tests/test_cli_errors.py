@@ -243,3 +243,13 @@ def test_a_bad_port_in_the_url_names_the_flag_not_the_password(argv, port):
         result, f"error: --redis-url: the URL's port must be a number 0-65535, got '{port}'"
     )
     assert "secret" not in line
+
+
+def test_cluster_on_a_plain_server_is_a_setting_to_fix_not_a_wait(redis_server, golden_path):
+    for argv in (["model", "list"],
+                 ["worker", "--model", str(golden_path), "--metrics-port", "0",
+                  "--log-format", "text"]):  # fmt: skip
+        result = run_cli(*argv, "--cluster", "--redis-url", redis_server.url)
+        line = assert_one_line(result, f"Redis at {redis_server.url} is not a Redis Cluster "
+                               "node", "drop --cluster / INTENTSTREAM_CLUSTER")  # fmt: skip
+        assert "unreachable" not in line

@@ -97,6 +97,18 @@ def acl_refusal(exc: BaseException) -> redis.exceptions.NoPermissionError | None
     return None
 
 
+def not_a_cluster(exc: BaseException) -> bool:
+    """The cluster client (--cluster) met a server that is no cluster node: a setting to fix,
+    not an outage to wait out (an ACL refusal of CLUSTER SLOTS reads alike: acl_refusal)."""
+    from redis.exceptions import RedisClusterException
+
+    return (
+        isinstance(exc, RedisClusterException)
+        and "Cluster mode is not enabled" in str(exc)
+        and acl_refusal(exc) is None
+    )
+
+
 def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     """One line for a failure the user can fix, or None for a bug (keep the traceback)."""
     import redis
@@ -117,6 +129,11 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
         return (
             f"Redis at {url} refused a command: the ACL user {user!r} lacks a permission "
             f"({refusal}; see deploy/redis/users.acl)"
+        )
+    if not_a_cluster(exc):
+        return (
+            f"Redis at {url} is not a Redis Cluster node (cluster mode is not enabled there): "
+            "drop --cluster / INTENTSTREAM_CLUSTER, or name a cluster node"
         )
     if isinstance(exc, redis.AuthenticationError):
         return f"Redis at {url} refused the login: {exc} (user:password@ in --redis-url)"

@@ -23,7 +23,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from model.artifact import ArtifactError
-from worker.commands.errors import acl_refusal, redacted, say
+from worker.commands.errors import acl_refusal, not_a_cluster, redacted, say
 from worker.common.connection import Client, connect_settings
 from worker.common.keys import Keys
 from worker.common.logs import setup_logging
@@ -71,6 +71,7 @@ def _is_unreachable(exc: BaseException) -> bool:
         isinstance(exc, _UNREACHABLE)
         and not isinstance(exc, redis.AuthenticationError)  # a ConnectionError in redis-py
         and acl_refusal(exc) is None
+        and not not_a_cluster(exc)  # --cluster on a plain server: a setting to fix
     )
 
 
