@@ -10,10 +10,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-# name -> what the column holds; the artifact lists the names its model uses, in order.
-KNOWN_FEATURES = {
-    "gap": "log1p of the seconds since the user's previous event (0 for the first)",
-}
+# the names, kept apart from the kernels (the command line lists them without Numba)
+from model.feature_names import KNOWN_FEATURES as KNOWN_FEATURES
 
 
 @nb.njit(cache=True)

@@ -256,7 +256,7 @@ class BestEpoch:
         if self.stopped == "diverged":
             return f"{kept}; stopped: the loss of epoch {epochs_run} is not finite (diverged)"
         if self.stopped == "patience":
-            return f"{kept}; stopped early: no lower validation loss for {self.since} epoch(s)"
+            return f"{kept}; stopped after {self.since} epoch(s) without a lower validation loss"
         return kept
 
 

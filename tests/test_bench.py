@@ -94,7 +94,7 @@ def test_the_rules_bench_takes_every_path_of_the_rule_step_and_none_fires():
     quiet = bench_rules(3, QUIET_ABOVE)
     assert [r.name for r in quiet] == ["bench-0", "bench-1", "bench-2"]
     assert quiet[0].types and quiet[1].min_events > 1 and quiet[2].cooldown_ms > 0
-    assert all(r.above > 1.0 for r in quiet)  # above any sigmoid score
+    assert all(r.above == 1.0 for r in quiet)  # the highest threshold a rule takes
     assert [bool(r.types) for r in bench_rules(4, 0.5)] == [True, False, False, True]
 
 

@@ -161,7 +161,8 @@ def test_train_bad_values_name_the_flag(flags, needles, tmp_path):
 
 
 def test_bad_settings_are_one_line():
-    assert_one_line(run_cli("publish", "--synthetic", "5", "--redis-url", "http://x"), "redis_url")
+    assert_one_line(run_cli("publish", "--synthetic", "5", "--redis-url", "http://x"),
+                    "error: --redis-url: must start with redis://")  # fmt: skip
 
 
 def test_a_closed_stdout_pipe_exits_quietly(golden_path):
@@ -213,3 +214,42 @@ def test_ctrl_c_exits_130_without_a_traceback(golden_path: Path):
             proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("key", "argv", "stdin"),
+    [
+        ("intentstream:config", ["publish"], '{"user_id": "u", "type": "view"}\n'),
+        ("intentstream:config", ["explain", "u"], None),
+        ("intentstream:events:{0}", ["publish"], '{"user_id": "u", "type": "view"}\n'),
+        ("intentstream:state:{0}:u", ["explain", "u"], None),
+    ],
+)
+def test_a_key_of_another_type_is_named(redis_server, key, argv, stdin):
+    import redis
+
+    redis.Redis.from_url(redis_server.url).set(key, "x")
+    result = run_cli(*argv, "--redis-url", redis_server.url, stdin=stdin)
+    want = "stream" if "events" in key else "hash"
+    assert_one_line(result, f"key {key} holds a string, not a {want} (WRONGTYPE)")
+
+
+@pytest.mark.parametrize("port", ["99999", "abc", "-1"])
+@pytest.mark.parametrize("argv", [["model", "list"], ["rules", "list"], ["worker"]])
+def test_a_bad_port_in_the_url_names_the_flag_not_the_password(argv, port):
+    url = f"redis://user:secret@127.0.0.1:{port}/0"
+    result = run_cli(*argv, "--redis-url", url)
+    line = assert_one_line(
+        result, f"error: --redis-url: the URL's port must be a number 0-65535, got '{port}'"
+    )
+    assert "secret" not in line
+
+
+def test_cluster_on_a_plain_server_is_a_setting_to_fix_not_a_wait(redis_server, golden_path):
+    for argv in (["model", "list"],
+                 ["worker", "--model", str(golden_path), "--metrics-port", "0",
+                  "--log-format", "text"]):  # fmt: skip
+        result = run_cli(*argv, "--cluster", "--redis-url", redis_server.url)
+        line = assert_one_line(result, f"Redis at {redis_server.url} is not a Redis Cluster "
+                               "node", "drop --cluster / INTENTSTREAM_CLUSTER")  # fmt: skip
+        assert "unreachable" not in line

@@ -148,12 +148,12 @@ def test_errors(redis_server, tmp_path: Path):
     r = connect(redis_server.url)
     r.hset(Keys().config, "partitions", PARTITIONS)
     unknown = explain(redis_server, "nobody")
-    assert unknown.returncode == 1
+    assert unknown.returncode == 2  # as an unknown rule or version: exit 1 is for skipped input
     assert unknown.stderr == "error: no state for user 'nobody' under prefix 'intentstream'\n"
 
     write_state(r, "erin", Recent(), 0.3, "1")  # history-events 0: an empty `recent`
     empty = explain(redis_server, "erin")
-    assert empty.returncode == 1 and "has no recent events kept" in empty.stderr
+    assert empty.returncode == 2 and "has no recent events kept" in empty.stderr
     assert empty.stderr.count("\n") == 1 and empty.stdout == ""
 
     recent = Recent.of(-1, [T0], ["view"])

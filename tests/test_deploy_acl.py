@@ -183,7 +183,7 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
             ["rules", "show", "first"],
             ["rules", "backtest", "--from-redis"],
             ["explain", "user-1"],
-            ["rules", "set", "spare", "--above", "2"],
+            ["rules", "set", "spare", "--above", "0.9"],
             ["rules", "delete", "spare"],
         ):
             result = cli(*args, "--redis-url", url(port, "ruler"))

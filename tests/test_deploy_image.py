@@ -215,7 +215,7 @@ def test_healthcheck_fails_clearly_without_a_worker_or_with_a_bad_port():
     result = run(venv_tool("intentstream"), "healthcheck",
                  env=clean_env(INTENTSTREAM_METRICS_PORT="nine"))  # fmt: skip
     assert result.returncode == 2, result.stderr
-    assert "metrics_port (--metrics-port / INTENTSTREAM_METRICS_PORT)" in result.stderr
+    assert "INTENTSTREAM_METRICS_PORT: expected an integer, got 'nine'" in result.stderr
 
 
 def test_probe_defaults_are_the_workers():

@@ -89,3 +89,54 @@ def test_a_live_worker_exports_runtime_metrics_build_info_and_batch_entries(
         entries, "intentstream_batch_entries"
     )
     assert samples["intentstream_batch_entries_sum"].value == 20
+
+
+def test_the_endpoint_is_prometheus_clients_exposition_with_head_on_every_path():
+    import gzip
+    import urllib.error
+    import urllib.request
+
+    from worker.engine.adapters.metrics import Health, serve_metrics
+
+    m, health = WorkerMetrics(), Health()
+    m.batch_entries.observe(3)
+    port = free_port()
+    server = serve_metrics(m, health, "127.0.0.1", port)
+
+    def fetch(path: str, method: str = "GET", **headers: str):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                         headers=headers)  # fmt: skip
+        try:
+            reply = urllib.request.urlopen(request, timeout=30)
+        except urllib.error.HTTPError as exc:
+            reply = exc
+        with reply:
+            return reply.status, reply.headers, reply.read()
+
+    try:
+        status, headers, text = fetch("/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert "intentstream_batch_entries_count 1.0" in text.decode()
+        assert "# EOF" not in text.decode()
+        # OpenMetrics when the scraper asks for it (Prometheus does), ending in # EOF
+        status, headers, om = fetch("/metrics", Accept="application/openmetrics-text; "
+                                    "version=1.0.0; charset=utf-8")  # fmt: skip
+        assert headers["Content-Type"].startswith("application/openmetrics-text")
+        assert om.decode().endswith("# EOF\n")
+        # gzip when allowed
+        status, headers, packed = fetch("/metrics", **{"Accept-Encoding": "gzip"})
+        assert headers["Content-Encoding"] == "gzip"
+        assert "intentstream_batch_entries_count 1.0" in gzip.decompress(packed).decode()
+        # name[] keeps only the families asked for
+        _, _, some = fetch("/metrics?name[]=intentstream_build_info")
+        names = {f.name for f in text_string_to_metric_families(some.decode())}
+        assert names == {"intentstream_build_info"}
+        # HEAD: the GET's status and headers, no body (501 before)
+        for path, code in (("/metrics", 200), ("/healthz", 200), ("/readyz", 503), ("/x", 404)):
+            status, headers, body = fetch(path, method="HEAD")
+            assert (status, body) == (code, b""), path
+            assert int(headers["Content-Length"]) > 0, path
+        assert fetch("/healthz")[2] == b"ok\n"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -32,9 +32,10 @@ def test_two_users_three_sessions():
     ]  # fmt: skip
     f = report(events, [("r", 1), ("r", 2), ("r", 5)])["r"]
     assert f == RuleFigures(
-        rule="r", actions=3, actions_per_day=3.0, actioned_sessions=3, converted_sessions=2,
+        rule="r", actions=3, actions_per_day=3 * 1440 / 101, actioned_sessions=3,
+        converted_sessions=2,
         purchasing_sessions=2, anticipated_sessions=2, precision=2 / 3, recall=1.0,
-        median_lead_seconds=90.0,  # 120 s and 60 s
+        median_lead_seconds=90.0,  # 120 s and 60 s; 3 actions over 101 minutes
     )  # fmt: skip
 
 
@@ -117,11 +118,17 @@ def test_users_interleaved_in_any_order_keep_their_own_sessions():
     assert out.median_lead_seconds == 180.0
 
 
-def test_actions_per_day_over_the_span_counted_as_at_least_a_day():
+def test_actions_per_day_over_the_actual_span():
     one_hour = [("a", "view", 0), ("a", "view", 60 * M)]
-    assert report(one_hour, [("r", 0), ("r", 1)])["r"].actions_per_day == 2.0
+    assert report(one_hour, [("r", 0), ("r", 1)])["r"].actions_per_day == 48.0  # not floored
     four_days = [("a", "view", 0), ("b", "view", 4 * DAY_MS)]
     assert report(four_days, [("r", 0), ("r", 1)])["r"].actions_per_day == 0.5
+    # the case: 35 actions over 1.4 h are 600 a day, not 35
+    events = [(f"u{i}", "view", i * 84 * M // 35) for i in range(35)] + [("z", "view", 84 * M)]
+    out = report(events, [("r", i) for i in range(35)])["r"]
+    assert out.actions == 35 and out.actions_per_day == pytest.approx(600.0)
+    instant = [("a", "view", 5), ("b", "view", 5)]  # no time passed: no rate
+    assert report(instant, [("r", 0)])["r"].actions_per_day is None
 
 
 def test_bad_input_is_refused():

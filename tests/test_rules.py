@@ -61,6 +61,22 @@ def test_an_invalid_rule_is_one_line_naming_the_rule_the_field_and_the_value():
     refused(r"unknown key 'colour'", name="x", above=1, colour="red")
     refused(r"above: Field required", name="x")
     assert make_rule(name="x", above=1, min_events=100_000).min_events == 100_000
+    assert make_rule(name="x", above=0, rearm_below=0).rearm == 0.0  # 0 and 1 are scores
+
+
+@pytest.mark.parametrize(
+    ("fields", "line"),
+    [
+        ({"above": 2}, "rule 'x': above 2.0 is outside 0..1 (a score is a probability)"),
+        ({"above": -0.5}, "rule 'x': above -0.5 is outside 0..1 (a score is a probability)"),
+        ({"above": 1.0000001}, "rule 'x': above 1.0000001 is outside 0..1"),
+        ({"above": 0.5, "rearm_below": -0.1}, "rule 'x': rearm_below -0.1 is outside 0..1"),
+    ],
+)
+def test_a_threshold_outside_0_to_1_is_refused_as_a_score_is_a_probability(fields, line):
+    assert refused("outside 0..1", name="x", **fields).startswith(line)
+    with pytest.raises(RuleError, match=r"outside 0\.\.1"):  # a rule stored by hand, too
+        rule_from_json(json.dumps(fields).encode(), "x")
 
 
 @pytest.mark.parametrize(

@@ -48,22 +48,38 @@ def test_flag_wins_over_environment(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("argv", "env", "named"),
+    ("argv", "env", "line"),
     [
-        (["--block-ms", "6000"], {}, "block_ms"),
-        (["--partitions", "0"], {}, "partitions (--partitions / INTENTSTREAM_PARTITIONS)"),
-        ([], {"INTENTSTREAM_BATCH_SIZE": "lots"}, "batch_size"),
-        (["--redis-url", "http://localhost"], {}, "redis_url"),
-        (["--prefix", "a{b}"], {}, "prefix"),
-        (["--log-format", "xml"], {}, "log_format"),
+        (["--block-ms", "6000"], {},
+         "--block-ms (6000) must stay below 80% of --socket-timeout (5 s)"),
+        (["--partitions", "0"], {}, "--partitions: must be >= 1, got 0"),
+        (["--batch-size", "0"], {}, "--batch-size: must be >= 1, got 0"),
+        (["--socket-timeout", "0"], {}, "--socket-timeout: must be > 0, got 0"),
+        (["--partitions", "5000"], {}, "--partitions: must be <= 4096, got 5000"),
+        ([], {"INTENTSTREAM_BATCH_SIZE": "lots"},
+         "INTENTSTREAM_BATCH_SIZE: expected an integer, got 'lots'"),
+        ([], {"INTENTSTREAM_BATCH_SIZE": "0"}, "INTENTSTREAM_BATCH_SIZE: must be >= 1, got 0"),
+        (["--redis-url", "http://localhost"], {},
+         "--redis-url: must start with redis://, rediss:// or unix://, got 'http'"),
+        (["--prefix", "a{b}"], {},
+         "--prefix: must be non-empty, without braces or whitespace, got 'a{b}'"),
+        (["--log-format", "xml"], {}, "--log-format: must be 'json', 'text' or 'auto', got 'xml'"),
     ],
-)
-def test_invalid_configuration_names_the_setting(monkeypatch, argv, env, named):
+)  # fmt: skip
+def test_invalid_configuration_names_the_flag_or_variable(monkeypatch, argv, env, line):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(SettingsError, match="invalid configuration") as info:
+    with pytest.raises(SettingsError) as info:
         load_settings(parse(*argv))
-    assert named in str(info.value)
+    assert str(info.value) == line
+
+
+def test_the_workers_bad_setting_reads_as_every_other_commands_bad_flag():
+    result = run_cli("worker", "--batch-size", "0", "--log-format", "text",
+                     "--redis-url", "redis://127.0.0.1:1/0")  # fmt: skip
+    assert (result.returncode, result.stderr) == (2, "error: --batch-size: must be >= 1, got 0\n")
+    rules = run_cli("rules", "set", "x", "--above", "0.5", "--min-events", "0")
+    assert rules.stderr.startswith("error: --min-events: must be >= 1, got 0")
 
 
 def test_tls_url_is_accepted():
@@ -78,7 +94,7 @@ def test_tls_url_is_accepted():
 def test_worker_refuses_bad_configuration_at_start():
     result = run_cli("worker", "--block-ms", "9000", "--model", "x.npz")
     assert result.returncode == 2
-    assert "block_ms" in result.stderr and "Traceback" not in result.stderr
+    assert "--block-ms (9000) must stay below" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_worker_refuses_a_broken_model_file(tmp_path):
@@ -156,7 +172,7 @@ def test_start_up_refusals_are_json_under_json_logs(monkeypatch):
     assert result.returncode == 2
     lines = [json.loads(line) for line in result.stderr.strip().splitlines()]
     assert [r["level"] for r in lines] == ["warning", "error"], result.stderr
-    assert "INTENTSTREAM_BATCH_SIZE" in lines[0]["msg"] and "block_ms" in lines[1]["msg"]
+    assert "INTENTSTREAM_BATCH_SIZE" in lines[0]["msg"] and "--block-ms" in lines[1]["msg"]
     text = run_cli("worker", "--block-ms", "9000", "--metrics-port", "0")
     assert text.stderr.startswith("warning: INTENTSTREAM_BATCHSIZE is not a setting")
 

@@ -223,9 +223,20 @@ def test_a_run_forced_to_collapse_keeps_the_earlier_epoch(monkeypatch, cell):
     kept = result.report["kept_epoch"]
     assert kept["epoch"] == 1 and kept["stopped"] == "patience"
     assert kept["validation_loss"] == epochs[0]["validation_loss"]
-    assert "kept epoch 1 of 3" in kept["reason"] and "stopped early" in kept["reason"]
+    assert "kept epoch 1 of 3" in kept["reason"]
+    assert "stopped after 2 epoch(s) without a lower validation loss" in kept["reason"]
     for name, a in first.arrays.items():  # the artifact holds epoch 1's weights, bit for bit
         assert result.model.arrays[name].tobytes() == a.tobytes(), name
+
+
+def test_a_run_that_ran_every_epoch_is_not_said_to_have_stopped_early(monkeypatch):
+    # patience runs out at the last epoch: every epoch ran, nothing stopped early
+    events = synthetic(4000, 200, seed=1)
+    Sabotage(monkeypatch, at=2, spoil=blow_up)
+    result = train(events, TrainConfig(hidden=8, epochs=3, patience=2, seed=3))
+    reason = result.report["kept_epoch"]["reason"]
+    assert len(result.report["epochs"]) == 3 and "kept epoch 1 of 3" in reason
+    assert "early" not in reason, reason
     assert result.model.meta.model_extra["kept_epoch"]["epoch"] == 1
 
 

@@ -3,7 +3,8 @@
 Rounds of the in-process worker (the bench's variant a) over the same backlog, the variants
 alternated in each round and rotated between rounds:
   none    no rules set
-  quiet   N rules whose threshold no score reaches (`above` 2.0, the head is a sigmoid):
+  quiet   N rules whose threshold no score reaches (`above` 1.0, the highest a rule takes:
+          only a sigmoid saturated to exactly 1 would reach it):
           each batch still reads, steps and writes every user's rule state
   fire    the same N rules at the --rules-fire quantile of the warm-up's scores: actions,
           each with its reasons (a leave-one-out replay of its session)
@@ -32,7 +33,7 @@ from worker.bench.workload import ACTIONS, KEYS, SCORES, preload
 from worker.common.rule_store import set_rule
 from worker.common.rules import MAX_RULES, Rule, make_rule
 
-QUIET_ABOVE = 2.0  # above any sigmoid score: no rule fires
+QUIET_ABOVE = 1.0  # a rule's highest threshold: only a score of exactly 1 would fire
 LISTED_TYPES = ("add_to_cart", "checkout", "coupon")
 COOLDOWN_MS = 15 * 60_000
 MIN_EVENTS = 3

@@ -181,9 +181,9 @@ def render(report: dict) -> str:
     lines.append(f"{'rule':<16} {'actions':>8} {'per day':>8} {'precision':>9} {'recall':>7} "
                  f"{'lead (median)':>14}")  # fmt: skip
     for name, f in report["rules"].items():
-        lead = f.get("median_lead_seconds")
+        lead, per_day = f.get("median_lead_seconds"), f.get("actions_per_day")
         lines.append(
-            f"{name:<16} {f['actions']:>8} {f['actions_per_day']:>8.1f} "
+            f"{name:<16} {f['actions']:>8} {'-' if per_day is None else f'{per_day:.1f}':>8} "
             f"{_share(f.get('precision')):>9} {_share(f.get('recall')):>7} "
             f"{'-' if lead is None else f'{lead:.0f} s':>14}"
         )

@@ -3,45 +3,64 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import signal
 import sys
 import traceback
-from importlib.metadata import PackageNotFoundError, version
+from collections.abc import Callable
 
-from model.features import KNOWN_FEATURES
-from worker.commands import explain as explain_command
-from worker.commands import healthcheck
+# Only what every command needs is imported here: a command that does no work (--version,
+# --help, a bad flag) starts without numpy, Numba, redis or pydantic. A sub-command's flags are
+# built when it is parsed or its help printed (Parser's `populate`), its body imported when it
+# runs (`_lazy`).
 from worker.commands.args import Parser, csv, port_number, positive_float, positive_int
-from worker.commands.errors import USAGE_EXIT, explain, say
-from worker.commands.input_flags import add_input_flags
-from worker.commands.models import (
-    cmd_model_evaluate,
-    cmd_model_export,
-    cmd_model_init,
-    cmd_model_list,
-    cmd_model_promote,
-    cmd_model_publish,
-    cmd_model_rollback,
-    cmd_model_shadow,
-    cmd_model_show,
-)
-from worker.commands.publish import cmd_publish
-from worker.commands.resize import ResizeRefusedError, resize
-from worker.commands.rules import add_parser as add_rules_parser
-from worker.commands.score import cmd_score
-from worker.commands.serve import cmd_worker, stop_on_signals
-from worker.commands.train import add_train_config_flags, run_train
-from worker.common.connection import connect_settings
-from worker.common.keys import Keys
-from worker.common.settings import (
-    SettingsError,
-    add_setting_flags,
-    load_settings,
-    unknown_variables,
-)
+
+# Exit code of a user error or an unreachable service (worker/commands/errors.py).
+USAGE_EXIT = 2
+
+
+class _lazy:  # noqa: N801 (used as a function: `func=_lazy(module, name)`)
+    """A sub-command's function, imported from `module` when it runs (`load`)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.__name__ = module, name
+
+    def load(self) -> Callable[[argparse.Namespace], int]:
+        return getattr(importlib.import_module(self.module), self.__name__)
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.load()(args)
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:
+    """worker/common/settings.py's flags (pydantic, imported only for a parser built)."""
+    from worker.common.settings import add_setting_flags as add
+
+    add(parser, names)
+
+
+def add_input_flags(parser: argparse.ArgumentParser) -> None:
+    from worker.commands.input_flags import add_input_flags as add
+
+    add(parser)
+
+
+class _Version(argparse.Action):
+    """`--version`: the installed version, looked up only when asked for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show program's version number and exit") -> None:  # fmt: skip
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from worker.commands.serve import stop_on_signals
+
     stop = stop_on_signals()
     # imported after the signal handlers, and by this command only: the demo runs the engine
     from worker.commands.demo import run_demo
@@ -58,6 +77,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         cluster=args.cluster,
     )
     return stop.exit_code(code)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from worker.commands.errors import say
+    from worker.common.settings import SettingsError, load_settings
+
+    try:  # a bad setting is said before the engine's imports (the command loads them again)
+        load_settings(args)
+    except SettingsError as exc:
+        say("error", str(exc), args)
+        return USAGE_EXIT
+    from worker.commands.serve import cmd_worker
+
+    return cmd_worker(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -85,6 +118,11 @@ def _cmd_bench_real(args: argparse.Namespace) -> int:
 
 
 def _cmd_partitions_resize(args: argparse.Namespace) -> int:
+    from worker.commands.resize import ResizeRefusedError, resize
+    from worker.common.connection import connect_settings
+    from worker.common.keys import Keys
+    from worker.common.settings import SettingsError, load_settings
+
     try:
         settings = load_settings(args, model=None)
         report = resize(connect_settings(settings), Keys(settings.prefix), settings.group, args.to)
@@ -99,6 +137,8 @@ _REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("intentstream")
     except PackageNotFoundError:  # run from a source tree that was never installed
@@ -134,6 +174,8 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
     add_data_format_flags(tr)
     add_setting_flags(tr, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
     add_input_flags(tr)
+    from worker.commands.train import add_train_config_flags  # TrainConfig: model/train.py
+
     add_train_config_flags(tr)
     tr.add_argument(
         "--init-from",
@@ -168,19 +210,9 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every sub-command."""
-    p = Parser(
-        prog="intentstream",
-        description="Real-time purchase-intent scoring on Redis Streams.",
-        epilog="`intentstream COMMAND --help` lists a command's flags and their defaults.",
-    )
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _add_init_flags(init: argparse.ArgumentParser) -> None:
+    from model.feature_names import KNOWN_FEATURES  # the names only: no Numba
 
-    model = sub.add_parser("model", help="create and inspect model artifacts; the registry")
-    msub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    init = msub.add_parser("init", help="write a seeded random model artifact")
     init.add_argument(
         "--event-types",
         type=csv,
@@ -222,28 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--seed", type=int, default=0, help="same seed, same bytes")
     add_input_flags(init)
     init.add_argument("--out", required=True, help="artifact file to write (.npz)")
-    init.set_defaults(func=cmd_model_init)
 
-    def registry_command(name: str, help: str, func) -> argparse.ArgumentParser:
-        cmd = msub.add_parser(name, help=help, description=help)
-        add_setting_flags(cmd, _REGISTRY_FLAGS)
-        cmd.set_defaults(func=func)
-        return cmd
 
-    show = registry_command("show", "print a model's config, array shapes, size", cmd_model_show)
-    show.add_argument("file", metavar="FILE|VERSION", help="an artifact file or a registry version")
-    pub = registry_command("publish", "store an artifact as a new version", cmd_model_publish)
-    pub.add_argument("file", help="the artifact file (.npz)")
-    pub.add_argument("--promote", action="store_true", help="also make it current")
-    registry_command("list", "list the registry's versions (* = current)", cmd_model_list)
-    pro = registry_command("promote", "make a version current; workers follow", cmd_model_promote)
-    pro.add_argument("version", help="a registry version (see `model list`)")
-    registry_command("rollback", "make the previous current version current", cmd_model_rollback)
-    ev = registry_command(
-        "evaluate",
-        "versions (or .npz files) side by side on live data: ROC AUC, log loss, ECE, Brier",
-        cmd_model_evaluate,
-    )
+def _add_evaluate_flags(ev: argparse.ArgumentParser) -> None:
     # nargs "*": none given is said by cmd_model_evaluate, which can tell a --data that took them
     ev.add_argument(
         "versions",
@@ -266,18 +279,71 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--held-out", action="store_true",
                     help="also judge each model on the test users its training held out of "
                     "these events, beside baselines fitted on the other users")  # fmt: skip
-    sha = registry_command(
-        "shadow", "score every event with a challenger version too (or --off)", cmd_model_shadow
+
+
+def _add_model_actions(model: argparse.ArgumentParser) -> None:
+    """`model`'s actions: each one's flags built when it is used."""
+    msub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    init = msub.add_parser(
+        "init", help="write a seeded random model artifact", populate=_add_init_flags
     )
-    sha.add_argument("version", nargs="?", help="the challenger; none: show the shadow")
-    sha.add_argument("--off", action="store_true", help="stop shadow scoring")
-    exp = registry_command("export", "write a version's artifact to a file", cmd_model_export)
-    exp.add_argument("version", help="a registry version (see `model list`)")
-    exp.add_argument("--out", required=True, help="artifact file to write (.npz)")
+    init.set_defaults(func=_lazy("worker.commands.models", "cmd_model_init"))
 
-    add_rules_parser(sub)  # `intentstream rules ...`: worker/commands/rules.py
+    def registry_command(
+        name: str, help: str, func: str, flags: Callable[[argparse.ArgumentParser], None]
+    ) -> None:
+        def populate(cmd: argparse.ArgumentParser) -> None:
+            flags(cmd)
+            add_setting_flags(cmd, _REGISTRY_FLAGS)
 
-    score = sub.add_parser("score", help="score JSON-lines events offline, state in memory")
+        cmd = msub.add_parser(name, help=help, description=help, populate=populate)
+        cmd.set_defaults(func=_lazy("worker.commands.models", func))
+
+    def version_arg(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("version", help="a registry version (see `model list`)")
+
+    def publish_flags(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("file", help="the artifact file (.npz)")
+        cmd.add_argument("--promote", action="store_true", help="also make it current")
+
+    def shadow_flags(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("version", nargs="?", help="the challenger; none: show the shadow")
+        cmd.add_argument("--off", action="store_true", help="stop shadow scoring")
+
+    def export_flags(cmd: argparse.ArgumentParser) -> None:
+        version_arg(cmd)
+        cmd.add_argument("--out", required=True, help="artifact file to write (.npz)")
+
+    registry_command(
+        "show", "print a model's config, array shapes, size", "cmd_model_show",
+        lambda cmd: cmd.add_argument("file", metavar="FILE|VERSION",
+                                     help="an artifact file or a registry version"),
+    )  # fmt: skip
+    registry_command(
+        "publish", "store an artifact as a new version", "cmd_model_publish", publish_flags
+    )
+    registry_command(
+        "list", "list the registry's versions (* = current)", "cmd_model_list", lambda _: None
+    )
+    registry_command(
+        "promote", "make a version current; workers follow", "cmd_model_promote", version_arg
+    )
+    registry_command("rollback", "make the previous current version current",
+                     "cmd_model_rollback", lambda _: None)  # fmt: skip
+    registry_command(
+        "evaluate",
+        "versions (or .npz files) side by side on live data: ROC AUC, log loss, ECE, Brier",
+        "cmd_model_evaluate",
+        _add_evaluate_flags,
+    )
+    registry_command("shadow", "score every event with a challenger version too (or --off)",
+                     "cmd_model_shadow", shadow_flags)  # fmt: skip
+    registry_command(
+        "export", "write a version's artifact to a file", "cmd_model_export", export_flags
+    )
+
+
+def _add_score_flags(score: argparse.ArgumentParser) -> None:
     score.add_argument("--model", required=True, help="model artifact file")
     score.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
     score.add_argument(
@@ -291,21 +357,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the head's score as trained, without the artifact's calibration",
     )
-    score.set_defaults(func=cmd_score)
 
-    explain_command.add_parser(sub)  # why a user's score is what it is
 
-    worker = sub.add_parser("worker", help="consume event streams and write scores (the main job)")
+def _add_worker_flags(worker: argparse.ArgumentParser) -> None:
     add_setting_flags(worker)
     worker.add_argument(
         "--max-seconds",
         type=positive_float,
         default=None,
-        help="stop after this long (default: run until SIGTERM/SIGINT)",
+        help="stop this many seconds after the start, every wait included (a Redis still "
+        "unreachable then: exit 2; default: run until SIGTERM/SIGINT)",
     )
-    worker.set_defaults(func=cmd_worker)
 
-    pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams")
+
+def _add_publish_flags(pub: argparse.ArgumentParser) -> None:
     pub.add_argument("events", nargs="?", help="JSON-lines file (default: stdin)")
     add_setting_flags(pub, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
     pub.add_argument(
@@ -331,16 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="events per second (default: as fast as Redis takes them)",
     )
-    pub.set_defaults(func=cmd_publish)
 
-    tr = sub.add_parser(
-        "train",
-        help="train a model with truncated BPTT; report; publish",
-        populate=_add_train_flags,
-    )
-    tr.set_defaults(func=run_train)
 
-    demo = sub.add_parser("demo", help="the whole loop live, on a private Redis by default")
+def _add_demo_flags(demo: argparse.ArgumentParser) -> None:
     demo.add_argument(
         "--redis-url",
         default=None,
@@ -371,18 +429,95 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--random-model", action="store_true", help="an empty registry gets an untrained model"
     )
+
+
+def _add_partitions_actions(parts: argparse.ArgumentParser) -> None:
+    psub = parts.add_subparsers(dest="partitions_command", required=True, metavar="ACTION")
+
+    def resize_flags(resize: argparse.ArgumentParser) -> None:
+        resize.add_argument("--to", type=int, required=True, metavar="N",
+                            help="new partition count")  # fmt: skip
+        add_setting_flags(resize, ["redis_url", "cluster", "prefix", "group", "socket_timeout"])
+
+    resize = psub.add_parser(
+        "resize",
+        help="move every user's state to a new partition count (workers stopped)",
+        populate=resize_flags,
+    )
+    resize.set_defaults(func=_cmd_partitions_resize)
+
+
+def _module_flags(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    """A sub-command whose flags (and function) its own module adds: `add_flags(parser)`,
+    imported when the sub-command is used."""
+
+    def populate(parser: argparse.ArgumentParser) -> None:
+        importlib.import_module(module).add_flags(parser)
+
+    return populate
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command; their flags are built on first use."""
+    p = Parser(
+        prog="intentstream",
+        description="Real-time purchase-intent scoring on Redis Streams.",
+        epilog="`intentstream COMMAND --help` lists a command's flags and their defaults.",
+    )
+    p.add_argument("--version", action=_Version)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("model", help="create and inspect model artifacts; the registry",
+                   populate=_add_model_actions)  # fmt: skip
+
+    # `intentstream rules ...`: worker/commands/rules.py
+    sub.add_parser(
+        "rules",
+        help="the intent rules: when a score fires an action",
+        description="Set, list, show and delete the intent rules in Redis.",
+        populate=_module_flags("worker.commands.rules"),
+    )
+
+    score = sub.add_parser("score", help="score JSON-lines events offline, state in memory",
+                           populate=_add_score_flags)  # fmt: skip
+    score.set_defaults(func=_lazy("worker.commands.score", "cmd_score"))
+
+    sub.add_parser(  # why a user's score is what it is: worker/commands/explain.py
+        "explain",
+        help="the events of a user's session that moved their score most (leave-one-out)",
+        description="Replay the user's recent session (the state's `recent` field) with each "
+        "event left out in turn; list each event's delta = score with all events - score "
+        "without it, and mark the 3 largest |delta|s: the reasons.",
+        populate=_module_flags("worker.commands.explain"),
+    )
+
+    worker = sub.add_parser("worker", help="consume event streams and write scores (the main job)",
+                            populate=_add_worker_flags)  # fmt: skip
+    worker.set_defaults(func=_cmd_worker)
+
+    pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams",
+                         populate=_add_publish_flags)  # fmt: skip
+    pub.set_defaults(func=_lazy("worker.commands.publish", "cmd_publish"))
+
+    tr = sub.add_parser(
+        "train",
+        help="train a model with truncated BPTT; report; publish",
+        populate=_add_train_flags,
+    )
+    tr.set_defaults(func=_lazy("worker.commands.train", "run_train"))
+
+    demo = sub.add_parser("demo", help="the whole loop live, on a private Redis by default",
+                          populate=_add_demo_flags)  # fmt: skip
     demo.set_defaults(func=_cmd_demo)
 
-    healthcheck.add_parser(sub)  # the container HEALTHCHECK's command
-
-    parts = sub.add_parser("partitions", help="change the partition count of the streams")
-    psub = parts.add_subparsers(dest="partitions_command", required=True, metavar="ACTION")
-    resize = psub.add_parser(
-        "resize", help="move every user's state to a new partition count (workers stopped)"
+    sub.add_parser(  # the container HEALTHCHECK's command: worker/commands/healthcheck.py
+        "healthcheck",
+        help="exit 0 if the local worker's main loop is alive (its /healthz), else 1",
+        populate=_module_flags("worker.commands.healthcheck"),
     )
-    resize.add_argument("--to", type=int, required=True, metavar="N", help="new partition count")
-    add_setting_flags(resize, ["redis_url", "cluster", "prefix", "group", "socket_timeout"])
-    resize.set_defaults(func=_cmd_partitions_resize)
+
+    sub.add_parser("partitions", help="change the partition count of the streams",
+                   populate=_add_partitions_actions)  # fmt: skip
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
     bench.set_defaults(func=_cmd_bench)
@@ -396,12 +531,14 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, interruptible: bool = False) -> int:
     """Run the console script; return its exit code.
 
     Every sub-command's failures a user can fix (bad flags, files, data, an unreachable
     Redis) end as one line on stderr and exit 2 (see worker/commands/errors.py); a closed stdout
     pipe (`| head`) exits quietly with 141, as a process killed by SIGPIPE; Ctrl-C exits 130.
+    `interruptible`: Ctrl-C raises KeyboardInterrupt from the command's start (the console
+    script leaves at once before it, worker/commands/entry.py).
     """
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -409,10 +546,26 @@ def main(argv: list[str] | None = None) -> int:
         args.bench_args = rest  # the benchmark parses its own flags (and --help)
     elif rest:
         args._parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    for warning in unknown_variables(os.environ):
-        say("warning", warning, args)
+    if any(name.startswith("INTENTSTREAM_") for name in os.environ):
+        from worker.commands.errors import say
+        from worker.common.settings import unknown_variables
+
+        for warning in unknown_variables(os.environ):
+            say("warning", warning, args)
+    interrupted = False
+
+    def interrupt(_sig: int, _frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
     try:
-        code = args.func(args)
+        func = args.func
+        if isinstance(func, _lazy):  # its imports (numpy, Numba) as the parsing's: Ctrl-C
+            func = func.load()  # leaves at once (a C extension stopped mid-import can fail)
+        if interruptible:
+            signal.signal(signal.SIGINT, interrupt)
+        code = func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
     except BrokenPipeError:
@@ -421,6 +574,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        if interrupted:  # a failure Ctrl-C caused (an import cut short, ...): still Ctrl-C
+            return 130
+        from worker.commands.errors import explain, say
+
         line = explain(exc, args)
         if line is None:
             raise

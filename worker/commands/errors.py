@@ -11,18 +11,17 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-import redis
-from pydantic import ValidationError
-from redis.exceptions import RedisClusterException  # not a RedisError: no cluster reachable
-
-from model.artifact import ArtifactError
-from model.sessions import DataError
-from worker.common.events import EventError
 from worker.common.logs import JsonFormatter
-from worker.common.registry import RegistryError
-from worker.common.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    import redis
+    from pydantic import ValidationError
+
+# `say` is light: a command refusing a flag or a setting says so before numpy, Numba or redis
+# are imported; `explain`, which knows every failure's type, imports them when it runs.
 
 # Exit code of a user error or an unreachable service (argparse's usage errors use it too).
 USAGE_EXIT = 2
@@ -56,6 +55,8 @@ def redacted(url: str) -> str:
 
 
 def _redis_url(args: argparse.Namespace) -> str:
+    from worker.common.settings import Settings
+
     url = getattr(args, "redis_url", None) or os.environ.get("INTENTSTREAM_REDIS_URL")
     return redacted(url or Settings.model_fields["redis_url"].default)
 
@@ -85,6 +86,8 @@ def acl_refusal(exc: BaseException) -> redis.exceptions.NoPermissionError | None
     """The ACL refusal (NOPERM) behind a failure, if any. redis-py's cluster client turns a
     refused CLUSTER SLOTS into "Cluster mode is not enabled on this node" (and that into
     "cannot be connected"), keeping the NOPERM reply only as the exceptions' cause."""
+    import redis
+
     seen = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, redis.exceptions.NoPermissionError):
@@ -94,8 +97,30 @@ def acl_refusal(exc: BaseException) -> redis.exceptions.NoPermissionError | None
     return None
 
 
+def not_a_cluster(exc: BaseException) -> bool:
+    """The cluster client (--cluster) met a server that is no cluster node: a setting to fix,
+    not an outage to wait out (an ACL refusal of CLUSTER SLOTS reads alike: acl_refusal)."""
+    from redis.exceptions import RedisClusterException
+
+    return (
+        isinstance(exc, RedisClusterException)
+        and "Cluster mode is not enabled" in str(exc)
+        and acl_refusal(exc) is None
+    )
+
+
 def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     """One line for a failure the user can fix, or None for a bug (keep the traceback)."""
+    import redis
+    from pydantic import ValidationError
+    from redis.exceptions import RedisClusterException  # not a RedisError: no cluster reachable
+
+    from model.artifact import ArtifactError
+    from model.sessions import DataError
+    from worker.common.events import EventError
+    from worker.common.registry import RegistryError
+    from worker.common.settings import SettingsError
+
     parser = getattr(args, "_parser", None)
     url = _redis_url(args)
     refusal = acl_refusal(exc)
@@ -104,6 +129,11 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
         return (
             f"Redis at {url} refused a command: the ACL user {user!r} lacks a permission "
             f"({refusal}; see deploy/redis/users.acl)"
+        )
+    if not_a_cluster(exc):
+        return (
+            f"Redis at {url} is not a Redis Cluster node (cluster mode is not enabled there): "
+            "drop --cluster / INTENTSTREAM_CLUSTER, or name a cluster node"
         )
     if isinstance(exc, redis.AuthenticationError):
         return f"Redis at {url} refused the login: {exc} (user:password@ in --redis-url)"

@@ -11,11 +11,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import redis
+
 from model.artifact import file_version, load_model
 from model.explain import Explanation, leave_one_out
 from model.inputs import Stored
 from model.scoring import ScoringModel
 from worker.commands.registry_access import registry_of
+from worker.common.connection import name_wrong_type
 from worker.common.keys import partition_of
 from worker.common.partitions import recorded_partitions
 from worker.common.registry import Registry, RegistryError
@@ -24,21 +27,16 @@ from worker.engine.compute.actions import session_of
 from worker.engine.compute.lean_state import as_fields
 from worker.engine.compute.recent import Recent, form_of, unpack
 
-# Exit code when the user has no state or no kept events: nothing to explain.
-NOTHING_EXIT = 1
+# Exit code when the user has no state or no kept events: nothing to explain. A user named
+# that is not there is a mistake to fix, as an unknown rule, version or file (exit 2); exit 1
+# is kept for runs that finished but skipped some input (docs/operators.md).
+NOTHING_EXIT = 2
 # Stored and replayed scores closer than this are the same score (float32 kernels, other waves).
 SAME = 1e-5
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register the `explain` sub-command."""
-    ex = sub.add_parser(
-        "explain",
-        help="the events of a user's session that moved their score most (leave-one-out)",
-        description="Replay the user's recent session (the state's `recent` field) with each "
-        "event left out in turn; list each event's delta = score with all events - score "
-        "without it, and mark the 3 largest |delta|s: the reasons.",
-    )
+def add_flags(ex: argparse.ArgumentParser) -> None:
+    """The `explain` sub-command's flags (its parser and help: worker/commands/cli.py)."""
     ex.add_argument("user", metavar="USER", help="the user id")
     ex.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_setting_flags(ex, ["redis_url", "cluster", "prefix", "socket_timeout", "model"])
@@ -87,7 +85,12 @@ def read_state(registry: Registry, user: str) -> UserState | None:
     """The user's state under the recorded partition count (1 before any worker), or None."""
     partitions = recorded_partitions(registry.r, registry.keys) or 1
     p = partition_of(user, partitions)
-    fields = as_fields(registry.r.hgetall(registry.keys.state(p, user)))  # either layout
+    key = registry.keys.state(p, user)
+    try:
+        fields = as_fields(registry.r.hgetall(key))  # either layout
+    except redis.ResponseError as exc:
+        name_wrong_type(registry.r, exc, {key: "hash"})
+        raise
     if not fields:
         return None
     model = fields.get(b"model")

@@ -11,12 +11,8 @@ from worker.commands.probe import healthz_url, report
 from worker.common.settings import SettingsError, add_setting_flags, load_settings
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register the `healthcheck` sub-command."""
-    hc = sub.add_parser(
-        "healthcheck",
-        help="exit 0 if the local worker's main loop is alive (its /healthz), else 1",
-    )
+def add_flags(hc: argparse.ArgumentParser) -> None:
+    """The `healthcheck` sub-command's flags (its parser and help: worker/commands/cli.py)."""
     add_setting_flags(hc, ["metrics_host", "metrics_port"])
     hc.add_argument("--url", default=None, help="check this URL instead of the worker's /healthz")
     hc.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the reply")

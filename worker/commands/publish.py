@@ -9,10 +9,13 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 
+import redis
+
 from model.synthetic import synthetic_events
 from worker.commands.event_files import chunks, recording_fields, reported_events
-from worker.common.connection import connect_settings
+from worker.common.connection import connect_settings, name_wrong_type
 from worker.common.events import Event
+from worker.common.keys import Keys
 from worker.common.publisher import publish
 from worker.common.settings import SettingsError, load_settings
 
@@ -74,6 +77,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
         except SettingsError as exc:  # another partition count is in force
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except redis.ResponseError as exc:  # name the key of another type, if one is
+            keys = Keys(settings.prefix)
+            expected = {keys.config: "hash"}
+            expected |= {keys.events(p): "stream" for p in range(settings.partitions)}
+            name_wrong_type(client, exc, expected)
+            raise
         sent += len(part)
         if args.rate:
             ahead = sent / args.rate - (time.monotonic() - t0)

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from typing import TYPE_CHECKING
 
+# Light imports only: `intentstream rules --help` builds this parser (pydantic, redis and the
+# backtest's kernels are imported by the action that uses them).
 from worker.commands.args import csv, positive_int
-from worker.commands.backtest import cmd_rules_backtest
-from worker.commands.event_files import FORMATS
-from worker.common.connection import Client, connect_settings
-from worker.common.keys import Keys
-from worker.common.rule_store import delete_rule, read_rule, read_rules, set_rule
-from worker.common.rules import (
-    Rule,
-    RuleError,
-    format_duration,
-    make_rule,
-    parse_duration,
-    rule_to_dict,
-    rule_to_json,
-)
-from worker.common.settings import add_setting_flags, load_settings
+
+if TYPE_CHECKING:
+    from worker.common.connection import Client
+    from worker.common.keys import Keys
+    from worker.common.rules import Rule
 
 RULES_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
@@ -54,40 +48,92 @@ examples:
 
 def duration(text: str) -> int:
     """argparse type: a duration (500ms, 90s, 15m, 2h, 1d; a bare number is seconds) in ms."""
+    from worker.common.rules import RuleError, parse_duration
+
     try:
         return parse_duration(text)
     except RuleError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `rules` and its actions."""
-    rules = sub.add_parser(
-        "rules",
-        help="the intent rules: when a score fires an action",
-        description="Set, list, show and delete the intent rules in Redis.",
-        epilog=_EXAMPLES,
-    )
+def threshold(text: str) -> float:
+    """argparse type: a rule's threshold, a number from 0 to 1 (the rule's own check, so the
+    refusal names the flag: `error: --above: 2.0 is outside 0..1 ...`)."""
+    from worker.common.rules import threshold_problem
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    problem = threshold_problem(value)
+    if problem and math.isfinite(value):  # nan and inf: the rule's message names the rule
+        raise argparse.ArgumentTypeError(f"{text} {problem}")
+    return value
+
+
+def _cmd_rules_backtest(args: argparse.Namespace) -> int:
+    from worker.commands.backtest import cmd_rules_backtest
+
+    return cmd_rules_backtest(args)
+
+
+def _setting_flags(parser: argparse.ArgumentParser, names: list[str]) -> None:
+    from worker.common.settings import add_setting_flags
+
+    add_setting_flags(parser, names)
+
+
+def add_flags(rules: argparse.ArgumentParser) -> None:
+    """`rules`'s actions (its parser and help: worker/commands/cli.py); each action's flags
+    are built when it is used."""
+    rules.epilog = _EXAMPLES
     rsub = rules.add_subparsers(dest="rules_command", required=True, metavar="ACTION")
 
-    def action(name: str, help: str, func, epilog: str | None = None) -> argparse.ArgumentParser:
-        cmd = rsub.add_parser(name, help=help, description=help, epilog=epilog)
-        add_setting_flags(cmd, RULES_FLAGS)
-        cmd.set_defaults(func=func)
-        return cmd
+    def action(name: str, help: str, func, flags, epilog: str | None = None) -> None:
+        def populate(cmd: argparse.ArgumentParser) -> None:
+            flags(cmd)
+            _setting_flags(cmd, RULES_FLAGS)
 
-    st = action("set", "add a rule or replace the one of that name", cmd_rules_set, _SET_EXAMPLES)
+        cmd = rsub.add_parser(name, help=help, description=help, epilog=epilog, populate=populate)
+        cmd.set_defaults(func=func)
+
+    def name_arg(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("name", help="the rule's name (see `rules list`)")
+
+    def list_flags(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    action("set", "add a rule or replace the one of that name", cmd_rules_set, _set_flags,
+           _SET_EXAMPLES)  # fmt: skip
+    action("list", "list the rules and their version", cmd_rules_list, list_flags)
+    action("show", "print one rule as JSON (as stored)", cmd_rules_show, name_arg)
+    action("delete", "remove a rule", cmd_rules_delete, name_arg)
+    bt = rsub.add_parser(
+        "backtest",
+        help="replay events through the rules: the actions they would have written, and "
+        "per rule actions/day, precision, recall and lead time",
+        description="Replay events through the worker's own pipeline (model, rules, reasons) "
+        "and print the actions the rules would have written, then per rule: actions per "
+        "day, precision (actioned sessions that went on to purchase), recall (purchasing "
+        "sessions actioned before the purchase) and the median lead time to the purchase.",
+        epilog=_BACKTEST_EXAMPLES,
+        populate=_backtest_flags,
+    )
+    bt.set_defaults(func=_cmd_rules_backtest)
+
+
+def _set_flags(st: argparse.ArgumentParser) -> None:
     st.add_argument("name", help="the rule's name: 1-64 letters, digits, _ . - (e.g. coupon)")
     st.add_argument(
         "--above",
-        type=float,
+        type=threshold,
         required=True,
         metavar="X",
-        help="fire when the score after an event is >= X",
+        help="fire when the score after an event is >= X (0 to 1: a score is a probability)",
     )
     st.add_argument(
         "--rearm-below",
-        type=float,
+        type=threshold,
         default=None,
         metavar="Y",
         help="after firing, re-arm at the first later score < Y; Y <= X (default: X)",
@@ -114,22 +160,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="A,B,...",
         help="fire only at events of these types (default: any type)",
     )
-    ls = action("list", "list the rules and their version", cmd_rules_list)
-    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sh = action("show", "print one rule as JSON (as stored)", cmd_rules_show)
-    sh.add_argument("name", help="the rule's name (see `rules list`)")
-    de = action("delete", "remove a rule", cmd_rules_delete)
-    de.add_argument("name", help="the rule's name (see `rules list`)")
-    bt = rsub.add_parser(
-        "backtest",
-        help="replay events through the rules: the actions they would have written, and "
-        "per rule actions/day, precision, recall and lead time",
-        description="Replay events through the worker's own pipeline (model, rules, reasons) "
-        "and print the actions the rules would have written, then per rule: actions per "
-        "day, precision (actioned sessions that went on to purchase), recall (purchasing "
-        "sessions actioned before the purchase) and the median lead time to the purchase.",
-        epilog=_BACKTEST_EXAMPLES,
-    )
+
+
+def _backtest_flags(bt: argparse.ArgumentParser) -> None:
+    from worker.commands.event_files import FORMATS
+
     source = bt.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", nargs="+", metavar="FILE",
                         help="JSON-lines event files (user_id, type, ts, event_id)")  # fmt: skip
@@ -144,12 +179,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--columns", metavar="MAPPING", default=None,
                     help="--format csv: user_id=COL,type=COL[,ts=COL,event_id=COL]")  # fmt: skip
     bt.add_argument("--json", action="store_true", help="print JSON instead of text")
-    add_setting_flags(bt, [*RULES_FLAGS, "model", "max_model_bytes", "batch_size",
-                           "history_events", "event_id_window", "max_ts_skew_ms"])  # fmt: skip
-    bt.set_defaults(func=cmd_rules_backtest)
+    _setting_flags(bt, [*RULES_FLAGS, "model", "max_model_bytes", "batch_size",
+                        "history_events", "event_id_window", "max_ts_skew_ms"])  # fmt: skip
 
 
 def _client(args: argparse.Namespace) -> tuple[Client, Keys]:
+    from worker.common.connection import connect_settings
+    from worker.common.keys import Keys
+    from worker.common.settings import load_settings
+
     settings = load_settings(args, model=None)
     return connect_settings(settings), Keys(settings.prefix)
 
@@ -162,6 +200,8 @@ def number(x: float) -> str:
 
 def describe_rule(rule: Rule) -> str:
     """One line: the rule's conditions in words."""
+    from worker.common.rules import format_duration
+
     types = ", ".join(rule.types) if rule.types else "any type"
     return (
         f"above {number(rule.above)}, re-arm below {number(rule.rearm)}, cooldown "
@@ -172,6 +212,9 @@ def describe_rule(rule: Rule) -> str:
 def cmd_rules_set(args: argparse.Namespace) -> int:
     # an invalid rule raises RuleError (a ValueError): main() prints its one line, exit 2,
     # before anything is sent to Redis
+    from worker.common.rule_store import set_rule
+    from worker.common.rules import make_rule
+
     rule = make_rule(
         name=args.name,
         above=args.above,
@@ -187,6 +230,9 @@ def cmd_rules_set(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_list(args: argparse.Namespace) -> int:
+    from worker.common.rule_store import read_rules
+    from worker.common.rules import format_duration, rule_to_dict
+
     client, keys = _client(args)
     ruleset = read_rules(client, keys)
     if args.json:
@@ -209,12 +255,17 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_show(args: argparse.Namespace) -> int:
+    from worker.common.rule_store import read_rule
+    from worker.common.rules import rule_to_json
+
     client, keys = _client(args)
     print(rule_to_json(read_rule(client, keys, args.name)).decode())
     return 0
 
 
 def cmd_rules_delete(args: argparse.Namespace) -> int:
+    from worker.common.rule_store import delete_rule
+
     client, keys = _client(args)
     version = delete_rule(client, keys, args.name)
     print(f"rule {args.name} deleted (rules version {version})")

@@ -156,3 +156,30 @@ def call_packed(client: redis.Redis, command: bytes) -> object:
         raise
     finally:
         pool.release(conn)
+
+
+class WrongTypeError(redis.ResponseError):
+    """A WRONGTYPE reply with the key named: `key K holds a string, not a hash (WRONGTYPE)`.
+    Still a ResponseError: a loop that retries Redis replies retries it as before."""
+
+
+def _type_of(client: Client, key: str) -> str:
+    try:
+        kind = client.type(key)
+    except redis.RedisError:
+        return "another type"
+    return kind.decode() if isinstance(kind, bytes) else str(kind)
+
+
+def name_wrong_type(client: Client, exc: BaseException, expected: dict[str, str]) -> None:
+    """Raise a WrongTypeError naming the first of `expected`'s keys (key -> its type:
+    `hash`, `stream`, ...) that holds another type, when `exc` is a WRONGTYPE reply; return
+    otherwise (the caller re-raises `exc`)."""
+    if isinstance(exc, WrongTypeError) or not isinstance(exc, redis.ResponseError):
+        return
+    if not str(exc).startswith("WRONGTYPE"):
+        return
+    for key, want in expected.items():
+        kind = _type_of(client, key)
+        if kind not in (want, "none"):
+            raise WrongTypeError(f"key {key} holds a {kind}, not a {want} (WRONGTYPE)") from None

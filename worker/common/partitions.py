@@ -9,7 +9,9 @@ to write what stops the workers).
 
 from __future__ import annotations
 
-from worker.common.connection import Client
+import redis
+
+from worker.common.connection import Client, name_wrong_type
 from worker.common.keys import Keys
 from worker.common.settings import SettingsError
 
@@ -20,7 +22,11 @@ class PartitionCountError(SettingsError):
 
 def recorded_partitions(client: Client, keys: Keys) -> int | None:
     """The partition count recorded under the prefix, or None before the first process."""
-    raw = client.hget(keys.config, "partitions")
+    try:
+        raw = client.hget(keys.config, "partitions")
+    except redis.ResponseError as exc:
+        name_wrong_type(client, exc, {keys.config: "hash"})
+        raise
     return int(raw) if raw is not None else None
 
 
@@ -28,9 +34,13 @@ def check_partitions(client: Client, keys: Keys, partitions: int, record: bool =
     """Record `partitions` if nothing is recorded yet (unless `record` is False: a producer
     then goes on unchecked); refuse another count, or any count while `intentstream
     partitions resize` is unfinished."""
-    if record:
-        client.hsetnx(keys.config, "partitions", partitions)
-    config = client.hgetall(keys.config)
+    try:
+        if record:
+            client.hsetnx(keys.config, "partitions", partitions)
+        config = client.hgetall(keys.config)
+    except redis.ResponseError as exc:
+        name_wrong_type(client, exc, {keys.config: "hash"})
+        raise
     if b"partitions" not in config:
         return  # only a producer gets here: the first worker records its count
     recorded = int(config[b"partitions"])

@@ -34,6 +34,9 @@ MAX_TYPES = 64
 MAX_MIN_EVENTS = 100_000
 # 2**53 - 1 ms (285,000 years): exact in a float and in every int64 sum with a timestamp.
 MAX_COOLDOWN_MS = 2**53 - 1
+# A score is a probability (a trained model's sigmoid head, its calibration map): a threshold
+# outside 0..1 never fires, or always does; a typo for 0.2 (2) would fail silently.
+SCORE_RANGE = (0.0, 1.0)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 RULE_KEYS = ("above", "cooldown_ms", "min_events", "name", "rearm_below", "types")
 
@@ -80,9 +83,11 @@ class Rule(BaseModel):
 
     @field_validator("above", "rearm_below")
     @classmethod
-    def _finite(cls, v: float | None, info: ValidationInfo) -> float | None:
-        if v is not None and not math.isfinite(v):
-            raise ValueError(f"{info.field_name} {v} is not a finite number")
+    def _threshold(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None:
+            problem = threshold_problem(v)
+            if problem:
+                raise ValueError(f"{info.field_name} {v} {problem}")
         return v
 
     @field_validator("cooldown_ms")
@@ -143,6 +148,18 @@ class RuleSet(BaseModel):
     def get(self, name: str) -> Rule | None:
         """The rule of that name, or None."""
         return next((r for r in self.rules if r.name == name), None)
+
+
+def threshold_problem(value: float) -> str | None:
+    """Why `value` cannot be a rule's threshold (`above`, `rearm_below`), or None: it must be a
+    finite number from 0 to 1, as a score is a probability. One check for every path that
+    makes a rule (`rules set`, a backtest's rules file, the hash the worker reads)."""
+    if not math.isfinite(value):
+        return "is not a finite number"
+    low, high = SCORE_RANGE
+    if not low <= value <= high:
+        return "is outside 0..1 (a score is a probability)"
+    return None
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     batch_size: int = Field(512, ge=1, le=100_000, description="max entries per read")
     block_ms: int = Field(1000, ge=1, description="blocking read time in ms")
     socket_timeout: float = Field(5.0, gt=0, description="Redis socket timeout in seconds")
+    wait_for_redis: float = Field(
+        300.0,
+        ge=0,
+        description="at start, wait this many seconds for a Redis that cannot be reached, "
+        "then exit 2; 0 = try once (a Redis lost later is waited for without end)",
+    )
     lease_ms: int = Field(
         10_000, ge=100, description="partition lease; a dead worker's partitions move after it"
     )
@@ -129,9 +135,16 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, v: str) -> str:
-        scheme = urlsplit(v).scheme
-        if scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"must start with redis://, rediss:// or unix://, got {scheme!r}")
+        parts = urlsplit(v)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(
+                f"must start with redis://, rediss:// or unix://, got {parts.scheme!r}"
+            )
+        try:
+            parts.port  # noqa: B018 (urllib checks the port when it is read)
+        except ValueError:  # the URL itself is not shown: it may hold a password
+            port = parts.netloc.rsplit("@", 1)[-1].rsplit(":", 1)[-1]
+            raise ValueError(f"the URL's port must be a number 0-65535, got {port!r}") from None
         return v
 
     @field_validator("prefix", "group", "consumer")
@@ -146,8 +159,8 @@ class Settings(BaseSettings):
         # A read that blocks longer than the socket timeout would time out client-side.
         if self.block_ms >= self.socket_timeout * 1000 * 0.8:
             raise ValueError(
-                f"block_ms ({self.block_ms}) must stay below 80% of socket_timeout "
-                f"({self.socket_timeout} s)"
+                f"--block-ms ({self.block_ms}) must stay below 80% of --socket-timeout "
+                f"({self.socket_timeout:g} s)"
             )
         return self
 
@@ -189,14 +202,40 @@ def load_settings(args: argparse.Namespace | None = None, **overrides: object) -
     except ValidationError as exc:
         problems = []
         for e in exc.errors():
-            name = ".".join(str(p) for p in e["loc"]) or "settings"
-            where = (
-                f" (--{name.replace('_', '-')} / INTENTSTREAM_{name.upper()})"
-                if name in Settings.model_fields
-                else ""
-            )
-            problems.append(f"{name}{where}: {e['msg'].removeprefix('Value error, ')}")
-        raise SettingsError("invalid configuration: " + "; ".join(problems)) from None
+            name = ".".join(str(p) for p in e["loc"])
+            if name in given:  # as every command names a bad value: by its flag
+                where = "--" + name.replace("_", "-")
+            elif name in Settings.model_fields:  # from the environment
+                where = f"{ENV_PREFIX}{name.upper()}"
+            else:  # a check of several settings: its message names them
+                problems.append(e["msg"].removeprefix("Value error, "))
+                continue
+            problems.append(f"{where}: {setting_problem(e)}")
+        raise SettingsError("; ".join(problems)) from None
+
+
+_LIMITS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
+           "less_than": "<"}  # fmt: skip
+_PARSING = {
+    "int_parsing": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_parsing": "expected a number",
+    "bool_parsing": "expected true or false",
+}
+
+
+def setting_problem(error: Mapping) -> str:
+    """A pydantic error of one setting in the words of the commands' other checks
+    (worker/commands/args.py): `must be >= 1, got 0`, `expected an integer, got 'lots'`."""
+    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind in _LIMITS:
+        (limit,) = ctx.values()
+        shown = f"{limit:g}" if isinstance(limit, float) else str(limit)
+        return f"must be {_LIMITS[kind]} {shown}, got {value}"
+    if kind in _PARSING:
+        return f"{_PARSING[kind]}, got {value!r}"
+    msg = error["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    return msg if "got " in msg else f"{msg}, got {value!r}"
 
 
 ENV_PREFIX = "INTENTSTREAM_"

@@ -150,16 +150,19 @@ class Consumer:
         self.rulebook.close()
         self.models.source.close()
 
-    def run(self, max_seconds: float | None = None) -> None:
-        """Consume until stopped (or for max_seconds), surviving Redis outages."""
+    def run(self, max_seconds: float | None = None, deadline: float | None = None) -> None:
+        """Consume until stopped (or for max_seconds, or until `deadline` on
+        time.monotonic()'s clock), surviving Redis outages."""
         self.models.warm_up()
-        self._run(max_seconds)
+        self._run(max_seconds, deadline)
 
-    def _run(self, max_seconds: float | None) -> None:
+    def _run(self, max_seconds: float | None, deadline: float | None = None) -> None:
         self.health.model_ok = True
         self.models.set_metrics()
         tune_gc()
-        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        if max_seconds is not None:
+            end = time.monotonic() + max_seconds
+            deadline = end if deadline is None else min(deadline, end)
         log.info(
             "worker started",
             extra={"consumer": self.s.consumer, "partitions": self.s.partitions,

@@ -18,7 +18,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -26,7 +25,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    generate_latest,
+    make_wsgi_app,
 )
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -380,16 +379,28 @@ class _QuietServer(ThreadingHTTPServer):
 def serve_metrics(
     metrics: WorkerMetrics, health: Health, host: str, port: int
 ) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz on host:port from a daemon thread."""
+    """Serve /metrics, /healthz and /readyz on host:port from a daemon thread.
+
+    /metrics is prometheus_client's own exposition (its WSGI app, `make_wsgi_app`): the
+    format the scraper's Accept asks for (Prometheus text, or OpenMetrics), gzip when its
+    Accept-Encoding allows it, `?name[]=...` for some families only. Every path answers HEAD
+    as GET, without the body."""
+    exposition = make_wsgi_app(metrics.registry)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
+            self._route(head=False)
+
+        def do_HEAD(self) -> None:
+            self._route(head=True)
+
+        def _route(self, head: bool) -> None:
+            path, _, query = self.path.partition("?")
             if path == "/metrics":
-                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+                self._metrics(query, head)
             elif path == "/healthz":
                 ok = health.alive()
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"main loop stalled\n")
+                self._reply(200 if ok else 503, b"ok\n" if ok else b"main loop stalled\n", head)
             elif path == "/readyz":
                 checks = {
                     "redis": health.redis_ok,
@@ -397,16 +408,42 @@ def serve_metrics(
                     "model": health.model_ok,
                 }
                 body = "".join(f"{k}: {'ok' if v else 'not ok'}\n" for k, v in checks.items())
-                self._reply(200 if all(checks.values()) else 503, body.encode())
+                self._reply(200 if all(checks.values()) else 503, body.encode(), head)
             else:
-                self._reply(404, b"try /metrics, /healthz or /readyz\n")
+                self._reply(404, b"try /metrics, /healthz or /readyz\n", head)
 
-        def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8"):
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
+        def _metrics(self, query: str, head: bool) -> None:
+            environ = {
+                "REQUEST_METHOD": "GET",  # HEAD: the GET's headers, no body
+                "PATH_INFO": "/metrics",
+                "QUERY_STRING": query,
+            }
+            for name, header in (("HTTP_ACCEPT", "Accept"),
+                                 ("HTTP_ACCEPT_ENCODING", "Accept-Encoding")):  # fmt: skip
+                if self.headers.get(header) is not None:
+                    environ[name] = self.headers[header]
+            reply: list[tuple[str, list[tuple[str, str]]]] = []
+
+            def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+                reply.append((status, headers))
+
+            body = b"".join(exposition(environ, start_response))
+            ((status, headers),) = reply
+            self.send_response(int(status.split(" ", 1)[0]))
+            for name, value in headers:
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if not head:
+                self.wfile.write(body)
+
+        def _reply(self, code: int, body: bytes, head: bool = False) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # scrapes every few seconds would drown the worker's own log

@@ -11,8 +11,8 @@ The definitions, exactly:
 - An action is **followed by a purchase** when a label event comes later in its session
   (strictly after the action's event: a rule firing at a purchase is not followed by it).
 - **actions**: the rule's actions. **actions_per_day**: actions / the data's span in days,
-  span = max ts - min ts over all events, counted as at least one day (a replay of an hour
-  is not extrapolated to a day's rate).
+  span = max ts - min ts over all events: the rate the replay shows, per day (35 actions
+  over 1.4 h are 600 a day); None when the span is 0 (no time passed: no rate).
 - **precision**: of the sessions where the rule acted, the share in which a purchase came
   after one of its actions (None when it never acted).
 - **recall**: of the purchasing sessions, the share in which the rule acted before the
@@ -42,7 +42,7 @@ class RuleFigures:
 
     rule: str
     actions: int
-    actions_per_day: float
+    actions_per_day: float | None
     actioned_sessions: int
     converted_sessions: int  # actioned sessions with a purchase after an action
     purchasing_sessions: int
@@ -92,7 +92,7 @@ def _sessions(
 
 
 def _figures(
-    name: str, positions: np.ndarray, action_ts: np.ndarray, s: _Sessions, days: float
+    name: str, positions: np.ndarray, action_ts: np.ndarray, s: _Sessions, days: float | None
 ) -> RuleFigures:
     by_position = np.argsort(positions, kind="stable")  # then session numbers ascend too
     positions, action_ts = positions[by_position], action_ts[by_position]
@@ -108,7 +108,7 @@ def _figures(
     return RuleFigures(
         rule=name,
         actions=int(positions.size),
-        actions_per_day=positions.size / days,
+        actions_per_day=positions.size / days if days else None,
         actioned_sessions=int(acted.size),
         converted_sessions=int(converted),
         purchasing_sessions=purchasing,
@@ -144,7 +144,7 @@ def rule_report(
             raise ValueError(f"action of rule {name!r} for {user_id!r}: no such event {index}")
         by_rule.setdefault(name, []).append((int(index), int(t)))
     span_ms = int(ts.max() - ts.min()) if n else 0
-    days = max(span_ms, DAY_MS) / DAY_MS
+    days = span_ms / DAY_MS if span_ms > 0 else None
     s = _sessions(user_ids, types, ts, label_type, session_gap_ms)
     report = []
     for name in sorted(by_rule):
