@@ -60,6 +60,15 @@ def test_a_group_behind_the_position_is_moved_up_to_it(r):
     assert group(r)["last-delivered-id"] == ids[3]
 
 
+def test_a_deleted_acked_seeks_to_the_last_commit_tokens_entry(r):
+    """`DEL acked:{p}` (as an old message advised): the position is the entry the partition's
+    last commit token records, not the stream's start."""
+    ids = fill(r, 6, read=6, noack=True)
+    r.set(KEYS.last_commit(0), b"c:0123 " + ids[3])
+    assert reader(r).seek(Cursor(0)) == ids[3]
+    assert group(r)["last-delivered-id"] == ids[3]
+
+
 def test_a_missing_stream_or_group_is_nogroup(r):
     with pytest.raises(redis.ResponseError, match="NOGROUP"):
         reader(r).seek(Cursor(0))

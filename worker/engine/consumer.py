@@ -464,6 +464,11 @@ class Consumer:
             self._let_go(p)
         elif reason == "bad_key":
             raise PartitionDataError(p, f"{exc.detail} holds another type; fix or delete it")
+        elif reason == "behind":
+            log.warning("the group was moved back behind the partition's position (an "
+                        "XGROUP SETID?); what it delivered again is not applied again, and "
+                        "the group goes back to the position",
+                        extra={"partition": p, "position": exc.detail})  # fmt: skip
         else:  # not_next, gap: another commit or reader moved the partition on
             log.info("batch does not follow the partition's last commit; re-reading in order",
                      extra={"partition": p, "reason": reason, "detail": exc.detail})  # fmt: skip

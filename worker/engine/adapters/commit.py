@@ -18,6 +18,9 @@ A failed check says why (CommitRefusedError):
     not_owned    the partition's lease is another process's (or gone)
     not_next     the partition's last commit is not the entry the batch follows (another
                  commit landed since it was read, or an earlier send of another commit)
+    behind       the batch starts at or below the partition's position (the group was moved
+                 back, `XGROUP SETID ... 0`): applied before, never applied again, and the
+                 position never moves backwards
     gap          entries lie between the partition's last commit and the batch (read by
                  another reader of the group, say a paused worker past its lease): they must
                  be applied first, or a user's later event would make them look applied
@@ -54,14 +57,37 @@ from worker.common.connection import is_cluster, read_replies, refresh_topology
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.resp import Joined, resp_commands
-from worker.engine.compute.batch import DeadLetter
+from worker.engine.compute.batch import DeadLetter, entry_id
 from worker.engine.compute.lean_state import packed_states
 from worker.engine.compute.pipeline import Commit
 
 # Field/value pairs kept of one dead letter; values are cut to `max_value_bytes` besides.
 MAX_DEAD_FIELDS = 32
 
-REASONS = ("not_owned", "not_next", "gap", "conflict", "bad_key")
+REASONS = ("not_owned", "not_next", "behind", "gap", "conflict", "bad_key")
+
+
+def token_position(token: object) -> bytes | None:
+    """The entry id a last-commit token (`token_of`) records, or None (absent, malformed)."""
+    if not isinstance(token, bytes):
+        return None
+    _, sep, last = token.rpartition(b" ")
+    return last if sep and valid_id(last) else None
+
+
+def valid_id(raw: bytes) -> bool:
+    """Whether `raw` is a stream entry id `<ms>-<seq>` (both 64-bit unsigned)."""
+    ms, sep, seq = raw.partition(b"-")
+    return (bool(sep) and ms.isdigit() and seq.isdigit() and int(ms) < 2**64
+            and int(seq) < 2**64)  # fmt: skip
+
+
+def position_of(acked: object, token: object) -> bytes | None:
+    """The partition's position: its `acked`, else (deleted) the entry its last commit token
+    records, else the stream's start `0-0`; None when `acked` is not an entry id."""
+    if acked is None:
+        return token_position(token) or b"0-0"
+    return acked if isinstance(acked, bytes) and valid_id(acked) else None
 
 
 class CommitRefusedError(Exception):
@@ -229,12 +255,16 @@ class Committer:
             return _Verdict(CommitRefusedError("not_owned", ""))
         if isinstance(at, redis.ResponseError):
             return _Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
-        at = at or b"0-0"
+        at = position_of(at, token)
+        if at is None:
+            return _Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
         if at != c.after:
             if at == c.ack_ids[-1] and token == self.token(c):
                 applied = seq if isinstance(seq, bytes) else b""
                 return _Verdict(CommitResult(applied, 0, resent=True))
             return _Verdict(CommitRefusedError("not_next", at.decode()))
+        if entry_id(c.ack_ids[0]) <= entry_id(at):
+            return _Verdict(CommitRefusedError("behind", at.decode()))
         if isinstance(between, redis.ResponseError):
             return _Verdict(between)  # the events key holds another type
         if between:

@@ -323,7 +323,7 @@ class WorkerMetrics:
             self.model_reloads.labels(result)
         for reason in ("replayed", "model", "invalid", "wrong_type"):
             self.state_resets.labels(reason)
-        for reason in ("conflict", "not_next", "not_owned", "gap", "bad_key"):
+        for reason in ("conflict", "not_next", "behind", "not_owned", "gap", "bad_key"):
             self.commit_retries.labels(reason)
 
     def value(self, name: str, **labels: str) -> float:

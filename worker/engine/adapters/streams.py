@@ -36,9 +36,10 @@ from worker.engine.compute.batch import Batch, parse_batch
 log = logging.getLogger("intentstream.worker")
 
 
-# KEYS: the partition's stream, its `acked` key. ARGV: the group. Sets the group's
-# last-delivered id back to the partition's last commit (`acked`, or the stream's start before
-# the first commit), so that whatever was delivered and not committed is delivered again, and
+# KEYS: the partition's stream, its `acked` key, its last commit token. ARGV: the group. Sets
+# the group's last-delivered id back to the partition's last commit (`acked`; the entry its
+# last commit token records when `acked` was deleted; the stream's start before the first
+# commit), so that whatever was delivered and not committed is delivered again, and
 # its entries-read back by as many entries, so that XINFO GROUPS' lag, which KEDA scales on,
 # stays exact (left unknown when the group's was, or more than 100,000 entries go back: Redis
 # and adapters/lag.py count it then). A group behind the last commit (an operator's SETID) is
@@ -48,7 +49,11 @@ local stream, acked_key, group = KEYS[1], KEYS[2], ARGV[1]
 if redis.call('TYPE', stream)['ok'] == 'none' then
   return redis.error_reply('NOGROUP no stream ' .. stream)
 end
-local at = redis.call('GET', acked_key) or '0-0'
+local at = redis.call('GET', acked_key)
+if not at then
+  local token = redis.call('GET', KEYS[3])
+  at = token and string.match(token, ' (%d+%-%d+)$') or '0-0'
+end
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
   local info = {}
   for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
@@ -136,7 +141,8 @@ class StreamReader:
     def seek(self, cursor: Cursor) -> bytes:
         """Move the partition's group back to its last commit (SEEK_SCRIPT), so its next read
         delivers everything after it; the position."""
-        keys = [self.keys.events(cursor.partition), self.keys.acked(cursor.partition)]
+        p = cursor.partition
+        keys = [self.keys.events(p), self.keys.acked(p), self.keys.last_commit(p)]
         cursor.after = self._seek(keys=keys, args=[self.group])
         return cursor.after
 
