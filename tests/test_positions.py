@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.conftest import run_cli
 from tests.workers import all_committed, count_scores
 from worker.common.connection import connect
 from worker.common.keys import Keys
@@ -87,3 +88,70 @@ def test_the_position_only_moves_forward(redis_server, golden_path, how):
     watch.settle()
     assert r.xlen(DEAD0) == 7 and count_scores(r) == 7
     consumer.close()
+
+
+def stopped(consumer: Consumer, p: int, reason: str) -> float | None:
+    return consumer.metrics.registry.get_sample_value(
+        "intentstream_partition_stopped", {"partition": str(p), "reason": reason}
+    )
+
+
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [
+        (lambda r: (r.delete(KEYS.acked(0)), r.rpush(KEYS.acked(0), "x")), "wrong_type"),
+        (lambda r: r.set(KEYS.acked(0), "not-an-id"), "unparsable"),
+        (lambda r: r.set(KEYS.acked(0), "99999999999999-0"), "ahead"),
+    ],
+)
+def test_an_impossible_position_stops_its_partition_only_until_repaired(
+    redis_server, golden_path, spoil, reason, caplog
+):
+    """Partition 0's `acked` spoiled: partition 1 goes on; partition 0 stops, counted in
+    intentstream_partition_stopped, logged at error level with the key and the repair; the
+    repair command (dry run first) puts it back, and partition 0 resumes by itself."""
+    r = connect(redis_server.url)
+    consumer = consumer_on(redis_server.url, golden_path, partitions=2)
+    r.xadd(KEYS.events(0), {"user_id": "d", "type": "view"})
+    r.xadd(KEYS.events(1), {"user_id": "a", "type": "view"})
+    for _ in range(20):
+        consumer.tick()
+        if all_committed(r, partitions=2):
+            break
+    assert count_scores(r, partitions=2) == 2
+    spoil(r)
+    consumer.maintenance.run([0, 1])  # skips partition 0, raises nothing
+    consumer._rewind()  # as after an outage: every partition seeks to its position
+    r.xadd(KEYS.events(0), {"user_id": "e", "type": "view"})
+    r.xadd(KEYS.events(1), {"user_id": "b", "type": "view"})
+    with caplog.at_level("ERROR", logger="intentstream.worker"):
+        for _ in range(20):
+            consumer.tick()
+            if r.xlen(KEYS.scores(1)) == 2:
+                break
+    assert r.xlen(KEYS.scores(1)) == 2 and r.xlen(KEYS.scores(0)) == 1
+    assert stopped(consumer, 0, reason) == 1 and stopped(consumer, 1, reason) is None
+    line = next(x for x in caplog.records if "position is impossible" in x.getMessage())
+    assert line.levelname == "ERROR" and line.key == KEYS.acked(0)
+    assert "intentstream partitions repair 0" in line.repair
+
+    dry = run_cli("partitions", "repair", "0", "--dry-run", "--redis-url", redis_server.url)
+    assert dry.returncode == 0, dry.stderr
+    assert "would run: SET intentstream:acked:{0}" in dry.stdout
+    assert r.xlen(KEYS.scores(0)) == 1 and r.type(KEYS.acked(0)) == spoiled_type(reason)
+    done = run_cli("partitions", "repair", "0", "--redis-url", redis_server.url)
+    assert done.returncode == 0, done.stderr
+    assert "did: SET intentstream:acked:{0}" in done.stdout
+    for _ in range(400):  # the stopped partition retries after its backoff (1 s)
+        consumer.tick()
+        if r.xlen(KEYS.scores(0)) == 2:
+            break
+    assert r.xlen(KEYS.scores(0)) == 2 and stopped(consumer, 0, reason) is None
+    assert r.xlen(DEAD0) == 0 and count_scores(r, partitions=2) == 4
+    again = run_cli("partitions", "repair", "0", "--redis-url", redis_server.url)
+    assert "nothing to do" in again.stdout
+    consumer.close()
+
+
+def spoiled_type(reason: str) -> bytes:
+    return b"list" if reason == "wrong_type" else b"string"

@@ -13,7 +13,7 @@ from worker.common.connection import connect
 from worker.common.settings import Settings
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.streams import Cursor, StreamReader
+from worker.engine.adapters.streams import Cursor, PositionError, StreamReader
 
 
 @pytest.fixture
@@ -67,6 +67,37 @@ def test_a_deleted_acked_seeks_to_the_last_commit_tokens_entry(r):
     r.set(KEYS.last_commit(0), b"c:0123 " + ids[3])
     assert reader(r).seek(Cursor(0)) == ids[3]
     assert group(r)["last-delivered-id"] == ids[3]
+
+
+@pytest.mark.parametrize(
+    ("set_acked", "reason"),
+    [
+        (lambda r, ids: r.rpush(KEYS.acked(0), "x"), "wrong_type"),
+        (lambda r, ids: r.set(KEYS.acked(0), "yesterday"), "unparsable"),
+        (lambda r, ids: r.set(KEYS.acked(0), "18446744073709551616-0"), "unparsable"),
+        (lambda r, ids: r.set(KEYS.acked(0), b"9" + ids[-1]), "ahead"),
+    ],
+)
+def test_an_impossible_position_is_refused_by_the_seek(r, set_acked, reason):
+    ids = fill(r, 3, read=3, noack=True)
+    set_acked(r, ids)
+    before = group(r)
+    with pytest.raises(PositionError) as refused:
+        reader(r).seek(Cursor(0))
+    assert refused.value.reason == reason and refused.value.partition == 0
+    assert KEYS.acked(0) in refused.value.detail and "script" not in refused.value.detail
+    assert group(r) == before  # nothing moved
+
+
+def test_a_position_past_a_new_empty_stream_is_possible_until_the_clock(r):
+    """A deleted stream recreated empty (as the worker does): a position in the past is
+    fine (every new entry comes after it); one later than the server's clock is not."""
+    r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    r.set(KEYS.acked(0), "1700000000000-5")
+    assert reader(r).seek(Cursor(0)) == b"1700000000000-5"
+    r.set(KEYS.acked(0), "18446744073709551615-18446744073709551615")  # an XADD of the max id
+    with pytest.raises(PositionError, match="ahead"):
+        reader(r).seek(Cursor(0))
 
 
 def test_a_missing_stream_or_group_is_nogroup(r):

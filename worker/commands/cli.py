@@ -77,6 +77,20 @@ def _cmd_partitions_resize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_partitions_repair(args: argparse.Namespace) -> int:
+    from worker.commands.repair import RepairRefusedError, repair
+
+    try:
+        settings = load_settings(args, model=None)
+        lines = repair(connect_settings(settings), Keys(settings.prefix), settings.group,
+                       args.partition, args.to, args.dry_run)  # fmt: skip
+    except (SettingsError, RepairRefusedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
 _REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
 
@@ -338,7 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     healthcheck.add_parser(sub)  # the container HEALTHCHECK's command
 
-    parts = sub.add_parser("partitions", help="change the partition count of the streams")
+    parts = sub.add_parser(
+        "partitions", help="change the partition count of the streams; repair a position"
+    )
     psub = parts.add_subparsers(dest="partitions_command", required=True, metavar="ACTION")
     resize = psub.add_parser(
         "resize", help="move every user's state to a new partition count (workers stopped)"
@@ -346,6 +362,18 @@ def build_parser() -> argparse.ArgumentParser:
     resize.add_argument("--to", type=int, required=True, metavar="N", help="new partition count")
     add_setting_flags(resize, ["redis_url", "cluster", "prefix", "group", "socket_timeout"])
     resize.set_defaults(func=_cmd_partitions_resize)
+    rep = psub.add_parser(
+        "repair",
+        help="put a partition's position (acked) and the group back on a consistent entry",
+    )
+    rep.add_argument("partition", type=int, metavar="P", help="the partition to repair")
+    rep.add_argument("--dry-run", action="store_true",
+                     help="print what it finds and would run, write nothing")  # fmt: skip
+    rep.add_argument("--to", metavar="ID",
+                     help="the entry id to put the position on (default: the last commit "
+                          "token's entry, else the stream's start)")  # fmt: skip
+    add_setting_flags(rep, ["redis_url", "cluster", "prefix", "group", "socket_timeout"])
+    rep.set_defaults(func=_cmd_partitions_repair)
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
     bench.set_defaults(func=_cmd_bench)

@@ -57,7 +57,7 @@ from worker.common.connection import is_cluster, read_replies, refresh_topology
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.resp import Joined, resp_commands
-from worker.engine.compute.batch import DeadLetter, entry_id
+from worker.engine.compute.batch import DeadLetter, entry_id, valid_id
 from worker.engine.compute.lean_state import packed_states
 from worker.engine.compute.pipeline import Commit
 
@@ -73,13 +73,6 @@ def token_position(token: object) -> bytes | None:
         return None
     _, sep, last = token.rpartition(b" ")
     return last if sep and valid_id(last) else None
-
-
-def valid_id(raw: bytes) -> bool:
-    """Whether `raw` is a stream entry id `<ms>-<seq>` (both 64-bit unsigned)."""
-    ms, sep, seq = raw.partition(b"-")
-    return (bool(sep) and ms.isdigit() and seq.isdigit() and int(ms) < 2**64
-            and int(seq) < 2**64)  # fmt: skip
 
 
 def position_of(acked: object, token: object) -> bytes | None:

@@ -287,6 +287,14 @@ class WorkerMetrics:
             ["reason"],
             registry=r,
         )
+        self.partition_stopped = Gauge(
+            "intentstream_partition_stopped",
+            "1 while a held partition is stopped by an impossible position (its acked key of "
+            "another type, unparsable, or ahead of its stream): nothing of it is read until "
+            "`intentstream partitions repair` (the log names the key).",
+            ["partition", "reason"],
+            registry=r,
+        )
         self.bad_keys = Counter(
             "intentstream_bad_keys",
             "Times a partition-wide key (stream, scores, dead letters, sequence) held data "

@@ -28,6 +28,13 @@ def entry_id(raw: bytes) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def valid_id(raw: bytes) -> bool:
+    """Whether `raw` is a full stream entry id `<ms>-<seq>` (both 64-bit unsigned)."""
+    ms, sep, seq = raw.partition(b"-")
+    return (bool(sep) and ms.isdigit() and seq.isdigit() and int(ms) < 2**64
+            and int(seq) < 2**64)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """An entry that is not a valid event: its id, why, and its original fields."""
