@@ -155,3 +155,35 @@ def test_an_impossible_position_stops_its_partition_only_until_repaired(
 
 def spoiled_type(reason: str) -> bytes:
     return b"list" if reason == "wrong_type" else b"string"
+
+
+def lag(consumer: Consumer, p: int = 0) -> float | None:
+    return consumer.metrics.registry.get_sample_value(
+        "intentstream_lag_entries", {"partition": str(p)}
+    )
+
+
+def test_entries_skipped_by_the_group_are_read_without_traffic(redis_server, golden_path):
+    """`XGROUP SETID ... $` past unread entries of an idle partition: the maintenance tick
+    finds the group past this worker's last read, counts the skipped entries in the lag and
+    seeks back, so they are scored with no later event to reveal them."""
+    r = connect(redis_server.url)
+    consumer = consumer_on(redis_server.url, golden_path)
+    watch = Watch(r, consumer)
+    bad_and_good(r, 0, 3)
+    watch.settle()
+    for i in range(7):
+        r.xadd(STREAM0, {"user_id": f"late{i}", "type": "view"})
+    r.xgroup_setid(STREAM0, GROUP, "$")  # as another reader of the group would leave it
+    for _ in range(3):  # idle rounds: nothing is delivered
+        consumer.tick()
+    assert count_scores(r) == 3
+    consumer._last_maintenance = 0.0  # the maintenance cadence comes round
+    consumer.tick()
+    assert lag(consumer) == 7  # undelivered (0) and skipped (7)
+    watch.settle()
+    assert count_scores(r) == 10
+    consumer._last_maintenance = 0.0
+    consumer.tick()
+    assert lag(consumer) == 0
+    consumer.close()

@@ -87,7 +87,7 @@ def plan(client: Client, keys: Keys, group: str, p: int, to: str | None = None) 
         result.findings.append(f"{acked_key} holds a {kind}, not an entry id")
     elif acked is not None and not valid_id(acked):
         result.problem = "unparsable"
-        result.findings.append(f"{acked_key} holds {acked[:64]!r}, not an entry id")
+        result.findings.append(f"{acked_key} holds {_text(acked[:64])!r}, not an entry id")
     elif acked is not None and newest is not None and entry_id(acked) > newest:
         result.problem = "ahead"
         result.findings.append(f"{acked_key} is {acked.decode()}, past the stream's last id")

@@ -283,8 +283,19 @@ class Consumer:
             self._guarded(batch.partition, self.process, batch,
                           still if read_ahead else None, upcoming)  # fmt: skip
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
-            self.maintenance.run(self._readable())
+            self._maintain()
             self._last_maintenance = now
+
+    def _maintain(self) -> None:
+        """The maintenance tick; an idle partition whose group was moved past what this
+        worker read (entries skipped, which no later traffic may come to reveal) seeks back
+        to its position."""
+        readable = self._readable()
+        idle = {p: part.cursor.after for p in readable
+                if not (part := self.parts[p]).queued and part.ahead is None
+                and part.cursor.after is not None}  # fmt: skip
+        for p in self.maintenance.run(readable, idle):
+            self.parts[p].forget()
 
     def _readable(self) -> list[int]:
         """Held partitions not backing off after bad data."""
