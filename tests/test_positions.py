@@ -187,3 +187,63 @@ def test_entries_skipped_by_the_group_are_read_without_traffic(redis_server, gol
     consumer.tick()
     assert lag(consumer) == 0
     consumer.close()
+
+
+def lost(consumer: Consumer, cause: str, p: int = 0) -> float:
+    return consumer.metrics.value("intentstream_events_lost_total", partition=str(p), cause=cause)
+
+
+def test_unread_entries_trimmed_or_deleted_are_counted_exactly(redis_server, golden_path, caplog):
+    """Entries removed before the worker applied them (a producer's XTRIM or XADD MAXLEN, an
+    XDEL) are counted in intentstream_events_lost_total{partition,cause} and logged, each
+    once; the worker's own retention trim and removals of committed entries count nothing."""
+    r = connect(redis_server.url)
+    consumer = consumer_on(redis_server.url, golden_path)
+    watch = Watch(r, consumer)
+    bad_and_good(r, 1, 3)
+    watch.settle()
+    consumer.maintenance.run([0])  # the first look: nothing missing
+    for i in range(10):
+        r.xadd(STREAM0, {"user_id": f"t{i}", "type": "view"})
+    r.xtrim(STREAM0, maxlen=4, approximate=False)  # 4 committed and 6 unread entries go
+    with caplog.at_level("ERROR", logger="intentstream.worker"):
+        consumer.maintenance.run([0])
+        consumer.maintenance.run([0])  # counted once
+    assert lost(consumer, "trimmed") == 6 and lost(consumer, "deleted") == 0
+    line = next(x for x in caplog.records if "before they were applied" in x.getMessage())
+    assert line.lost == 6 and line.cause == "trimmed" and line.partition == 0
+    watch.settle()
+    assert count_scores(r) == 7
+    ids = [r.xadd(STREAM0, {"user_id": f"d{i}", "type": "view"}) for i in range(5)]
+    r.xdel(STREAM0, ids[1], ids[3])
+    r.xdel(STREAM0, r.xrange(STREAM0, count=1)[0][0])  # a committed entry: no loss
+    consumer.maintenance.run([0])
+    assert lost(consumer, "deleted") == 2 and lost(consumer, "trimmed") == 6
+    watch.settle()
+    assert count_scores(r) == 10
+    r.xadd(STREAM0, {"user_id": "m", "type": "view"}, maxlen=1, approximate=False)  # MAXLEN
+    consumer.maintenance.run([0])
+    assert lost(consumer, "trimmed") == 6  # it trimmed committed entries only
+    consumer.close()
+
+
+def test_entries_trimmed_while_no_worker_runs_are_counted_by_the_next(redis_server, golden_path):
+    """The count lives in Redis: entries trimmed unread while the partition's worker was
+    down are counted by the worker that takes the partition next, once."""
+    r = connect(redis_server.url)
+    first = consumer_on(redis_server.url, golden_path)
+    bad_and_good(r, 0, 3)
+    Watch(r, first).settle()
+    first.maintenance.run([0])
+    first.ownership.release_all()
+    first.close()
+    for i in range(10):
+        r.xadd(STREAM0, {"user_id": f"t{i}", "type": "view"}, maxlen=5, approximate=False)
+    second = consumer_on(redis_server.url, golden_path)
+    Watch(r, second).settle()
+    second._last_maintenance = 0.0
+    second.tick()
+    second._last_maintenance = 0.0
+    second.tick()
+    assert lost(second, "trimmed") == 5 and count_scores(r) == 8
+    second.close()

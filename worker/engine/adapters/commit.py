@@ -196,6 +196,7 @@ class _Verdict:
 
     result: CommitResult | CommitRefusedError | redis.ResponseError | None
     seed: bytes = b""  # the partition's first sequence, from the server's time
+    entries: int = 0  # the partition's count of entries committed before this commit
 
 
 class Committer:
@@ -228,7 +229,7 @@ class Committer:
             ("WATCH", *watched), ("GET", k.lease(p)), ("GET", k.acked(p)),
             ("XRANGE", k.events(p), b"(" + c.after, b"(" + c.ack_ids[0], "COUNT", 1),
             ("GET", k.commit_seq(p)), *(("TYPE", key) for key in watched[2:]),
-            ("GET", k.last_commit(p)),
+            ("GET", k.last_commit(p)), ("GET", k.committed(p)),
         ]  # fmt: skip
         if c.seq == b"":  # the partition's first commit: its sequence starts from the clock
             commands.append(("TIME",))
@@ -243,7 +244,8 @@ class Committer:
             return _Verdict(replies[0])  # no WATCH (an ACL without it): never write unwatched
         clock = 1 if c.seq == b"" else 0  # the TIME read last
         lease, at, between, seq = replies[1:5]
-        types, token = replies[5 : len(replies) - 1 - clock], replies[-1 - clock]
+        types, token = replies[5 : len(replies) - 2 - clock], replies[-2 - clock]
+        entries = replies[-1 - clock]  # the partition's count of entries committed
         if lease != self.holder.encode():
             return _Verdict(CommitRefusedError("not_owned", ""))
         if isinstance(at, redis.ResponseError):
@@ -272,10 +274,12 @@ class Committer:
         for key, kind in zip(streams, types, strict=True):
             if kind not in (b"stream", b"none"):
                 return _Verdict(CommitRefusedError("bad_key", key))
+        # a count of another kind (an operator's write) restarts from this commit's
+        entries = int(entries) if isinstance(entries, bytes) and entries.isdigit() else 0
         if clock:
             seconds, micros = replies[-1]
-            return _Verdict(None, seconds + b"%06d" % int(micros))
-        return _Verdict(None)
+            return _Verdict(None, seconds + b"%06d" % int(micros), entries)
+        return _Verdict(None, entries=entries)
 
     # ---- 2. the writes ------------------------------------------------------------------
 
@@ -398,16 +402,20 @@ class Committer:
         return c.write_items or (not self.lean and bool(c.rewrite) and c.items is not None)
 
     def transaction(
-        self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b""
-    ) -> tuple[list, int]:
+        self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b"",
+        entries: int = 0,
+    ) -> tuple[list, int]:  # fmt: skip
         """The whole transaction as RESP chunks (from `prepared` when given): MULTI, the
-        writes, the sequence's first value `seed` when it has none, its INCR, EXEC; and the
-        number of replies it gets."""
+        writes, the partition's count of entries committed (`entries` before it, read by
+        the checks, plus the batch's: the sequence, watched, guards it), the sequence's
+        first value `seed` when it has none, its INCR, EXEC; and the number of replies it
+        gets."""
         prepared = prepared or self.prepare(c)
         seq_key = self.keys.commit_seq(c.partition)
+        count = _packed("SET", self.keys.committed(c.partition), entries + len(c.ack_ids))
         start = _packed("SET", seq_key, seed) if seed else b""
-        end = start + _packed("INCR", seq_key) + _EXEC
-        return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 2
+        end = count + start + _packed("INCR", seq_key) + _EXEC
+        return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 3
 
     def _outcome(self, c: Commit, prepared: PreparedCommit, replies: list) -> tuple:
         """(result, the state rows whose HSET failed) from MULTI's, the QUEUED and EXEC's
@@ -450,7 +458,7 @@ class Committer:
                 raise verdict.result
             return verdict.result
         prepared = prepared or self.prepare(c)
-        command, n = self.transaction(c, prepared, verdict.seed)
+        command, n = self.transaction(c, prepared, verdict.seed, verdict.entries)
         conn.send_packed_command(command)
         if during is not None:
             during()

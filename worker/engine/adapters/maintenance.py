@@ -21,6 +21,7 @@ import redis
 from worker.common.keys import Keys
 from worker.common.settings import Settings
 from worker.engine.adapters.lag import REPAIR_SCRIPT, count_between, uncommitted, undelivered
+from worker.engine.adapters.losses import Losses
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.compute.batch import entry_id
 
@@ -69,6 +70,7 @@ class Maintenance:
         self.metrics = metrics
         self.positions: dict[int, Positions] = {}
         self._repair = client.register_script(REPAIR_SCRIPT)
+        self.losses = Losses(client, keys, settings.group)
 
     def run(self, partitions: list[int], read_to: dict[int, bytes] | None = None) -> list[int]:
         """One tick over the partitions this worker holds. `read_to`: the last entry this
@@ -87,11 +89,25 @@ class Maintenance:
                 detail = {"partition": p, "error": str(exc)}
                 log.warning("maintenance skipped a partition", extra=detail)
                 continue
+            self._count_losses(p)
             cut = self._history_cut(p, stream, bound)
             if cut is not None:
                 self.r.xtrim(stream, minid=f"{cut[0]}-{cut[1]}", approximate=True)
             self._forget_idle_consumers(stream)
         return skipped
+
+    def _count_losses(self, p: int) -> None:
+        """Count the entries of p removed before they were applied since the last look."""
+        loss = self.losses.look(p)
+        if loss is None:
+            return
+        self.metrics.events_lost.labels(str(p), loss.cause).inc(loss.count)
+        log.error(
+            "entries removed from the stream before they were applied: never scored",
+            extra={"partition": p, "cause": loss.cause, "lost": loss.count,
+                   "after": loss.after, "first_entry": loss.first,
+                   "max_deleted_entry_id": loss.max_deleted},
+        )  # fmt: skip
 
     def _memory_gauges(self) -> None:
         info = self.r.info("memory")

@@ -287,6 +287,14 @@ class WorkerMetrics:
             ["reason"],
             registry=r,
         )
+        self.events_lost = Counter(
+            "intentstream_events_lost",
+            "Entries removed from a partition's stream before they were applied, by cause: "
+            "`trimmed` (XTRIM, XADD MAXLEN/MINID), `deleted` (XDEL); counted from Redis's "
+            "stream counters at the maintenance tick (adapters/losses.py).",
+            ["partition", "cause"],
+            registry=r,
+        )
         self.partition_stopped = Gauge(
             "intentstream_partition_stopped",
             "1 while a held partition is stopped by an impossible position (its acked key of "
