@@ -11,6 +11,7 @@ import redis
 from tests.group_stream import GROUP, KEYS, STREAM, fill, group
 from worker.common.connection import connect
 from worker.common.settings import Settings
+from worker.engine.adapters.lag import undelivered
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.streams import Cursor, PositionError, StreamReader
@@ -98,6 +99,39 @@ def test_a_position_past_a_new_empty_stream_is_possible_until_the_clock(r):
     r.set(KEYS.acked(0), "18446744073709551615-18446744073709551615")  # an XADD of the max id
     with pytest.raises(PositionError, match="ahead"):
         reader(r).seek(Cursor(0))
+
+
+def test_a_group_behind_the_position_gets_its_entries_read_exact(r):
+    """An operator's `SETID ... 0 ENTRIESREAD 0`: the seek moves the group up to the position
+    and forward by the entries between, so the lag KEDA reads stays exact."""
+    ids = fill(r, 8, read=8, noack=True)
+    r.set(KEYS.acked(0), ids[4])
+    r.xgroup_setid(STREAM, GROUP, "0", entries_read=0)
+    reader(r).seek(Cursor(0))
+    g = group(r)
+    assert g["last-delivered-id"] == ids[4] and g["entries-read"] == 5 and g["lag"] == 3
+
+
+def test_a_far_seek_walks_no_more_than_its_cap(r, monkeypatch):
+    """Past the walk cap (a seek's cost stays a few ms at any distance) the group's
+    entries-read comes from the stream's counters where they tell (the position before the
+    first entry, or at the last), else it is left unknown and the lag is counted outside."""
+    monkeypatch.setattr("worker.engine.adapters.streams.SEEK_WALK_CAP", 10)
+    ids = fill(r, 60, read=60, noack=True)
+    r.set(KEYS.acked(0), ids[9])  # 50 entries back, in the middle: unknown
+    reader(r).seek(Cursor(0))
+    g = group(r)
+    assert g["last-delivered-id"] == ids[9] and g["lag"] is None
+    assert undelivered(r, STREAM, g) == 50
+    r.xtrim(STREAM, minid=ids[20], approximate=False)  # the position is now before the first entry
+    r.xgroup_setid(STREAM, GROUP, ids[-1], entries_read=60)
+    reader(r).seek(Cursor(0))
+    g = group(r)
+    assert g["entries-read"] == 60 - 40 and g["lag"] == 40  # entries-added minus length
+    r.set(KEYS.acked(0), ids[-1])  # the group 50 behind the last entry, the position at it
+    r.xgroup_setid(STREAM, GROUP, ids[9], entries_read=10)
+    reader(r).seek(Cursor(0))
+    assert group(r)["entries-read"] == 60 and group(r)["lag"] == 0
 
 
 def test_a_missing_stream_or_group_is_nogroup(r):

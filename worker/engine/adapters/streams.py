@@ -38,14 +38,19 @@ from worker.engine.compute.batch import Batch, parse_batch
 log = logging.getLogger("intentstream.worker")
 
 
-# KEYS: the partition's stream, its `acked` key, its last commit token. ARGV: the group. Sets
-# the group's last-delivered id back to the partition's last commit (`acked`; the entry its
-# last commit token records when `acked` was deleted; the stream's start before the first
-# commit), so that whatever was delivered and not committed is delivered again, and
-# its entries-read back by as many entries, so that XINFO GROUPS' lag, which KEDA scales on,
-# stays exact (left unknown when the group's was, or more than 100,000 entries go back: Redis
-# and adapters/lag.py count it then). A group behind the last commit (an operator's SETID) is
-# moved up to it. Returns the position.
+# KEYS: the partition's stream, its `acked` key, its last commit token. ARGV: the group, the
+# walk cap. Sets the group's last-delivered id back to the partition's last commit (`acked`;
+# the entry its last commit token records when `acked` was deleted; the stream's start before
+# the first commit), so that whatever was delivered and not committed is delivered again, and
+# its entries-read with it, so that XINFO GROUPS' lag, which KEDA scales on, stays exact. A
+# group behind the last commit (an operator's SETID) is moved up to it. Returns the position.
+#
+# The cost stays a few milliseconds at any distance: entries-read moves by the entries
+# between the group and the position, counted only up to the walk cap (SEEK_WALK_CAP, the
+# reads a worker has in flight: about 1 µs each); past it, it comes from the stream's
+# counters (entries-added when the position is at or past the last entry, entries-added minus
+# the length when it is before the first), else it is left unknown (Redis counts it again
+# once the group reaches the end; adapters/lag.py counts the lag meanwhile).
 #
 # An impossible position is refused with an error `BADPOSITION <reason> <detail>`, reason one
 # of POSITION_REASONS: `acked` of another type (`wrong_type`), not an entry id
@@ -105,15 +110,32 @@ if cmp(pos, newest) > 0 then
       ', past the last id of ' .. stream .. ', ' .. info['last-generated-id'])
   end
 end
+local cap = tonumber(ARGV[2])
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-  local info = {}
-  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-  if info['name'] == group then
-    local last, read = info['last-delivered-id'], info['entries-read']
+  local gi = {}
+  for i = 1, #g, 2 do gi[g[i]] = g[i + 1] end
+  if gi['name'] == group then
+    local last, read = gi['last-delivered-id'], gi['entries-read']
     if last == at then return at end
-    local back = #redis.call('XRANGE', stream, '(' .. at, last, 'COUNT', 100001)
-    if read and back > 0 and back <= 100000 and read >= back then
-      redis.call('XGROUP', 'SETID', stream, group, at, 'ENTRIESREAD', read - back)
+    local er
+    if cmp(pos, parse(last)) < 0 then  -- the group past the position: back by the entries between
+      local n = #redis.call('XRANGE', stream, '(' .. at, last, 'COUNT', cap + 1)
+      if read and n <= cap and read >= n then er = read - n end
+    else  -- the group behind it: forward by the entries between
+      local n = #redis.call('XRANGE', stream, '(' .. last, at, 'COUNT', cap + 1)
+      if read and n <= cap then er = read + n end
+    end
+    if not er then  -- far: from the stream's counters, where they tell
+      local first = info['first-entry'] and info['first-entry'][1]
+      local newest_entry = info['last-entry'] and info['last-entry'][1]
+      if info['length'] == 0 or cmp(pos, parse(newest_entry)) >= 0 then
+        er = info['entries-added']
+      elseif cmp(pos, parse(first)) < 0 then
+        er = info['entries-added'] - info['length']
+      end
+    end
+    if er then
+      redis.call('XGROUP', 'SETID', stream, group, at, 'ENTRIESREAD', er)
     else
       redis.call('XGROUP', 'SETID', stream, group, at)
     end
@@ -122,6 +144,10 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
 end
 return redis.error_reply('NOGROUP ' .. group .. ' of ' .. stream)
 """
+
+# Entries a seek counts at most inside Redis (about 1 µs each): a worker's reads in flight
+# (two batches of the default 512) fit, with room.
+SEEK_WALK_CAP = 2048
 
 # Why a seek refused the partition's position (SEEK_SCRIPT): `intentstream_partition_stopped`.
 POSITION_REASONS = ("wrong_type", "unparsable", "ahead")
@@ -209,7 +235,7 @@ class StreamReader:
         p = cursor.partition
         keys = [self.keys.events(p), self.keys.acked(p), self.keys.last_commit(p)]
         try:
-            cursor.after = self._seek(keys=keys, args=[self.group])
+            cursor.after = self._seek(keys=keys, args=[self.group, SEEK_WALK_CAP])
         except redis.ResponseError as exc:
             text = str(exc)
             at = text.find("BADPOSITION ")
