@@ -14,7 +14,7 @@ from worker.common import local_redis
 from worker.common.append_function import CODE, FUNCTION, RESIZING, install, set_routes
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
-from worker.common.publisher import publish
+from worker.common.publisher import PublishError, publish
 
 KEYS = Keys()
 EVENTS = [{"user_id": f"u{i}", "type": "view"} for i in range(60)]
@@ -64,6 +64,31 @@ def test_the_function_never_trims_and_redis_assigns_the_ids(redis_server):
     # MAXLEN inside an event is a field like any other: nothing is trimmed
     assert len(ids) == 2 and r.xlen(KEYS.events(0)) == 2
     assert r.xrange(KEYS.events(0))[0][1][b"MAXLEN"] == b"0"
+
+
+def test_publish_before_any_worker_loads_the_function_and_follows_a_resize(redis_server):
+    """No worker has run (no function): publish() loads it, so a resize that comes next is
+    followed (the writes routed with the old count are refused and re-routed), never
+    misrouted by plain XADD."""
+    r = connect(redis_server.url)
+    assert not r.execute_command("FUNCTION", "LIST")
+    publish(r, EVENTS[:1], partitions=1)
+    assert r.execute_command("FUNCTION", "LIST", "LIBRARYNAME", "intentstream_v1")
+    r.delete(KEYS.events(0))
+    set_routes(r, KEYS, 3, 3)  # a resize to 3 finished meanwhile
+    publish(r, EVENTS[1:], partitions=2)  # a producer that missed it
+    assert on_their_partitions(r, 3) == len(EVENTS) - 1
+
+
+def test_a_producer_that_may_not_load_the_function_is_refused_with_a_clear_line(redis_server):
+    admin = connect(redis_server.url)
+    admin.execute_command("ACL", "SETUSER", "prod", "on", ">pw", "~*", "+@all", "-function")
+    r = connect(redis_server.url.replace("redis://", "redis://prod:pw@"))
+    with pytest.raises(PublishError, match="start a worker first"):
+        publish(r, EVENTS, partitions=2)
+    assert sum(admin.xlen(KEYS.events(p)) for p in range(2)) == 0  # nothing by plain XADD
+    assert install(admin)  # as a worker does at start
+    assert len(publish(r, EVENTS, partitions=2)) == len(EVENTS)
 
 
 def test_without_functions_redis_6_publish_falls_back_to_xadd(tmp_path, monkeypatch):
