@@ -247,3 +247,23 @@ def test_entries_trimmed_while_no_worker_runs_are_counted_by_the_next(redis_serv
     second.tick()
     assert lost(second, "trimmed") == 5 and count_scores(r) == 8
     second.close()
+
+
+def test_a_deleted_committed_count_or_stream_counts_no_loss(redis_server, golden_path):
+    """Counts that go back (the committed count deleted by an operator, the stream deleted
+    and recreated) move the base: no phantom loss."""
+    r = connect(redis_server.url)
+    consumer = consumer_on(redis_server.url, golden_path)
+    bad_and_good(r, 0, 5)
+    Watch(r, consumer).settle()
+    consumer.maintenance.run([0])
+    r.delete(KEYS.committed(0))
+    consumer.maintenance.run([0])
+    r.delete(STREAM0)
+    r.xgroup_create(STREAM0, GROUP, id="0", mkstream=True)
+    r.xadd(STREAM0, {"user_id": "new", "type": "view"})
+    consumer.maintenance.run([0])
+    Watch(r, consumer).settle()
+    consumer.maintenance.run([0])
+    assert lost(consumer, "trimmed") == 0 and lost(consumer, "deleted") == 0
+    consumer.close()

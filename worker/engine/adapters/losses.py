@@ -16,7 +16,8 @@ The first look at a partition takes what is missing then as its base (a stream f
 this count, entries trimmed long ago); whatever goes missing after is counted once, by
 whichever worker holds the partition (the counted total lives in Redis, `Keys.losses`). A
 total that went down (the stream deleted and recreated, a repair that moved the position
-back) moves the base, never the counter. The cause is `deleted` when the stream's
+back), or a count that went back (the committed count deleted), moves the base, never the
+counter. The cause is `deleted` when the stream's
 max-deleted-entry-id moved past the position since the last look (an XDEL of an unread
 entry), else `trimmed` (XTRIM, XADD MAXLEN/MINID: entries removed from the stream's head);
 both in one tick count under `deleted`.
@@ -110,7 +111,8 @@ local total = added - committed - unread
 local maxdel = info['max-deleted-entry-id']
 if redis.call('TYPE', losses_key)['ok'] ~= 'hash' then
   redis.call('DEL', losses_key)
-  redis.call('HSET', losses_key, 'base', total, 'counted', 0, 'deleted', maxdel, 'at', at)
+  redis.call('HSET', losses_key, 'base', total, 'counted', 0, 'deleted', maxdel, 'at', at,
+    'committed', committed, 'added', added)
   return {0, '', at, first or info['last-generated-id'], maxdel}
 end
 local state = {}
@@ -120,8 +122,12 @@ local base, counted = tonumber(state['base']) or total, tonumber(state['counted'
 local before = state['at'] or at
 local lost = total - base
 local new = lost - counted
-if new < 0 then
-  redis.call('HSET', losses_key, 'base', total - counted, 'deleted', maxdel, 'at', at)
+-- a count that went back (the committed count deleted, the stream deleted and recreated)
+-- or a total that did: a new base, nothing counted
+if new < 0 or committed < (tonumber(state['committed']) or 0)
+    or added < (tonumber(state['added']) or 0) then
+  redis.call('HSET', losses_key, 'base', total - counted, 'deleted', maxdel, 'at', at,
+    'committed', committed, 'added', added)
   return {0, '', before, first or info['last-generated-id'], maxdel}
 end
 local cause = 'trimmed'
@@ -129,7 +135,8 @@ local before_pos = parse(before) or pos
 if new > 0 and state['deleted'] ~= maxdel and cmp(parse(maxdel), before_pos) > 0 then
   cause = 'deleted'
 end
-redis.call('HSET', losses_key, 'counted', lost, 'deleted', maxdel, 'at', at)
+redis.call('HSET', losses_key, 'counted', lost, 'deleted', maxdel, 'at', at,
+  'committed', committed, 'added', added)
 return {new, cause, before, first or info['last-generated-id'], maxdel}
 """
 
