@@ -14,7 +14,7 @@ from worker.common import local_redis
 from worker.common.append_function import CODE, FUNCTION, RESIZING, install, set_routes
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
-from worker.common.publisher import PublishError, publish
+from worker.common.publisher import publish
 
 KEYS = Keys()
 EVENTS = [{"user_id": f"u{i}", "type": "view"} for i in range(60)]
@@ -80,15 +80,19 @@ def test_publish_before_any_worker_loads_the_function_and_follows_a_resize(redis
     assert on_their_partitions(r, 3) == len(EVENTS) - 1
 
 
-def test_a_producer_that_may_not_load_the_function_is_refused_with_a_clear_line(redis_server):
+def test_a_producer_that_may_not_load_the_function_writes_by_xadd_with_a_warning(
+    redis_server, caplog
+):
+    """The shipped `producer` may not load the function: before the first worker it
+    writes by plain XADD, as before, and says what that risks."""
     admin = connect(redis_server.url)
     admin.execute_command("ACL", "SETUSER", "prod", "on", ">pw", "~*", "+@all", "-function")
     r = connect(redis_server.url.replace("redis://", "redis://prod:pw@"))
-    with pytest.raises(PublishError, match="start a worker first"):
-        publish(r, EVENTS, partitions=2)
-    assert sum(admin.xlen(KEYS.events(p)) for p in range(2)) == 0  # nothing by plain XADD
-    assert install(admin)  # as a worker does at start
-    assert len(publish(r, EVENTS, partitions=2)) == len(EVENTS)
+    with caplog.at_level("WARNING", logger="intentstream.publish"):
+        assert len(publish(r, EVENTS, partitions=2)) == len(EVENTS)
+    assert on_their_partitions(admin, 2) == len(EVENTS)
+    assert any("may misroute" in x.getMessage() for x in caplog.records)
+    assert not admin.execute_command("FUNCTION", "LIST")
 
 
 def test_without_functions_redis_6_publish_falls_back_to_xadd(tmp_path, monkeypatch):

@@ -21,7 +21,6 @@ from model.artifact import ArtifactError
 from model.sessions import DataError
 from worker.common.events import EventError
 from worker.common.logs import JsonFormatter
-from worker.common.publisher import PublishError
 from worker.common.registry import RegistryError
 from worker.common.settings import Settings, SettingsError
 
@@ -116,8 +115,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
         return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
     if isinstance(exc, ValidationError):
         return validation_line(exc, parser)
-    if isinstance(exc, (SettingsError, ArtifactError, RegistryError, EventError, DataError,
-                        PublishError)):  # fmt: skip
+    if isinstance(exc, (SettingsError, ArtifactError, RegistryError, EventError, DataError)):
         return str(exc)
     if isinstance(exc, ValueError):  # raised on a value the user gave
         return str(exc)

@@ -99,27 +99,27 @@ class _Route:
 
 
 class PublishError(Exception):
-    """A write that cannot go through (a resize that does not finish, a producers' function
-    this user may not load)."""
+    """A write that cannot go through (a resize that does not finish)."""
 
 
 def _load_function(client: redis.Redis, keys: Keys, reply: Exception) -> bool:
     """The producers' function is not loaded (no worker has run yet, or functions were
     flushed): load it, so this write and every later one are checked against the partition
-    count in force. False on a Redis without functions (before 7.0: plain XADD then);
-    PublishError when this user may not load it, since plain XADD would put events on the
-    wrong partition across a resize."""
+    count in force. False on a Redis without functions (before 7.0) and when this user may
+    not load it (the shipped `producer`): plain XADD then, as before the first worker, with
+    a warning, since events sent by it across a resize may land on the wrong partition
+    (dead-lettered `misrouted` by the worker)."""
     if "unknown command" in str(reply):
         return False
     if install(client):
         log.info("loaded the producers' function (no worker had yet)")
         return True
-    raise PublishError(
+    log.warning(
         f"the producers' function {LIBRARY} is not loaded under prefix {keys.prefix!r} and "
-        "this user may not load it (FUNCTION LOAD): start a worker first (it loads it at "
-        "start), or load it as an admin (intentstream partitions resize loads it too); "
-        "plain XADD would misroute events across a resize"
+        "this user may not load it: writing by plain XADD until a worker loads it (tried "
+        "again every 10 s); a resize meanwhile may misroute events"
     )
+    return False
 
 
 def _route_of(client: redis.Redis, prefix: str) -> _Route:
@@ -143,10 +143,9 @@ def publish(
     pipelines of `pipeline_size` events, one round trip each, through the producers'
     function (worker/common/append_function.py), one call per partition. A write routed with a
     stale partition count is refused there and re-routed with the count in force; during a
-    resize it waits. A function not loaded yet (no worker has run) is loaded here; a user
-    who may not load it gets PublishError (plain XADD would misroute across a resize). On a
-    Redis without functions (before 7.0) events go by XADD, and the count is checked every
-    10 s. A pipeline that fails on a connection error
+    resize it waits. A function not loaded yet (no worker has run) is loaded here; where it
+    cannot be (a user who may not, a Redis before 7.0) events go by XADD, the count is
+    checked and the function tried again every 10 s. A pipeline that fails on a connection error
     is sent again (up to `retries` times, with backoff): the worker drops every copy it
     already applied, by the stamps. Concurrent calls use different producer ids, so they
     may share a client.
