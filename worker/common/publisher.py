@@ -105,21 +105,32 @@ class PublishError(Exception):
 def _load_function(client: redis.Redis, keys: Keys, reply: Exception) -> bool:
     """The producers' function is not loaded (no worker has run yet, or functions were
     flushed): load it, so this write and every later one are checked against the partition
-    count in force. False on a Redis without functions (before 7.0) and when this user may
-    not load it (the shipped `producer`): plain XADD then, as before the first worker, with
-    a warning, since events sent by it across a resize may land on the wrong partition
-    (dead-lettered `misrouted` by the worker)."""
+    count in force. False on a Redis without functions (before 7.0) and for a named ACL
+    user (the shipped `producer` may not load it): plain XADD then, as before the first
+    worker, with a warning, since events sent by it across a resize may land on the wrong
+    partition (dead-lettered `misrouted` by the worker)."""
     if "unknown command" in str(reply):
         return False
-    if install(client):
+    # A named ACL user (the shipped `producer`) is not tried: it may not load functions, and
+    # a refusal would land in Redis's ACL LOG; the default user (no ACLs in use) is.
+    if not _named_user(client) and install(client):
         log.info("loaded the producers' function (no worker had yet)")
         return True
     log.warning(
         f"the producers' function {LIBRARY} is not loaded under prefix {keys.prefix!r} and "
-        "this user may not load it: writing by plain XADD until a worker loads it (tried "
-        "again every 10 s); a resize meanwhile may misroute events"
+        "this user does not load it (a named ACL user, or one refused): writing by plain XADD "
+        "until a worker loads it (tried again every 10 s); a resize meanwhile may misroute "
+        "events"
     )
     return False
+
+
+def _named_user(client: redis.Redis) -> bool:
+    """Whether the client logs in as a named ACL user."""
+    try:
+        return bool(client.get_connection_kwargs().get("username"))
+    except AttributeError:  # a client without connection kwargs: as a named user
+        return True
 
 
 def _route_of(client: redis.Redis, prefix: str) -> _Route:
