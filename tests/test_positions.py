@@ -267,3 +267,25 @@ def test_a_deleted_committed_count_or_stream_counts_no_loss(redis_server, golden
     consumer.maintenance.run([0])
     assert lost(consumer, "trimmed") == 0 and lost(consumer, "deleted") == 0
     consumer.close()
+
+
+def test_commits_of_an_earlier_release_count_no_loss(redis_server, golden_path):
+    """A rolling upgrade: a worker of a release before the committed count commits (acked
+    and the sequence move, the count does not): no phantom loss."""
+    r = connect(redis_server.url)
+    consumer = consumer_on(redis_server.url, golden_path)
+    bad_and_good(r, 0, 3)
+    Watch(r, consumer).settle()
+    consumer.maintenance.run([0])
+    ids = [r.xadd(STREAM0, {"user_id": f"o{i}", "type": "view"}) for i in range(4)]
+    r.set(KEYS.acked(0), ids[-1])  # as that worker's commit writes, without the count
+    r.incr(KEYS.commit_seq(0))
+    r.xgroup_setid(STREAM0, GROUP, ids[-1])
+    consumer.maintenance.run([0])
+    assert lost(consumer, "trimmed") == 0 and lost(consumer, "deleted") == 0
+    for i in range(3):  # and a real loss after it still counts
+        r.xadd(STREAM0, {"user_id": f"t{i}", "type": "view"})
+    r.xtrim(STREAM0, maxlen=1, approximate=False)
+    consumer.maintenance.run([0])
+    assert lost(consumer, "trimmed") == 2
+    consumer.close()

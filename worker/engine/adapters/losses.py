@@ -16,8 +16,9 @@ The first look at a partition takes what is missing then as its base (a stream f
 this count, entries trimmed long ago); whatever goes missing after is counted once, by
 whichever worker holds the partition (the counted total lives in Redis, `Keys.losses`). A
 total that went down (the stream deleted and recreated, a repair that moved the position
-back), or a count that went back (the committed count deleted), moves the base, never the
-counter. The cause is `deleted` when the stream's
+back), a count that went back (the committed count deleted), or commits that left the
+count as it was (a worker of an earlier release, during a rolling upgrade), moves the base,
+never the counter. The cause is `deleted` when the stream's
 max-deleted-entry-id moved past the position since the last look (an XDEL of an unread
 entry), else `trimmed` (XTRIM, XADD MAXLEN/MINID: entries removed from the stream's head);
 both in one tick count under `deleted`.
@@ -32,13 +33,14 @@ from worker.common.keys import Keys
 
 WALK_CAP = 2_048  # entries counted at most inside the script (about 1 µs each)
 
-# KEYS: the stream, acked, the last commit token, the committed count, the losses hash.
+# KEYS: the stream, acked, the last commit token, the committed count, the losses hash, the
+# commit sequence.
 # ARGV: the group. Returns nil (nothing to say: no stream, an impossible position, U unknown)
 # or {new lost, cause, the position at the previous look, the stream's first entry id (or
 # its last id when empty), the max-deleted-entry-id}.
 LOSSES_SCRIPT = """
 local stream, acked_key, token_key = KEYS[1], KEYS[2], KEYS[3]
-local count_key, losses_key = KEYS[4], KEYS[5]
+local count_key, losses_key, seq_key = KEYS[4], KEYS[5], KEYS[6]
 if redis.call('TYPE', stream)['ok'] ~= 'stream' then return nil end
 local kind = redis.call('TYPE', acked_key)['ok']
 if kind ~= 'string' and kind ~= 'none' then return nil end
@@ -108,11 +110,13 @@ if redis.call('TYPE', count_key)['ok'] == 'string' then
   committed = tonumber(redis.call('GET', count_key)) or 0
 end
 local total = added - committed - unread
+local seq = ''
+if redis.call('TYPE', seq_key)['ok'] == 'string' then seq = redis.call('GET', seq_key) end
 local maxdel = info['max-deleted-entry-id']
 if redis.call('TYPE', losses_key)['ok'] ~= 'hash' then
   redis.call('DEL', losses_key)
   redis.call('HSET', losses_key, 'base', total, 'counted', 0, 'deleted', maxdel, 'at', at,
-    'committed', committed, 'added', added)
+    'committed', committed, 'added', added, 'seq', seq)
   return {0, '', at, first or info['last-generated-id'], maxdel}
 end
 local state = {}
@@ -124,10 +128,13 @@ local lost = total - base
 local new = lost - counted
 -- a count that went back (the committed count deleted, the stream deleted and recreated)
 -- or a total that did: a new base, nothing counted
-if new < 0 or committed < (tonumber(state['committed']) or 0)
+-- or commits that left the count as it was (a worker of a release before this count)
+local older = state['seq'] ~= nil and state['seq'] ~= seq
+  and committed == (tonumber(state['committed']) or 0)
+if new < 0 or older or committed < (tonumber(state['committed']) or 0)
     or added < (tonumber(state['added']) or 0) then
   redis.call('HSET', losses_key, 'base', total - counted, 'deleted', maxdel, 'at', at,
-    'committed', committed, 'added', added)
+    'committed', committed, 'added', added, 'seq', seq)
   return {0, '', before, first or info['last-generated-id'], maxdel}
 end
 local cause = 'trimmed'
@@ -136,7 +143,7 @@ if new > 0 and state['deleted'] ~= maxdel and cmp(parse(maxdel), before_pos) > 0
   cause = 'deleted'
 end
 redis.call('HSET', losses_key, 'counted', lost, 'deleted', maxdel, 'at', at,
-  'committed', committed, 'added', added)
+  'committed', committed, 'added', added, 'seq', seq)
 return {new, cause, before, first or info['last-generated-id'], maxdel}
 """
 
@@ -163,7 +170,14 @@ class Losses:
     def look(self, p: int) -> Loss | None:
         """What went missing of partition p since the last look, if anything."""
         k = self.keys
-        keys = [k.events(p), k.acked(p), k.last_commit(p), k.committed(p), k.losses(p)]
+        keys = [
+            k.events(p),
+            k.acked(p),
+            k.last_commit(p),
+            k.committed(p),
+            k.losses(p),
+            k.commit_seq(p),
+        ]
         reply = self._script(keys=keys, args=[self.group, WALK_CAP])
         if not reply or not int(reply[0]):
             return None
