@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from worker.common.connection import Client
 from worker.common.keys import Keys
 
-WALK_CAP = 2_048  # entries counted at most inside the script (about 1 µs each)
+WALK_CAP = 1_024  # entries each of its two walks counts at most (about 1 µs each)
 
 # KEYS: the stream, acked, the last commit token, the committed count, the losses hash, the
 # commit sequence.
@@ -97,9 +97,11 @@ else
             'COUNT', ARGV[2] + 1)
           if n <= tonumber(ARGV[2]) then after = n end
         end
-        local between = #redis.call('XRANGE', stream, '(' .. at, gi['last-delivered-id'],
-          'COUNT', ARGV[2] + 1)
-        if after and between <= tonumber(ARGV[2]) then unread = after + between end
+        if after then  -- the in-flight walk only when the rest is known (2 walks, each capped)
+          local between = #redis.call('XRANGE', stream, '(' .. at, gi['last-delivered-id'],
+            'COUNT', ARGV[2] + 1)
+          if between <= tonumber(ARGV[2]) then unread = after + between end
+        end
       end
     end
   end
