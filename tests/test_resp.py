@@ -97,7 +97,7 @@ def test_a_commit_transaction_is_the_commands_it_means():
     keys = Keys()
     committer = Committer(redis.Redis(), keys, "holder", CommitLimits(100, 100, 64, 0))
     c = golden_commit()
-    chunks, n = committer.transaction(c, seed=b"123")
+    chunks, n = committer.transaction(c, seed=b"123", entries=40)
     commands = commands_of(b"".join(chunks))
     assert len(commands) == n  # each gets a reply: MULTI, QUEUED each, EXEC
     text = decimals(c.scores)
@@ -117,7 +117,12 @@ def test_a_commit_transaction_is_the_commands_it_means():
                   "n", int(c.n[i]), "recent", c.recent[i]]  # fmt: skip
         fields += ["event_ids", c.event_ids[i]] if c.event_ids[i] else []
         want.append(["HSET", keys.state(0, user), *fields])
-    want += [["SET", keys.commit_seq(0), "123"], ["INCR", keys.commit_seq(0)], ["EXEC"]]
+    want += [
+        ["SET", keys.committed(0), 40 + len(c.ack_ids)],  # the partition's count
+        ["SET", keys.commit_seq(0), "123"],
+        ["INCR", keys.commit_seq(0)],
+        ["EXEC"],
+    ]
     assert c.event_ids[0] and not c.event_ids[1]  # one state of each kind
     assert commands == [[x if isinstance(x, bytes) else str(x).encode() for x in command]
                         for command in want]  # fmt: skip

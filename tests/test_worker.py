@@ -273,8 +273,18 @@ def test_events_at_or_below_last_id_are_acknowledged_without_effect(redis_server
     consumer.tick()
     consumer.tick()
     assert count_scores(r) == 3
-    # Replay the same entries to the group, as after a group reset: nothing is applied twice.
+    # The group moved back: entries at or below the position are not applied (nor counted)
+    # again; the commit is refused as `behind` and the group moves up to the position.
     r.xgroup_setid(STREAM0, "intentstream-workers", "0")
+    consumer.tick()
+    consumer.tick()
+    assert count_scores(r) == 3 and consumer.metrics.count("duplicate") == 0
+    assert consumer.metrics.value("intentstream_commit_retries_total", reason="behind") == 1
+    # With the position gone too (`acked` and the last commit token), the stream is read
+    # from its start: its entries are at or below each user's last_id, applied before.
+    r.delete("intentstream:acked:{0}", "intentstream:lastcommit:{0}")
+    r.xgroup_setid(STREAM0, "intentstream-workers", "0")
+    consumer._rewind()
     consumer.tick()
     consumer.tick()
     assert count_scores(r) == 3

@@ -133,6 +133,23 @@ def _cmd_partitions_resize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_partitions_repair(args: argparse.Namespace) -> int:
+    from worker.commands.repair import RepairRefusedError, repair
+    from worker.common.connection import connect_settings
+    from worker.common.keys import Keys
+    from worker.common.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings(args, model=None)
+        lines = repair(connect_settings(settings), Keys(settings.prefix), settings.group,
+                       args.partition, args.to, args.dry_run)  # fmt: skip
+    except (SettingsError, RepairRefusedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
 _REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
 
@@ -446,6 +463,22 @@ def _add_partitions_actions(parts: argparse.ArgumentParser) -> None:
     )
     resize.set_defaults(func=_cmd_partitions_resize)
 
+    def repair_flags(rep: argparse.ArgumentParser) -> None:
+        rep.add_argument("partition", type=int, metavar="P", help="the partition to repair")
+        rep.add_argument("--dry-run", action="store_true",
+                         help="print what it finds and would run, write nothing")  # fmt: skip
+        rep.add_argument("--to", metavar="ID",
+                         help="the entry id to put the position on (default: the last commit "
+                              "token's entry, else the stream's start)")  # fmt: skip
+        add_setting_flags(rep, ["redis_url", "cluster", "prefix", "group", "socket_timeout"])
+
+    rep = psub.add_parser(
+        "repair",
+        help="put a partition's position (acked) and the group back on a consistent entry",
+        populate=repair_flags,
+    )
+    rep.set_defaults(func=_cmd_partitions_repair)
+
 
 def _module_flags(module: str) -> Callable[[argparse.ArgumentParser], None]:
     """A sub-command whose flags (and function) its own module adds: `add_flags(parser)`,
@@ -516,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
         populate=_module_flags("worker.commands.healthcheck"),
     )
 
-    sub.add_parser("partitions", help="change the partition count of the streams",
+    sub.add_parser("partitions",
+                   help="change the partition count of the streams; repair a position",
                    populate=_add_partitions_actions)  # fmt: skip
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)

@@ -200,6 +200,8 @@ def move_entries(
                 gone += [raw_id for raw_id, _ in entries]
             if gone:
                 move_out(keys=[stream], args=[group, *gone])
+                if client.exists(keys.losses(p)):  # moved, not lost (engine/adapters/losses.py)
+                    client.hincrby(keys.losses(p), "base", len(gone))
 
 
 # ---- moving the states ----------------------------------------------------------------------

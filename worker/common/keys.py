@@ -69,6 +69,15 @@ class Keys:
         """The id of the last entry acknowledged (where a deleted group is recreated)."""
         return f"{self.prefix}:acked:{{{p}}}"
 
+    def committed(self, p: int) -> str:
+        """How many entries the partition's commits have covered, ever (each commit writes
+        it; the losses' arithmetic, adapters/losses.py). Under `acked:`, the worker's ACL."""
+        return f"{self.prefix}:acked:{{{p}}}:entries"
+
+    def losses(self, p: int) -> str:
+        """Hash: the partition's losses counted so far (adapters/losses.py)."""
+        return f"{self.prefix}:acked:{{{p}}}:losses"
+
     def commit_seq(self, p: int) -> str:
         """Bumped by every commit of the partition: one GET tells whether states moved."""
         return f"{self.prefix}:seq:{{{p}}}"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import redis
 
-from worker.common.append_function import call_args, unavailable
+from worker.common.append_function import LIBRARY, call_args, install, unavailable
 from worker.common.events import (
     EVENT_FIELDS,
     MAX_INPUT_BYTES,
@@ -102,6 +102,37 @@ class PublishError(Exception):
     """A write that cannot go through (a resize that does not finish)."""
 
 
+def _load_function(client: redis.Redis, keys: Keys, reply: Exception) -> bool:
+    """The producers' function is not loaded (no worker has run yet, or functions were
+    flushed): load it, so this write and every later one are checked against the partition
+    count in force. False on a Redis without functions (before 7.0) and for a named ACL
+    user (the shipped `producer` may not load it): plain XADD then, as before the first
+    worker, with a warning, since events sent by it across a resize may land on the wrong
+    partition (dead-lettered `misrouted` by the worker)."""
+    if "unknown command" in str(reply):
+        return False
+    # A named ACL user (the shipped `producer`) is not tried: it may not load functions, and
+    # a refusal would land in Redis's ACL LOG; the default user (no ACLs in use) is.
+    if not _named_user(client) and install(client):
+        log.info("loaded the producers' function (no worker had yet)")
+        return True
+    log.warning(
+        f"the producers' function {LIBRARY} is not loaded under prefix {keys.prefix!r} and "
+        "this user does not load it (a named ACL user, or one refused): writing by plain XADD "
+        "until a worker loads it (tried again every 10 s); a resize meanwhile may misroute "
+        "events"
+    )
+    return False
+
+
+def _named_user(client: redis.Redis) -> bool:
+    """Whether the client logs in as a named ACL user."""
+    try:
+        return bool(client.get_connection_kwargs().get("username"))
+    except AttributeError:  # a client without connection kwargs: as a named user
+        return True
+
+
 def _route_of(client: redis.Redis, prefix: str) -> _Route:
     return _LEARNED.setdefault(client, {}).setdefault(prefix, _Route())
 
@@ -123,8 +154,9 @@ def publish(
     pipelines of `pipeline_size` events, one round trip each, through the producers'
     function (worker/common/append_function.py), one call per partition. A write routed with a
     stale partition count is refused there and re-routed with the count in force; during a
-    resize it waits. Without the function (no worker has installed it yet) events go by
-    XADD, and the count is checked every 10 s. A pipeline that fails on a connection error
+    resize it waits. A function not loaded yet (no worker has run) is loaded here; where it
+    cannot be (a user who may not, a Redis before 7.0) events go by XADD, the count is
+    checked and the function tried again every 10 s. A pipeline that fails on a connection error
     is sent again (up to `retries` times, with backoff): the worker drops every copy it
     already applied, by the stamps. Concurrent calls use different producer ids, so they
     may share a client.
@@ -217,7 +249,9 @@ def _send(
             elif message.startswith("RESIZING"):
                 resizing = True
             elif unavailable(reply):
-                if route.function:  # from now on XADD, checking the count now and then
+                if route.function and not _load_function(client, keys, reply):
+                    # Redis before 7.0 (no functions): from now on XADD, checking the count
+                    # now and then
                     check_partitions(client, keys, count, record=False)
                     route.function, route.checked = False, time.monotonic()
             else:

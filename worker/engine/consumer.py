@@ -50,7 +50,7 @@ from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.parked import ParkedReads
 from worker.engine.adapters.rule_source import RuleSource
 from worker.engine.adapters.states import PartitionDataError, StateReader
-from worker.engine.adapters.streams import Cursor, StreamReader
+from worker.engine.adapters.streams import Cursor, PositionError, StreamReader
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, distinct_users
 from worker.engine.compute.quality import LiveQuality
@@ -120,6 +120,7 @@ class Consumer:
         self._may_install = True  # the producers' function (worker/common/append_function.py)
         self._route = client.register_script(ROUTE_SCRIPT)
         self._groups_missing = False  # a read found a group gone (NOGROUP)
+        self._stopped: dict[int, set[str]] = {}  # partitions stopped by their position
         self._last_maintenance = 0.0
         self._backoff = 0.0
 
@@ -285,8 +286,19 @@ class Consumer:
             self._guarded(batch.partition, self.process, batch,
                           still if read_ahead else None, upcoming)  # fmt: skip
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
-            self.maintenance.run(self._readable())
+            self._maintain()
             self._last_maintenance = now
+
+    def _maintain(self) -> None:
+        """The maintenance tick; an idle partition whose group was moved past what this
+        worker read (entries skipped, which no later traffic may come to reveal) seeks back
+        to its position."""
+        readable = self._readable()
+        idle = {p: part.cursor.after for p in readable
+                if not (part := self.parts[p]).queued and part.ahead is None
+                and part.cursor.after is not None}  # fmt: skip
+        for p in self.maintenance.run(readable, idle):
+            self.parts[p].forget()
 
     def _readable(self) -> list[int]:
         """Held partitions not backing off after bad data."""
@@ -298,6 +310,8 @@ class Consumer:
         partition for a while (doubling up to a minute), not the loop."""
         try:
             action(*args)
+        except PositionError as exc:
+            self._stop_at(exc)
         except PartitionDataError as exc:
             self._block(p, str(exc))
         except redis.ResponseError as exc:
@@ -310,6 +324,23 @@ class Consumer:
         self.metrics.bad_keys.inc()
         log.error("partition stopped by bad data; retrying later",
                   extra={"partition": p, "error": detail, "retry_in_s": backoff})  # fmt: skip
+
+    def _stop_at(self, exc: PositionError) -> None:
+        """An impossible position: its partition stops (retried with the bad-data backoff,
+        so a repair takes effect by itself), reported until a seek finds it valid."""
+        p = exc.partition
+        backoff = self.parts[p].block(time.monotonic())
+        self.metrics.partition_stopped.labels(str(p), exc.reason).set(1)
+        self._stopped.setdefault(p, set()).add(exc.reason)
+        prefix = "" if self.s.prefix == "intentstream" else f" --prefix {self.s.prefix}"
+        log.error(
+            "partition stopped: its position is impossible; nothing of it is read until it "
+            "is repaired",
+            extra={"partition": p, "reason": exc.reason, "key": self.keys.acked(p),
+                   "error": exc.detail, "retry_in_s": backoff,
+                   "repair": f"intentstream partitions repair {p}{prefix} --dry-run, "
+                             f"then without --dry-run"},
+        )  # fmt: skip
 
     def _unfed(self, parts: list[int]) -> list[int]:
         """The partitions to read this round: those of the nodes with no batch queued (a
@@ -325,13 +356,19 @@ class Consumer:
         return sorted(batches, key=lambda b: self.nodes.name(b.partition))
 
     def _read(self, parts: list[int]) -> list[Batch]:
-        """One XREADGROUP over the partitions; a partition whose stream key holds another
-        type is found and stopped alone."""
+        """One XREADGROUP over the partitions (those seeking back to their position seek
+        first, each alone: an impossible position stops its partition only); a partition
+        whose stream key holds another type is found and stopped alone."""
         t0 = time.perf_counter()
+        seeking = [p for p in parts if self.parts[p].cursor.seeking]
+        for p in seeking:
+            self._guarded(p, self._seek, p)
+        parts = [p for p in parts if not self.parts[p].cursor.seeking]
+        if not parts:
+            return []
         try:
-            batches = self.reader.read(
-                [self.parts[p].cursor for p in parts], self.s.batch_size, self.s.block_ms
-            )
+            batches = self.reader.read([self.parts[p].cursor for p in parts], self.s.batch_size,
+                                       None if seeking else self.s.block_ms)  # fmt: skip
         except redis.ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
@@ -342,6 +379,14 @@ class Consumer:
             return []
         self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
         return batches
+
+    def _seek(self, p: int) -> None:
+        """Move partition p's group back to its position; the position is valid again, so
+        the partition is no longer reported stopped by it."""
+        self.reader.seek(self.parts[p].cursor)
+        for reason in self._stopped.pop(p, ()):
+            with suppress(KeyError):
+                self.metrics.partition_stopped.remove(str(p), reason)
 
     def _park(self, read: list[int], batches: list[Batch]) -> None:
         """Cluster: give each partition this round's read found idle a blocking read of its
@@ -424,6 +469,9 @@ class Consumer:
         for gauge in (self.metrics.lag, self.metrics.pending):
             with suppress(KeyError):  # never set: nothing to remove
                 gauge.remove(str(p))
+        for reason in self._stopped.pop(p, ()):
+            with suppress(KeyError):
+                self.metrics.partition_stopped.remove(str(p), reason)
 
     def _recreate_groups(self) -> None:
         for p in self.ownership.owned:
@@ -467,6 +515,11 @@ class Consumer:
             self._let_go(p)
         elif reason == "bad_key":
             raise PartitionDataError(p, f"{exc.detail} holds another type; fix or delete it")
+        elif reason == "behind":
+            log.warning("the group was moved back behind the partition's position (an "
+                        "XGROUP SETID?); what it delivered again is not applied again, and "
+                        "the group goes back to the position",
+                        extra={"partition": p, "position": exc.detail})  # fmt: skip
         else:  # not_next, gap: another commit or reader moved the partition on
             log.info("batch does not follow the partition's last commit; re-reading in order",
                      extra={"partition": p, "reason": reason, "detail": exc.detail})  # fmt: skip

@@ -18,6 +18,9 @@ A failed check says why (CommitRefusedError):
     not_owned    the partition's lease is another process's (or gone)
     not_next     the partition's last commit is not the entry the batch follows (another
                  commit landed since it was read, or an earlier send of another commit)
+    behind       the batch starts at or below the partition's position (the group was moved
+                 back, `XGROUP SETID ... 0`): applied before, never applied again, and the
+                 position never moves backwards
     gap          entries lie between the partition's last commit and the batch (read by
                  another reader of the group, say a paused worker past its lease): they must
                  be applied first, or a user's later event would make them look applied
@@ -54,14 +57,30 @@ from worker.common.connection import is_cluster, read_replies, refresh_topology
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.resp import Joined, resp_commands
-from worker.engine.compute.batch import DeadLetter
+from worker.engine.compute.batch import DeadLetter, entry_id, valid_id
 from worker.engine.compute.lean_state import packed_states
 from worker.engine.compute.pipeline import Commit
 
 # Field/value pairs kept of one dead letter; values are cut to `max_value_bytes` besides.
 MAX_DEAD_FIELDS = 32
 
-REASONS = ("not_owned", "not_next", "gap", "conflict", "bad_key")
+REASONS = ("not_owned", "not_next", "behind", "gap", "conflict", "bad_key")
+
+
+def token_position(token: object) -> bytes | None:
+    """The entry id a last-commit token (`token_of`) records, or None (absent, malformed)."""
+    if not isinstance(token, bytes):
+        return None
+    _, sep, last = token.rpartition(b" ")
+    return last if sep and valid_id(last) else None
+
+
+def position_of(acked: object, token: object) -> bytes | None:
+    """The partition's position: its `acked`, else (deleted) the entry its last commit token
+    records, else the stream's start `0-0`; None when `acked` is not an entry id."""
+    if acked is None:
+        return token_position(token) or b"0-0"
+    return acked if isinstance(acked, bytes) and valid_id(acked) else None
 
 
 class CommitRefusedError(Exception):
@@ -177,6 +196,7 @@ class _Verdict:
 
     result: CommitResult | CommitRefusedError | redis.ResponseError | None
     seed: bytes = b""  # the partition's first sequence, from the server's time
+    entries: int = 0  # the partition's count of entries committed before this commit
 
 
 class Committer:
@@ -209,7 +229,7 @@ class Committer:
             ("WATCH", *watched), ("GET", k.lease(p)), ("GET", k.acked(p)),
             ("XRANGE", k.events(p), b"(" + c.after, b"(" + c.ack_ids[0], "COUNT", 1),
             ("GET", k.commit_seq(p)), *(("TYPE", key) for key in watched[2:]),
-            ("GET", k.last_commit(p)),
+            ("GET", k.last_commit(p)), ("GET", k.committed(p)),
         ]  # fmt: skip
         if c.seq == b"":  # the partition's first commit: its sequence starts from the clock
             commands.append(("TIME",))
@@ -224,17 +244,22 @@ class Committer:
             return _Verdict(replies[0])  # no WATCH (an ACL without it): never write unwatched
         clock = 1 if c.seq == b"" else 0  # the TIME read last
         lease, at, between, seq = replies[1:5]
-        types, token = replies[5 : len(replies) - 1 - clock], replies[-1 - clock]
+        types, token = replies[5 : len(replies) - 2 - clock], replies[-2 - clock]
+        entries = replies[-1 - clock]  # the partition's count of entries committed
         if lease != self.holder.encode():
             return _Verdict(CommitRefusedError("not_owned", ""))
         if isinstance(at, redis.ResponseError):
             return _Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
-        at = at or b"0-0"
+        at = position_of(at, token)
+        if at is None:
+            return _Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
         if at != c.after:
             if at == c.ack_ids[-1] and token == self.token(c):
                 applied = seq if isinstance(seq, bytes) else b""
                 return _Verdict(CommitResult(applied, 0, resent=True))
             return _Verdict(CommitRefusedError("not_next", at.decode()))
+        if entry_id(c.ack_ids[0]) <= entry_id(at):
+            return _Verdict(CommitRefusedError("behind", at.decode()))
         if isinstance(between, redis.ResponseError):
             return _Verdict(between)  # the events key holds another type
         if between:
@@ -249,10 +274,12 @@ class Committer:
         for key, kind in zip(streams, types, strict=True):
             if kind not in (b"stream", b"none"):
                 return _Verdict(CommitRefusedError("bad_key", key))
+        # a count of another kind (an operator's write) restarts from this commit's
+        entries = int(entries) if isinstance(entries, bytes) and entries.isdigit() else 0
         if clock:
             seconds, micros = replies[-1]
-            return _Verdict(None, seconds + b"%06d" % int(micros))
-        return _Verdict(None)
+            return _Verdict(None, seconds + b"%06d" % int(micros), entries)
+        return _Verdict(None, entries=entries)
 
     # ---- 2. the writes ------------------------------------------------------------------
 
@@ -375,16 +402,20 @@ class Committer:
         return c.write_items or (not self.lean and bool(c.rewrite) and c.items is not None)
 
     def transaction(
-        self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b""
-    ) -> tuple[list, int]:
+        self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b"",
+        entries: int = 0,
+    ) -> tuple[list, int]:  # fmt: skip
         """The whole transaction as RESP chunks (from `prepared` when given): MULTI, the
-        writes, the sequence's first value `seed` when it has none, its INCR, EXEC; and the
-        number of replies it gets."""
+        writes, the partition's count of entries committed (`entries` before it, read by
+        the checks, plus the batch's: the sequence, watched, guards it), the sequence's
+        first value `seed` when it has none, its INCR, EXEC; and the number of replies it
+        gets."""
         prepared = prepared or self.prepare(c)
         seq_key = self.keys.commit_seq(c.partition)
+        count = _packed("SET", self.keys.committed(c.partition), entries + len(c.ack_ids))
         start = _packed("SET", seq_key, seed) if seed else b""
-        end = start + _packed("INCR", seq_key) + _EXEC
-        return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 2
+        end = count + start + _packed("INCR", seq_key) + _EXEC
+        return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 3
 
     def _outcome(self, c: Commit, prepared: PreparedCommit, replies: list) -> tuple:
         """(result, the state rows whose HSET failed) from MULTI's, the QUEUED and EXEC's
@@ -427,7 +458,7 @@ class Committer:
                 raise verdict.result
             return verdict.result
         prepared = prepared or self.prepare(c)
-        command, n = self.transaction(c, prepared, verdict.seed)
+        command, n = self.transaction(c, prepared, verdict.seed, verdict.entries)
         conn.send_packed_command(command)
         if during is not None:
             during()

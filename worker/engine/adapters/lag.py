@@ -82,6 +82,21 @@ def count_after(client: Client, stream: str, after, cap: int = COUNT_CAP) -> int
     return count
 
 
+def count_between(
+    client: Client, stream: str, after: bytes, last: tuple[int, int], cap: int = COUNT_CAP
+) -> int | None:
+    """Entries of a stream after the id `after` up to `last`, counted by XRANGE pages;
+    None past `cap`."""
+    count, start, end = 0, after.decode(), f"{last[0]}-{last[1]}"
+    while count <= cap:
+        entries = client.xrange(stream, f"({start}", end, count=PAGE)
+        if not entries:
+            break
+        count += len(entries)
+        start = entries[-1][0].decode()
+    return count if count <= cap else None
+
+
 def undelivered(client: Client, stream: str, group: dict, cap: int = COUNT_CAP) -> int | None:
     """Entries of `stream` after `group`'s last-delivered-id (`group`: its XINFO GROUPS
     entry), by the rule of the module docstring; None when unknown."""

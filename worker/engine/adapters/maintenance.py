@@ -20,7 +20,8 @@ import redis
 
 from worker.common.keys import Keys
 from worker.common.settings import Settings
-from worker.engine.adapters.lag import REPAIR_SCRIPT, uncommitted, undelivered
+from worker.engine.adapters.lag import REPAIR_SCRIPT, count_between, uncommitted, undelivered
+from worker.engine.adapters.losses import Losses
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.compute.batch import entry_id
 
@@ -69,27 +70,58 @@ class Maintenance:
         self.metrics = metrics
         self.positions: dict[int, Positions] = {}
         self._repair = client.register_script(REPAIR_SCRIPT)
+        self.losses = Losses(client, keys, settings.group)
 
-    def run(self, partitions: list[int]) -> None:
-        """One tick over the partitions this worker holds."""
+    def run(self, partitions: list[int], read_to: dict[int, bytes] | None = None) -> list[int]:
+        """One tick over the partitions this worker holds. `read_to`: the last entry this
+        worker read of each idle partition (nothing of it queued or in flight). Returns the
+        partitions whose group was moved past that entry (`XGROUP SETID ... $`, another
+        reader of the group): entries were skipped, never delivered to this worker, and the
+        caller seeks back to the position."""
         self._memory_gauges()
+        skipped: list[int] = []
         for p in partitions:
             stream = self.keys.events(p)
-            bound = self._unacked_bound(p, stream)
+            try:
+                bound = self._unacked_bound(p, stream, (read_to or {}).get(p), skipped)
+            except (redis.ResponseError, ValueError) as exc:  # a key of another type, a bad
+                # position: the partition's seek stops it (consumer.py); nothing trimmed here
+                detail = {"partition": p, "error": str(exc)}
+                log.warning("maintenance skipped a partition", extra=detail)
+                continue
+            self._count_losses(p)
             cut = self._history_cut(p, stream, bound)
             if cut is not None:
                 self.r.xtrim(stream, minid=f"{cut[0]}-{cut[1]}", approximate=True)
             self._forget_idle_consumers(stream)
+        return skipped
+
+    def _count_losses(self, p: int) -> None:
+        """Count the entries of p removed before they were applied since the last look."""
+        loss = self.losses.look(p)
+        if loss is None:
+            return
+        self.metrics.events_lost.labels(str(p), loss.cause).inc(loss.count)
+        log.error(
+            "entries removed from the stream before they were applied: never scored",
+            extra={"partition": p, "cause": loss.cause, "lost": loss.count,
+                   "after": loss.after, "first_entry": loss.first,
+                   "max_deleted_entry_id": loss.max_deleted},
+        )  # fmt: skip
 
     def _memory_gauges(self) -> None:
         info = self.r.info("memory")
         self.metrics.redis_memory_used.set(int(info.get("used_memory", 0)))
         self.metrics.redis_maxmemory.set(int(info.get("maxmemory", 0)))
 
-    def _unacked_bound(self, p: int, stream: str) -> tuple[int, int] | None:
+    def _unacked_bound(
+        self, p: int, stream: str, read_to: bytes | None = None, skipped: list | None = None
+    ) -> tuple[int, int] | None:
         """The oldest entry some group still needs: the workers' group every entry after the
         partition's last commit (`acked`), another group its pending or undelivered ones;
-        sets the gauges."""
+        sets the gauges. When the workers' group was delivered past `read_to` (this
+        worker's last read of an idle partition), p goes into `skipped` and the lag counts
+        the entries between the two besides the undelivered."""
         bound: tuple[int, int] | None = None
         for g in self.r.xinfo_groups(stream):
             name = _text(_field(g, "name"))
@@ -97,6 +129,17 @@ class Maintenance:
             last = entry_id(_text(_field(g, "last-delivered-id") or "0-0").encode())
             if name == self.s.group:
                 lag = undelivered(self.r, stream, g)
+                if read_to is not None and last > entry_id(read_to):
+                    n = count_between(self.r, stream, read_to, last)
+                    log.warning(
+                        "the group was moved past entries this worker never read (XGROUP "
+                        "SETID, or another reader of the group); seeking back to the position",
+                        extra={"partition": p, "read_to": read_to.decode(),
+                               "group_at": f"{last[0]}-{last[1]}", "skipped": n},
+                    )  # fmt: skip
+                    if skipped is not None:
+                        skipped.append(p)
+                    lag = None if lag is None or n is None else lag + n
                 self.metrics.lag.labels(str(p)).set(math.nan if lag is None else lag)
                 acked = entry_id(self.r.get(self.keys.acked(p)) or b"0-0")
                 self.metrics.pending.labels(str(p)).set(uncommitted(self.r, stream, acked, g))

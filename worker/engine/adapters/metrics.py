@@ -286,6 +286,22 @@ class WorkerMetrics:
             ["reason"],
             registry=r,
         )
+        self.events_lost = Counter(
+            "intentstream_events_lost",
+            "Entries removed from a partition's stream before they were applied, by cause: "
+            "`trimmed` (XTRIM, XADD MAXLEN/MINID), `deleted` (XDEL); counted from Redis's "
+            "stream counters at the maintenance tick (adapters/losses.py).",
+            ["partition", "cause"],
+            registry=r,
+        )
+        self.partition_stopped = Gauge(
+            "intentstream_partition_stopped",
+            "1 while a held partition is stopped by an impossible position (its acked key of "
+            "another type, unparsable, or ahead of its stream): nothing of it is read until "
+            "`intentstream partitions repair` (the log names the key).",
+            ["partition", "reason"],
+            registry=r,
+        )
         self.bad_keys = Counter(
             "intentstream_bad_keys",
             "Times a partition-wide key (stream, scores, dead letters, sequence) held data "
@@ -322,7 +338,7 @@ class WorkerMetrics:
             self.model_reloads.labels(result)
         for reason in ("replayed", "model", "invalid", "wrong_type"):
             self.state_resets.labels(reason)
-        for reason in ("conflict", "not_next", "not_owned", "gap", "bad_key"):
+        for reason in ("conflict", "not_next", "behind", "not_owned", "gap", "bad_key"):
             self.commit_retries.labels(reason)
 
     def value(self, name: str, **labels: str) -> float:

@@ -30,34 +30,112 @@ import redis
 
 from worker.common.connection import Client, is_cluster, raw_replies
 from worker.common.events import DEFAULT_MAX_TS_SKEW_MS
+from worker.engine.adapters.commit import position_of
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
+from worker.engine.adapters.states import PartitionDataError
 from worker.engine.compute.batch import Batch, parse_batch
 
 log = logging.getLogger("intentstream.worker")
 
 
-# KEYS: the partition's stream, its `acked` key. ARGV: the group. Sets the group's
-# last-delivered id back to the partition's last commit (`acked`, or the stream's start before
+# KEYS: the partition's stream, its `acked` key, its last commit token. ARGV: the group, the
+# walk cap. Sets the group's last-delivered id back to the partition's last commit (`acked`;
+# the entry its last commit token records when `acked` was deleted; the stream's start before
 # the first commit), so that whatever was delivered and not committed is delivered again, and
-# its entries-read back by as many entries, so that XINFO GROUPS' lag, which KEDA scales on,
-# stays exact (left unknown when the group's was, or more than 100,000 entries go back: Redis
-# and adapters/lag.py count it then). A group behind the last commit (an operator's SETID) is
-# moved up to it. Returns the position.
+# its entries-read with it, so that XINFO GROUPS' lag, which KEDA scales on, stays exact. A
+# group behind the last commit (an operator's SETID) is moved up to it. Returns the position.
+#
+# The cost stays a few milliseconds at any distance: entries-read moves by the entries
+# between the group and the position, counted only up to the walk cap (SEEK_WALK_CAP, the
+# reads a worker has in flight: about 1 µs each); past it, it comes from the stream's
+# counters (entries-added when the position is at or past the last entry, entries-added minus
+# the length when it is before the first), else it is left unknown (Redis counts it again
+# once the group reaches the end; adapters/lag.py counts the lag meanwhile).
+#
+# An impossible position is refused with an error `BADPOSITION <reason> <detail>`, reason one
+# of POSITION_REASONS: `acked` of another type (`wrong_type`), not an entry id
+# (`unparsable`), or past the stream's last id (`ahead`: the stream holds entries, all at or
+# below it, or it holds none and the position is later than the server's clock), so that
+# nothing after it would ever be delivered.
 SEEK_SCRIPT = """
-local stream, acked_key, group = KEYS[1], KEYS[2], ARGV[1]
+local stream, acked_key, token_key, group = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 if redis.call('TYPE', stream)['ok'] == 'none' then
   return redis.error_reply('NOGROUP no stream ' .. stream)
 end
-local at = redis.call('GET', acked_key) or '0-0'
+local kind = redis.call('TYPE', acked_key)['ok']
+if kind ~= 'string' and kind ~= 'none' then
+  return redis.error_reply('BADPOSITION wrong_type ' .. acked_key .. ' holds a ' .. kind)
+end
+local at = redis.call('GET', acked_key)
+if not at then
+  if redis.call('TYPE', token_key)['ok'] == 'string' then
+    at = string.match(redis.call('GET', token_key), ' (%d+%-%d+)$')
+  end
+  at = at or '0-0'
+end
+-- ids as (ms, seq) digit strings, compared without floating point
+local function digits(d) d = string.gsub(d, '^0+', '') if d == '' then return '0' end return d end
+local function cmp_num(a, b)
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  if a == b then return 0 end
+  return a < b and -1 or 1
+end
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
+  if not ms then return nil end
+  ms, seq = digits(ms), digits(seq)
+  local max = '18446744073709551615'
+  if cmp_num(ms, max) > 0 or cmp_num(seq, max) > 0 then return nil end
+  return {ms, seq}
+end
+local function cmp(a, b)
+  local c = cmp_num(a[1], b[1])
+  if c ~= 0 then return c end
+  return cmp_num(a[2], b[2])
+end
+local pos = parse(at)
+if not pos then
+  return redis.error_reply('BADPOSITION unparsable ' .. acked_key .. ' holds ' ..
+    string.sub(at, 1, 64))
+end
+local info = {}
+local flat = redis.call('XINFO', 'STREAM', stream)
+for i = 1, #flat, 2 do info[flat[i]] = flat[i + 1] end
+local newest = parse(info['last-generated-id'])
+if cmp(pos, newest) > 0 then
+  local now = redis.call('TIME')
+  local now_ms = digits(now[1] .. string.format('%03d', math.floor(now[2] / 1000)))
+  if info['entries-added'] > 0 or cmp_num(pos[1], now_ms) > 0 then
+    return redis.error_reply('BADPOSITION ahead ' .. acked_key .. ' is ' .. at ..
+      ', past the last id of ' .. stream .. ', ' .. info['last-generated-id'])
+  end
+end
+local cap = tonumber(ARGV[2])
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-  local info = {}
-  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-  if info['name'] == group then
-    local last, read = info['last-delivered-id'], info['entries-read']
+  local gi = {}
+  for i = 1, #g, 2 do gi[g[i]] = g[i + 1] end
+  if gi['name'] == group then
+    local last, read = gi['last-delivered-id'], gi['entries-read']
     if last == at then return at end
-    local back = #redis.call('XRANGE', stream, '(' .. at, last, 'COUNT', 100001)
-    if read and back > 0 and back <= 100000 and read >= back then
-      redis.call('XGROUP', 'SETID', stream, group, at, 'ENTRIESREAD', read - back)
+    local er
+    if cmp(pos, parse(last)) < 0 then  -- the group past the position: back by the entries between
+      local n = #redis.call('XRANGE', stream, '(' .. at, last, 'COUNT', cap + 1)
+      if read and n <= cap and read >= n then er = read - n end
+    else  -- the group behind it: forward by the entries between
+      local n = #redis.call('XRANGE', stream, '(' .. last, at, 'COUNT', cap + 1)
+      if read and n <= cap then er = read + n end
+    end
+    if not er then  -- far: from the stream's counters, where they tell
+      local first = info['first-entry'] and info['first-entry'][1]
+      local newest_entry = info['last-entry'] and info['last-entry'][1]
+      if info['length'] == 0 or cmp(pos, parse(newest_entry)) >= 0 then
+        er = info['entries-added']
+      elseif cmp(pos, parse(first)) < 0 then
+        er = info['entries-added'] - info['length']
+      end
+    end
+    if er then
+      redis.call('XGROUP', 'SETID', stream, group, at, 'ENTRIESREAD', er)
     else
       redis.call('XGROUP', 'SETID', stream, group, at)
     end
@@ -66,6 +144,23 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
 end
 return redis.error_reply('NOGROUP ' .. group .. ' of ' .. stream)
 """
+
+# Entries a seek counts at most inside Redis (about 1 µs each): a worker's reads in flight
+# (two batches of the default 512) fit, with room.
+SEEK_WALK_CAP = 2048
+
+# Why a seek refused the partition's position (SEEK_SCRIPT): `intentstream_partition_stopped`.
+POSITION_REASONS = ("wrong_type", "unparsable", "ahead")
+
+
+class PositionError(PartitionDataError):
+    """The partition's position (`acked`) is impossible: the partition stops (only it) until
+    `intentstream partitions repair P` or an operator puts it back."""
+
+    def __init__(self, partition: int, reason: str, detail: str) -> None:
+        super().__init__(partition, f"position {reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
 
 
 @dataclass
@@ -125,8 +220,9 @@ class StreamReader:
             return []
         return [[c] for c in cursors] if self.cluster else [list(cursors)]
 
-    def read(self, cursors: list[Cursor], count: int, block_ms: int) -> list[Batch]:
-        """One read over the partitions: a Batch per partition that returned entries."""
+    def read(self, cursors: list[Cursor], count: int, block_ms: int | None) -> list[Batch]:
+        """One read over the partitions: a Batch per partition that returned entries (a
+        partition seeking first seeks; block_ms None: no blocking)."""
         sought = [self.seek(c) for c in cursors if c.seeking]
         if self.cluster:
             return self._read_per_partition(cursors, count)
@@ -135,9 +231,19 @@ class StreamReader:
 
     def seek(self, cursor: Cursor) -> bytes:
         """Move the partition's group back to its last commit (SEEK_SCRIPT), so its next read
-        delivers everything after it; the position."""
-        keys = [self.keys.events(cursor.partition), self.keys.acked(cursor.partition)]
-        cursor.after = self._seek(keys=keys, args=[self.group])
+        delivers everything after it; the position. PositionError when it is impossible."""
+        p = cursor.partition
+        keys = [self.keys.events(p), self.keys.acked(p), self.keys.last_commit(p)]
+        try:
+            cursor.after = self._seek(keys=keys, args=[self.group, SEEK_WALK_CAP])
+        except redis.ResponseError as exc:
+            text = str(exc)
+            at = text.find("BADPOSITION ")
+            if at < 0:
+                raise
+            reason, _, detail = text[at + len("BADPOSITION ") :].partition(" ")
+            detail = detail.split(" script:")[0]  # Redis appends the script's name
+            raise PositionError(p, reason, detail) from None
         return cursor.after
 
     def _read_per_partition(self, cursors: list[Cursor], count: int) -> list[Batch]:
@@ -215,7 +321,12 @@ class StreamReader:
         """Create the group if missing; True if it was created. It starts after the last
         acknowledged entry when Redis still records one (a deleted group), else from the
         start, so entries published before the first worker are scored too."""
-        start = (self.r.get(self.keys.acked(p)) or b"0").decode()
+        try:
+            acked = self.r.get(self.keys.acked(p))
+            token = self.r.get(self.keys.last_commit(p))
+        except redis.ResponseError:  # a key of another type: the seek stops the partition
+            acked = token = None
+        start = (position_of(acked, token) or b"0").decode()
         try:
             self.r.xgroup_create(self.keys.events(p), self.group, id=start, mkstream=True)
         except redis.ResponseError as exc:

@@ -28,6 +28,19 @@ def entry_id(raw: bytes) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def _id_ms(raw: bytes) -> int:
+    """The time of an entry id, 0 when it has none readable (the parse decides then)."""
+    ms = raw.partition(b"-")[0]
+    return int(ms) if ms.isdigit() else 0
+
+
+def valid_id(raw: bytes) -> bool:
+    """Whether `raw` is a full stream entry id `<ms>-<seq>` (both 64-bit unsigned)."""
+    ms, sep, seq = raw.partition(b"-")
+    return (bool(sep) and ms.isdigit() and seq.isdigit() and int(ms) < 2**64
+            and int(seq) < 2**64)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """An entry that is not a valid event: its id, why, and its original fields."""
@@ -83,18 +96,33 @@ def _parsed_by_columns(
     return b
 
 
+def id_time_problem(entry_ms: int, now_ms: int, max_skew_ms: int) -> str | None:
+    """Why an entry without `ts`, whose time is its id's, breaks the timestamp rule: an id
+    (an explicit one a producer chose) more than `max_skew_ms` ahead of the clock; or None."""
+    if entry_ms - now_ms <= max_skew_ms:
+        return None
+    return (f"no ts, and the entry id's time {entry_ms} is {entry_ms - now_ms} ms ahead of the "
+            f"clock ({now_ms}); at most {max_skew_ms} ms allowed (max-ts-skew-ms)")  # fmt: skip
+
+
 def parse_batch(
     partition: int, entries: list, partitions: int = 1, max_skew_ms: int = DEFAULT_MAX_TS_SKEW_MS,
-    input_names: tuple[str, ...] = (),
+    input_names: tuple[str, ...] = (), now_ms: int | None = None,
 ) -> Batch:  # fmt: skip
     """Parse raw XREADGROUP entries ([id, [field, value, ...] or nil]) of one partition of
     `partitions`; an event whose user belongs to another partition, or whose time breaks
-    the timestamp rule (`max_skew_ms`), is a dead letter. The raw values of `input_names`
-    (the declared inputs of the models that will score it) are kept per valid event."""
+    the timestamp rule (`max_skew_ms`; an entry without `ts` whose id is that far ahead of
+    the clock `now_ms`, default the wall clock, too), is a dead letter. The raw values of
+    `input_names` (the declared inputs of the models that will score it) are kept per valid
+    event."""
     t0 = time.perf_counter()
     wanted = tuple(n.encode() for n in input_names)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    # ids rise: only a batch whose last id is ahead of the clock has one to check
+    ahead = bool(entries) and _id_ms(entries[-1][0]) - now_ms > max_skew_ms
     try:
-        b = _parsed_by_columns(partition, entries, partitions, max_skew_ms, wanted)
+        b = None if ahead else _parsed_by_columns(partition, entries, partitions, max_skew_ms,
+                                                  wanted)  # fmt: skip
     except Exception:  # a gap in the columns' parse: the entries go one by one, which decide
         b = None
     if b is not None:
@@ -111,6 +139,8 @@ def parse_batch(
         fields = flat_fields(entry)
         try:
             user, type_, ts, event_id, producer = parse_flat_entry(fields, key[0], max_skew_ms)
+            if ahead and ts == key[0] and (problem := id_time_problem(ts, now_ms, max_skew_ms)):
+                raise EventError(problem)
         except EventError as exc:
             b.dead.append(DeadLetter(raw_id, str(exc), fields))
             continue
