@@ -5,9 +5,10 @@ The Open CDP format (the REES46 "eCommerce behavior data from multi category sto
 credit: REES46 Marketing Platform, rees46.com; Kaggle
 `mkechinov/ecommerce-behavior-data-from-multi-category-store`) has the columns
 `event_time,event_type,product_id,category_id,category_code,brand,price,user_id,user_session`:
-`event_time` `2019-10-01 00:00:00 UTC` becomes `ts`; `event_type` view, cart,
-remove_from_cart, purchase becomes view, add_to_cart, remove_from_cart, purchase (another
-type is kept as it is); `product_id`, `category_code`, `brand` and `price` are kept as
+`event_time` `2019-10-01 00:00:00 UTC` becomes `ts`; `event_type` is kept as the shop names
+it (view, cart, remove_from_cart, purchase): the live shop sends the same names, and a model
+trained on its export must know them (the label is chosen by `--label-type`, default
+purchase); `product_id`, `category_code`, `brand` and `price` are kept as
 strings (an empty one is left out) for inputs and baselines that read them.
 
 A generic CSV takes a mapping `user_id=visitorid,type=event,ts=timestamp[,field=column...]`:
@@ -29,8 +30,9 @@ from dataclasses import dataclass, field
 
 OPENCDP_HEADER = ("event_time", "event_type", "product_id", "category_id", "category_code",
                   "brand", "price", "user_id", "user_session")  # fmt: skip
-OPENCDP_TYPES = {"view": "view", "cart": "add_to_cart", "remove_from_cart": "remove_from_cart",
-                 "purchase": "purchase"}  # fmt: skip
+# Event types are kept as the shop names them: no renaming (a model trained on the export
+# knows the names the live shop sends).
+OPENCDP_TYPES: dict[str, str] = {}
 # The fields an event keeps beyond user_id, type and ts (strings; absent when empty).
 OPENCDP_FIELDS = ("product_id", "category_code", "brand", "price")
 REQUIRED = ("user_id", "type")
