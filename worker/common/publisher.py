@@ -249,11 +249,13 @@ def _send(
             elif message.startswith("RESIZING"):
                 resizing = True
             elif unavailable(reply):
-                if route.function and not _load_function(client, keys, reply):
-                    # Redis before 7.0 (no functions): from now on XADD, checking the count
-                    # now and then
+                if route.function:
+                    loaded = _load_function(client, keys, reply)
+                    # no worker has run: the count recorded (or a resize begun, or a key of
+                    # another type) is checked here, whether the function now holds or not
                     check_partitions(client, keys, count, record=False)
-                    route.function, route.checked = False, time.monotonic()
+                    if not loaded:  # from now on XADD, checking the count now and then
+                        route.function, route.checked = False, time.monotonic()
             else:
                 raise reply
             todo += rows

@@ -472,6 +472,7 @@ class Consumer:
         for reason in self._stopped.pop(p, ()):
             with suppress(KeyError):
                 self.metrics.partition_stopped.remove(str(p), reason)
+        self.metrics.released_partition(p)
 
     def _recreate_groups(self) -> None:
         for p in self.ownership.owned:

@@ -141,6 +141,7 @@ class Maintenance:
                         skipped.append(p)
                     lag = None if lag is None or n is None else lag + n
                 self.metrics.lag.labels(str(p)).set(math.nan if lag is None else lag)
+                self.metrics.held_partition(p)  # its loss counters and stopped gauge, from 0
                 acked = entry_id(self.r.get(self.keys.acked(p)) or b"0-0")
                 self.metrics.pending.labels(str(p)).set(uncommitted(self.r, stream, acked, g))
                 if lag == 0 and _field(g, "lag") not in (0, None):

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -43,6 +44,8 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8
 # stream (the alert rules and the dashboard select exactly these: test_deploy_dashboard.py).
 EVENT_OUTCOMES = ("scored", "deadletter", "duplicate", "misrouted", "lost")
 DEAD_LETTER_OUTCOMES = ("deadletter", "misrouted")
+# intentstream_events_lost_total's causes (adapters/losses.py)
+LOSS_CAUSES = ("trimmed", "deleted")
 # Distributions whose version intentstream_build_info reports (read from their metadata:
 # nothing is imported for it).
 BUILD_INFO_DISTRIBUTIONS = {
@@ -340,6 +343,21 @@ class WorkerMetrics:
             self.state_resets.labels(reason)
         for reason in ("conflict", "not_next", "behind", "not_owned", "gap", "bad_key"):
             self.commit_retries.labels(reason)
+
+    def held_partition(self, p: int) -> None:
+        """Export a held partition's loss counters at 0 and its stopped gauge at 0 (reason
+        `none`): a first loss then shows as an increase, and a series exists to alert on."""
+        for cause in LOSS_CAUSES:
+            self.events_lost.labels(str(p), cause)
+        self.partition_stopped.labels(str(p), "none")
+
+    def released_partition(self, p: int) -> None:
+        """Drop the series of a partition this worker no longer holds."""
+        for cause in LOSS_CAUSES:
+            with suppress(KeyError):
+                self.events_lost.remove(str(p), cause)
+        with suppress(KeyError):
+            self.partition_stopped.remove(str(p), "none")
 
     def value(self, name: str, **labels: str) -> float:
         """A sample's current value by its exposition name (e.g. intentstream_events_total),
