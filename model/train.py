@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -28,7 +27,8 @@ from threadpoolctl import threadpool_limits
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
 from model.bptt import clip_global_norm, packed_loss_and_gradients
-from model.calibration import fit_isotonic, fit_platt, knots_for
+from model.calibration import fit_platt
+from model.calibration_fit import calibrated_on_validation, cross_fitted
 from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
 from model.inputs import Inputs, NumericInput, parse_inputs
 from model.optim import make_optimizer
@@ -363,7 +363,7 @@ def _train(
     raw_scores = step_scores(pack(kept, config.cell, np.float64, inputs), valid_s, F)
     calibration, rnn_scores, calibration_note = None, raw_scores, "not asked (--no-calibrate)"
     if config.calibrate:
-        calibration, rnn_scores, calibration_note = _calibrated(
+        calibration, rnn_scores, calibration_note = calibrated_on_validation(
             pack(kept, config.cell, np.float64, inputs), valid_s, F, raw_scores,
             config.calibration_min_sessions, config.calibration_fallback,
         )  # fmt: skip
@@ -416,88 +416,6 @@ def _train(
         "baseline": roc_curve(base_scores[2], base_scores[3]),
     }
     return TrainResult(trained, report, valid_s, curves, test_events)
-
-
-def _calibrated(
-    params: Params, sessions: list[Session], n_features: int, raw_scores, min_sessions: int,
-    fallback: str = "none",
-):  # fmt: skip
-    """The map fitted on all the validation sessions, their cross-fitted calibrated scores,
-    and a note. Isotonic from `min_sessions` validation sessions on; below, Platt scaling
-    (two numbers: a few hundred sessions carry them, not isotonic blocks). Either ships only
-    when, cross-fitted, it lowers the ECE over all steps against the raw head's: a map that
-    makes scores worse for users it was not fitted on (a small validation set's noise)
-    never ships."""
-    isotonic = len(sessions) >= min_sessions
-    if not isotonic and fallback == "none":
-        return (
-            None,
-            raw_scores,
-            (
-                f"not applied: {len(sessions)} validation sessions, fewer than the {min_sessions} "
-                "an isotonic map needs (--calibration-min-sessions; its knots would follow their "
-                "noise; --calibration-fallback platt tries Platt scaling)"
-            ),
-        )
-    if isotonic:
-        fit, why = _isotonic_for(len(sessions)), ""
-    else:
-        fit, why = fit_platt, (f" (Platt scaling: {len(sessions)} validation sessions, fewer "
-                               f"than the {min_sessions} an isotonic map needs)")  # fmt: skip
-    fitted = cross_fitted(params, sessions, n_features, fit)
-    raw_m = metrics_of(*raw_scores)
-    cal_m = metrics_of(*fitted) if fitted is not None else {}
-    ece_raw, ece_cal = raw_m["ece_all"], cal_m.get("ece_all", float("nan"))
-    # the fallback must also keep the log loss (a proper score): on a few hundred sessions
-    # the ECE moves by thousandths with noise alone
-    worse_loss = not isotonic and not cal_m.get("logloss_all", np.inf) <= raw_m["logloss_all"]
-    if not ece_cal < ece_raw or worse_loss:
-        name = "isotonic" if isotonic else "Platt"
-        return (
-            None,
-            raw_scores,
-            (
-                f"not applied: on held-out users a {name} map would take the ECE over all "
-                f"steps from {ece_raw:.4f} to {ece_cal:.4f}"
-                + (
-                    f" and the log loss from {raw_m['logloss_all']:.4f} to "
-                    f"{cal_m.get('logloss_all', float('nan')):.4f}"
-                    if not isotonic
-                    else ""
-                )
-                + why
-            ),
-        )
-    cal = fit(raw_scores[1], raw_scores[0])
-    return cal, fitted, (f"{cal.method}, {len(cal.x)} knots, from {len(sessions)} validation "
-                         f"sessions; cross-fitted ECE over all steps {ece_raw:.4f} -> "
-                         f"{ece_cal:.4f}{why}")  # fmt: skip
-
-
-def _isotonic_for(sessions: int):
-    """fit_isotonic with the knots `sessions` held-out sessions carry."""
-    return lambda raw, labels: fit_isotonic(raw, labels, knots_for(sessions))
-
-
-def cross_fitted(params: Params, sessions: list[Session], n_features: int, fit=None):
-    """The sessions' calibrated step scores, each fold's (users split in two by a hash of
-    their id) from the map `fit` (default isotonic) fitted on the other: the calibration
-    measured on users it was not fitted on. None when a fold's map cannot be fitted."""
-    fit = fit or _isotonic_for(len(sessions))
-    folds = [[s for s in sessions if zlib.crc32(s.user_id.encode()) % 2 == k] for k in (0, 1)]
-    if not all(folds) or any(len({s.label for s in f}) < 2 for f in folds):
-        scores = step_scores(params, sessions, n_features)  # too few users to cross-fit
-        cal = fit(scores[1], scores[0])
-        if cal is None:
-            return None
-        return scores[0], cal.apply(scores[1]), scores[2], cal.apply(scores[3])
-    raw = [step_scores(params, fold, n_features) for fold in folds]
-    maps = [fit(r[1], r[0]) for r in raw]
-    if any(m is None for m in maps):
-        return None
-    out = [(r[0], maps[1 - k].apply(r[1]), r[2], maps[1 - k].apply(r[3]))
-           for k, r in enumerate(raw)]  # fmt: skip
-    return tuple(np.concatenate([o[i] for o in out]) for i in range(4))
 
 
 def evaluate_on(model: Model, events: list[dict], config: TrainConfig) -> dict[str, float]:
