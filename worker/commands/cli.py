@@ -319,9 +319,20 @@ def _add_model_actions(model: argparse.ArgumentParser) -> None:
     def version_arg(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("version", help="a registry version (see `model list`)")
 
+    def force_flag(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--force", action="store_true",
+                         help="promote even if the gate finds it worse than the current model "
+                         "on the retained history")  # fmt: skip
+
     def publish_flags(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("file", help="the artifact file (.npz)")
-        cmd.add_argument("--promote", action="store_true", help="also make it current")
+        cmd.add_argument("--promote", action="store_true",
+                         help="also make it current, behind the promotion gate")  # fmt: skip
+        force_flag(cmd)
+
+    def promote_flags(cmd: argparse.ArgumentParser) -> None:
+        version_arg(cmd)
+        force_flag(cmd)
 
     def shadow_flags(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("version", nargs="?", help="the challenger; none: show the shadow")
@@ -343,8 +354,9 @@ def _add_model_actions(model: argparse.ArgumentParser) -> None:
         "list", "list the registry's versions (* = current)", "cmd_model_list", lambda _: None
     )
     registry_command(
-        "promote", "make a version current; workers follow", "cmd_model_promote", version_arg
-    )
+        "promote", "make a version current behind the promotion gate; workers follow",
+        "cmd_model_promote", promote_flags,
+    )  # fmt: skip
     registry_command("rollback", "make the previous current version current",
                      "cmd_model_rollback", lambda _: None)  # fmt: skip
     registry_command(

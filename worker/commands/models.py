@@ -99,9 +99,11 @@ def cmd_model_publish(args: argparse.Namespace) -> int:
             data = Path(args.file).read_bytes()
         except OSError as exc:
             raise RegistryError(f"cannot read {args.file}: {exc.strerror}") from None
-        version = reg.publish(data, promote=args.promote)
-        print(f"published version {version}" + (" (current)" if args.promote else ""))
-        return 0
+        version = reg.publish(data)
+        if not args.promote:
+            print(f"published version {version}")
+            return 0
+        return promoted(reg, version, args.force, f"published version {version}")
 
     return with_registry(args, publish)
 
@@ -121,13 +123,24 @@ def cmd_model_list(args: argparse.Namespace) -> int:
     return with_registry(args, listing)
 
 
-def cmd_model_promote(args: argparse.Namespace) -> int:
-    def promote(reg: Registry) -> int:
-        reg.promote(args.version)
-        print(f"version {args.version} is current")
-        return 0
+def promoted(reg: Registry, version: str, force: bool, published: str = "") -> int:
+    """Make `version` current behind the promotion gate (worker/commands/promotion.py): exit
+    code 0, or 1 with the gate's reasons when it stays as it is (`published`: the line of a
+    version just published, said either way)."""
+    from worker.commands.promotion import history_gate
 
-    return with_registry(args, promote)
+    reg.load(version)  # a missing or corrupt version says so before the gate reads history
+    refused = history_gate(reg, version, force)
+    if refused:
+        print("\n".join([published, *refused] if published else refused))
+        return 1
+    reg.promote(version)
+    print(f"{published} (current)" if published else f"version {version} is current")
+    return 0
+
+
+def cmd_model_promote(args: argparse.Namespace) -> int:
+    return with_registry(args, lambda reg: promoted(reg, args.version, args.force))
 
 
 def missing_versions(data: list[str] | None) -> str:

@@ -23,6 +23,7 @@ from worker.commands.input_flags import (
     input_coverage,
     input_declarations,
 )
+from worker.commands.promotion import comparison_line, refusals
 from worker.commands.registry_access import with_registry
 from worker.common.connection import connect_settings
 from worker.common.events import MIN_TS_MS
@@ -30,16 +31,6 @@ from worker.common.registry import Registry
 from worker.common.rule_store import read_rules
 from worker.common.rules import RuleError
 from worker.common.settings import load_settings
-
-# The promotion gate's calibration check (docs/models.md, The promotion gate): a candidate
-# whose ECE over all steps is more than ECE_MARGIN above the current model's, on the same
-# validation users, is not promoted. All steps, not the last: a rule reads the score after
-# every event, and the last step (the event before the purchase, known only in hindsight) is
-# where a map fitted on all steps is not meant to hold. 0.02: above the spread of ECE between
-# equally good models on a few hundred validation sessions (~0.01), below the drift a
-# threshold notices (a rule at 0.8 firing where 76% buy).
-GATE_ECE = "ece_all"
-ECE_MARGIN = 0.02
 
 # Flag help of each TrainConfig field; the flags, their types and defaults come from the
 # fields themselves (see add_train_config_flags), so the defaults exist once, in TrainConfig.
@@ -459,24 +450,6 @@ def gate(reg: Registry, result, events: list[dict], config, force: bool) -> list
     if current is None or force:
         return []
     theirs = metrics_of(*theirs_scores)
-    ours = metrics_of(*ours_scores)
-    print(
-        f"validation ECE, current version {current} -> candidate: all steps "
-        f"{theirs['ece_all']:.4f} -> {ours['ece_all']:.4f}, last step "
-        f"{theirs['ece_last']:.4f} -> {ours['ece_last']:.4f} (the gate reads all steps)"
-    )
-    refusals = []
-    auc, their_auc = result.report["metrics"]["auc_last"], theirs["auc_last"]
-    if not auc >= their_auc:  # a NaN AUC never promotes
-        refusals.append(
-            f"not promoted: validation AUC {auc:.4f} is below current version "
-            f"{current}'s {their_auc:.4f} on the same users (--force promotes anyway)"
-        )
-    ece, their_ece = ours[GATE_ECE], theirs[GATE_ECE]
-    if ece > their_ece + ECE_MARGIN:
-        refusals.append(
-            f"not promoted: validation calibration error (ECE, all steps) {ece:.4f} is more "
-            f"than {ECE_MARGIN} above current version {current}'s {their_ece:.4f} on the same "
-            "users (--force promotes anyway)"
-        )
-    return refusals
+    ours = metrics_of(*ours_scores) | {"auc_last": result.report["metrics"]["auc_last"]}
+    print(comparison_line(theirs, ours, current, "validation"))
+    return refusals(theirs, ours, current, "validation")
