@@ -13,7 +13,7 @@ from model.artifact import random_model, save_model
 from model.synthetic import EVENT_TYPES, LABEL_TYPE
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, count_scores, wait_for
-from worker.commands.demo import Publisher, latency_text
+from worker.commands.demo import Publisher, latency_text, waiting_text
 from worker.common.connection import connect
 from worker.common.publisher import publish
 from worker.common.registry import Registry
@@ -24,6 +24,19 @@ def test_an_empty_latency_window_prints_a_dash_not_nan():
     window = np.zeros(20)
     window[3] = 10
     assert "nan" not in latency_text(window) and "p50 <= " in latency_text(window)
+
+
+def test_latency_past_the_last_bucket_reads_as_a_bound_not_infinity():
+    window = np.zeros(20)
+    window[-1] = 10  # every event beyond the last bucket (10 s): the backlog of a first start
+    text = latency_text(window)
+    assert "inf" not in text and text == "latency p50 > 10000 ms, p99 > 10000 ms"
+
+
+def test_before_the_first_score_the_report_says_what_it_waits_for():
+    line = waiting_text(1234, "12:00:00")
+    assert "events/s" not in line and "1234 events queued" in line
+    assert "waiting for the worker's first batch" in line
 
 
 def test_a_publisher_that_fails_keeps_its_error_and_stops_the_demo():

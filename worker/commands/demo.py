@@ -69,8 +69,21 @@ def latency_text(window: np.ndarray) -> str:
     """`latency p50 <= X ms, p99 <= Y ms` of a window of bucket counts; a dash when empty."""
     if not window.sum():
         return "latency p50 -, p99 -"
-    p50, p99 = latency_quantile(window, 0.5), latency_quantile(window, 0.99)
-    return f"latency p50 <= {p50 * 1e3:g} ms, p99 <= {p99 * 1e3:g} ms"
+    return (f"latency p50 {_bound(latency_quantile(window, 0.5))}, "
+            f"p99 {_bound(latency_quantile(window, 0.99))}")  # fmt: skip
+
+
+def _bound(seconds: float) -> str:
+    """A latency bucket's bound as text: `<= 5 ms`, or `> 10000 ms` past the last bucket."""
+    if seconds == float("inf"):
+        return f"> {LATENCY_BUCKETS[-1] * 1e3:g} ms"
+    return f"<= {seconds * 1e3:g} ms"
+
+
+def waiting_text(queued: int, stamp: str) -> str:
+    """The report's line before the worker's first score: what it waits for, not a rate."""
+    return (f"{stamp}  waiting for the worker's first batch: it compiles (or loads) its batch "
+            f"kernels on a first run; {queued} events queued meanwhile")  # fmt: skip
 
 
 def demo_events(users: int, user_prefix: str) -> Iterator[dict]:
@@ -174,16 +187,37 @@ def first_model(train_first: bool, out: TextIO) -> Model:
         return random_model([*EVENT_TYPES, LABEL_TYPE], hidden=32, features=["gap"], seed=0)
     from model.train import TrainConfig, train  # about a second (scipy): when training only
 
-    print(f"training a first model on {FIRST_MODEL_EVENTS} synthetic events...", file=out,
-          flush=True)  # fmt: skip
+    config = TrainConfig(**FIRST_MODEL_CONFIG)
+    print(f"training a first model on {FIRST_MODEL_EVENTS} synthetic events, at most "
+          f"{config.epochs} epochs (a line per epoch)...", file=out, flush=True)  # fmt: skip
     t0 = time.monotonic()
     events = synthetic_events(FIRST_MODEL_EVENTS, FIRST_MODEL_USERS, seed=0)
-    result = train(events, TrainConfig(**FIRST_MODEL_CONFIG))
+    result = train(events, config, progress=_epoch_lines(out, t0))
     m, b = result.report["metrics"], result.report["baseline"]
     print(f"trained: validation AUC {m['auc_last']:.3f}, bag-of-event-types baseline "
           f"{b['auc_last']:.3f} ({time.monotonic() - t0:.0f} s)", file=out)  # fmt: skip
     print(AUC_EXPLAINED, file=out)
     return result.model
+
+
+def _epoch_lines(out: TextIO, t0: float):
+    """train's progress as one line per finished epoch on the demo's output."""
+
+    class EpochLine:
+        def __init__(self, total: int, desc: str, unit: str = "batch") -> None:
+            self.desc, self.loss = desc, None
+
+        def update(self, n: int) -> None:
+            pass
+
+        def set_postfix(self, **values: str) -> None:
+            self.loss = values.get("loss")
+
+        def close(self) -> None:
+            print(f"  {self.desc}: training loss {self.loss} ({time.monotonic() - t0:.0f} s)",
+                  file=out, flush=True)  # fmt: skip
+
+    return EpochLine
 
 
 def lease_holder(client: redis.Redis) -> str | None:
@@ -212,8 +246,10 @@ def _compile_kernels(must_train: bool, out: TextIO) -> subprocess.Popen | None:
     cold = [k for k in (["training", "evaluation", "scoring"] if must_train else ["scoring"])
             if not is_cached(k)]  # fmt: skip
     if cold:
-        print(f"first run: compiling the {', '.join(cold)} kernels (Numba, 15-30 s; cached in "
-              "model/__pycache__ for the next runs)...", file=out, flush=True)  # fmt: skip
+        print(f"first run: compiling the {', '.join(cold)} kernels (Numba: about half a "
+              "minute on a quiet 2-core machine, a minute or more on a busy one; cached in "
+              "model/__pycache__, so later runs start in seconds)...", file=out,
+              flush=True)  # fmt: skip
     return compile_in_background([k for k in cold if k != "training"])
 
 
@@ -290,6 +326,14 @@ def run_demo(
     return 0
 
 
+def _queued(client: redis.Redis) -> int:
+    """Entries in the demo partition's stream (all unscored before the first score)."""
+    try:
+        return int(client.xlen(Keys(PREFIX).events(PARTITION)))
+    except redis.RedisError:
+        return 0
+
+
 def _report_loop(client, consumer, consumer_name, metrics, watch, seconds, stop, out) -> None:
     """Once a second: this run's events/s, latency, who scores, a few users' scores."""
     last_count, last_buckets = 0.0, metrics.latency.bucket_counts()
@@ -307,7 +351,9 @@ def _report_loop(client, consumer, consumer_name, metrics, watch, seconds, stop,
         stamp = time.strftime("%H:%M:%S")
         model = watch.model or consumer.model.version
         model = f"v{model}" if model.isdigit() else model  # registry versions are numbers
-        if ours:
+        if ours and not count:
+            print(waiting_text(_queued(client), stamp), file=out, flush=True)
+        elif ours:
             print(f"{stamp}  {count - last_count:6.0f} events/s  "
                   f"{latency_text(buckets - last_buckets)}  scored {count:.0f}  model {model}",
                   file=out)  # fmt: skip
