@@ -23,6 +23,7 @@ from worker.commands.input_flags import (
     input_coverage,
     input_declarations,
 )
+from worker.commands.interrupts import held_interrupts
 from worker.commands.promotion import comparison_line, refusals
 from worker.commands.registry_access import with_registry
 from worker.common.connection import connect_settings
@@ -329,6 +330,15 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
 
     def publish(reg: Registry) -> int:
+        # Ctrl-C waits for the version, its gate and its promotion, then exits 130 saying so
+        with held_interrupts() as interrupted:
+            code = publish_and_promote(reg)
+            if interrupted:
+                print("Ctrl-C: held until the registry steps above were done; stopping now",
+                      file=sys.stderr)  # fmt: skip
+        return code
+
+    def publish_and_promote(reg: Registry) -> int:
         version = reg.publish_model(result.model)
         print(f"published version {version}")
         if not args.promote:
