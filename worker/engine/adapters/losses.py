@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from worker.common.connection import Client
 from worker.common.keys import Keys
+from worker.engine.adapters.streams import POSITION_LUA
 
 WALK_CAP = 1_024  # entries each of its two walks counts at most (about 1 µs each)
 
@@ -38,35 +39,13 @@ WALK_CAP = 1_024  # entries each of its two walks counts at most (about 1 µs ea
 # ARGV: the group. Returns nil (nothing to say: no stream, an impossible position, U unknown)
 # or {new lost, cause, the position at the previous look, the stream's first entry id (or
 # its last id when empty), the max-deleted-entry-id}.
-LOSSES_SCRIPT = """
+LOSSES_SCRIPT = POSITION_LUA + """
 local stream, acked_key, token_key = KEYS[1], KEYS[2], KEYS[3]
 local count_key, losses_key, seq_key = KEYS[4], KEYS[5], KEYS[6]
 if redis.call('TYPE', stream)['ok'] ~= 'stream' then return nil end
 local kind = redis.call('TYPE', acked_key)['ok']
 if kind ~= 'string' and kind ~= 'none' then return nil end
-local at = redis.call('GET', acked_key)
-if not at then
-  if redis.call('TYPE', token_key)['ok'] == 'string' then
-    at = string.match(redis.call('GET', token_key), ' (%d+%-%d+)$')
-  end
-  at = at or '0-0'
-end
-local function digits(d) d = string.gsub(d, '^0+', '') if d == '' then return '0' end return d end
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
-  if not ms or #digits(ms) > 20 or #digits(seq) > 20 then return nil end
-  return {digits(ms), digits(seq)}
-end
-local function cmp_num(a, b)
-  if #a ~= #b then return #a < #b and -1 or 1 end
-  if a == b then return 0 end
-  return a < b and -1 or 1
-end
-local function cmp(a, b)
-  local c = cmp_num(a[1], b[1])
-  if c ~= 0 then return c end
-  return cmp_num(a[2], b[2])
-end
+local at = position(acked_key, token_key)
 local pos = parse(at)
 if not pos then return nil end
 local info = {}

@@ -57,23 +57,11 @@ log = logging.getLogger("intentstream.worker")
 # (`unparsable`), or past the stream's last id (`ahead`: the stream holds entries, all at or
 # below it, or it holds none and the position is later than the server's clock), so that
 # nothing after it would ever be delivered.
-SEEK_SCRIPT = """
-local stream, acked_key, token_key, group = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
-if redis.call('TYPE', stream)['ok'] == 'none' then
-  return redis.error_reply('NOGROUP no stream ' .. stream)
-end
-local kind = redis.call('TYPE', acked_key)['ok']
-if kind ~= 'string' and kind ~= 'none' then
-  return redis.error_reply('BADPOSITION wrong_type ' .. acked_key .. ' holds a ' .. kind)
-end
-local at = redis.call('GET', acked_key)
-if not at then
-  if redis.call('TYPE', token_key)['ok'] == 'string' then
-    at = string.match(redis.call('GET', token_key), ' (%d+%-%d+)$')
-  end
-  at = at or '0-0'
-end
--- ids as (ms, seq) digit strings, compared without floating point
+# Lua shared by the scripts that read a partition's position (the seek's here, the losses'
+# check in adapters/losses.py): entry ids as (ms, seq) digit strings compared without floating
+# point, and the position itself: `acked`, else the entry the last commit token records (a
+# deleted `acked`), else the stream's start.
+POSITION_LUA = """
 local function digits(d) d = string.gsub(d, '^0+', '') if d == '' then return '0' end return d end
 local function cmp_num(a, b)
   if #a ~= #b then return #a < #b and -1 or 1 end
@@ -93,6 +81,28 @@ local function cmp(a, b)
   if c ~= 0 then return c end
   return cmp_num(a[2], b[2])
 end
+local function position(acked_key, token_key)
+  local at = redis.call('GET', acked_key)
+  if not at then
+    if redis.call('TYPE', token_key)['ok'] == 'string' then
+      at = string.match(redis.call('GET', token_key), ' (%d+%-%d+)$')
+    end
+    at = at or '0-0'
+  end
+  return at
+end
+"""
+
+SEEK_SCRIPT = POSITION_LUA + """
+local stream, acked_key, token_key, group = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+if redis.call('TYPE', stream)['ok'] == 'none' then
+  return redis.error_reply('NOGROUP no stream ' .. stream)
+end
+local kind = redis.call('TYPE', acked_key)['ok']
+if kind ~= 'string' and kind ~= 'none' then
+  return redis.error_reply('BADPOSITION wrong_type ' .. acked_key .. ' holds a ' .. kind)
+end
+local at = position(acked_key, token_key)
 local pos = parse(at)
 if not pos then
   return redis.error_reply('BADPOSITION unparsable ' .. acked_key .. ' holds ' ..
