@@ -48,8 +48,8 @@ def searched(
     """The best of the candidates trained within `seconds` (at least the given one), its
     report's `search` listing each candidate tried with its validation loss and AUC."""
     started = time.time()
-    tried, best = [], None
-    for candidate in candidates(config):
+    tried, best, todo = [], None, candidates(config)
+    for candidate in todo:
         if tried and time.time() - started >= seconds:
             break
         t0 = time.time()
@@ -69,5 +69,5 @@ def searched(
     assert best is not None
     _, result, changes = best
     result.report["search"] = {"seconds": seconds, "tried": tried, "chosen": changes,
-                               "untried": len(candidates(config)) - len(tried)}  # fmt: skip
+                               "untried": len(todo) - len(tried)}  # fmt: skip
     return result

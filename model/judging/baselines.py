@@ -53,19 +53,18 @@ def fitted(kind: str, X: np.ndarray, y: np.ndarray, seed: int = 0):
 
 
 @dataclass(frozen=True)
-class BaselineScores:
-    """A baseline's scores of held-out sessions: at each one's last step (fitted on last
-    steps) and at every step (fitted on every step), steps concatenated session after
-    session."""
+class StepScores:
+    """A scorer's held-out scores: every step (steps concatenated session after session)
+    and each session's last step (a baseline: fitted on every step, and on last steps)."""
 
-    last: np.ndarray
     every: np.ndarray
+    last: np.ndarray
 
 
 def baseline_scores(
     kind: str, train_rows: list[np.ndarray], train_y: np.ndarray,
     test_rows: list[np.ndarray], seed: int = 0,
-) -> BaselineScores:  # fmt: skip
+) -> StepScores:  # fmt: skip
     """Fit a baseline of `kind` on the training sessions' rows (per session, per step) and
     score the test sessions' rows."""
     last_X = np.stack([r[-1] for r in train_rows])
@@ -74,7 +73,7 @@ def baseline_scores(
     at_last = fitted(kind, last_X, train_y, seed)
     at_every = fitted(kind, every_X, every_y, seed)
     test_last = np.stack([r[-1] for r in test_rows])
-    return BaselineScores(
-        at_last.predict_proba(test_last)[:, 1],
+    return StepScores(
         at_every.predict_proba(np.concatenate(test_rows))[:, 1],
+        at_last.predict_proba(test_last)[:, 1],
     )

@@ -19,7 +19,7 @@ import numpy as np
 
 from model.calibration import expected_calibration_error
 from model.evaluate import model_step_scores, roc_auc
-from model.judging.baselines import BOOSTED, LOGISTIC, baseline_scores
+from model.judging.baselines import BOOSTED, LOGISTIC, StepScores, baseline_scores
 from model.judging.session_features import step_features
 from model.judging.shop_sessions import ShopSession, shop_sessions
 from model.sessions import DataError, is_test_user, sessionize
@@ -49,14 +49,6 @@ def outer_folds(users: Sequence[str], k: int, repeats: int = 1) -> list[Fold]:
             parts[zlib.crc32(f"fold{r}:{u}".encode()) % k].add(u)
         folds += [Fold(r, i, frozenset(p)) for i, p in enumerate(parts)]
     return folds
-
-
-@dataclass(frozen=True)
-class StepScores:
-    """Held-out scores of one scorer: every step (session after session) and the last."""
-
-    every: np.ndarray
-    last: np.ndarray
 
 
 def fold_metrics(sessions_len: np.ndarray, labels: np.ndarray, s: StepScores) -> dict[str, float]:
@@ -117,9 +109,8 @@ def judge_fold(
         raise AssertionError("the model's held-out sessions are not the baselines'")
     train_y = np.array([shop[i].label for i in tr])
     for kind in (LOGISTIC, BOOSTED):
-        b = baseline_scores(kind, [rows[i] for i in tr], train_y, [rows[i] for i in te],
-                            config.seed)  # fmt: skip
-        scores[kind] = StepScores(b.every, b.last)
+        scores[kind] = baseline_scores(kind, [rows[i] for i in tr], train_y,
+                                       [rows[i] for i in te], config.seed)  # fmt: skip
     metrics = {name: fold_metrics(lengths, labels, s) for name, s in scores.items()}
     return FoldResult(fold, len(te), int(labels.sum()), metrics, scores, labels, lengths,
                       time.time() - t0)  # fmt: skip

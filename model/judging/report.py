@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from model.judging.baselines import BOOSTED, LOGISTIC
 from model.judging.protocol import (
     EARLY_STEPS,
@@ -85,8 +83,3 @@ def reliability_table(results: list[FoldResult], name: str = MODEL) -> str:
     for i, (m, o, n) in enumerate(reliability_by_quantile(results, name), start=1):
         lines.append(f"| {i} | {m:.3f} | {o:.3f} | {n} |")
     return "\n".join(lines)
-
-
-def fold_values(summary: dict, metric: str, name: str = MODEL) -> np.ndarray:
-    """One scorer's per-fold values of a metric."""
-    return np.array(summary["scorers"][name][metric]["folds"])

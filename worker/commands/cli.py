@@ -460,13 +460,16 @@ def _add_demo_flags(demo: argparse.ArgumentParser) -> None:
     )
 
 
+_PARTITIONS_FLAGS = ["redis_url", "cluster", "prefix", "group", "socket_timeout"]
+
+
 def _add_partitions_actions(parts: argparse.ArgumentParser) -> None:
     psub = parts.add_subparsers(dest="partitions_command", required=True, metavar="ACTION")
 
     def resize_flags(resize: argparse.ArgumentParser) -> None:
         resize.add_argument("--to", type=int, required=True, metavar="N",
                             help="new partition count")  # fmt: skip
-        add_setting_flags(resize, ["redis_url", "cluster", "prefix", "group", "socket_timeout"])
+        add_setting_flags(resize, _PARTITIONS_FLAGS)
 
     resize = psub.add_parser(
         "resize",
@@ -482,7 +485,7 @@ def _add_partitions_actions(parts: argparse.ArgumentParser) -> None:
         rep.add_argument("--to", metavar="ID",
                          help="the entry id to put the position on (default: the last commit "
                               "token's entry, else the stream's start)")  # fmt: skip
-        add_setting_flags(rep, ["redis_url", "cluster", "prefix", "group", "socket_timeout"])
+        add_setting_flags(rep, _PARTITIONS_FLAGS)
 
     rep = psub.add_parser(
         "repair",

@@ -151,8 +151,8 @@ def print_held_out(judged: dict[str, dict | None]) -> None:
             print(f"\n{name}: no held-out users in these events (trained without test users, "
                   "or they hold a single class)")  # fmt: skip
         else:
-            print("\n".join([f"\n{name}:", *heldout_lines(test)[1:]]))
-            print(heldout_lines(test)[0].strip())
+            title, *table = heldout_lines(test)
+            print("\n".join([f"\n{name}: {title.strip()}", *table]))
 
 
 def print_table(results: dict[str, dict]) -> None:

@@ -51,7 +51,7 @@ def run_real_bench(args: argparse.Namespace) -> int:
     from model.sessions import DataError
 
     settings = load_settings(args, model=None)
-    config = train_config(args).model_copy(update={"test_fraction": 0.0})
+    config = train_config(args)
     events = read_training_events(args, settings)
     users = sorted({e["user_id"] for e in events})
     k = args.folds or 5

@@ -129,8 +129,8 @@ def promoted(reg: Registry, version: str, force: bool, published: str = "") -> i
     version just published, said either way)."""
     from worker.commands.promotion import history_gate
 
-    reg.load(version)  # a missing or corrupt version says so before the gate reads history
-    refused = history_gate(reg, version, force)
+    # a missing or corrupt version says so before the gate reads the history
+    refused = history_gate(reg, version, reg.load(version), force)
     if refused:
         print("\n".join([published, *refused] if published else refused))
         return 1

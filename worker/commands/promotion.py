@@ -45,12 +45,12 @@ def refusals(theirs: dict, ours: dict, current: str, label: str) -> list[str]:
     return out
 
 
-def history_gate(reg, candidate: str, force: bool, say=print) -> list[str]:
-    """The gate of `model promote` and `model publish --promote`: the candidate version and
-    the current one scored on the retained event history, each with its own vocabulary,
-    features and label; the comparison printed; the refusals returned (none with `force`,
-    without a current model, or without sessions of both outcomes to compare on, which is
-    said)."""
+def history_gate(reg, candidate: str, model, force: bool, say=print) -> list[str]:
+    """The gate of `model promote` and `model publish --promote`: the candidate version (its
+    loaded `model`) and the current one scored on the retained event history, each with its
+    own vocabulary, features and label; the comparison printed; the refusals returned (none
+    with `force`, without a current model, or without sessions of both outcomes to compare
+    on, which is said)."""
     from model.artifact import DEFAULT_LABEL_TYPE, label_type_of
     from model.evaluate import metrics_of, model_step_scores
     from model.sessions import sessionize
@@ -60,7 +60,7 @@ def history_gate(reg, candidate: str, force: bool, say=print) -> list[str]:
     current = reg.current()
     if current is None or current == candidate:
         return []
-    models = {"current": reg.load(current), "candidate": reg.load(candidate)}
+    models = {"current": reg.load(current), "candidate": model}
     partitions = recorded_partitions(reg.r, reg.keys) or 1
     events, _ = read_history(reg.r, reg.prefix, partitions, fields=None)
     metrics, sizes = {}, set()

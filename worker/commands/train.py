@@ -401,8 +401,7 @@ def judged_folds(events: list[dict], config, k: int, search: float = 0.0) -> dic
     if len(users) < 2 * k:
         raise DataError(f"--folds {k}: {len(users)} users are too few for {k} folds")
     print(f"judging over {k} outer folds of users (each trains once on the others)")
-    in_fold = config.model_copy(update={"test_fraction": 0.0})
-    results = judge(events, in_fold, outer_folds(users, k), log=print, trainer=trainer_of(search))
+    results = judge(events, config, outer_folds(users, k), log=print, trainer=trainer_of(search))
     out = summary(results)
     print(folds_table(out))
     return out

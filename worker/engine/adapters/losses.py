@@ -39,7 +39,9 @@ WALK_CAP = 1_024  # entries each of its two walks counts at most (about 1 µs ea
 # ARGV: the group. Returns nil (nothing to say: no stream, an impossible position, U unknown)
 # or {new lost, cause, the position at the previous look, the stream's first entry id (or
 # its last id when empty), the max-deleted-entry-id}.
-LOSSES_SCRIPT = POSITION_LUA + """
+LOSSES_SCRIPT = (
+    POSITION_LUA
+    + """
 local stream, acked_key, token_key = KEYS[1], KEYS[2], KEYS[3]
 local count_key, losses_key, seq_key = KEYS[4], KEYS[5], KEYS[6]
 if redis.call('TYPE', stream)['ok'] ~= 'stream' then return nil end
@@ -127,6 +129,7 @@ redis.call('HSET', losses_key, 'counted', lost, 'deleted', maxdel, 'at', at,
   'committed', committed, 'added', added, 'seq', seq)
 return {new, cause, before, first or info['last-generated-id'], maxdel}
 """
+)
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,9 @@ local function position(acked_key, token_key)
 end
 """
 
-SEEK_SCRIPT = POSITION_LUA + """
+SEEK_SCRIPT = (
+    POSITION_LUA
+    + """
 local stream, acked_key, token_key, group = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 if redis.call('TYPE', stream)['ok'] == 'none' then
   return redis.error_reply('NOGROUP no stream ' .. stream)
@@ -154,6 +156,7 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
 end
 return redis.error_reply('NOGROUP ' .. group .. ' of ' .. stream)
 """
+)
 
 # Entries a seek counts at most inside Redis (about 1 µs each): a worker's reads in flight
 # (two batches of the default 512) fit, with room.
