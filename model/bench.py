@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from model.artifact import Model, random_model, state_shape
-from model.cell import step_batch
+from model.cells.step import step_batch
 from model.features import feature_matrix
 from model.reference import reference_step
 from model.scoring import ScoringModel

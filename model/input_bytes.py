@@ -19,7 +19,8 @@ from functools import lru_cache
 import numba as nb
 import numpy as np
 
-from model.inputs import FNV_PRIME, hash_seed, numeric_values
+from model.inputs import numeric_values
+from model.value_hash import FNV_PRIME, hash_seed
 
 _FAST_DIGITS = 15  # 10^15 < 2^53: such digits are an exact float64
 _TEN = 10.0 ** np.arange(_FAST_DIGITS + 1)  # exact: every 10^k up to 10^22 is a double

@@ -16,20 +16,20 @@ import numpy as np
 
 from model.artifact import Model, state_shape
 from model.calibration import calibration_of, with_ends
-from model.cell import CellWeights, cell_weights, step_batch, work_size
+from model.cells.ops import CellWeights, cell_weights, work_size
+from model.cells.step import step_batch
 from model.features import event_gaps, feature_matrix, session_resets
 from model.inputs import (
     InputCounts,
     InputSpec,
-    ItemMemory,
     Stored,
     encode_inputs,
     stored_column,
     table_columns,
     table_name,
     transformed,
-    write_item_flags,
 )
+from model.item_memory import ItemMemory, write_item_flags
 from model.params import Params, pack
 
 # A table input's embedding rows reach layer 0 only through W_fh, so each table can be passed

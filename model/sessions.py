@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.features import event_gaps, feature_matrix
-from model.inputs import Inputs, InputSpec, ItemMemory, input_parts
+from model.inputs import Inputs, InputSpec, input_parts
+from model.item_memory import ItemMemory
 
 
 class DataError(ValueError):

@@ -30,11 +30,12 @@ import pytest
 from model.artifact import Model, random_model, save_model, state_shape
 from model.bptt import loss_and_gradients, predict
 from model.calibration import calibration_of
-from model.cell import step_batch, step_one
-from model.inputs import ITEM_MEMORY, value_hash
+from model.cells.step import step_batch, step_one
+from model.item_memory import ITEM_MEMORY
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
 from model.sessions import pad, sessionize
+from model.value_hash import value_hash
 from tests.conftest import run_cli
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
 

@@ -13,32 +13,32 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from model.inputs import (
-    ITEM_MEMORY,
-    ITEM_MEMORY_BYTES,
     CategoricalInput,
     InputCounts,
     Inputs,
     ItemInput,
-    ItemMemory,
     NumericInput,
     Stored,
     bucket_ids,
     encode_inputs,
-    fnv1a32,
     input_columns,
     input_width,
-    item_flags,
     numeric_column,
     numeric_values,
-    pack_items,
     parse_inputs,
     stored_values,
     table_name,
     table_shapes,
-    unpack_items,
-    value_hash,
-    value_hashes,
 )
+from model.item_memory import (
+    ITEM_MEMORY,
+    ITEM_MEMORY_BYTES,
+    ItemMemory,
+    item_flags,
+    pack_items,
+    unpack_items,
+)
+from model.value_hash import fnv1a32, value_hash, value_hashes
 
 PRICE = {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 3.0, "scale": 1.5}
 BRAND = {"kind": "categorical", "name": "brand", "buckets": 64, "dim": 3}

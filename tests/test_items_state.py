@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.inputs import ITEM_MEMORY, ItemMemory, unpack_items
+from model.item_memory import ITEM_MEMORY, ItemMemory, unpack_items
 from worker.engine.compute.items import _packed_memories, memories_of, packed_items
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from model.artifact import Model, random_model, state_shape
-from model.inputs import ITEM_MEMORY
+from model.item_memory import ITEM_MEMORY
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
 from tests.test_conformance import oracle_bucket, oracle_numeric

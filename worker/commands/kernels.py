@@ -65,10 +65,11 @@ COMPILE: dict[str, Callable[[], None]] = {
 
 
 def _dispatchers(name: str) -> list:
-    from model import bptt, cell, features
+    from model import bptt, features
+    from model.cells import step
 
     return {
-        "scoring": [cell.step_batch, features.event_gaps],
+        "scoring": [step.step_batch, features.event_gaps],
         "training": [bptt._forward_backward],
         "evaluation": [bptt._predict_logits],
     }[name]

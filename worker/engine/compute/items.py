@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numba as nb
 import numpy as np
 
-from model.inputs import ITEM_MEMORY, ItemMemory
+from model.item_memory import ITEM_MEMORY, ItemMemory
 
 
 def memories_of(names: Sequence[str], raw: list[bytes]) -> dict[str, ItemMemory]:
