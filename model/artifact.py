@@ -372,7 +372,7 @@ def state_space_of(meta: Mapping[str, object], version: str) -> str:
     or a registry version's meta) and its version: which users' hidden states it reads and
     writes. A model continues the states of the models of its space; any other state is
     rebuilt. It is the declared `state_space` (a model fine-tuned from another's weights
-    continues that model's space, see model/train.py), else the model's own version."""
+    continues that model's space, see model/training/train.py), else the model's own version."""
     declared = meta.get("state_space")
     return str(declared) if declared else version
 

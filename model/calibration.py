@@ -5,7 +5,7 @@ The map is isotonic regression of the outcome on the raw score, fitted by pool-a
 violators on every held-out step, and read as the piecewise-linear curve through its blocks'
 centres (at most MAX_KNOTS of them), with (0, 0) and (1, 1) at the ends. Isotonic, not Platt
 scaling: a recurrent net's miscalibration is not always a temperature and a shift (measured
-on model/posterior.py: a model whose best Platt map, fitted on the test users themselves,
+on model/data/posterior.py: a model whose best Platt map, fitted on the test users themselves,
 still left an ECE of 0.025 over all steps, is brought to 0.016 by the isotonic map fitted on
 its validation users), and the pooled blocks follow whatever shape the raw scores have. The
 fitted probabilities are kept strictly increasing and inside [1e-4, 1 - 1e-4], so the map is

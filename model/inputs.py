@@ -3,8 +3,9 @@ item fields, their stable hash, and their encoding for a whole batch.
 
 Pure computation (numpy, Numba, pydantic). The artifact (format 2, model/artifact.py) holds
 the declarations and tables; scoring (model/scoring.py) appends `encode_inputs`' block to the
-features, and training (model/sessions.py) keeps `input_parts`' fixed columns and buckets, so
-the forward pass looks the rows up in the tables it fits (model/bptt.py).
+features, and training (model/training/sessions.py) keeps `input_parts`' fixed columns and
+buckets, so
+the forward pass looks the rows up in the tables it fits (model/training/bptt.py).
 
 The contract, x_t's layout with inputs, the hash and its buckets, is docs/contract.md (The
 model, Declared inputs); the details of each kind follow.

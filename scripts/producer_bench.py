@@ -17,7 +17,7 @@ from pathlib import Path
 import redis
 
 from model.artifact import random_model, save_model
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from worker.bench.throughput import run_worker
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalRedis

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from model.artifact import random_model
+from model.data.synthetic import synthetic_events
 from model.scoring import ScoringModel
-from model.synthetic import synthetic_events
 from tests.test_explain import reference_replay
 from worker.common.keys import partition_of
 from worker.common.rules import Rule

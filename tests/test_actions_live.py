@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from tests.actions_check import action_entries, pinned, set_firing_rules
 from tests.conftest import run_cli
 from tests.test_worker import scrape

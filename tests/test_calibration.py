@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from model.artifact import ArtifactError, random_model, validate_model
+from model.benchmarks.calibration import figures, scored_steps
 from model.calibration import (
     MAX_KNOTS,
     Calibration,
@@ -15,10 +16,9 @@ from model.calibration import (
     fit_isotonic,
     reliability,
 )
-from model.calibration_bench import figures, scored_steps
-from model.posterior import posterior_after, posterior_shop
+from model.data.posterior import posterior_after, posterior_shop
 from model.scoring import InMemoryScorer, ScoringModel
-from model.train import TrainConfig, train
+from model.training.train import TrainConfig, train
 
 
 def test_the_fit_recovers_a_known_monotone_map() -> None:

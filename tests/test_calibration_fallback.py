@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from model.calibration import Calibration, calibration_of, fit_platt
-from model.rich_shop import rich_shop
-from model.train import TrainConfig, train
+from model.data.rich_shop import rich_shop
+from model.training.train import TrainConfig, train
 
 
 def _logit(p):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from model.artifact import random_model, save_model
-from model.synthetic import EVENT_TYPES, LABEL_TYPE
+from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.commands.demo import Publisher, latency_text, waiting_text

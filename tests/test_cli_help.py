@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from model.train import TrainConfig
+from model.training.train import TrainConfig
 from tests.conftest import run_cli
 from worker.commands.args import sub_parsers
 from worker.commands.cli import build_parser

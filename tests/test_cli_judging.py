@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model.rich_shop import rich_shop
+from model.data.rich_shop import rich_shop
 from tests.conftest import run_cli
 
 SMALL = ["--hidden", "8", "--epochs", "1", "--quiet"]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from model.artifact import load_model
-from model.synthetic import synthetic_events
-from model.train import TrainConfig, TrainResult, vocabulary, write_report
+from model.data.synthetic import synthetic_events
+from model.training.train import TrainConfig, TrainResult, vocabulary, write_report
 from tests.conftest import run_cli
 
 
@@ -96,7 +96,7 @@ def test_the_report_draws_a_reliability_panel_with_the_raw_scores_faintly(tmp_pa
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from model.train import train
+    from model.training.train import train
 
     seen = []
     original = Figure.savefig

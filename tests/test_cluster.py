@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import redis
 
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from tests.test_worker import scrape
 from tests.test_worker_faults import uninterrupted, with_event_ids
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for

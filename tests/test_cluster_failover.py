@@ -12,7 +12,7 @@ import contextlib
 import pytest
 import redis
 
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from tests.actions_check import assert_actions_exactly_once, set_firing_rules
 from tests.test_cluster import KEYS, P, start_worker
 from tests.test_worker import scrape

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from tests.test_worker import offline_scores
 from tests.workers import score_entries
 from worker.common.connection import connect

@@ -28,13 +28,13 @@ import numpy as np
 import pytest
 
 from model.artifact import Model, random_model, save_model, state_shape
-from model.bptt import loss_and_gradients, predict
 from model.calibration import calibration_of
 from model.cells.step import step_batch, step_one
 from model.item_memory import ITEM_MEMORY
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
-from model.sessions import pad, sessionize
+from model.training.bptt import loss_and_gradients, predict
+from model.training.sessions import pad, sessionize
 from model.value_hash import value_hash
 from tests.conftest import run_cli
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
@@ -368,7 +368,7 @@ def training_batch(case: Case):
 
 
 def via_training(case: Case, dtype: type = np.float64) -> np.ndarray:
-    """The training forward pass (model/bptt.py's predict): float64 as evaluation runs it,
+    """The training forward pass (model/training/bptt.py's predict): float64 as evaluation runs it,
     float32 as training runs it."""
     batch, where = training_batch(case)
     params = {k: v.astype(dtype) for k, v in case.model.arrays.items()}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from model.artifact import FORMAT, ModelMeta, state_shape, validate_model
-from model.convert import arrays_from_torch
+from model.data.torch_weights import arrays_from_torch
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
 

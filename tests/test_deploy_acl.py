@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from model.artifact import random_model, save_model
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from tests.deploy_tools import DEPLOY, clean_env
 from tests.workers import count_scores, wait_for
 from worker.common.connection import connect

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from model.artifact import random_model, save_model
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from tests.deploy_tools import ROOT
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.common.publisher import publish

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from model.data.rich_shop import rich_shop
 from model.judging.baselines import BOOSTED, LOGISTIC, baseline_scores
 from model.judging.protocol import (
     MODEL,
@@ -26,9 +27,8 @@ from model.judging.protocol import (
 from model.judging.report import folds_table, heldout_lines, heldout_report
 from model.judging.session_features import feature_names, session_rows, step_features
 from model.judging.shop_sessions import ShopSession, shop_sessions
-from model.rich_shop import rich_shop
-from model.sessions import is_test_user
-from model.train import TrainConfig, train
+from model.training.sessions import is_test_user
+from model.training.train import TrainConfig, train
 
 TYPES = ["view", "add_to_cart"]
 MIN = 60_000
@@ -200,7 +200,7 @@ def test_judge_trains_once_per_fold_on_the_other_users(shop) -> None:
 
 @pytest.mark.integration  # trains nine small models
 def test_search_tries_each_candidate_once_and_keeps_the_lowest_validation_loss(shop) -> None:
-    from model.search import candidates, searched
+    from model.training.search import candidates, searched
 
     config = TrainConfig(epochs=1, hidden=8, seed=2)
     assert candidates(config)[0] == config

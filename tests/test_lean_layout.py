@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.artifact import random_model, save_model
+from model.data.synthetic import EVENT_TYPES, synthetic_events
 from model.scoring import ScoringModel
-from model.synthetic import EVENT_TYPES, synthetic_events
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
 from tests.test_worker import in_process_consumer, offline_scores
 from tests.workers import count_scores, score_entries

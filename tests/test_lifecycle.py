@@ -209,7 +209,7 @@ def test_a_shadow_scores_like_alone_from_cached_and_ahead_computed_states(
     """With a shadow running, states come from the cache and from batches computed while the
     commit before them ran, for both models; sequence bumps between rounds refuse some of
     those batches. Both score columns equal each model run alone."""
-    from model.synthetic import synthetic_events
+    from model.data.synthetic import synthetic_events
     from worker.common.keys import Keys
 
     r = connect(redis_server.url)
@@ -325,7 +325,7 @@ def test_label_samples_are_the_per_event_definitions_on_random_batches():
 
 
 def test_live_auc_of_the_current_model_is_exported(redis_server):
-    from model.evaluate import roc_auc
+    from model.training.evaluate import roc_auc
     from tests.test_worker import scrape
     from worker.common.local_redis import free_port
     from worker.engine.adapters.metrics import serve_metrics
@@ -382,7 +382,7 @@ def test_model_evaluate_agrees_with_trains_validation_auc_and_fine_tuning_contin
     import re
     import zlib
 
-    from model.synthetic import synthetic_events
+    from model.data.synthetic import synthetic_events
     from tests.conftest import run_cli
 
     r = connect(redis_server.url)
@@ -435,10 +435,10 @@ def test_model_evaluate_prints_calibration_and_draws_the_versions_reliability(tm
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from model.artifact import save_model, validate_model
-    from model.evaluate import evaluate_model
-    from model.sessions import sessionize
-    from model.synthetic import synthetic_events
-    from model.train import TrainConfig, train
+    from model.data.synthetic import synthetic_events
+    from model.training.evaluate import evaluate_model
+    from model.training.sessions import sessionize
+    from model.training.train import TrainConfig, train
     from tests.conftest import run_cli
 
     events = list(synthetic_events(12000, 600, seed=4))

@@ -10,8 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.evaluate import roc_auc
-from model.longrange import EVENT_TYPES, compare_cells, long_range_events, long_range_sessions
+from model.benchmarks.long_range import (
+    EVENT_TYPES,
+    compare_cells,
+    long_range_events,
+    long_range_sessions,
+)
+from model.training.evaluate import roc_auc
 
 TIE = 0.02
 

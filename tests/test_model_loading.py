@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from model.artifact import random_model
-from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import run_cli
 from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, wait_for

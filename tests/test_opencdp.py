@@ -1,4 +1,4 @@
-"""Shop events from CSV (model/opencdp.py): the Open CDP / REES46 format on rows of the real
+"""Shop events from CSV (model/data/opencdp.py): the Open CDP / REES46 format on rows of the real
 slice (tests/data/rees46_sample.csv; credit: REES46 Marketing Platform, rees46.com, Kaggle
 `mkechinov/ecommerce-behavior-data-from-multi-category-store`), a generic column mapping,
 bad rows reported and skipped, and `intentstream train` / `model evaluate` reading them."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from model.artifact import load_model
-from model.opencdp import (
+from model.data.opencdp import (
     OPENCDP_HEADER,
     MappingError,
     csv_events,

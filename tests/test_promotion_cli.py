@@ -8,8 +8,8 @@ from __future__ import annotations
 import redis
 
 from model.artifact import random_model, save_model
-from model.synthetic import synthetic_events
-from model.train import TrainConfig, train
+from model.data.synthetic import synthetic_events
+from model.training.train import TrainConfig, train
 from tests.conftest import run_cli
 from worker.common.publisher import publish
 from worker.common.registry import Registry

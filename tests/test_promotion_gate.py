@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from model.artifact import ModelMeta, load_model, validate_model
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from tests.conftest import run_cli
 from worker.common.connection import connect
 from worker.common.keys import Keys

@@ -37,11 +37,11 @@ BOUNDED = {
     "intentstream worker": " --max-seconds 3 --metrics-port 0",
     "intentstream bench": " --events 3000 --users 300 --subset 300 --repeat 1 --latency-seconds 1",
     "intentstream train": " --epochs 2",
-    "python -m model.bench": " --hidden 8 --batch 1 64 --repeats 3",
-    "python -m model.train_bench": " --events 5000 --users 300 --epochs 1 --hidden 8",
-    "python -m model.calibration_bench": " --users 400 --test-users 300",
+    "python -m model.benchmarks.kernels": " --hidden 8 --batch 1 64 --repeats 3",
+    "python -m model.benchmarks.training": " --events 5000 --users 300 --epochs 1 --hidden 8",
+    "python -m model.benchmarks.calibration": " --users 400 --test-users 300",
     # the REES46 slice is outside the repo (and a clean clone): the bundled sample stands in
-    "python -m model.real_bench": f" --seeds 1 --epochs 1 --users 300 --data {SAMPLE}",
+    "python -m model.benchmarks.real_shop": f" --seeds 1 --epochs 1 --users 300 --data {SAMPLE}",
 }
 
 # Commands that read what a page's worker writes (states, actions): the reader's worker runs
@@ -221,7 +221,7 @@ def test_the_contract_has_the_headings_code_points_at():
 def test_the_quick_start_model_knows_every_type_the_synthetic_events_send():
     """The quick start's model and `publish --synthetic` agree: no synthetic event scores as
     an unknown type (once 794 of ~3,000 did, visible only in a counter)."""
-    from model.synthetic import EVENT_TYPES, LABEL_TYPE
+    from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 
     init = next(c for c in readme_commands() if c.startswith("intentstream model init"))
     known = set(re.search(r"--event-types (\S+)", init).group(1).split(","))

@@ -1,6 +1,6 @@
-"""The judging harness (model/real_bench.py): its sessions are training's, its features count
-what they say; the rich shop (model/rich_shop.py): its Bayes scores are probabilities and
-its buyers' sessions carry the signal in products and prices."""
+"""The judging harness (model/benchmarks/real_shop.py): its sessions are training's, its
+features count what they say; the rich shop (model/data/rich_shop.py): its Bayes scores are
+probabilities and its buyers' sessions carry the signal in products and prices."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import argparse
 import numpy as np
 import pytest
 
-from model import real_bench
-from model.evaluate import roc_auc
-from model.real_bench import (
+from model.benchmarks import real_shop as real_bench
+from model.benchmarks.real_shop import (
     BAYES,
     ELMAN,
     ELMAN_RICH,
@@ -22,8 +21,9 @@ from model.real_bench import (
     shop_sessions,
     table,
 )
-from model.rich_shop import P_REVISIT, posteriors, rich_shop, session_inputs
-from model.sessions import sessionize
+from model.data.rich_shop import P_REVISIT, posteriors, rich_shop, session_inputs
+from model.training.evaluate import roc_auc
+from model.training.sessions import sessionize
 from worker.commands.input_flags import add_input_flags, input_declarations
 
 T0 = 1_569_888_000_000
@@ -130,7 +130,7 @@ def test_the_rich_shops_bayes_scores_are_probabilities_that_hold():
 def test_the_posterior_is_the_likelihood_ratio_of_each_event():
     q = np.array([[0.5, 0.25, 0.25], [0.2, 0.3, 0.5]])
     full, typed = posteriors(["view", "add_to_cart"], [2, 2], q, buy_rate=0.1)
-    from model.rich_shop import P_CART
+    from model.data.rich_shop import P_CART
 
     like = [(1 - P_CART[z]) * q[z][2] * P_CART[z] * (P_REVISIT[z] + (1 - P_REVISIT[z]) * q[z][2])
             for z in (0, 1)]  # fmt: skip

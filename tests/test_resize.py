@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from model.artifact import random_model, save_model
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, wait_for
 from worker.commands.resize import resize, state_keys

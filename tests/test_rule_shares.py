@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from model.artifact import random_model
-from model.evaluate import model_step_scores
-from model.sessions import Session
+from model.training.evaluate import model_step_scores
+from model.training.sessions import Session
 from worker.commands.rule_shares import UNKNOWN_TYPE, fire_shares, fires_in_session, share_lines
 from worker.common.rules import make_rule
 

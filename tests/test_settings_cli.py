@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import redis
 
-from model.synthetic import purchase_probability
+from model.data.synthetic import purchase_probability
 from tests.conftest import console_script, run_cli
 from worker.common.connection import connect
 from worker.common.keys import partition_of

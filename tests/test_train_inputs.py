@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from model.artifact import load_model, random_model, save_model
-from model.bptt import loss_and_gradients, predict
-from model.evaluate import model_step_scores
+from model.data.rich_shop import rich_shop
 from model.inputs import parse_inputs
-from model.rich_shop import rich_shop
 from model.scoring import InMemoryScorer, ScoringModel
-from model.sessions import pad, sessionize
-from model.train import TrainConfig, train
+from model.training.bptt import loss_and_gradients, predict
+from model.training.evaluate import model_step_scores
+from model.training.sessions import pad, sessionize
+from model.training.train import TrainConfig, train
 from tests.conftest import run_cli
 from worker.commands.event_files import read_event_files
 from worker.commands.input_flags import absent_inputs_warning, input_coverage
@@ -270,7 +270,7 @@ def test_the_cli_trains_on_numbered_users_and_refuses_an_input_no_event_carries(
 
 def test_the_input_tables_decay_and_a_type_only_model_is_unchanged():
     from model.params import pack
-    from model.train import decay_tables
+    from model.training.train import decay_tables
 
     params = pack(float64_model("rnn").arrays, "rnn", np.float64, INPUTS)
     before, weights = params.tab.copy(), params.W_x0.copy()

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from model.artifact import load_model, random_model
-from model.bptt import clip_global_norm, loss_and_gradients, predict
-from model.sessions import DataError, Session, pad, sessionize
-from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
-from model.train import TrainConfig, TrainingDivergedError, train
+from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.training.bptt import clip_global_norm, loss_and_gradients, predict
+from model.training.sessions import DataError, Session, pad, sessionize
+from model.training.train import TrainConfig, TrainingDivergedError, train
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, wait_for
 from worker.common.connection import connect
@@ -75,7 +75,7 @@ def test_truncation_stops_gradients_bptt_steps_back(cell):
     types = np.arange(10)[None, :]
     mask = np.zeros((1, 10))
     mask[0, 8] = 1.0  # the loss at step 8 only
-    from model.sessions import SessionBatch
+    from model.training.sessions import SessionBatch
 
     batch = SessionBatch(types, np.zeros((1, 10, 0)), mask, np.ones(1))
     _, grads = loss_and_gradients(params, batch, bptt=3)  # windows [0,3) [3,6) [6,9) [9,10)
@@ -177,7 +177,7 @@ class Sabotage:
     is followed by `spoil(params)`, the collapse of issue 14 (or a NaN) made to order."""
 
     def __init__(self, monkeypatch, at: int, spoil) -> None:
-        import model.train as training
+        import model.training.train as training
 
         self.epoch, self.at, self.spoil = 0, at, spoil
         batches, make = training.minibatches, training.make_optimizer

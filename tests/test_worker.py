@@ -16,7 +16,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from model.artifact import random_model, save_model
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from tests.conftest import run_cli
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from model.artifact import load_model
+from model.data.synthetic import synthetic_events
 from model.scoring import InMemoryScorer, ScoringModel
-from model.synthetic import synthetic_events
 from tests.actions_check import assert_actions_exactly_once, set_firing_rules
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect

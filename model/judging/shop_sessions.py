@@ -1,4 +1,4 @@
-"""Sessions with every field of their events, cut as training cuts them (model/sessions.py:
+"""Sessions with every field of their events, cut as training cuts them (model/training/sessions.py:
 a gap over the session gap starts one, the inputs stop before the first label event), plus
 what the user did before each: the sessions and label events of their earlier timeline."""
 
@@ -29,7 +29,7 @@ def _ts(e: dict) -> int:
 def shop_sessions(
     events: list[dict], gap_seconds: float = 1800.0, label_type: str = "purchase"
 ) -> list[ShopSession]:
-    """Sessions as model/sessions.py's `sessionize` cuts them, in its order (users by first
+    """Sessions as model/training/sessions.py's `sessionize` cuts them, in its order (users by first
     appearance, then time), keeping every field of their events."""
     by_user: dict[str, list[dict]] = defaultdict(list)
     for e in events:

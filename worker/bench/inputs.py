@@ -28,8 +28,8 @@ import numpy as np
 import redis
 
 from model.artifact import load_model, random_model, save_model
+from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from model.scoring import ScoringModel
-from model.synthetic import EVENT_TYPES, LABEL_TYPE
 from worker.bench.inprocess import consume, start_worker
 from worker.bench.load import redis_cpu
 from worker.bench.pipeline_cpu import entries_of, pipeline_cost, print_pipeline_cost

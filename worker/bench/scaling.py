@@ -32,8 +32,8 @@ import numpy as np
 import redis
 
 from model.artifact import random_model, save_model
-from model.bench import machine_line
-from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.benchmarks.kernels import machine_line
+from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.common.cli_help import HelpFormatter
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys

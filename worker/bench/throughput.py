@@ -43,10 +43,10 @@ import numpy as np
 import redis
 
 from model.artifact import Model, random_model, save_model, state_shape
-from model.bench import machine_line
+from model.benchmarks.kernels import machine_line
+from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.reference import reference_step
 from model.scoring import ScoringModel
-from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.bench.commit_cost import add_arguments as add_commit_arguments
 from worker.bench.commit_cost import run_commit_bench
 from worker.bench.inprocess import consume, start_worker

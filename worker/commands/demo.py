@@ -27,7 +27,7 @@ import numpy as np
 import redis
 
 from model.artifact import Model, random_model
-from model.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from worker.commands.kernels import compile_in_background, is_cached
 from worker.common.connection import connect, connect_settings
 from worker.common.keys import Keys
@@ -185,7 +185,10 @@ def first_model(train_first: bool, out: TextIO) -> Model:
     if not train_first:
         print("using a random model (scores mean nothing until you train one)", file=out)
         return random_model([*EVENT_TYPES, LABEL_TYPE], hidden=32, features=["gap"], seed=0)
-    from model.train import TrainConfig, train  # about a second (scipy): when training only
+    from model.training.train import (  # about a second (scipy): when training only
+        TrainConfig,
+        train,
+    )
 
     config = TrainConfig(**FIRST_MODEL_CONFIG)
     print(f"training a first model on {FIRST_MODEL_EVENTS} synthetic events, at most "

@@ -116,7 +116,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     from redis.exceptions import RedisClusterException  # not a RedisError: no cluster reachable
 
     from model.artifact import ArtifactError
-    from model.sessions import DataError
+    from model.training.sessions import DataError
     from worker.common.events import EventError
     from worker.common.registry import RegistryError
     from worker.common.settings import SettingsError

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, label_type_of, load_model
 from model.calibration import calibration_of
-from model.evaluate import metrics_of, model_step_scores
-from model.sessions import sessionize
+from model.training.evaluate import metrics_of, model_step_scores
+from model.training.sessions import sessionize
 from worker.common.registry import Registry
 
 _SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TextIO
 
-from model.opencdp import OPENCDP, MappingError, csv_events, parse_mapping
+from model.data.opencdp import OPENCDP, MappingError, csv_events, parse_mapping
 from worker.common.events import EVENT_FIELDS, SCALARS, Event, numbered_events
 from worker.common.settings import SettingsError
 

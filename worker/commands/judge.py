@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-from model.bench import machine_line
+from model.benchmarks.kernels import machine_line
 from worker.commands.train import read_training_events, train_config, trainer_of
 from worker.common.settings import load_settings
 
@@ -48,7 +48,7 @@ def run_real_bench(args: argparse.Namespace) -> int:
     """The benchmark; returns its exit code (DataError and bad flags raise: one line, exit 2)."""
     from model.judging.protocol import judge, outer_folds, summary
     from model.judging.report import folds_table, reliability_table
-    from model.sessions import DataError
+    from model.training.sessions import DataError
 
     settings = load_settings(args, model=None)
     config = train_config(args)

@@ -29,7 +29,7 @@ def _tiny_model():
 
 
 def _tiny_batch():
-    from model.sessions import Session, pad
+    from model.training.sessions import Session, pad
 
     sessions = [Session("u", np.array([0, 1, 2]), np.zeros((3, 1), np.float32), 1.0)]
     return pad(sessions, 1)
@@ -44,14 +44,14 @@ def _compile_scoring() -> None:
 
 
 def _compile_training() -> None:
-    from model.bptt import loss_and_gradients
+    from model.training.bptt import loss_and_gradients
 
     params = {k: v.astype(np.float32) for k, v in _tiny_model().arrays.items()}
     loss_and_gradients(params, _tiny_batch(), bptt=2)
 
 
 def _compile_evaluation() -> None:
-    from model.bptt import predict
+    from model.training.bptt import predict
 
     # training evaluates (AUC, ROC) in float64: the signature the cache must hold
     predict({k: v.astype(np.float64) for k, v in _tiny_model().arrays.items()}, _tiny_batch())
@@ -65,8 +65,9 @@ COMPILE: dict[str, Callable[[], None]] = {
 
 
 def _dispatchers(name: str) -> list:
-    from model import bptt, features
+    from model import features
     from model.cells import step
+    from model.training import bptt
 
     return {
         "scoring": [step.step_batch, features.event_gaps],

@@ -156,7 +156,7 @@ def missing_versions(data: list[str] | None) -> str:
 
 def cmd_model_evaluate(args: argparse.Namespace) -> int:
     """`intentstream model evaluate`: see worker/commands/evaluate.py."""
-    # model.evaluate loads scipy.stats (about a second): for this sub-command only
+    # model.training.evaluate loads scipy.stats (about a second): for this sub-command only
     from worker.commands.evaluate import run_evaluate, since_ms
 
     if not args.versions:

@@ -52,8 +52,8 @@ def history_gate(reg, candidate: str, model, force: bool, say=print) -> list[str
     with `force`, without a current model, or without sessions of both outcomes to compare
     on, which is said)."""
     from model.artifact import DEFAULT_LABEL_TYPE, label_type_of
-    from model.evaluate import metrics_of, model_step_scores
-    from model.sessions import sessionize
+    from model.training.evaluate import metrics_of, model_step_scores
+    from model.training.sessions import sessionize
     from worker.commands.history import read_history
     from worker.common.partitions import recorded_partitions
 

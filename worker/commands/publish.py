@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 
 import redis
 
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from worker.commands.event_files import chunks, recording_fields, reported_events
 from worker.common.connection import connect_settings, name_wrong_type
 from worker.common.events import Event

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from model.artifact import Model
-from model.sessions import Session
+from model.training.sessions import Session
 from worker.engine.compute.rules import NEVER, RuleLike, reference_step
 
 UNKNOWN_TYPE = "\x00unknown"  # no rule can list it: not 1-64 bytes of a valid type name

@@ -89,7 +89,7 @@ def _flag_type(annotation: object) -> dict:
 
 def add_train_config_flags(parser: argparse.ArgumentParser) -> None:
     """A flag per TrainConfig field, with its default; a flag already defined is kept."""
-    from model.train import TrainConfig  # about a second (scipy): when `train` parses only
+    from model.training.train import TrainConfig  # about a second (scipy): when `train` parses only
 
     for name, field in TrainConfig.model_fields.items():
         if name == "inputs":  # declared by add_input_flags
@@ -105,7 +105,7 @@ def add_train_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def train_config(args: argparse.Namespace):
     """The TrainConfig of the parsed flags (pydantic checks the values)."""
-    from model.train import TrainConfig  # see add_train_config_flags
+    from model.training.train import TrainConfig  # see add_train_config_flags
 
     given = vars(args)
     fields = {k: given[k] for k in TrainConfig.model_fields if k in given and k != "inputs"}
@@ -266,7 +266,7 @@ def unwritable_directory(path: Path) -> str | None:
 
 def run_train(args: argparse.Namespace) -> int:
     """The `intentstream train` command; returns its exit code."""
-    from model.train import train, write_report  # see add_train_config_flags
+    from model.training.train import train, write_report  # see add_train_config_flags
 
     if args.report:
         try:
@@ -291,13 +291,13 @@ def run_train(args: argparse.Namespace) -> int:
     coverage = input_coverage(events, names) if names else None
     absent = absent_inputs_warning(coverage, events) if coverage else None
     if absent:  # a misspelt name or an unmapped column: refused before anything is written
-        from model.sessions import DataError
+        from model.training.sessions import DataError
 
         raise DataError(absent)
     folds = judged_folds(events, config, args.folds, args.search) if args.folds else None
     progress = None if args.quiet else progress_factory(sys.stderr.isatty())
     if args.search and init is None:
-        from model.search import searched
+        from model.training.search import searched
 
         result = searched(events, config, args.search, progress, log=print)
         print(f"search: kept {result.report['search']['chosen'] or 'the configuration as given'}")
@@ -382,7 +382,7 @@ def trainer_of(search: float):
     """How each fold trains: as `train`, or with `search` seconds of search (None: train)."""
     if not search:
         return None
-    from model.search import searched
+    from model.training.search import searched
 
     return lambda events, config: searched(events, config, search).model
 
@@ -393,7 +393,7 @@ def judged_folds(events: list[dict], config, k: int, search: float = 0.0) -> dic
     DataError when the shop is too small."""
     from model.judging.protocol import judge, outer_folds, summary
     from model.judging.report import folds_table
-    from model.sessions import DataError
+    from model.training.sessions import DataError
 
     if k < 2:
         raise DataError(f"--folds {k}: at least 2 (or 0 for none)")
@@ -421,8 +421,8 @@ def live_rules(reg: Registry) -> tuple:
 def validation_scores(model, events: list[dict], config):
     """A model's validation sessions (train's split, built with its vocabulary, features and
     session gap, labelled by config's label type) and its step scores of them."""
-    from model.evaluate import model_step_scores
-    from model.sessions import sessionize, split_by_user
+    from model.training.evaluate import model_step_scores
+    from model.training.sessions import sessionize, split_by_user
 
     sessions = sessionize(events, model.meta.event_types, model.meta.features,
                           model.meta.session_gap_seconds, config.label_type,
@@ -438,7 +438,7 @@ def gate(reg: Registry, result, events: list[dict], config, force: bool) -> list
     each; none with `force` or without a current model). The candidate is measured as it
     will score (its map fitted on these users), the current model as it scores, both on the
     same validation users."""
-    from model.evaluate import metrics_of, model_step_scores
+    from model.training.evaluate import metrics_of, model_step_scores
     from worker.commands.rule_shares import fire_shares, share_lines
 
     current, rules = reg.current(), live_rules(reg)

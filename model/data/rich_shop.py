@@ -1,6 +1,6 @@
 """A synthetic shop whose intent shows in the product and price fields more than in the event
 types, with the exact Bayes-optimal score of every input event: the test bed for inputs
-beyond the type and the gap (`python -m model.real_bench --generator`).
+beyond the type and the gap (`python -m model.benchmarks.real_shop --generator`).
 
 Each session has a hidden intent z, P(z) = `buy_rate`; a session with z ends in a purchase,
 one without does not, so the label is z. Its inputs (1 + Geometric(`p_stop`) events, the
@@ -77,7 +77,7 @@ def rich_shop(users: int = 3000, seed: int = 0, buy_rate: float = 0.1, p_stop: f
               n_products: int = 2000):  # fmt: skip
     """(events in stream order, {(user_id, ts): (Bayes score with every field, with the
     types alone)} for every input event). Events carry product_id, category_code, brand and
-    price as strings, as model/opencdp.py reads them from a shop's export."""
+    price as strings, as model/data/opencdp.py reads them from a shop's export."""
     rng = np.random.default_rng(seed)
     prices, q = catalog(n_products, seed)
     events, bayes = [], {}

@@ -8,10 +8,10 @@ import numpy as np
 from scipy.stats import rankdata
 
 from model.artifact import Model
-from model.bptt import predict
 from model.calibration import brier_score, calibration_of, expected_calibration_error
 from model.params import pack
-from model.sessions import Session, pad
+from model.training.bptt import predict
+from model.training.sessions import Session, pad
 
 
 def roc_auc(y: np.ndarray, p: np.ndarray) -> float:

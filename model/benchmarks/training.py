@@ -1,6 +1,6 @@
 """Training benchmark: this trainer beside PyTorch nn.RNN / nn.GRU / nn.LSTM on the same data.
 
-    python -m model.train_bench [--cell rnn|gru|lstm] [--events 100000] [--users 5000] \
+    python -m model.benchmarks.training [--cell rnn|gru|lstm] [--events 100000] [--users 5000] \
         [--hidden 64]
 
 Both train the same architecture (embedding, one Elman, GRU or LSTM layer, sigmoid head, features
@@ -21,15 +21,15 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from model.artifact import random_model
-from model.bench import machine_line
-from model.bptt import clip_global_norm, packed_loss_and_gradients
-from model.convert import arrays_from_torch
-from model.evaluate import metrics_of, step_scores
-from model.optim import Adam
+from model.benchmarks.kernels import machine_line
+from model.data.synthetic import synthetic_events
+from model.data.torch_weights import arrays_from_torch
 from model.params import pack
-from model.sessions import minibatches
-from model.synthetic import synthetic_events
-from model.train import TrainConfig, prepare
+from model.training.bptt import clip_global_norm, packed_loss_and_gradients
+from model.training.evaluate import metrics_of, step_scores
+from model.training.optim import Adam
+from model.training.sessions import minibatches
+from model.training.train import TrainConfig, prepare
 
 
 def epoch_seconds(config: TrainConfig, train_s, epochs: int, step: Callable) -> list[float]:
@@ -119,7 +119,7 @@ def pytorch(config: TrainConfig, train_s, valid_s, types, epochs: int):
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m model.train_bench", description=__doc__.split("\n")[0]
+        prog="python -m model.benchmarks.training", description=__doc__.split("\n")[0]
     )
     p.add_argument("--events", type=int, default=100_000)
     p.add_argument("--users", type=int, default=5_000)

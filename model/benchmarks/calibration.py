@@ -1,10 +1,10 @@
 """Do scores keep their meaning across training runs? Models trained with different settings
-on the posterior shop (model/posterior.py), judged on users none of them saw against the
+on the posterior shop (model/data/posterior.py), judged on users none of them saw against the
 exact posterior: calibration error, the share of sessions above thresholds, and the distance
 to the true probability.
 
-    python -m model.calibration_bench [--users 5000] [--test-users 4000]
-    python -m model.calibration_bench --cost      # what applying the map costs per event
+    python -m model.benchmarks.calibration [--users 5000] [--test-users 4000]
+    python -m model.benchmarks.calibration --cost      # what applying the map costs per event
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import numpy as np
 
 from model.artifact import Model
 from model.calibration import brier_score, expected_calibration_error
-from model.evaluate import roc_auc
-from model.posterior import LABEL, posterior_shop
+from model.data.posterior import LABEL, posterior_shop
 from model.scoring import InMemoryScorer, ScoringModel
-from model.train import TrainConfig, train
+from model.training.evaluate import roc_auc
+from model.training.train import TrainConfig, train
 
 SETTINGS = {
     "defaults": {},

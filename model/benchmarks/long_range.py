@@ -99,7 +99,7 @@ def long_range_events(
 
 def bayes_auc(sessions: list[tuple[list[str], bool, float]], users: set[str], seed: int) -> float:
     """ROC AUC of the Bayes-optimal score on the sessions of these users (of seed's data)."""
-    from model.evaluate import roc_auc  # scipy.stats: the data generators start without it
+    from model.training.evaluate import roc_auc  # scipy.stats: the data generators start without it
 
     picked = [(b, p) for i, (_, b, p) in enumerate(sessions) if f"s{seed}-{i}" in users]
     return roc_auc(np.array([b for b, _ in picked]), np.array([p for _, p in picked]))
@@ -118,7 +118,7 @@ def compare_cells(
 ) -> dict[str, float]:
     """Validation AUC (last step) of each cell (Elman, GRU, LSTM) and of the Bayes-optimal
     score."""
-    from model.train import TrainConfig, train  # as roc_auc above
+    from model.training.train import TrainConfig, train  # as roc_auc above
 
     sessions = long_range_sessions(n_sessions, mode, seed)
     events = list(long_range_events(n_sessions, mode, seed))
@@ -139,7 +139,7 @@ def compare_cells(
 def main(argv: list[str] | None = None) -> None:
     """Print the comparison table for the three modes."""
     p = argparse.ArgumentParser(
-        prog="python -m model.longrange", description=__doc__.split("\n")[0]
+        prog="python -m model.benchmarks.long_range", description=__doc__.split("\n")[0]
     )
     p.add_argument("--sessions", type=int, default=6000)
     p.add_argument("--hidden", type=int, default=16)

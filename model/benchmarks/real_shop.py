@@ -1,19 +1,21 @@
 """Judged on real shop events: the RNNs, type-only and with declared inputs, beside counting
 and gradient boosting, on the same sessions and the same user splits, on the REES46 slice or
-on a synthetic shop where the product and price fields carry the intent (model/rich_shop.py,
+on a synthetic shop where the product and price fields carry the intent (model/data/rich_shop.py,
 with its Bayes-optimal AUC).
 
-    python -m model.real_bench [--data FILE.csv[.gz]] [--seeds 10]
-    python -m model.real_bench --generator [--users 3000] [--seeds 10]
+    python -m model.benchmarks.real_shop [--data FILE.csv[.gz]] [--seeds 10]
+    python -m model.benchmarks.real_shop --generator [--users 3000] [--seeds 10]
 
-Sessions are cut as training cuts them (model/sessions.py: a gap over 30 minutes starts one,
+Sessions are cut as training cuts them (model/training/sessions.py: a gap over 30 minutes
+starts one,
 the inputs stop before the first purchase); each seed splits the users (20% held out) as
 `intentstream train --seed` does, and every row is the AUC at each held-out session's last
 input event: intentstream Elman and GRU with TrainConfig's defaults (the type and the gap),
 the same with the inputs `intentstream train --numeric price:log1p --categorical
 brand,category_code --item product_id` declares (RICH_FLAGS, the flags' default buckets and
-dim), the bag-of-types baseline (model/evaluate.py), and scikit-learn's HistGradientBoosting
-on (a) type counts, length and gap statistics and (b) those plus product and price features.
+dim), the bag-of-types baseline (model/training/evaluate.py), and scikit-learn's
+HistGradientBoosting on (a) type counts, length and gap statistics and (b) those plus product
+and price features.
 Paired rows give per-seed differences (the inputs' gain to each cell and to gradient
 boosting, the rich Elman against gradient boosting with the same fields) and, with --generator,
 each rich row as a fraction of the Bayes row. The gradient boosting rows need scikit-learn
@@ -36,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from model.bench import machine_line
-from model.evaluate import BagOfTypes, roc_auc
-from model.opencdp import opencdp_events
-from model.sessions import Session, sessionize, split_by_user
-from model.train import TrainConfig, train, vocabulary
+from model.benchmarks.kernels import machine_line
+from model.data.opencdp import opencdp_events
+from model.training.evaluate import BagOfTypes, roc_auc
+from model.training.sessions import Session, sessionize, split_by_user
+from model.training.train import TrainConfig, train, vocabulary
 
 CREDIT = ("REES46 Marketing Platform (rees46.com), Kaggle "
           "mkechinov/ecommerce-behavior-data-from-multi-category-store")  # fmt: skip
@@ -86,7 +88,7 @@ class ShopSession:
 
 def shop_sessions(events: list[dict], gap_seconds: float = 1800.0,
                   label_type: str = "purchase") -> list[ShopSession]:  # fmt: skip
-    """Sessions as model/sessions.py's `sessionize` cuts them, in its order (users by first
+    """Sessions as model/training/sessions.py's `sessionize` cuts them, in its order (users by first
     appearance), keeping every field of their events."""
     by_user: dict[str, list[dict]] = defaultdict(list)
     for e in events:
@@ -263,13 +265,13 @@ def table(rows: dict[str, list[float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m model.real_bench",
+    p = argparse.ArgumentParser(prog="python -m model.benchmarks.real_shop",
                                 description=__doc__.split("\n")[0])  # fmt: skip
     p.add_argument("--data", type=Path, default=None,
                    help="Open CDP / REES46 CSV (.gz ok), e.g. the first rows of Kaggle's "
                    "2019-Oct.csv")  # fmt: skip
     p.add_argument("--generator", action="store_true",
-                   help="model/rich_shop.py's synthetic shop instead of --data")  # fmt: skip
+                   help="model/data/rich_shop.py's synthetic shop instead of --data")  # fmt: skip
     p.add_argument("--users", type=int, default=3000, help="--generator: users")
     p.add_argument("--seeds", type=int, default=10, help="seeds of user splits: 0..N-1")
     p.add_argument("--epochs", type=int, default=None, help="default: TrainConfig's")
@@ -277,10 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine_line()}")
     bayes = None
     if args.generator:
-        from model.rich_shop import rich_shop
+        from model.data.rich_shop import rich_shop
 
         events, bayes = rich_shop(args.users, seed=0)
-        print(f"data: model/rich_shop.py, {args.users} users, seed 0")
+        print(f"data: model/data/rich_shop.py, {args.users} users, seed 0")
     else:
         path = args.data
         if path is None or not path.exists():

@@ -26,14 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from threadpoolctl import threadpool_limits
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
-from model.bptt import clip_global_norm, packed_loss_and_gradients
 from model.calibration import fit_platt
-from model.calibration_fit import calibrated_on_validation, cross_fitted
-from model.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
 from model.inputs import Inputs, NumericInput, parse_inputs
-from model.optim import make_optimizer
 from model.params import Params, pack, unpack
-from model.sessions import (
+from model.training.bptt import clip_global_norm, packed_loss_and_gradients
+from model.training.calibration_fit import calibrated_on_validation, cross_fitted
+from model.training.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
+from model.training.optim import make_optimizer
+from model.training.sessions import (
     DataError,
     Session,
     is_test_user,
@@ -123,7 +123,7 @@ class TrainConfig(BaseModel):
     # score is a probability: 0.7 means about 70% of such sessions buy.
     calibrate: bool = True
     # Below this many validation sessions the map is not fitted: measured on
-    # model/posterior.py, maps from a few hundred sessions made unseen users' scores worse.
+    # model/data/posterior.py, maps from a few hundred sessions made unseen users' scores worse.
     calibration_min_sessions: int = Field(1000, ge=2)
     # Below calibration_min_sessions: no map, or Platt scaling (two numbers) where, cross-
     # fitted, it lowers both the ECE and the log loss. Off by default: on the REES46 slice's
@@ -134,8 +134,9 @@ class TrainConfig(BaseModel):
     inputs: list[InputDeclaration] = Field(default_factory=list)
     # Decoupled weight decay of the inputs' embedding tables only (each step multiplies them
     # by 1 - lr * decay): a rarely seen bucket's random N(0, 1) row fades instead of feeding
-    # noise. 3 was chosen among 0, 1, 3, 10 on model/real_bench.py's two datasets, on splits
-    # it does not report (BENCHMARKS.md, Real shop events); a model without tables is as before.
+    # noise. 3 was chosen among 0, 1, 3, 10 on model/benchmarks/real_shop.py's two datasets, on
+    # splits it does not report (BENCHMARKS.md, Real shop events); a model without tables is as
+    # before.
     input_weight_decay: float = Field(
         3.0, ge=0, description="decoupled weight decay of the declared inputs' embedding "
         "tables (each step scales them by 1 - lr * this; 0: none)",

@@ -1,6 +1,7 @@
 """Kernel benchmark: microseconds per event of the batched cell, beside baselines in one run.
 
-    python -m model.bench [--cells rnn gru lstm] [--hidden 32 64 128] [--batch 1 64 1024]
+    python -m model.benchmarks.kernels [--cells rnn gru lstm] [--hidden 32 64 128]
+        [--batch 1 64 1024]
 
 Columns: the batched Numba kernel alone (`step_batch`), the full batch path the worker uses
 (`ScoringModel.advance`: gaps, features, resets, kernel), the float64 numpy reference one event
@@ -138,7 +139,9 @@ def machine_line() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Print the kernel benchmark table."""
-    p = argparse.ArgumentParser(prog="python -m model.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m model.benchmarks.kernels", description=__doc__.split("\n")[0]
+    )
     p.add_argument(
         "--cells", nargs="+", choices=["rnn", "gru", "lstm"], default=["rnn", "gru", "lstm"]
     )

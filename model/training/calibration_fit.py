@@ -10,9 +10,9 @@ import zlib
 import numpy as np
 
 from model.calibration import fit_isotonic, fit_platt, knots_for
-from model.evaluate import metrics_of, step_scores
 from model.params import Params
-from model.sessions import Session
+from model.training.evaluate import metrics_of, step_scores
+from model.training.sessions import Session
 
 
 def calibrated_on_validation(

@@ -23,7 +23,7 @@ import numpy as np
 from model.artifact import cell_of
 from model.inputs import Inputs
 from model.params import CELL_GRU, CELL_LSTM, Params, pack, unpack
-from model.sessions import SessionBatch
+from model.training.sessions import SessionBatch
 
 
 @nb.njit(cache=True)
