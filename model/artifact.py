@@ -28,7 +28,8 @@ from pydantic import (
 )
 
 from model.calibration import calibration_of
-from model.features import KNOWN_FEATURES
+from model.feature_names import feature_help, is_stateful, unknown_features
+from model.features import memory_width
 from model.inputs import Inputs, input_width, parse_inputs, table_shapes
 
 FORMAT = "intentstream.model/1"  # event type and features only
@@ -99,12 +100,19 @@ class ModelMeta(BaseModel):
     @field_validator("features")
     @classmethod
     def _known_features(cls, names: list[str]) -> list[str]:
-        unknown = [n for n in names if n not in KNOWN_FEATURES]
+        unknown = unknown_features(names, event_types=None)
         if unknown:
-            raise ValueError(f"unknown features {unknown}; known: {list(KNOWN_FEATURES)}")
+            raise ValueError(f"unknown features {unknown}; known: {feature_help()}")
         if len(set(names)) != len(names):
             raise ValueError("feature names must be distinct")
         return names
+
+    @model_validator(mode="after")
+    def _typed_features_of_known_types(self) -> ModelMeta:
+        unknown = unknown_features(self.features, self.event_types)
+        if unknown:
+            raise ValueError(f"unknown features {unknown}: TYPE must be one of the event types")
+        return self
 
 
 @dataclass(frozen=True)
@@ -159,8 +167,18 @@ STATE_WIDTH = {"rnn": 1, "gru": 1, "lstm": 2}
 
 def state_shape(meta: ModelMeta) -> tuple[int, int]:
     """The shape of one user's state: (layers, hidden), (layers, 2 * hidden) for an LSTM
-    (each layer's h, then its cell state c)."""
-    return (meta.layers, STATE_WIDTH[meta.cell] * meta.hidden)
+    (each layer's h, then its cell state c), and below them as many rows as the session
+    memory needs when the model declares session features (model/features.py)."""
+    width = STATE_WIDTH[meta.cell] * meta.hidden
+    return (meta.layers + memory_rows(meta), width)
+
+
+def memory_rows(meta: ModelMeta) -> int:
+    """State rows that hold the session memory (0 without session features)."""
+    if not is_stateful(meta.features):
+        return 0
+    width = STATE_WIDTH[meta.cell] * meta.hidden
+    return -(-memory_width(meta.event_types) // width)
 
 
 def layer_array_names(cell: str, layer: int) -> list[str]:

@@ -2,7 +2,13 @@
 model).
 
 Each user's previous event time is carried in `last_ts` (epoch ms, -1 when unknown), so a
-batch that holds several events of one user sees the gaps between them in order.
+batch that holds several events of one user sees the gaps between them in order. The session
+features (everything but `gap`) read a small per-user memory, kept (in float32) in extra rows
+of the user's state (model/artifact.py, state_shape), so the worker, replays and training all
+see the same running counts:
+
+    [session events, session seconds, earlier sessions, gap before session,
+     session count per type row (V + 1), earlier count per type row (V + 1)]
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ import numpy as np
 
 # the names, kept apart from the kernels (the command line lists them without Numba)
 from model.feature_names import KNOWN_FEATURES as KNOWN_FEATURES
+from model.feature_names import TYPED_FEATURES
+
+_FIXED = ("session_events", "session_seconds", "earlier_sessions", "gap_before_session")
 
 
 @nb.njit(cache=True)
@@ -38,14 +47,64 @@ def event_gaps(slot, ts_ms, last_ts):
     return gap, has_prev
 
 
-def feature_matrix(names: list[str], gap_seconds: np.ndarray) -> np.ndarray:
-    """The (N, F) float32 feature block appended to each event's embedding row."""
+def memory_width(event_types: list[str]) -> int:
+    """Floats of a user's session memory for a vocabulary (its unknown row included)."""
+    return len(_FIXED) + 2 * (len(event_types) + 1)
+
+
+def memory_column(name: str, event_types: list[str]) -> int:
+    """Where a session feature's running value sits in the memory (ValueError if unknown)."""
+    if name in _FIXED:
+        return _FIXED.index(name)
+    kind, _, t = name.partition(":")
+    if kind in TYPED_FEATURES and t in event_types:
+        block = list(TYPED_FEATURES).index(kind)
+        return len(_FIXED) + block * (len(event_types) + 1) + event_types.index(t)
+    raise ValueError(f"unknown feature {name!r}; known: {list(KNOWN_FEATURES)}")
+
+
+@nb.njit(cache=True)
+def advance_memory(slot, type_idx, gap, reset, memory):
+    """Each event's session memory after it (N, M) float32, the users' rows of `memory`
+    (U, M) advanced in place, in order. A reset (a new session) folds the session's counts
+    into the earlier ones and notes its gap; an event then counts in its session."""
+    n, M = slot.shape[0], memory.shape[1]
+    V1 = (M - 4) // 2
+    out = np.empty((n, M), np.float32)
+    for e in range(n):
+        m = memory[slot[e]]
+        if reset[e]:
+            for t in range(V1):
+                m[4 + V1 + t] += m[4 + t]
+                m[4 + t] = 0.0
+            m[0] = 0.0
+            m[1] = 0.0
+            m[2] += 1.0
+            m[3] = gap[e]
+        elif m[0] > 0.0:
+            m[1] += gap[e]
+        m[0] += 1.0
+        m[4 + type_idx[e]] += 1.0
+        for j in range(M):
+            out[e, j] = m[j]
+    return out
+
+
+def feature_matrix(
+    names: list[str], gap_seconds: np.ndarray, memory: np.ndarray | None = None,
+    event_types: list[str] | None = None,
+) -> np.ndarray:  # fmt: skip
+    """The (N, F) float32 feature block appended to each event's embedding row; session
+    features read `memory`, advance_memory's (N, M) per-event values for `event_types`."""
     columns = []
     for name in names:
         if name == "gap":
             columns.append(np.log1p(gap_seconds))
+        elif memory is None or event_types is None:
+            raise ValueError(f"feature {name!r} needs the session memory")
         else:
-            raise ValueError(f"unknown feature {name!r}; known: {list(KNOWN_FEATURES)}")
+            col = memory_column(name, event_types)
+            columns.append(np.log1p(memory[:, col].astype(np.float64)))
     if not columns:
         return np.zeros((gap_seconds.shape[0], 0), np.float32)
     return np.ascontiguousarray(np.stack(columns, axis=1), dtype=np.float32)

@@ -14,11 +14,17 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from model.artifact import Model, state_shape
+from model.artifact import Model, memory_rows, state_shape
 from model.calibration import calibration_of, with_ends
 from model.cells.ops import CellWeights, cell_weights, work_size
 from model.cells.step import step_batch
-from model.features import event_gaps, feature_matrix, session_resets
+from model.features import (
+    advance_memory,
+    event_gaps,
+    feature_matrix,
+    memory_width,
+    session_resets,
+)
 from model.inputs import (
     InputCounts,
     InputSpec,
@@ -173,11 +179,13 @@ class ScoringModel:
         grouped = [s.name for s in self._numeric + self._with_table]
         self._count_rows = np.array([grouped.index(n) for n in self.input_names], np.int64)
         self._event_index = np.arange(0, dtype=np.int64)
+        self._memory_floats = memory_width(meta.event_types) if memory_rows(meta) else 0
 
     @property
     def state_shape(self) -> tuple[int, int]:
         """The shape of one user's state: (layers, hidden); (layers, 2 * hidden) for an LSTM,
-        each layer's h then its c (model/artifact.py, state_shape)."""
+        each layer's h then its c, then the session memory's rows, if any (model/artifact.py,
+        state_shape)."""
         return state_shape(self.model.meta)
 
     def type_indices(self, types: Sequence[str]) -> np.ndarray:
@@ -209,9 +217,19 @@ class ScoringModel:
         of the events after the first `replayed` (replays of events scored before) are left in
         `input_counts`. A model without inputs ignores all three.
         """
+        meta = self.model.meta
         gap, has_prev = event_gaps(slot, ts_ms, last_ts)
-        x_feat = feature_matrix(self.model.meta.features, gap)
-        reset = session_resets(gap, has_prev, self.model.meta.session_gap_seconds)
+        reset = session_resets(gap, has_prev, meta.session_gap_seconds)
+        memory_after = None
+        if self._memory_floats:
+            # the session memory sits in the state's rows below the layers'
+            rows = state[:, self.layers :, :].reshape(state.shape[0], -1)
+            if not np.may_share_memory(rows, state):  # a copy would drop the updates
+                raise ValueError("the state must be C-contiguous (users, *state_shape)")
+            memory_after = advance_memory(slot, type_idx, gap, reset,
+                                          rows[:, : self._memory_floats])  # fmt: skip
+            state = state[:, : self.layers, :]
+        x_feat = feature_matrix(meta.features, gap, memory_after, meta.event_types)
         weights = self.kernel_weights
         if self.input_names and self.projection is not None:
             weights, type_idx, x_feat = self._projected(type_idx, x_feat, slot, reset, inputs,

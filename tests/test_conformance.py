@@ -43,6 +43,9 @@ TYPES = ["view", "search", "add_to_cart", "coupon", "checkout"]
 UNKNOWN = ["teleport", "warp"]  # in no model's vocabulary
 USERS = ["ann", "bob", "cy", "dee"]
 CELLS = ("rnn", "gru", "lstm")
+# every session feature, each typed one for every type (model/feature_names.py)
+SESSION = ["gap", "session_events", "session_seconds", "earlier_sessions", "gap_before_session",
+           *(f"{k}:{t}" for k in ("session_count", "earlier_count") for t in TYPES)]  # fmt: skip
 T0 = 1_700_000_000_000
 
 
@@ -84,9 +87,11 @@ def golden_cases() -> list[Case]:
 
 
 def random_case(cell: str, layers: int, hidden: int, gap: bool, head: str, session_gap: float,
-                seed: int) -> Case:  # fmt: skip
+                seed: int, session: bool = False) -> Case:  # fmt: skip
+    """A random model; `session` gives it every session feature (gap included)."""
+    features = SESSION if session else ["gap"] if gap else []
     model = random_model(
-        TYPES, hidden=hidden, layers=layers, features=["gap"] if gap else [],
+        TYPES, hidden=hidden, layers=layers, features=features,
         embedding_dim=min(8, hidden), head=head, session_gap_seconds=session_gap, seed=seed,
         cell=cell,
     )  # fmt: skip
@@ -100,7 +105,8 @@ def random_case(cell: str, layers: int, hidden: int, gap: bool, head: str, sessi
         )
         for i, t in enumerate(ts)
     )
-    name = f"{cell}-L{layers}-H{hidden}-{'gap' if gap else 'nofeat'}-{head}-sg{session_gap:g}"
+    feats = "session" if session else "gap" if gap else "nofeat"
+    name = f"{cell}-L{layers}-H{hidden}-{feats}-{head}-sg{session_gap:g}"
     return Case(name, model, events)
 
 
@@ -116,6 +122,16 @@ def random_cases() -> list[Case]:
         random_case(cell, *shape, seed=10 * i + CELLS.index(cell))
         for cell in CELLS
         for i, shape in enumerate(shapes)
+    ]
+
+
+def session_cases() -> list[Case]:
+    """Models reading the session memory (extra state rows): hidden widths below and above
+    the memory's 16 floats, resets, unknown types."""
+    return [
+        random_case("rnn", 2, 6, True, "sigmoid", 60, seed=81, session=True),
+        random_case("gru", 1, 24, True, "identity", 90, seed=82, session=True),
+        random_case("lstm", 2, 4, True, "sigmoid", 60, seed=83, session=True),
     ]
 
 
@@ -149,13 +165,13 @@ def declared(item_buckets: int) -> list[dict]:
 
 
 def input_case(cell: str, layers: int, hidden: int, head: str, session_gap: float,
-               products: int, seed: int, n: int = 48) -> Case:  # fmt: skip
+               products: int, seed: int, n: int = 48, session: bool = False) -> Case:  # fmt: skip
     """A format 2 model with a numeric, a categorical and an item input, and events whose
     fields repeat items (a pool of `products`), miss some, and carry bad prices."""
     model = random_model(
-        TYPES, hidden=hidden, layers=layers, features=["gap"], embedding_dim=min(8, hidden),
-        head=head, session_gap_seconds=session_gap, seed=seed, cell=cell,
-        inputs=declared(item_buckets=7 if products < 10 else 61),
+        TYPES, hidden=hidden, layers=layers, features=SESSION if session else ["gap"],
+        embedding_dim=min(8, hidden), head=head, session_gap_seconds=session_gap, seed=seed,
+        cell=cell, inputs=declared(item_buckets=7 if products < 10 else 61),
     )  # fmt: skip
     rng = np.random.default_rng(seed)
     ts = T0 + np.cumsum(rng.integers(1_000, 40_000, n))
@@ -171,6 +187,7 @@ def input_case(cell: str, layers: int, hidden: int, head: str, session_gap: floa
             f["product"] = f"p{int(rng.integers(products))}" if i % 9 != 7 else None
         fields.append(f)
     name = f"inputs-{cell}-L{layers}-H{hidden}-{head}-sg{session_gap:g}-items{products}"
+    name += "-session" if session else ""
     return Case(name, model, tuple(events), fields=tuple(fields))
 
 
@@ -179,12 +196,13 @@ def input_cases() -> list[Case]:
         input_case("rnn", 1, 6, "sigmoid", 60, products=4, seed=101),
         input_case("gru", 2, 8, "identity", 90, products=5, seed=102),
         input_case("lstm", 1, 5, "sigmoid", 60, products=3, seed=103),
+        input_case("gru", 1, 6, "sigmoid", 60, products=4, seed=105, session=True),
         # no session resets and many items: the memory fills and drops its oldest
         input_case("gru", 1, 4, "sigmoid", 0, products=40, seed=104, n=90),
     ]
 
 
-CASES = golden_cases() + random_cases() + calibrated_cases()
+CASES = golden_cases() + random_cases() + session_cases() + calibrated_cases()
 IDS = [c.name for c in CASES]
 INPUT_CASES = input_cases()
 ALL_CASES = CASES + INPUT_CASES
@@ -245,17 +263,42 @@ def oracle_extra(case: Case, reset: list[bool]) -> np.ndarray:
     return np.array(rows, np.float64).reshape(len(case.events), -1)
 
 
+def oracle_session(m: dict, type_: str, gap: float, reset: bool) -> dict[str, float]:
+    """A user's running session values after an event, by the contract (model/features.py's
+    docstring): counts and seconds of this session, its gap, and the sessions before it, each
+    kept in float32 (a row of the state)."""
+    if not m:
+        m.update(events=0, seconds=0.0, sessions=0, gap_before=0.0, now={}, before={})
+    if reset:
+        for k, n in m["now"].items():
+            m["before"][k] = m["before"].get(k, 0) + n
+        m.update(events=0, seconds=0.0, now={}, gap_before=float(np.float32(gap)),
+                 sessions=m["sessions"] + 1)  # fmt: skip
+    elif m["events"]:
+        m["seconds"] = float(np.float32(m["seconds"] + gap))  # kept in float32, as the state
+    m["events"] += 1
+    m["now"][type_] = m["now"].get(type_, 0) + 1
+    out = {"session_events": m["events"], "session_seconds": m["seconds"],
+           "earlier_sessions": m["sessions"], "gap_before_session": m["gap_before"]}  # fmt: skip
+    for t in TYPES:
+        out[f"session_count:{t}"] = m["now"].get(t, 0)
+        out[f"earlier_count:{t}"] = m["before"].get(t, 0)
+    return out
+
+
 def inputs_of(case: Case) -> Inputs:
     """Gap feature log1p(seconds since the user's previous event), resets past the gap."""
     meta = case.model.meta
     index = {t: i for i, t in enumerate(meta.event_types)}
     users = list(dict.fromkeys(u for u, _, _ in case.events))
     last: dict[str, int] = {}
+    memory: dict[str, dict] = {}
     feats, reset = [], []
-    for u, _, ts in case.events:
+    for u, t, ts in case.events:
         gap = (ts - last[u]) / 1000.0 if u in last else 0.0
         reset.append(u in last and meta.session_gap_seconds > 0 and gap > meta.session_gap_seconds)
-        feats.append([np.log1p(gap)] if meta.features else [])
+        values = oracle_session(memory.setdefault(u, {}), t, gap, reset[-1])
+        feats.append([math.log1p(gap if n == "gap" else values[n]) for n in meta.features])
         last[u] = ts
     # the gap feature as the kernels and training get it (float32); the inputs' columns exact
     x64 = (
@@ -274,7 +317,7 @@ def inputs_of(case: Case) -> Inputs:
 
 def reference_scores(case: Case) -> np.ndarray:
     meta, x = case.model.meta, inputs_of(case)
-    h = np.zeros((len(USERS) + 1, *state_shape(meta)))  # an LSTM's rows: h, then c
+    h = np.zeros((len(USERS) + 1, meta.layers, state_shape(meta)[1]))  # an LSTM's: h, then c
     out = []
     for e, s in enumerate(x.slot):
         if x.reset[e]:
@@ -292,7 +335,7 @@ def reference_scores(case: Case) -> np.ndarray:
 
 def via_step_one(case: Case) -> np.ndarray:
     sm, x = ScoringModel(case.model), inputs_of(case)
-    h = np.zeros((len(USERS), *sm.state_shape), np.float32)
+    h = np.zeros((len(USERS), sm.layers, sm.state_shape[1]), np.float32)  # the layers' rows
     raw = np.array([
         step_one(sm.weights, h[s], x.type_idx[e], x.x_feat[e], x.reset[e])
         for e, s in enumerate(x.slot)
@@ -302,7 +345,7 @@ def via_step_one(case: Case) -> np.ndarray:
 
 def via_step_batch(case: Case) -> np.ndarray:
     sm, x = ScoringModel(case.model), inputs_of(case)
-    state = np.zeros((len(USERS), *sm.state_shape), np.float32)
+    state = np.zeros((len(USERS), sm.layers, sm.state_shape[1]), np.float32)
     scores = np.empty(len(x.slot), np.float32)
     step_batch(sm.kernel_weights, state, x.slot, x.type_idx, x.x_feat, x.reset, scores,
                sm.scratch(len(x.slot)))  # fmt: skip
@@ -395,6 +438,7 @@ def test_cases_cover_what_they_claim():
         mine = [c for c in CASES if c.model.meta.cell == cell and "golden" not in c.name]
         assert {c.model.meta.head for c in mine} == {"sigmoid", "identity"}
         assert {bool(c.model.meta.features) for c in mine} == {True, False}
+        assert any(len(c.model.meta.features) > 1 for c in mine)  # the session features
         assert any(inputs_of(c).reset.any() for c in mine)
         assert all(any(t in UNKNOWN for _, t, _ in c.events) for c in mine)
         assert all(len({u for u, _, _ in c.events}) > 1 for c in mine)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.features import event_gaps, feature_matrix
+from model.feature_names import is_stateful
+from model.features import advance_memory, event_gaps, feature_matrix, memory_width
 from model.inputs import Inputs, InputSpec, input_parts
 from model.item_memory import ItemMemory
 
@@ -82,10 +83,16 @@ def sessionize(
     for user, items in by_user.items():
         items.sort(key=lambda x: x[0])  # stable: untimed events keep their order
         ts = np.array([t for t, _ in items], np.int64)
-        gap, has_prev = event_gaps(np.zeros(len(ts), np.int64), ts, np.full(1, -1, np.int64))
-        x = feature_matrix(features, gap)
+        slot = np.zeros(len(ts), np.int64)
+        gap, has_prev = event_gaps(slot, ts, np.full(1, -1, np.int64))
         cut = (has_prev & (gap > session_gap_seconds) if session_gap_seconds > 0
                else np.zeros(len(ts), np.bool_))  # fmt: skip
+        memory = None
+        if is_stateful(features):  # the worker's running session memory, from empty
+            rows = np.array([index.get(e["type"], unknown) for _, e in items], np.int64)
+            empty = np.zeros((1, memory_width(event_types)), np.float32)
+            memory = advance_memory(slot, rows, gap, cut, empty)
+        x = feature_matrix(features, gap, memory, event_types)
         timelines.append((user, [e for _, e in items], x, cut))
     fixed = buckets = None
     if specs:

@@ -27,6 +27,7 @@ from threadpoolctl import threadpool_limits
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
 from model.calibration import fit_platt
+from model.feature_names import expand_features, feature_help, unknown_features
 from model.inputs import Inputs, NumericInput, parse_inputs
 from model.params import Params, pack, unpack
 from model.training.bptt import clip_global_norm, packed_loss_and_gradients
@@ -188,6 +189,20 @@ def _summary(events: list[dict], train: list[Session], valid: list[Session], kno
     }
 
 
+def with_features_of(config: TrainConfig, events: list[dict]) -> TrainConfig:
+    """The config with `session` in its features expanded for the events' vocabulary; a
+    DataError names a feature the vocabulary cannot give."""
+    if not events:
+        return config
+    types = vocabulary(events, config)
+    features = expand_features(config.features, types, config.label_type)
+    unknown = unknown_features(features, types)
+    if unknown:
+        raise DataError(f"unknown features {unknown}; known: {feature_help()} "
+                        f"(TYPE one of {', '.join(types)})")  # fmt: skip
+    return config.model_copy(update={"features": features})
+
+
 def prepare(events: list[dict], config: TrainConfig, inputs: Inputs | None = None):
     """Vocabulary and train/validation sessions (with the fitted `inputs`' columns);
     DataError when they cannot train a model."""
@@ -312,6 +327,7 @@ def _train(
     test_events = [e for e in events if e["user_id"] in held]
     used = [e for e in events if e["user_id"] not in held] if held else events
     inputs = (init.inputs or None) if init is not None else fit_inputs(used, config)
+    config = with_features_of(config, used)
     types, train_s, valid_s = prepare(used, config, inputs)
     F = len(config.features)
     model = init or random_model(

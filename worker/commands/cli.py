@@ -228,7 +228,7 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
 
 
 def _add_init_flags(init: argparse.ArgumentParser) -> None:
-    from model.feature_names import KNOWN_FEATURES  # the names only: no Numba
+    from model.feature_names import feature_help  # the names only: no Numba
 
     init.add_argument(
         "--event-types",
@@ -250,8 +250,7 @@ def _add_init_flags(init: argparse.ArgumentParser) -> None:
         type=csv,
         default=[],
         metavar="A,B,...",
-        help=f"numeric features after the embedding row; known: "
-        f"{', '.join(KNOWN_FEATURES)} (default: none)",
+        help=f"numeric features after the embedding row; known: {feature_help()} (default: none)",
     )
     init.add_argument(
         "--embedding-dim",

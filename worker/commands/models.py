@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
+from model.feature_names import expand_features
 from model.inputs import parse_inputs
 from worker.commands.event_files import read_event_files
 from worker.commands.history import read_history
@@ -28,7 +29,7 @@ def cmd_model_init(args: argparse.Namespace) -> int:
         event_types=args.event_types,
         hidden=args.hidden,
         layers=args.layers,
-        features=args.features,
+        features=expand_features(args.features, args.event_types),
         embedding_dim=args.embedding_dim,
         head=args.head,
         session_gap_seconds=args.session_gap,

@@ -39,7 +39,9 @@ TRAIN_HELP = {
     "hidden": "H, the state width per layer",
     "layers": "L, stacked recurrent layers",
     "embedding_dim": "D, the width of each event type's learned row",
-    "features": "numeric features after the embedding row, comma-separated ('' for none)",
+    "features": "numeric features after the embedding row, comma-separated ('' for none); "
+    "'session' adds the session's running counts, its length and the user's earlier "
+    "sessions (docs/models.md, Session features)",
     "session_gap_seconds": "seconds; a longer gap starts a new session (0 = never split)",
     "label_type": "the event type that is the label ('will this session end in one')",
     "event_types": "the vocabulary, comma-separated (default: the types in the data seen at "
