@@ -29,6 +29,6 @@ def two_versions(client: redis.Redis, model_path: Path) -> Registry:
 
 def publish_events(client: redis.Redis, n: int, users: int, seed: int) -> list[dict]:
     """Synthetic shop events (with purchases) published to partition 0; returned as sent."""
-    events = synthetic_events(n, users, seed=seed)
+    events = list(synthetic_events(n, users, seed=seed))
     publish(client, events)
     return events
