@@ -201,10 +201,13 @@ def test_the_overview_counts_what_the_streams_hold(client, redis_server):
     assert body["workers"] == [] and body["dead_letters"] == {}
 
 
-def test_an_unknown_user_is_a_404(client):
+def test_an_unknown_user_is_a_404_and_what_was_typed_is_escaped(client):
     signed_in(client, VIEWER_TOKEN)
     response = client.get("/users", params={"user_id": "nobody"})
     assert response.status_code == 404 and "no state for user nobody" in response.text
+    typed = client.get("/users", params={"user_id": "<script>alert(1)</script>"}).text
+    assert "<script>alert" not in typed and "&lt;script&gt;alert(1)&lt;/script&gt;" in typed
+    assert client.post("/login", data={"token": "x" * 70_000}).status_code == 413
 
 
 def test_the_console_command_refuses_to_start_without_a_token(tmp_path, monkeypatch):

@@ -29,7 +29,10 @@ def login(console: Console):
         return console.page(request, "login.html", error=None)
 
     async def submit(request: Request) -> Response:
-        form = await read_form(request)
+        try:
+            form = await read_form(request)
+        except ValueError as exc:
+            return PlainTextResponse(str(exc), status_code=413)
         role = console.tokens.role_of(form.get("token", ""))
         if role is None or not same_origin(request):
             return console.page(request, "login.html", status_code=401,
