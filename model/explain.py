@@ -166,6 +166,26 @@ def leave_one_out(model: ScoringModel, sessions: Sequence[Session]) -> list[Expl
     return out
 
 
+def scores_after_each(model: ScoringModel, session: Session) -> np.ndarray:
+    """The score after each event of a session (its tail of MAX_EVENTS), replayed from the
+    zero state in one `advance`: the timeline the console draws."""
+    s = session.tail(MAX_EVENTS)
+    n = len(s)
+    if not n:
+        return np.zeros(0)
+    slot = np.zeros(n, np.int64)
+    state = np.zeros((1, *model.state_shape), np.float32)
+    last_ts = np.array([s.prev_ts], np.int64)
+    type_idx = model.type_indices(list(s.types))
+    ts = np.fromiter(s.ts, np.int64, n)
+    if not model.input_names:
+        return np.asarray(model.advance(state, last_ts, slot, type_idx, ts), np.float64)
+    gather = np.arange(n)
+    inputs = {spec.name: _replayed([s], spec, gather) for spec in model.inputs}
+    scores = model.advance(state, last_ts, slot, type_idx, ts, inputs, model.empty_memory(1), n)
+    return np.asarray(scores, np.float64)
+
+
 def _replayed(sessions: Sequence[Session], spec: InputSpec, gather: np.ndarray) -> Stored:
     """One input's stored values of every replayed event: the sessions' values (absent where
     a session lacks the input), each brought to stored form, gathered as the events are."""

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 ensure_venv test
 bash scripts/deploy_tools.sh  # promtool and prometheus for the deploy tests (cached)
+bash scripts/browser_tools.sh  # Debian's chromium for the console's browser tests (once)
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports --no-cache  # the wings' import contracts (pyproject.toml)

@@ -29,7 +29,7 @@ CONF = DEPLOY / "redis" / "redis.conf"
 # The development passwords whose SHA-256 users.acl holds (compose.yaml uses them too).
 PASSWORDS = {
     u: f"intentstream-dev-{u}"
-    for u in ("admin", "worker", "producer", "trainer", "keda", "ruler", "shop")
+    for u in ("admin", "worker", "producer", "trainer", "keda", "ruler", "shop", "console")
 }
 STREAM = "intentstream:events:{0}"
 STATE = "intentstream:state:{0}:user-1"
@@ -532,6 +532,19 @@ JOBS: dict[str, list[list[str]]] = {
         ["XRANGE", A0, "-", "+"], ["XREVRANGE", SC0, "+", "-", "COUNT", "3"],
         ["XREAD", "COUNT", "10", "STREAMS", SC0, "0"],
     ],
+    # `intentstream console` (worker/console/): the overview's reads, the actions feed, the
+    # registry's promotion and rollback, the audit; and the ruler's whole job (SHARED below)
+    "console": [
+        ["XINFO", "STREAM", E0], ["XINFO", "STREAM", SC0], ["XINFO", "STREAM", A0],
+        ["XREVRANGE", E0, "+", "-", "COUNT", "10"], ["XREVRANGE", A0, "+", "-", "COUNT", "50"],
+        ["XLEN", D0], ["XREVRANGE", D0, "+", "-", "COUNT", "200"],
+        ["GET", "intentstream:lease:{0}"], ["ZRANGEBYSCORE", "intentstream:workers", "0", "+inf"],
+        ["MGET", "intentstream:model:current", "intentstream:model:shadow"],
+        ["EXISTS", "intentstream:model:meta:1"], ["SET", "intentstream:model:current", "2"],
+        ["RPOP", "intentstream:model:history"], ["DEL", "intentstream:model:shadow"],
+        ["XADD", "intentstream:console:audit", "MAXLEN", "~", "100000", "*", "who", "e"],
+        ["XREVRANGE", "intentstream:console:audit", "+", "-", "COUNT", "20"],
+    ],
 }  # fmt: skip
 # What no role but admin may do: stop, empty or reconfigure anything.
 NOBODY = [
@@ -570,6 +583,19 @@ SHARED = {
     ("ruler", f"TYPE {RU}"), ("ruler", f"HGET {RU} :version"), ("ruler", f"HGETALL {RU}"),
     ("ruler", "GET intentstream:model:current"), ("ruler", "STRLEN intentstream:model:1"),
     ("ruler", f"XRANGE {E0} - + COUNT 10"),
+}  # fmt: skip
+# The console does the ruler's whole job; it reads what its overview shows as the worker, KEDA
+# and a shop read it, and promotes as the trainer does (the registry's owner, who may too).
+SHARED |= {("console", " ".join(c)) for c in JOBS["ruler"]} | {
+    ("console", f"XRANGE {E0} (0-0 (1-1 COUNT 1"), ("console", f"XRANGE {E0} - + COUNT 10"),
+    ("console", "RPUSH intentstream:model:history 6"), ("console", f"XINFO GROUPS {E0}"),
+    ("console", "PUBLISH intentstream:model:updates 7"), ("console", f"XINFO STREAM {A0}"),
+    ("console", f"XREVRANGE {SC0} + - COUNT 3"), ("console", "MULTI"), ("console", "EXEC"),
+    ("worker", f"XINFO STREAM {E0}"), ("keda", f"XINFO STREAM {E0}"), ("worker", f"XLEN {D0}"),
+    ("worker", "GET intentstream:lease:{0}"), ("shop", f"XINFO STREAM {A0}"),
+    ("shop", f"XREVRANGE {A0} + - COUNT 50"), ("trainer", "EXISTS intentstream:model:meta:1"),
+    ("trainer", "SET intentstream:model:current 2"), ("trainer", "RPOP intentstream:model:history"),
+    ("trainer", "DEL intentstream:model:shadow"),
 }  # fmt: skip
 # Known and documented (docs/deploy.md, "Redis users and TLS"): an ACL cannot restrict arguments, so
 # the worker, which trims history (XTRIM MINID) and records routes, may also trim more and
@@ -613,3 +639,42 @@ def test_acl_matrix_every_role_against_every_role_on_each_cluster_node(acl_clust
             return admin.execute_command("ACL", "DRYRUN", user, *command) == b"OK"
 
         assert acl_matrix(dryrun) == [], f"node {node.port}"
+
+
+@pytest.mark.integration
+def test_the_console_does_its_whole_job_under_its_user(acl_redis, tmp_path):
+    from starlette.testclient import TestClient
+
+    from worker.common.publisher import publish
+    from worker.common.registry import Registry
+    from worker.common.settings import load_settings
+    from worker.console.app import build_app
+    from worker.console.context import make_console
+    from worker.console.tokens import Tokens
+
+    admin = client(acl_redis, "admin")
+    path = tmp_path / "model.npz"
+    save_model(random_model(["view", "add_to_cart", "purchase"], hidden=8, seed=1), path)
+    registry = Registry(admin)
+    registry.publish(path.read_bytes(), promote=True)
+    registry.publish(path.read_bytes())
+    registry.set_shadow("2")
+    publish(admin, synthetic_events(400, 20, seed=3))
+    admin.xgroup_create(STREAM, "intentstream-workers", "0")
+    admin.hset(STATE, mapping={"score": "0.5"})
+    token = "console-editor-token-0123456789"
+    settings = load_settings(None, redis_url=url(acl_redis, "console"))
+    app = build_app(make_console(settings, Tokens(token, None), 1000))
+    bearer = {"authorization": f"Bearer {token}"}
+    with TestClient(app, follow_redirects=False, headers=bearer) as c:
+        for page in ("/", "/api/overview", "/rules", "/users?user_id=user-1", "/actions",
+                     "/api/actions", "/models", "/rules/backtest?name=c&above=0.5"):  # fmt: skip
+            assert c.get(page).status_code == 200, page
+        assert c.post("/rules/save", data={"name": "c", "above": "0.5"}).status_code == 303
+        assert c.post("/models/promote", data={"version": "2"}).status_code == 200
+        assert c.post("/models/rollback").status_code == 200
+        assert c.post("/rules/delete", data={"name": "c"}).status_code == 303
+    assert admin.get("intentstream:model:current") == b"1"
+    assert admin.get("intentstream:model:shadow") is None  # the promotion ended the shadow
+    assert admin.xlen("intentstream:console:audit") == 4
+    assert admin.acl_log() == []

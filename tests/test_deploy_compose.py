@@ -96,7 +96,8 @@ def test_commands_parse_with_the_real_cli(compose):
 
 def test_each_job_uses_its_acl_user_with_the_acl_password(compose):
     users = acl_users()
-    expected_user = {"worker": "worker", "publish": "producer", "train": "trainer"}
+    expected_user = {"worker": "worker", "publish": "producer", "train": "trainer",
+                     "console": "console"}  # fmt: skip
     for name, svc in intentstream_services(compose).items():
         url = urlsplit(svc["environment"]["INTENTSTREAM_REDIS_URL"])
         command = svc["command"][0]
@@ -133,3 +134,12 @@ def test_prometheus_and_grafana_are_provisioned(compose):
         (DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text()
     )
     assert source["datasources"][0]["url"] == "http://prometheus:9090"
+
+
+def test_the_console_is_opt_in_and_needs_a_token_of_yours(compose):
+    console = intentstream_services(compose)["console"]
+    assert console["profiles"] == ["console"]
+    assert console["command"][:3] == ["console", "--host", "0.0.0.0"]
+    token = console["environment"]["INTENTSTREAM_CONSOLE_TOKEN"]
+    assert re.fullmatch(r"\$\{INTENTSTREAM_CONSOLE_TOKEN:\?[^}]+\}", token), "no token in the file"
+    assert console["ports"] == ["127.0.0.1:9200:9200"]

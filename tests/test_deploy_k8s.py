@@ -49,6 +49,11 @@ def one(objects: dict, kind: str) -> dict:
     return found[0]
 
 
+def worker(objects: dict) -> dict:
+    """The workers' Deployment (the console has its own, console.yaml)."""
+    return objects[("Deployment", "intentstream-worker")]
+
+
 def settings(objects: dict) -> dict[str, str]:
     return one(objects, "ConfigMap")["data"]
 
@@ -115,7 +120,7 @@ def pod_of(objects: dict, kind: str) -> dict:
 
 
 def test_deployment(objects):
-    deployment = one(objects, "Deployment")
+    deployment = worker(objects)
     pod = deployment["spec"]["template"]["spec"]
     c = container(pod)
     assert c["args"] == ["worker"]
@@ -177,7 +182,7 @@ def test_service_account_mounts_no_token(objects):
 
 def test_disruption_budget_drains_one_worker_at_a_time(objects):
     pdb = one(objects, "PodDisruptionBudget")
-    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    pod_labels = worker(objects)["spec"]["template"]["metadata"]["labels"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
 
@@ -189,7 +194,7 @@ def test_service_monitor_scrapes_the_metrics_service_as_job_intentstream(objects
     monitor = yaml.safe_load((monitoring / name).read_text())
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["kind"] == "ServiceMonitor"
-    service = one(objects, "Service")
+    service = objects[("Service", "intentstream-worker-metrics")]
     spec = monitor["spec"]
     assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = spec["endpoints"]
@@ -204,8 +209,8 @@ def test_service_monitor_scrapes_the_metrics_service_as_job_intentstream(objects
 
 
 def test_metrics_service(objects):
-    service = one(objects, "Service")
-    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = objects[("Service", "intentstream-worker-metrics")]
+    pod_labels = worker(objects)["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     (port,) = service["spec"]["ports"]
     assert port["targetPort"] == "metrics" and port["name"] == "metrics"
@@ -243,7 +248,7 @@ def test_keda_scaled_object(objects):
     assert scaled["apiVersion"] == KEDA_API
     spec = scaled["spec"]
     assert set(spec) <= SCALED_OBJECT_SPEC, set(spec) - SCALED_OBJECT_SPEC
-    assert spec["scaleTargetRef"] == {"name": one(objects, "Deployment")["metadata"]["name"]}
+    assert spec["scaleTargetRef"] == {"name": worker(objects)["metadata"]["name"]}
     data = settings(objects)
     partitions = int(data["INTENTSTREAM_PARTITIONS"])
     assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= partitions
@@ -251,7 +256,9 @@ def test_keda_scaled_object(objects):
     assert "cooldownPeriod" not in spec
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 60
-    worker_env = {e["name"]: e for e in container(pod_of(objects, "Deployment"))["env"]}
+    worker_env = {
+        e["name"]: e for e in container(worker(objects)["spec"]["template"]["spec"])["env"]
+    }
     keys = Keys(data["INTENTSTREAM_PREFIX"])
     secret = one(objects, "Secret")["stringData"]
     auth_name = one(objects, "TriggerAuthentication")["metadata"]["name"]
@@ -274,3 +281,28 @@ def test_keda_scaled_object(objects):
         assert trigger["authenticationRef"] == {"name": auth_name}
         streams.append(meta["stream"])
     assert streams == [keys.events(p) for p in range(partitions)]
+
+
+def test_the_console_has_its_own_deployment_and_service_with_a_read_only_root(objects):
+    deployment = objects[("Deployment", "intentstream-console")]
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(pod)
+    assert c["args"][:3] == ["console", "--host", "0.0.0.0"]
+    build_parser().parse_args(c["args"])
+    check_redis_env(objects, c, "console")
+    refs = secret_refs(c)
+    assert refs["INTENTSTREAM_CONSOLE_TOKEN"][1] == "console-token"
+    assert refs["INTENTSTREAM_CONSOLE_VIEWER_TOKEN"][1] == "console-viewer-token"
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert "/var/cache/intentstream/numba" in mounts, "Numba needs a writable cache"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/login", "port": "http"}
+    service = objects[("Service", "intentstream-console")]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["selector"] != worker(objects)["spec"]["selector"]["matchLabels"]
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (9200, "http")

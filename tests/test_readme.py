@@ -25,6 +25,7 @@ ELSEWHERE = {
     "bash scripts/demo.sh": "runs until Ctrl-C: tests/test_registry.py runs `intentstream demo`",
     "python3 -m venv": "installation: done by scripts/test.sh",
     "intentstream partitions resize": "needs stopped workers: tests/test_resize.py runs it",
+    "intentstream console": "serves until stopped: tests/test_console_browser.py starts it",
     "intentstream bench --workers": "minutes long: tests/test_scaling_bench.py runs it small",
     "intentstream bench --real": "minutes long: tests/test_cli_judging.py runs it small",
     ".venv/bin/python -m pytest": "the test run itself (docs/contributing.md)",

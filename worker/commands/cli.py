@@ -557,6 +557,13 @@ def build_parser() -> argparse.ArgumentParser:
                           populate=_add_demo_flags)  # fmt: skip
     demo.set_defaults(func=_cmd_demo)
 
+    sub.add_parser(  # a web view for the people who set the rules: worker/console/
+        "console",
+        help="the web console: live figures, rules with backtests, users, actions, models",
+        description="Serve the web console (behind a token) on the workers' Redis.",
+        populate=_module_flags("worker.console.cli"),
+    )
+
     sub.add_parser(  # the container HEALTHCHECK's command: worker/commands/healthcheck.py
         "healthcheck",
         help="exit 0 if the local worker's main loop is alive (its /healthz), else 1",

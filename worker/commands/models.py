@@ -124,19 +124,20 @@ def cmd_model_list(args: argparse.Namespace) -> int:
     return with_registry(args, listing)
 
 
-def promoted(reg: Registry, version: str, force: bool, published: str = "") -> int:
+def promoted(reg: Registry, version: str, force: bool, published: str = "", say=print) -> int:
     """Make `version` current behind the promotion gate (worker/commands/promotion.py): exit
     code 0, or 1 with the gate's reasons when it stays as it is (`published`: the line of a
-    version just published, said either way)."""
+    version just published, said either way). Every line goes to `say` (the console's page
+    collects them)."""
     from worker.commands.promotion import history_gate
 
     # a missing or corrupt version says so before the gate reads the history
-    refused = history_gate(reg, version, reg.load(version), force)
+    refused = history_gate(reg, version, reg.load(version), force, say)
     if refused:
-        print("\n".join([published, *refused] if published else refused))
+        say("\n".join([published, *refused] if published else refused))
         return 1
     reg.promote(version)
-    print(f"{published} (current)" if published else f"version {version} is current")
+    say(f"{published} (current)" if published else f"version {version} is current")
     return 0
 
 

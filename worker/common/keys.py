@@ -153,3 +153,10 @@ class Keys:
     def rules_updates(self) -> str:
         """Pub/sub channel announcing each new rules version."""
         return f"{self.prefix}:rules:updates"
+
+    # ---- the console ----------------------------------------------------------------------
+
+    @property
+    def console_audit(self) -> str:
+        """Stream: every change made through `intentstream console` (who, what, when)."""
+        return f"{self.prefix}:console:audit"

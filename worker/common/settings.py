@@ -240,7 +240,11 @@ def setting_problem(error: Mapping) -> str:
 
 ENV_PREFIX = "INTENTSTREAM_"
 # Read by the console script itself, not settings.
-NOT_SETTINGS = frozenset({"INTENTSTREAM_TRACEBACK"})
+NOT_SETTINGS = frozenset({"INTENTSTREAM_TRACEBACK"}) | frozenset(
+    f"INTENTSTREAM_CONSOLE_{role}TOKEN{file}"  # the console's tokens (worker/console/tokens.py)
+    for role in ("", "VIEWER_")
+    for file in ("", "_FILE")
+)
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
