@@ -6,7 +6,7 @@ from pathlib import Path
 
 import redis
 
-from model.synthetic import synthetic_events
+from model.data.synthetic import synthetic_events
 from worker.common.publisher import publish
 from worker.common.registry import Registry
 
