@@ -526,6 +526,25 @@ def build_parser() -> argparse.ArgumentParser:
         populate=_module_flags("worker.commands.rules"),
     )
 
+    # `intentstream webhooks ...` and `deliver`: worker/commands/webhooks.py
+    sub.add_parser(
+        "webhooks",
+        help="the webhook endpoints the actions are delivered to",
+        description="Add, list, remove, test the webhook endpoints in Redis; replay an "
+        "endpoint's dead letters.",
+        populate=_module_flags("worker.commands.webhooks"),
+    )
+    deliver = sub.add_parser(
+        "deliver",
+        help="POST every action to every webhook endpoint, signed, at least once",
+        description="Deliver the intent actions to the webhook endpoints (`webhooks add`): "
+        "Standard Webhooks signatures, retries with backoff, dead letters (docs/webhooks.md).",
+        populate=lambda cmd: importlib.import_module("worker.commands.webhooks").add_deliver_flags(
+            cmd
+        ),
+    )
+    deliver.set_defaults(func=_lazy("worker.commands.webhooks", "cmd_deliver"))
+
     score = sub.add_parser("score", help="score JSON-lines events offline, state in memory",
                            populate=_add_score_flags)  # fmt: skip
     score.set_defaults(func=_lazy("worker.commands.score", "cmd_score"))

@@ -153,3 +153,14 @@ class Keys:
     def rules_updates(self) -> str:
         """Pub/sub channel announcing each new rules version."""
         return f"{self.prefix}:rules:updates"
+
+    # ---- webhooks (worker/webhooks) ------------------------------------------------------
+
+    @property
+    def webhooks(self) -> str:
+        """Hash: endpoint name -> the endpoint's JSON (URL, secret, rules, timeout)."""
+        return f"{self.prefix}:webhooks"
+
+    def webhook_deadletter(self, name: str) -> str:
+        """Stream of an endpoint's deliveries given up after the maximum age."""
+        return f"{self.prefix}:webhooks:deadletter:{name}"
