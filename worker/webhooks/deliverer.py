@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import httpx
@@ -59,6 +60,7 @@ class Deliverer:
         self.keys = Keys(settings.prefix)
         self.client = connect()
         self.running: dict[str, _Running] = {}
+        self._last_error, self._said_at = "", 0.0
         self.config = SenderConfig(
             schedule=RetrySchedule(
                 cap=settings.webhook_retry_cap_seconds, max_age=settings.webhook_max_age_seconds
@@ -74,17 +76,22 @@ class Deliverer:
             while not self.stop.is_set():
                 try:
                     self.follow(load_endpoints(self.client, self.keys), self._partitions())
+                    self._last_error = ""
                 except redis.RedisError as exc:
                     self.metrics.redis_errors.inc()
-                    log.warning(
-                        "redis error reading the endpoints; retrying",
-                        extra={"error": f"{type(exc).__name__}: {exc}"},
-                    )
+                    self._say_once(f"{type(exc).__name__}: {exc}")
                     refresh_topology(self.client)
                 self.stop.wait(self.settings.webhook_poll_seconds)
         finally:
             for name in list(self.running):
                 self._stop_endpoint(name)
+
+    def _say_once(self, error: str) -> None:
+        """Log a failure to read the endpoints when it is new, or a minute after the last."""
+        now = time.monotonic()
+        if error != self._last_error or now - self._said_at > 60:
+            log.warning("redis error reading the endpoints; retrying", extra={"error": error})
+            self._last_error, self._said_at = error, now
 
     def _partitions(self) -> int:
         """The partition count recorded by the workers, else the setting."""

@@ -106,6 +106,9 @@ class Sender:
         """Settle what is owed to Redis, retry what is due, take over abandoned entries, read
         new ones (blocking until the next retry is due at most)."""
         if not self._started:
+            if self.client.hget(self.keys.webhooks, self.endpoint.name) is None:
+                self.stop.wait(1.0)  # removed: its groups are not made again; stopped soon
+                return
             self.group.ensure()  # a group deleted (or a Redis without AOF): made again
             self._read_own()
             self._started = True
