@@ -68,6 +68,8 @@ REQUIRED |= WEBHOOK_PANELS
 
 def deliverers_metric(name: str) -> bool:
     return name.startswith("intentstream_webhook_")
+
+
 # Grafana's built-in variables, as a query would see them.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
 

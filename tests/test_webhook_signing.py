@@ -162,3 +162,19 @@ def test_max_age():
 )
 def test_attempt_outcomes(attempt, ok, result):
     assert attempt.ok is ok and attempt.result == result
+
+
+def test_the_docs_standard_library_check_agrees():
+    """docs/webhooks.md's few lines of standard library verify what the deliverer signs."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "webhooks.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "def valid" in b]
+    scope: dict = {}
+    exec(compile(block, "docs/webhooks.md", "exec"), scope)
+    delivery = from_entry(0, b"1764979200123-0", ENTRY)
+    headers = signed_headers(secret_key(SECRET), delivery.webhook_id, 1764979300, delivery.body)
+    assert scope["valid"](SECRET, headers, delivery.body)
+    assert not scope["valid"](SECRET, headers, delivery.body + b" ")
+    assert not scope["valid"](new_secret(), headers, delivery.body)
