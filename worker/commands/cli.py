@@ -96,6 +96,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_args[:1] == ["--real"]:
         return _cmd_bench_real(args)
+    if args.bench_args[:1] == ["--webhooks"]:  # no engine: worker/bench/webhooks.py
+        from worker.bench.webhooks import main as webhooks_main
+
+        return webhooks_main(args.bench_args[1:])
     from worker.bench.throughput import main as bench_main  # the engine: for this command only
 
     return bench_main(args.bench_args)
