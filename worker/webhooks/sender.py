@@ -113,11 +113,14 @@ class Sender:
             self._read_own()
             self._started = True
         self._flush()
+        self._touch_if_due()  # held retries may wait minutes: keep them marked as worked on
         self._retry_due()
         now = time.monotonic()
         if now - self._claimed > self.config.claim_idle_ms / 2000:
-            self._claimed = now
-            self._deliver_all(self.group.claim_abandoned(self.config.claim_idle_ms, READ_COUNT))
+            claimed = self.group.claim_abandoned(self.config.claim_idle_ms, READ_COUNT)
+            # a full step: more may wait (a dead deliverer's backlog), take them next round
+            self._claimed = now if len(claimed) < READ_COUNT else 0.0
+            self._deliver_all(claimed)
         if self.measures_oldest and now - self._measured > OLDEST_EVERY:
             self._measured = now
             self._measure_oldest()
