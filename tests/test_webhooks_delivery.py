@@ -194,7 +194,8 @@ def test_past_the_maximum_age_a_dead_letter_then_replay_delivers_it(redis_server
     finally:
         assert deliverer.terminate() == 0
     letter = client.xrange(dead, count=1)[0][1]
-    assert letter[b"last_status"] == b"500" and int(letter[b"attempts"]) >= 2
+    # (on a busy machine the deliverer may start past the maximum age: one attempt then)
+    assert letter[b"last_status"] == b"500" and int(letter[b"attempts"]) >= 1
     assert letter[b"webhook_id"].decode() in ids
     assert receiver.ok_ids() == []
     refused = run_cli("webhooks", "replay", "crm", "--redis-url", redis_server.url)
