@@ -29,7 +29,8 @@ CONF = DEPLOY / "redis" / "redis.conf"
 # The development passwords whose SHA-256 users.acl holds (compose.yaml uses them too).
 PASSWORDS = {
     u: f"intentstream-dev-{u}"
-    for u in ("admin", "worker", "producer", "trainer", "keda", "ruler", "shop", "console")
+    for u in ("admin", "worker", "producer", "trainer", "keda", "ruler", "shop", "console",
+              "deliverer")
 }
 STREAM = "intentstream:events:{0}"
 STATE = "intentstream:state:{0}:user-1"
@@ -347,7 +348,7 @@ def test_cluster_client_rights_and_nothing_that_changes_the_cluster(acl_redis):
     def dryrun(user: str, command: list[str]) -> bool:
         return admin.execute_command("ACL", "DRYRUN", user, *command) == b"OK"
 
-    for user in ("worker", "trainer", "keda", "ruler", "shop"):
+    for user in ("worker", "trainer", "keda", "ruler", "shop", "deliverer"):
         missing = [c for c in CLUSTER_CLIENT if not dryrun(user, c)]
         assert missing == [], f"{user} cannot connect with --cluster: lacks {missing}"
         allowed = [c for c in CHANGES_THE_CLUSTER if dryrun(user, c)]
@@ -473,9 +474,44 @@ def test_the_worker_corrects_a_phantom_lag_under_its_user(acl_redis):
     assert admin.acl_log() == []
 
 
+@pytest.mark.integration
+def test_the_deliverer_delivers_under_its_user(acl_redis, tmp_path):
+    from tests.deliverers import DelivererProcess, add_actions, check_received
+    from tests.webhook_receiver import Receiver
+    from worker.webhooks.signing import new_secret
+
+    admin, port = client(acl_redis, "admin"), acl_redis
+    receiver, secret = Receiver(plan=lambda n: "500" if n < 3 else "ok").start(), new_secret()
+    result = cli("webhooks", "add", "crm", "--url", receiver.url, "--secret", secret,
+                 "--from-start", "--redis-url", url(port, "admin"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    ids = add_actions(admin, 40)
+    deliverer = DelivererProcess(url(port, "deliverer"), tmp_path / "d.log").start()
+    try:
+        wait_for(lambda: set(receiver.ok_ids()) >= set(ids), 60, "every action delivered")
+        wait_for(lambda: admin.xpending(ACTIONS, "webhook:crm")["pending"] == 0, 30, "acked")
+        dead = {"webhook_id": "act_0_1-1", "body": '{"id":"act_0_1-1"}', "attempts": 1}
+        admin.xadd("intentstream:webhooks:deadletter:crm", dead)
+        for args in (["webhooks", "list"], ["webhooks", "test", "crm"],
+                     ["webhooks", "replay", "crm"]):  # fmt: skip
+            result = cli(*args, "--redis-url", url(port, "deliverer"))
+            assert result.returncode == 0, f"{args}: {result.stdout}{result.stderr}"
+        time.sleep(6)  # a measure of the oldest undelivered action (every 5 s) under its user
+        assert deliverer.terminate() == 0
+    finally:
+        deliverer.kill()
+        receiver.stop()
+    check_received(receiver.all(), secret)
+    assert "NOPERM" not in deliverer.log(), deliverer.log()
+    assert admin.acl_log() == [], "the deliverer was refused something it needs"
+    removed = cli("webhooks", "remove", "crm", "--redis-url", url(port, "deliverer"))
+    assert removed.returncode == 2 and "lacks a permission" in removed.stderr
+
+
 # Each role's job, command by command (what its process sends), for the ACL matrix below.
 E0, SC0, D0, ST0 = STREAM, "intentstream:scores:{0}", "intentstream:deadletter:{0}", STATE
 A0, RU = ACTIONS, RULES
+WH, WD = "intentstream:webhooks", "intentstream:webhooks:deadletter:crm"
 JOBS: dict[str, list[list[str]]] = {
     "worker": [
         ["XREADGROUP", "GROUP", "g", "c", "COUNT", "5", "NOACK", "STREAMS", E0, ">"],
@@ -545,6 +581,20 @@ JOBS: dict[str, list[list[str]]] = {
         ["XADD", "intentstream:console:audit", "MAXLEN", "~", "100000", "*", "who", "e"],
         ["XREVRANGE", "intentstream:console:audit", "+", "-", "COUNT", "20"],
     ],
+    # `intentstream deliver` (worker/webhooks): the endpoints, an endpoint's consumer group
+    # on the actions, its dead letters; `webhooks list|test|replay` under the same user
+    "deliverer": [
+        ["HGETALL", WH], ["HGET", WH, "crm"], ["HGET", "intentstream:config", "partitions"],
+        ["XGROUP", "CREATE", A0, "webhook:crm", "0-0", "MKSTREAM"],
+        ["XREADGROUP", "GROUP", "webhook:crm", "c-0", "COUNT", "100", "BLOCK", "100",
+         "STREAMS", A0, ">"],
+        ["XACK", A0, "webhook:crm", "1-1"],
+        ["XAUTOCLAIM", A0, "webhook:crm", "c-0", "60000", "0-0", "COUNT", "100"],
+        ["XCLAIM", A0, "webhook:crm", "c-0", "0", "1-1", "JUSTID"],
+        ["XPENDING", A0, "webhook:crm"], ["XRANGE", A0, "(1-1", "+", "COUNT", "1"],
+        ["XADD", WD, "MAXLEN", "~", "100000", "*", "webhook_id", "x"],
+        ["XRANGE", WD, "0-0", "+", "COUNT", "1000"], ["XDEL", WD, "1-1"], ["XLEN", WD],
+    ],
 }  # fmt: skip
 # What no role but admin may do: stop, empty or reconfigure anything.
 NOBODY = [
@@ -583,6 +633,20 @@ SHARED = {
     ("ruler", f"TYPE {RU}"), ("ruler", f"HGET {RU} :version"), ("ruler", f"HGETALL {RU}"),
     ("ruler", "GET intentstream:model:current"), ("ruler", "STRLEN intentstream:model:1"),
     ("ruler", f"XRANGE {E0} - + COUNT 10"),
+    # the deliverer reads the partition count as the ruler does, and a consumer group on the
+    # actions is its job as a shop's (a shop's own reader would do what it does)
+    ("deliverer", "HGET intentstream:config partitions"),
+    ("ruler", "HGET intentstream:config partitions"),
+    ("deliverer", f"XGROUP CREATE {A0} shop $ MKSTREAM"),
+    ("deliverer", f"XREADGROUP GROUP shop web COUNT 10 STREAMS {A0} >"),
+    ("deliverer", f"XACK {A0} shop 1-1"), ("deliverer", f"XPENDING {A0} shop"),
+    ("deliverer", f"XAUTOCLAIM {A0} shop web 60000 0-0"), ("deliverer", f"XINFO GROUPS {A0}"),
+    ("deliverer", f"XRANGE {A0} - +"),
+    ("shop", f"XGROUP CREATE {A0} webhook:crm 0-0 MKSTREAM"),
+    ("shop", f"XREADGROUP GROUP webhook:crm c-0 COUNT 100 BLOCK 100 STREAMS {A0} >"),
+    ("shop", f"XACK {A0} webhook:crm 1-1"),
+    ("shop", f"XAUTOCLAIM {A0} webhook:crm c-0 60000 0-0 COUNT 100"),
+    ("shop", f"XPENDING {A0} webhook:crm"), ("shop", f"XRANGE {A0} (1-1 + COUNT 1"),
 }  # fmt: skip
 # The console does the ruler's whole job; it reads what its overview shows as the worker, KEDA
 # and a shop read it, and promotes as the trainer does (the registry's owner, who may too).

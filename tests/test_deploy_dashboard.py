@@ -55,6 +55,21 @@ REQUIRED = {
     "intentstream_redis_maxmemory_bytes",
 } | NEW_PANELS
 REQUIRED |= ACTION_PANELS
+# Issue 47's webhook deliverers: what they did, how their attempts ended, how long from commit
+# to 2xx, the oldest action waiting. A deliverer exports these, a worker none of them.
+WEBHOOK_PANELS = {
+    "intentstream_webhook_deliveries_total",
+    "intentstream_webhook_attempts_total",
+    "intentstream_webhook_delivery_latency_seconds_bucket",
+    "intentstream_webhook_oldest_undelivered_seconds",
+}
+REQUIRED |= WEBHOOK_PANELS
+
+
+def deliverers_metric(name: str) -> bool:
+    return name.startswith("intentstream_webhook_")
+
+
 # Grafana's built-in variables, as a query would see them.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
 
@@ -223,7 +238,38 @@ def test_dashboard_and_alerts_name_only_metrics_a_live_worker_exports(
         for where, queries in (("panel", dashboard_queries()), ("alert", rule_queries()))
         for title, expr in queries
         for name in metrics_of(expr)
-        if name not in exported
+        if name not in exported and not deliverers_metric(name)  # a deliverer's: below
     }
     assert not missing, "named but not exported:\n" + "\n".join(sorted(missing))
     assert exported >= NEW_PANELS | ACTION_PANELS
+    assert not {n for n in exported if deliverers_metric(n)}
+
+
+@pytest.mark.integration
+def test_webhook_panels_and_alerts_name_only_metrics_a_live_deliverer_exports(
+    redis_server, tmp_path
+):
+    from tests.deliverers import DelivererProcess, add_actions, add_endpoint
+    from tests.webhook_receiver import Receiver
+    from worker.webhooks.signing import new_secret
+
+    receiver = Receiver().start()
+    add_endpoint(redis_server.url, "crm", receiver.url, new_secret())
+    ids = add_actions(redis_server.client(), 3)
+    deliverer = DelivererProcess(redis_server.url, tmp_path / "d.log").start()
+    try:
+        wait_for(lambda: set(receiver.ok_ids()) >= set(ids), 60, "three deliveries")
+        exported = metric_names(scrape_text(deliverer.metrics_port))
+    finally:
+        deliverer.terminate()
+        receiver.stop()
+    named = {
+        f"{where} {title!r}: {name}"
+        for where, queries in (("panel", dashboard_queries()), ("alert", rule_queries()))
+        for title, expr in queries
+        for name in metrics_of(expr)
+        if deliverers_metric(name) and name not in exported
+    }
+    assert not named, "named but not exported:\n" + "\n".join(sorted(named))
+    assert exported >= WEBHOOK_PANELS
+    assert "intentstream_build_info" not in exported, "a deliverer would count as a worker"

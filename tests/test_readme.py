@@ -29,6 +29,8 @@ ELSEWHERE = {
     "intentstream bench --workers": "minutes long: tests/test_scaling_bench.py runs it small",
     "intentstream bench --real": "minutes long: tests/test_cli_judging.py runs it small",
     ".venv/bin/python -m pytest": "the test run itself (docs/contributing.md)",
+    "intentstream webhooks test": "needs a receiver: tests/test_cli_webhooks.py pings one",
+    "intentstream deliver": "runs until SIGTERM: tests/test_webhooks_delivery.py runs it",
     ".venv/bin/ruff": "the lint step of scripts/test.sh",
     ".venv/bin/lint-imports": "the import contracts' step of scripts/test.sh",
 }

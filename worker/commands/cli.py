@@ -96,6 +96,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_args[:1] == ["--real"]:
         return _cmd_bench_real(args)
+    if args.bench_args[:1] == ["--webhooks"]:  # no engine: worker/bench/webhooks.py
+        from worker.bench.webhooks import main as webhooks_main
+
+        return webhooks_main(args.bench_args[1:])
     from worker.bench.throughput import main as bench_main  # the engine: for this command only
 
     return bench_main(args.bench_args)
@@ -524,6 +528,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Set, list, show and delete the intent rules in Redis.",
         populate=_module_flags("worker.commands.rules"),
     )
+
+    # `intentstream webhooks ...` and `deliver`: worker/commands/webhooks.py
+    sub.add_parser(
+        "webhooks",
+        help="the webhook endpoints the actions are delivered to",
+        description="Add, list, remove, test the webhook endpoints in Redis; replay an "
+        "endpoint's dead letters.",
+        populate=_module_flags("worker.commands.webhooks"),
+    )
+    deliver = sub.add_parser(
+        "deliver",
+        help="POST every action to every webhook endpoint, signed, at least once",
+        description="Deliver the intent actions to the webhook endpoints (`webhooks add`): "
+        "Standard Webhooks signatures, retries with backoff, dead letters (docs/webhooks.md).",
+        populate=lambda cmd: importlib.import_module("worker.commands.webhooks").add_deliver_flags(
+            cmd
+        ),
+    )
+    deliver.set_defaults(func=_lazy("worker.commands.webhooks", "cmd_deliver"))
 
     score = sub.add_parser("score", help="score JSON-lines events offline, state in memory",
                            populate=_add_score_flags)  # fmt: skip

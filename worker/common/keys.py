@@ -160,3 +160,14 @@ class Keys:
     def console_audit(self) -> str:
         """Stream: every change made through `intentstream console` (who, what, when)."""
         return f"{self.prefix}:console:audit"
+
+    # ---- webhooks (worker/webhooks) ------------------------------------------------------
+
+    @property
+    def webhooks(self) -> str:
+        """Hash: endpoint name -> the endpoint's JSON (URL, secret, rules, timeout)."""
+        return f"{self.prefix}:webhooks"
+
+    def webhook_deadletter(self, name: str) -> str:
+        """Stream of an endpoint's deliveries given up after the maximum age."""
+        return f"{self.prefix}:webhooks:deadletter:{name}"

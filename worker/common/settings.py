@@ -165,13 +165,50 @@ class Settings(BaseSettings):
         return self
 
 
+class DeliverySettings(Settings):
+    """`intentstream deliver`'s settings: the worker's connection, logging and metrics
+    settings and the webhook delivery's own (docs/webhooks.md)."""
+
+    metrics_port: int = Field(9109, ge=0, le=65535, description="metrics port; 0 = off")
+    webhook_retry_cap_seconds: float = Field(
+        300.0, gt=0, description="longest wait between two attempts of one delivery"
+    )
+    webhook_max_age_seconds: float = Field(
+        86400.0,
+        gt=0,
+        description="an action still undelivered this long after its commit is dead-lettered",
+    )
+    webhook_senders: int = Field(
+        4, ge=1, le=256, description="concurrent senders per endpoint (consumers of its group)"
+    )
+    webhook_max_held: int = Field(
+        1000,
+        ge=1,
+        description="deliveries a sender keeps waiting for a retry before it "
+        "stops reading new actions",
+    )
+    webhook_claim_idle_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="take over a delivery another deliverer left unattended this long "
+        "(a process that died)",
+    )
+    webhook_poll_seconds: float = Field(
+        2.0, gt=0, description="how often to re-read the endpoints (webhooks add|remove)"
+    )
+
+
 class SettingsError(ValueError):
     """Invalid configuration; the message names the setting, its flag and its variable."""
 
 
-def add_setting_flags(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:
-    """Add a `--flag` per setting (all, or `names`); unset flags stay None."""
-    for name, field in Settings.model_fields.items():
+def add_setting_flags(
+    parser: argparse.ArgumentParser,
+    names: list[str] | None = None,
+    settings: type[Settings] = Settings,
+) -> None:
+    """Add a `--flag` per setting of `settings` (all, or `names`); unset flags stay None."""
+    for name, field in settings.model_fields.items():
         if names is not None and name not in names:
             continue
         env = f"INTENTSTREAM_{name.upper()}"
@@ -192,20 +229,23 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: list[str] | None =
             parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help)
 
 
-def load_settings(args: argparse.Namespace | None = None, **overrides: object) -> Settings:
-    """Settings from the environment, overridden by flags that were given."""
+def load_settings(
+    args: argparse.Namespace | None = None, settings: type[Settings] = Settings, **overrides: object
+) -> Settings:
+    """Settings (or `settings`, a subclass) from the environment, overridden by flags that
+    were given."""
     flags = vars(args) if args is not None else {}
-    given = {k: v for k, v in flags.items() if k in Settings.model_fields and v is not None}
+    given = {k: v for k, v in flags.items() if k in settings.model_fields and v is not None}
     given.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return Settings(**given)
+        return settings(**given)
     except ValidationError as exc:
         problems = []
         for e in exc.errors():
             name = ".".join(str(p) for p in e["loc"])
             if name in given:  # as every command names a bad value: by its flag
                 where = "--" + name.replace("_", "-")
-            elif name in Settings.model_fields:  # from the environment
+            elif name in settings.model_fields:  # from the environment
                 where = f"{ENV_PREFIX}{name.upper()}"
             else:  # a check of several settings: its message names them
                 problems.append(e["msg"].removeprefix("Value error, "))
@@ -250,7 +290,8 @@ NOT_SETTINGS = frozenset({"INTENTSTREAM_TRACEBACK"}) | frozenset(
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A warning for each INTENTSTREAM_* variable that names no setting, with the closest
     name: pydantic ignores such a typo silently (INTENTSTREAM_BATCHSIZE)."""
-    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | NOT_SETTINGS
+    fields = {*Settings.model_fields, *DeliverySettings.model_fields}
+    known = {ENV_PREFIX + name.upper() for name in fields} | NOT_SETTINGS
     suffixes = sorted(name.removeprefix(ENV_PREFIX) for name in known)
     warnings = []
     for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in known):

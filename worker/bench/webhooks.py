@@ -1,0 +1,155 @@
+"""`intentstream bench --webhooks`: one `intentstream deliver` process against a keep-alive
+receiver process (worker/bench/receiver.py) on a private Redis: deliveries per second from a
+backlog, and the delay from each action's commit to its arrival at a fixed rate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from worker.common.cli_help import HelpFormatter
+from worker.common.local_redis import LocalRedis, free_port
+
+ACTION = {"user_id": "user-123", "rule": "coupon", "score": "0.8125", "event_id": "ev-123",
+          "ts": "1764979200000", "model": "1",
+          "reasons": '[{"type":"add_to_cart","ts":1764979200000,"delta":0.3},'
+                     '{"type":"view","ts":1764979100000,"delta":0.1}]'}  # fmt: skip
+SECRET = "whsec_" + "A" * 43 + "="
+
+
+def machine() -> str:
+    """The CPU, its count and the load: what the figures depend on."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
+                 if ln.startswith("model name")]  # fmt: skip
+        model = names[0] if names else model
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{model}, {os.cpu_count()} CPUs, load {load:.1f}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU of a process so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Run:
+    """A private Redis, the receiver, an endpoint; the deliverer started on demand."""
+
+    def __init__(self, senders: int) -> None:
+        self.senders, self.port = senders, free_port()
+        self.redis = LocalRedis().start()
+        self.receiver = subprocess.Popen([sys.executable, "-m", "worker.bench.receiver",
+                                          str(self.port)])  # fmt: skip
+        self.client = self.redis.client()
+        self.deliverer: subprocess.Popen | None = None
+        self._cli("webhooks", "add", "bench", "--url", f"http://127.0.0.1:{self.port}/",
+                  "--secret", SECRET, "--from-start")  # fmt: skip
+
+    def _cli(self, *args: str) -> None:
+        exe = str(Path(sys.executable).parent / "intentstream")
+        subprocess.run([exe, *args, "--redis-url", self.redis.url], check=True,
+                       capture_output=True)  # fmt: skip
+
+    def start_deliverer(self) -> None:
+        exe = str(Path(sys.executable).parent / "intentstream")
+        self.deliverer = subprocess.Popen(
+            [exe, "deliver", "--redis-url", self.redis.url, "--metrics-port", "0",
+             "--webhook-senders", str(self.senders), "--log-format", "json"],
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def add(self, n: int) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for i in range(n):
+            pipe.xadd("intentstream:actions:{0}", ACTION)
+            if i % 1000 == 999:
+                pipe.execute()
+        pipe.execute()
+
+    def received(self) -> dict:
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=30) as r:
+                    return json.load(r)
+            except OSError:  # the receiver still starting
+                time.sleep(0.05)
+        raise RuntimeError("the benchmark's receiver does not answer")
+
+    def wait_count(self, n: int) -> None:
+        while self.received()["count"] < n:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.deliverer is not None:
+            self.deliverer.send_signal(signal.SIGTERM)
+            self.deliverer.wait(60)
+        self.receiver.kill()
+        self.receiver.wait()
+        self.redis.close()
+
+
+def throughput(actions: int, senders: int) -> str:
+    run = _Run(senders)
+    try:
+        run.add(actions)
+        run.start_deliverer()
+        run.wait_count(1)
+        start, first, cpu0 = time.monotonic(), run.received()["count"], 0.0
+        cpu0 = cpu_seconds(run.deliverer.pid)
+        run.wait_count(actions)
+        seconds = time.monotonic() - start
+        cpu = (cpu_seconds(run.deliverer.pid) - cpu0) / (actions - first)
+    finally:
+        run.close()
+    return (f"backlog of {actions}: {(actions - first) / seconds:,.0f} deliveries/s, "
+            f"deliverer CPU {cpu * 1e6:,.0f} us per delivery")  # fmt: skip
+
+
+def latency(rate: float, seconds: float, senders: int) -> str:
+    run = _Run(senders)
+    try:
+        run.start_deliverer()
+        run.add(1)
+        run.wait_count(1)  # the deliverer is up and its group read
+        start, sent = time.monotonic(), 0
+        total = int(rate * seconds)
+        while sent < total:
+            due = min(int((time.monotonic() - start) * rate), total)
+            run.add(due - sent)
+            sent = due
+            time.sleep(0.002)
+        run.wait_count(sent + 1)
+        delays = sorted(run.received()["delays_ms"][1:])
+    finally:
+        run.close()
+
+    def q(f: float) -> float:
+        return delays[min(len(delays) - 1, int(f * len(delays)))]
+
+    return (f"{rate:,.0f} actions/s for {seconds:g} s ({len(delays)}): commit to arrival "
+            f"p50 {q(0.5):.1f} ms, p99 {q(0.99):.1f} ms, max {delays[-1]:.1f} ms")  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="intentstream bench --webhooks", description=__doc__,
+                                formatter_class=HelpFormatter)  # fmt: skip
+    p.add_argument("--actions", type=int, default=20_000, help="backlog delivered for the rate")
+    p.add_argument("--senders", type=int, default=4, help="the deliverer's --webhook-senders")
+    p.add_argument("--rate", type=float, default=1000.0, help="actions/s for the latency")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long the fixed rate runs")
+    args = p.parse_args(argv)
+    print(f"machine: {machine()}")
+    print(throughput(args.actions, args.senders))
+    print(latency(args.rate, args.seconds, args.senders))
+    return 0

@@ -1,0 +1,261 @@
+"""One sender: a consumer of an endpoint's group that POSTs each action, acknowledges it only
+after a 2xx, keeps failed ones for their retry (backoff.py) and dead-letters those past the
+maximum age. An endpoint has several senders, each in a thread of its own; the endpoints'
+senders share nothing but the process, so a slow endpoint holds back only its own."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import httpx
+import redis
+
+from worker.common.connection import Client, refresh_topology
+from worker.common.keys import Keys
+from worker.webhooks.backoff import RetrySchedule
+from worker.webhooks.deadletters import add_dead_letter, dead_letter_fields
+from worker.webhooks.endpoints import Endpoint
+from worker.webhooks.group import ActionsGroup, Entry
+from worker.webhooks.metrics import DeliveryMetrics
+from worker.webhooks.payload import Delivery, from_entry
+from worker.webhooks.post import Attempt, send
+
+log = logging.getLogger("intentstream.webhooks")
+
+READ_COUNT = 100  # entries per read
+OLDEST_EVERY = 5.0  # seconds between two measures of the oldest undelivered action
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    """What every sender of the process shares: the schedule and the pacing."""
+
+    schedule: RetrySchedule
+    max_held: int
+    claim_idle_ms: int
+    block_ms: int
+
+
+@dataclass(order=True)
+class _Held:
+    due: float
+    seq: int
+    delivery: Delivery = field(compare=False)
+    failures: int = field(compare=False)
+    last: Attempt = field(compare=False)
+
+
+class Sender:
+    """One consumer of one endpoint's group; `run` until `stop` is set."""
+
+    def __init__(
+        self,
+        client: Client,
+        keys: Keys,
+        endpoint: Endpoint,
+        group: ActionsGroup,
+        http: httpx.Client,
+        config: SenderConfig,
+        metrics: DeliveryMetrics,
+        stop: threading.Event,
+        measures_oldest: bool = False,
+    ) -> None:
+        self.client, self.keys, self.endpoint, self.group = client, keys, endpoint, group
+        self.http, self.config, self.metrics, self.stop = http, config, metrics, stop
+        self.measures_oldest = measures_oldest
+        self.held: list[_Held] = []  # a heap by due time
+        self.working: dict[int, set[bytes]] = defaultdict(set)  # read, not yet acked
+        self.acks: dict[int, list[bytes]] = defaultdict(list)
+        self.dead: list[dict[str, object]] = []
+        self._seq = itertools.count()
+        self._started = False
+        self._failing = False
+        self._touched = self._claimed = self._measured = time.monotonic()
+
+    def run(self) -> None:
+        """Rounds until stopped; a Redis error waits (0.5 s doubling to 10 s) and goes on."""
+        wait = 0.5
+        while not self.stop.is_set():
+            try:
+                self.round()
+                wait = 0.5
+            except redis.RedisError as exc:
+                self.metrics.redis_errors.inc()
+                log.warning(
+                    "redis error; retrying",
+                    extra={
+                        "endpoint": self.endpoint.name,
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "retry_in_s": wait,
+                    },
+                )
+                refresh_topology(self.client)
+                self._started = False  # its pending entries read again (those not held)
+                self.stop.wait(wait)
+                wait = min(wait * 2, 10.0)
+        self._flush_quietly()
+
+    def round(self) -> None:
+        """Settle what is owed to Redis, retry what is due, take over abandoned entries, read
+        new ones (blocking until the next retry is due at most)."""
+        if not self._started:
+            if self.client.hget(self.keys.webhooks, self.endpoint.name) is None:
+                self.stop.wait(1.0)  # removed: its groups are not made again; stopped soon
+                return
+            self.group.ensure()  # a group deleted (or a Redis without AOF): made again
+            self._read_own()
+            self._started = True
+        self._flush()
+        self._touch_if_due()  # held retries may wait minutes: keep them marked as worked on
+        self._retry_due()
+        now = time.monotonic()
+        if now - self._claimed > self.config.claim_idle_ms / 2000:
+            claimed = self.group.claim_abandoned(self.config.claim_idle_ms, READ_COUNT)
+            # a full step: more may wait (a dead deliverer's backlog), take them next round
+            self._claimed = now if len(claimed) < READ_COUNT else 0.0
+            self._deliver_all(claimed)
+        if self.measures_oldest and now - self._measured > OLDEST_EVERY:
+            self._measured = now
+            self._measure_oldest()
+        room = self.config.max_held - len(self.held)
+        next_due = self.held[0].due - time.time() if self.held else None
+        if room <= 0:
+            self.stop.wait(min(1.0, max(next_due or 0.0, 0.0)))
+            return
+        block = (
+            self.config.block_ms
+            if next_due is None
+            else int(min(self.config.block_ms, max(next_due * 1000, 1)))
+        )
+        self._deliver_all(self.group.read(min(READ_COUNT, room), block))
+        self._flush()
+
+    def _read_own(self) -> None:
+        """Deliver this consumer's pending entries that it does not hold for a retry."""
+        after: dict[int, bytes] = {}
+        while not self.stop.is_set():
+            entries = self.group.read_own(READ_COUNT, after)
+            if not entries:
+                return
+            for p, eid, _ in entries:
+                after[p] = eid
+            mine = {(h.delivery.partition, h.delivery.entry_id.encode()) for h in self.held}
+            mine |= {(p, eid) for p, ids in self.acks.items() for eid in ids}
+            self._deliver_all([e for e in entries if (e[0], e[1]) not in mine])
+
+    def _deliver_all(self, entries: list[Entry]) -> None:
+        for p, eid, _ in entries:
+            self.working[p].add(eid)
+        for p, eid, fields in entries:
+            if self.stop.is_set():
+                return  # the rest stays pending: this consumer, or another, takes it again
+            self._touch_if_due()
+            if fields is None:  # trimmed from the stream before it was delivered
+                self._done(p, eid, "lost")
+                log.error(
+                    "action trimmed before delivery",
+                    extra={
+                        "endpoint": self.endpoint.name,
+                        "partition": p,
+                        "entry_id": eid.decode(),
+                    },
+                )
+                continue
+            delivery = from_entry(p, eid, fields)
+            if not self.endpoint.wants(delivery.rule):
+                self._done(p, eid, "skipped")
+                continue
+            self._attempt(delivery, 0)
+
+    def _attempt(self, delivery: Delivery, failures: int) -> None:
+        attempt = send(self.http, self.endpoint, delivery)
+        name = self.endpoint.name
+        self.metrics.attempts.labels(name, attempt.result).inc()
+        if attempt.ok:
+            self.metrics.latency.labels(name).observe(
+                max(time.time() - delivery.committed_ms / 1000, 0.0)
+            )
+            self._done(delivery.partition, delivery.entry_id.encode(), "delivered")
+            if self._failing:
+                self._failing = False
+                log.info("endpoint delivering again", extra={"endpoint": name})
+            return
+        failures += 1
+        if not self._failing:
+            self._failing = True
+            log.warning(
+                "delivery failed; retrying with backoff",
+                extra={
+                    "endpoint": name,
+                    "webhook_id": delivery.webhook_id,
+                    "result": attempt.describe(),
+                },
+            )
+        age = time.time() - delivery.committed_ms / 1000
+        if self.config.schedule.expired(age):
+            self.dead.append(dead_letter_fields(delivery, failures, attempt))
+            self._done(delivery.partition, delivery.entry_id.encode(), "dead_letter")
+            log.error(
+                "delivery given up: dead letter",
+                extra={
+                    "endpoint": name,
+                    "webhook_id": delivery.webhook_id,
+                    "attempts": failures,
+                    "result": attempt.describe(),
+                    "age_s": round(age, 1),
+                },
+            )
+            return
+        due = time.time() + self.config.schedule.wait(failures)
+        heapq.heappush(self.held, _Held(due, next(self._seq), delivery, failures, attempt))
+
+    def _retry_due(self) -> None:
+        while self.held and self.held[0].due <= time.time() and not self.stop.is_set():
+            held = heapq.heappop(self.held)
+            self._touch_if_due()
+            self._attempt(held.delivery, held.failures)
+
+    def _done(self, p: int, eid: bytes, outcome: str) -> None:
+        """Queue the entry's XACK (sent by _flush) and count its outcome."""
+        self.acks[p].append(eid)
+        self.metrics.deliveries.labels(self.endpoint.name, outcome).inc()
+
+    def _flush(self) -> None:
+        """The dead letters, then the acknowledgements (XADD before XACK: a crash between
+        them repeats a dead letter, never loses one)."""
+        if not self.dead and not any(self.acks.values()):
+            return
+        if self.dead:
+            pipe = self.client.pipeline(transaction=False)
+            for fields in self.dead:
+                add_dead_letter(pipe, self.keys, self.endpoint.name, fields)
+            pipe.execute()
+            self.dead = []
+        self.group.ack(self.acks)
+        for p, ids in self.acks.items():
+            self.working[p].difference_update(ids)
+        self.acks = defaultdict(list)
+
+    def _flush_quietly(self) -> None:
+        with contextlib.suppress(redis.RedisError):  # left pending: delivered again later
+            self._flush()
+
+    def _touch_if_due(self) -> None:
+        """Every third of the claim time, mark the entries this sender holds as worked on."""
+        now = time.monotonic()
+        if now - self._touched < self.config.claim_idle_ms / 3000:
+            return
+        self._touched = now
+        self.group.touch({p: list(ids) for p, ids in self.working.items()})
+
+    def _measure_oldest(self) -> None:
+        oldest = self.group.oldest_ms()
+        age = 0.0 if oldest is None else max(time.time() - oldest / 1000, 0.0)
+        self.metrics.oldest.labels(self.endpoint.name).set(age)
