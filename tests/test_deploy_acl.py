@@ -29,8 +29,17 @@ CONF = DEPLOY / "redis" / "redis.conf"
 # The development passwords whose SHA-256 users.acl holds (compose.yaml uses them too).
 PASSWORDS = {
     u: f"intentstream-dev-{u}"
-    for u in ("admin", "worker", "producer", "trainer", "keda", "ruler", "shop", "console",
-              "deliverer")
+    for u in (
+        "admin",
+        "worker",
+        "producer",
+        "trainer",
+        "keda",
+        "ruler",
+        "shop",
+        "console",
+        "deliverer",
+    )
 }
 STREAM = "intentstream:events:{0}"
 STATE = "intentstream:state:{0}:user-1"
