@@ -77,10 +77,11 @@ class _Run:
                 pipe.execute()
         pipe.execute()
 
-    def received(self) -> dict:
+    def received(self, path: str = "/") -> dict:
         for _ in range(200):
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=30) as r:
+                url = f"http://127.0.0.1:{self.port}{path}"
+                with urllib.request.urlopen(url, timeout=30) as r:
                     return json.load(r)
             except OSError:  # the receiver still starting
                 time.sleep(0.05)
@@ -130,7 +131,7 @@ def latency(rate: float, seconds: float, senders: int) -> str:
             sent = due
             time.sleep(0.002)
         run.wait_count(sent + 1)
-        delays = sorted(run.received()["delays_ms"][1:])
+        delays = sorted(run.received("/delays")["delays_ms"][1:])
     finally:
         run.close()
 
