@@ -168,6 +168,19 @@ def reliability(
     return mean_p, rate, count
 
 
+def reliability_record(y: np.ndarray, p: np.ndarray, bins: int = ECE_BINS) -> dict:
+    """`reliability` as the model's meta keeps it (plain lists, empty bins left out): the
+    points of its reliability diagram on the validation users."""
+    mean_p, rate, count = reliability(y, p, bins)
+    kept = count > 0
+    return {
+        "bins": bins,
+        "mean_score": [round(float(v), 6) for v in mean_p[kept]],
+        "observed": [round(float(v), 6) for v in rate[kept]],
+        "count": [int(v) for v in count[kept]],
+    }
+
+
 PLATT_KNOTS = 64
 
 

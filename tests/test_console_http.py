@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from tests.conftest import run_cli
 from tests.console_setup import EDITOR_TOKEN, TOKEN_ENV, VIEWER_TOKEN, publish_events, two_versions
 from worker.common.keys import Keys
+from worker.common.registry import Registry
 from worker.common.rule_store import read_rule, read_rules
 from worker.common.settings import load_settings
 from worker.console.app import build_app
@@ -222,3 +223,25 @@ def test_the_console_command_refuses_to_start_without_a_token(tmp_path, monkeypa
     result = run_cli("console", "--redis-url", "redis://127.0.0.1:1/0")
     assert result.returncode == 2 and "shorter than 16" in result.stderr
     assert "is not a setting" not in result.stderr
+
+
+def test_the_models_page_draws_each_versions_reliability_diagram(client, redis_server):
+    """A trained model's meta records its validation reliability; the page draws it (a dot per
+    bin, its counts in the dots' titles); a version without the record says so."""
+    from model.artifact import model_to_bytes
+    from model.data.synthetic import synthetic_events
+    from model.training.train import TrainConfig, train
+
+    trained = train(list(synthetic_events(3000, 200, seed=7)),
+                    TrainConfig(hidden=8, epochs=2, test_fraction=0.0)).model  # fmt: skip
+    record = trained.meta.model_extra["reliability"]
+    assert sum(record["count"]) > 0 and len(record["mean_score"]) == len(record["observed"])
+    Registry(redis_server.client(), KEYS.prefix).publish(model_to_bytes(trained))
+    signed_in(client, VIEWER_TOKEN)
+    page = client.get("/models").text
+    assert page.count("reliability diagram") == 3  # versions 1, 2 and the trained 3
+    assert "reliability: not recorded" in page  # the random models of versions 1 and 2
+    dots = page.count("<circle ")
+    assert dots == len(record["count"])
+    n = record["count"][0]
+    assert f"{n} steps</title>" in page

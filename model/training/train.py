@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from threadpoolctl import threadpool_limits
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
-from model.calibration import fit_platt
+from model.calibration import fit_platt, reliability_record
 from model.feature_names import expand_features, feature_help, unknown_features
 from model.inputs import Inputs, NumericInput, parse_inputs
 from model.params import Params, pack, unpack
@@ -415,13 +415,16 @@ def _train(
         "seconds": time.time() - started,
     }
     inherited = {"version", "state_space", "metrics", "baseline_metrics", "kept_epoch", "data",
-                 "calibration"}  # fmt: skip
+                 "calibration", "reliability"}  # fmt: skip
     meta = {k: v for k, v in model.meta.model_dump().items() if k not in inherited} | {
         "label_type": config.label_type,
         **({"state_space": state_space} if init is not None and state_space else {}),
         "created_at": time.time(),
         **({"calibration": calibration.model_dump()} if calibration is not None else {}),
         "metrics": metrics,
+        # the validation users' scores over all steps, as the model reports them: the
+        # diagram the console draws
+        "reliability": reliability_record(rnn_scores[0], rnn_scores[1]),
         "baseline_metrics": base_metrics,
         "kept_epoch": {k: v for k, v in kept_epoch.items() if k != "reason"},
         "data": {k: v for k, v in data.items() if k != "event_types"},

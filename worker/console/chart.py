@@ -72,3 +72,33 @@ def threshold_curve(curve: list[tuple[float, float | None, float | None]], above
         f'<text x="{W - 80}" y="14" class="chart-recall">recall</text>',
     ]
     return _frame("precision and recall by threshold", body)
+
+
+def reliability_diagram(record: dict) -> str:
+    """A model's reliability diagram (its meta's `reliability`): the observed buying rate
+    against the mean score of each score bin, a dot per bin sized by its steps, and the
+    diagonal a calibrated model follows."""
+    try:  # the meta is read from Redis: numbers only, or nothing is drawn
+        points = [(min(max(float(p), 0.0), 1.0), min(max(float(r), 0.0), 1.0), int(n))
+                  for p, r, n in zip(record["mean_score"], record["observed"], record["count"],
+                                     strict=True)]  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        points = []
+    if not points:
+        return _frame("reliability: not recorded", [])
+    top = max(n for *_, n in points) or 1
+    body = [
+        '<text x="8" y="30" class="chart-axis">1</text>',
+        f'<text x="8" y="{H - PAD}" class="chart-axis">0</text>',
+        f'<text x="{W - 24}" y="{H - PAD + 14}" class="chart-axis">1</text>',
+        f'<line x1="{_x(0):.1f}" y1="{_y(0):.1f}" x2="{_x(1):.1f}" y2="{_y(1):.1f}" '
+        'stroke="#aaa" stroke-dasharray="4 3"/>',
+        _polyline([(p, r) for p, r, _ in points], "#3b7dd8"),
+    ]
+    for p, r, n in points:
+        radius = 2 + 4 * (n / top) ** 0.5
+        body.append(
+            f'<circle cx="{_x(p):.1f}" cy="{_y(r):.1f}" r="{radius:.1f}" fill="#3b7dd8">'
+            f"<title>mean score {p:.3f}, observed {r:.3f}, {n} steps</title></circle>"
+        )
+    return _frame("reliability: observed rate against the score", body)

@@ -1,5 +1,6 @@
 """The Models page: the registry's versions with the figures training recorded in their meta
-(AUC at the last step, ECE), and promotion through the CLI's own gate."""
+(AUC at the last step, ECE, the reliability diagram), and promotion through the CLI's own
+gate."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import datetime
 
 from worker.commands.models import promoted
 from worker.common.registry import Registry
+from worker.console.chart import reliability_diagram
 
 # The figures shown per version, from the meta's `metrics` (train's validation users).
 FIGURES = ("auc_last", "ece_all", "ece_last")
@@ -26,6 +28,7 @@ def version_rows(registry: Registry) -> list[dict]:
             "published": f"{when:%Y-%m-%d %H:%M:%S}",
             "cell": f"{meta.get('cell', 'rnn')} {meta.get('layers', '?')} x {meta.get('hidden')}",
             "figures": {k: metrics.get(k) for k in FIGURES},
+            "reliability": reliability_diagram(meta.get("reliability") or {}),
             "current": version == current,
             "shadow": version == shadow,
         })  # fmt: skip
