@@ -245,3 +245,32 @@ def test_the_models_page_draws_each_versions_reliability_diagram(client, redis_s
     assert dots == len(record["count"])
     n = record["count"][0]
     assert f"{n} steps</title>" in page
+
+
+def test_the_actions_feed_says_where_each_webhook_delivery_stands(client, redis_server):
+    """Per endpoint wanting the action's rule: acknowledged (read and acked), in flight (read,
+    not acked), queued (not read yet); an endpoint of other rules is not listed."""
+    import base64
+
+    from worker.webhooks.endpoints import Endpoint
+    from worker.webhooks.store import add_endpoint
+
+    r = redis_server.client()
+    stream = KEYS.actions(0)
+    ids = [r.xadd(stream, {"user_id": f"u{i}", "rule": "hot", "score": "0.9", "reasons": "[]"})
+           for i in range(3)]  # fmt: skip
+    secret = "whsec_" + base64.b64encode(b"k" * 24).decode()
+    add_endpoint(r, KEYS, Endpoint(name="crm", url="https://crm.example/hook", secret=secret))
+    add_endpoint(r, KEYS, Endpoint(name="other", url="https://x.example/h", secret=secret,
+                                   rules=("cold",)))  # fmt: skip
+    r.xgroup_create(stream, "webhook:crm", "0-0")
+    r.xreadgroup("webhook:crm", "d-1", {stream: ">"}, count=2)  # the first two read
+    r.xack(stream, "webhook:crm", ids[0])  # the first delivered
+    signed_in(client, VIEWER_TOKEN)
+    rows = {a["id"]: a["delivery"] for a in client.get("/api/actions").json()["actions"]}
+    status = {i: rows[i.decode()] for i in ids}
+    assert status[ids[0]] == [{"endpoint": "crm", "status": "acknowledged"}]
+    assert status[ids[1]] == [{"endpoint": "crm", "status": "in flight"}]
+    assert status[ids[2]] == [{"endpoint": "crm", "status": "queued"}]
+    page = client.get("/actions").text
+    assert page.count("crm: in flight") == 1 and "other:" not in page

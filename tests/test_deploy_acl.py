@@ -5,6 +5,7 @@ must not do."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -589,6 +590,9 @@ JOBS: dict[str, list[list[str]]] = {
         ["RPOP", "intentstream:model:history"], ["DEL", "intentstream:model:shadow"],
         ["XADD", "intentstream:console:audit", "MAXLEN", "~", "100000", "*", "who", "e"],
         ["XREVRANGE", "intentstream:console:audit", "+", "-", "COUNT", "20"],
+        # the actions feed's webhook delivery: the endpoints, their groups' positions
+        ["HGETALL", "intentstream:webhooks"], ["XINFO", "GROUPS", A0],
+        ["XPENDING", A0, "webhook:crm", "1-1", "9-9", "10"],
     ],
     # `intentstream deliver` (worker/webhooks): the endpoints, an endpoint's consumer group
     # on the actions, its dead letters; `webhooks list|test|replay` under the same user
@@ -669,6 +673,12 @@ SHARED |= {("console", " ".join(c)) for c in JOBS["ruler"]} | {
     ("shop", f"XREVRANGE {A0} + - COUNT 50"), ("trainer", "EXISTS intentstream:model:meta:1"),
     ("trainer", "SET intentstream:model:current 2"), ("trainer", "RPOP intentstream:model:history"),
     ("trainer", "DEL intentstream:model:shadow"),
+    # the actions feed reads the webhook groups' positions as a shop's reader and the
+    # deliverer read them
+    ("console", f"HGETALL {WH}"), ("console", f"XINFO GROUPS {A0}"),
+    ("console", f"XPENDING {A0} shop"), ("console", f"XPENDING {A0} webhook:crm"),
+    ("shop", f"XINFO GROUPS {A0}"), ("shop", f"XPENDING {A0} webhook:crm 1-1 9-9 10"),
+    ("deliverer", f"HGETALL {WH}"), ("deliverer", f"XPENDING {A0} webhook:crm 1-1 9-9 10"),
 }  # fmt: skip
 # Known and documented (docs/deploy.md, "Redis users and TLS"): an ACL cannot restrict arguments, so
 # the worker, which trims history (XTRIM MINID) and records routes, may also trim more and
@@ -735,6 +745,15 @@ def test_the_console_does_its_whole_job_under_its_user(acl_redis, tmp_path):
     publish(admin, synthetic_events(400, 20, seed=3))
     admin.xgroup_create(STREAM, "intentstream-workers", "0")
     admin.hset(STATE, mapping={"score": "0.5"})
+    # an endpoint and an action: the feed reads where its delivery stands
+    from worker.common.keys import Keys
+    from worker.webhooks.endpoints import Endpoint
+    from worker.webhooks.store import add_endpoint
+
+    secret = "whsec_" + base64.b64encode(b"k" * 24).decode()
+    add_endpoint(admin, Keys(), Endpoint(name="crm", url="https://crm.example/h", secret=secret))
+    admin.xadd(ACTIONS, {"user_id": "user-1", "rule": "c", "score": "0.9", "reasons": "[]"})
+    admin.xgroup_create(ACTIONS, "webhook:crm", "0", mkstream=True)
     token = "console-editor-token-0123456789"
     settings = load_settings(None, redis_url=url(acl_redis, "console"))
     app = build_app(make_console(settings, Tokens(token, None), 1000))

@@ -14,6 +14,7 @@ from worker.console.action_feed import newest_actions
 from worker.console.audit import recent_changes
 from worker.console.chart import per_day_bars, threshold_curve
 from worker.console.context import Console
+from worker.console.delivery_status import with_delivery
 from worker.console.model_list import version_rows
 from worker.console.rule_backtest import BacktestError, run_backtest
 from worker.console.rule_form import FIELDS, form_of_rule, form_values, rule_of_form
@@ -80,14 +81,16 @@ def users(console: Console):
 
 def actions(console: Console):
     def page(request: Request) -> Response:
-        rows = newest_actions(console.client, console.keys)
+        rows = with_delivery(console.client, console.keys,
+                             newest_actions(console.client, console.keys))  # fmt: skip
         return console.page(request, "actions.html", actions=rows)
 
     def poll(request: Request) -> Response:
         after = request.query_params.get("after", "")
         if after and not ENTRY_ID.fullmatch(after):
             return JSONResponse({"error": "after: not an entry id"}, status_code=400)
-        return JSONResponse({"actions": newest_actions(console.client, console.keys, after=after)})
+        rows = newest_actions(console.client, console.keys, after=after)
+        return JSONResponse({"actions": with_delivery(console.client, console.keys, rows)})
 
     return page, poll
 

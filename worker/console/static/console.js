@@ -62,7 +62,8 @@ function actionRow(a) {
   link.href = `/users?user_id=${encodeURIComponent(a.user_id)}`;
   link.textContent = a.user_id;
   const reasons = a.reasons.map((r) => `${r.type} ${r.delta >= 0 ? "+" : ""}${r.delta.toFixed(3)}`);
-  const tr = row([a.id, a.rule, link, a.score, a.model, reasons.join(", ")]);
+  const delivery = a.delivery.map((d) => `${d.endpoint}: ${d.status}`);
+  const tr = row([a.id, a.rule, link, a.score, a.model, reasons.join(", "), delivery.join(", ")]);
   tr.dataset.id = a.id;
   return tr;
 }
