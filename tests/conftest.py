@@ -62,8 +62,8 @@ def _close_followers(monkeypatch):
     Redis for as long as they live: left open, they poll a stopped server with redis-py's
     jittered retries for the rest of the session, in the process later tests run in
     (Hypothesis warned of the `random` calls inside its strategies)."""
-    from worker.engine.adapters.model_source import RegistryModelSource
-    from worker.engine.adapters.rule_source import RuleSource
+    from worker.lifecycle.model_source import RegistryModelSource
+    from worker.rules.source import RuleSource
 
     made: list = []
     for cls in (RegistryModelSource, RuleSource):

@@ -14,12 +14,12 @@ from model.scoring import ScoringModel
 from model.synthetic import synthetic_events
 from tests.test_explain import reference_replay
 from worker.common.keys import partition_of
-from worker.common.rules import Rule
 from worker.engine.compute.batch import parse_batch
 from worker.engine.compute.pipeline import ShadowStates, UserStates, build_commit, distinct_users
 from worker.engine.compute.recent import extended, unpack
 from worker.engine.compute.replay import replay
-from worker.engine.compute.rules import RuleTable
+from worker.rules.definition import Rule
+from worker.rules.step import RuleTable
 
 TYPES = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]
 HISTORY = 8

@@ -21,10 +21,10 @@ from tests.workers import all_committed, count_scores, wait_for
 from worker.common.connection import connect
 from worker.common.keys import partition_of
 from worker.common.local_redis import LocalCluster, free_port
-from worker.common.publisher import publish
 from worker.common.settings import Settings
-from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import FileModelSource
+from worker.producers.publisher import publish
 
 pytestmark = pytest.mark.integration
 

@@ -18,13 +18,13 @@ from tests.workers import score_entries
 from worker.common.connection import connect
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalCluster
-from worker.common.publisher import publish
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import FileModelSource
+from worker.producers.publisher import publish
 
 pytestmark = pytest.mark.integration
 

@@ -492,7 +492,7 @@ JOBS: dict[str, list[list[str]]] = {
         ["GET", "intentstream:acked:{0}"], ["XRANGE", E0, "(0-0", "(1-1", "COUNT", "1"],
         ["GET", "intentstream:lastcommit:{0}"],
         ["TIME"], ["MULTI"], ["INCR", "intentstream:seq:{0}"], ["EXEC"],
-        # the intent rules (adapters/rule_source.py, common/rule_store.py) and the actions,
+        # the intent rules (rules/source.py, rules/store.py) and the actions,
         # which the commit writes (TYPE, XADD: Redis checks them against the caller)
         ["HGET", RU, ":version"], ["HGETALL", RU], ["TYPE", RU],
         ["SUBSCRIBE", "intentstream:rules:updates"], ["TYPE", A0],
@@ -510,7 +510,7 @@ JOBS: dict[str, list[list[str]]] = {
         ["HGETALL", RU],  # the promotion gate's share of sessions per live rule
     ],
     "keda": [["XINFO", "GROUPS", E0], ["XPENDING", E0, "g"], ["INFO", "server"]],
-    # `intentstream rules set/delete/list/show` (common/rule_store.py: WATCH, the checks, then
+    # `intentstream rules set/delete/list/show` (rules/store.py: WATCH, the checks, then
     # MULTI/EXEC with the write and the version, then PUBLISH), `rules backtest --from-redis`
     # and `explain`: the registry's model, the partition count, the events, a state
     "ruler": [

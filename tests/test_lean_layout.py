@@ -20,9 +20,6 @@ from worker.bench.inputs import INPUTS
 from worker.commands.explain import read_state
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
-from worker.common.publisher import publish
-from worker.common.registry import Registry
-from worker.common.rules import make_rule
 from worker.engine.adapters.commit import CommitLimits, Committer
 from worker.engine.adapters.states import FIELDS, StateReader
 from worker.engine.compute.batch import parse_batch
@@ -38,8 +35,11 @@ from worker.engine.compute.pipeline import (
     build_commit,
     distinct_users,
 )
-from worker.engine.compute.rules import RuleTable
 from worker.engine.compute.state_cache import StateCache
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
+from worker.rules.definition import make_rule
+from worker.rules.step import RuleTable
 
 KEYS = Keys("intentstream")
 LEAN_STATE = {b"score", b"model", b"s"}

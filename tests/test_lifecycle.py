@@ -11,14 +11,14 @@ from model.artifact import Model, ModelMeta, random_model
 from model.scoring import InMemoryScorer, ScoringModel
 from tests.workers import score_entries, wait_for
 from worker.common.connection import connect
-from worker.common.publisher import publish
-from worker.common.registry import Registry
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import RegistryModelSource
 from worker.engine.compute.pipeline import UserStates, build_commit
 from worker.engine.compute.recent import Recent, extended, pack, unpack
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import RegistryModelSource
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
 
 SMALL = ["view", "search", "add_to_cart", "purchase"]
 LARGE = [*SMALL, "remove_from_cart", "coupon", "checkout", "wishlist"]

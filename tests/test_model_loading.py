@@ -18,12 +18,12 @@ from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.common.connection import connect
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.registry import Registry, RegistryError
 from worker.common.settings import Settings, load_settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import ModelRejectedError, RegistryModelSource
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import ModelRejectedError, RegistryModelSource
+from worker.lifecycle.registry import Registry, RegistryError
+from worker.producers.publisher import publish
 
 TYPES = [*EVENT_TYPES, LABEL_TYPE]
 CURRENT, SHADOW = "intentstream:model:current", "intentstream:model:shadow"

@@ -12,12 +12,12 @@ import redis
 from tests.conftest import run_cli
 from tests.workers import all_committed, count_scores
 from worker.common.connection import connect
+from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource
-from worker.engine.compute.batch import entry_id
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import FileModelSource
 
 KEYS = Keys()
 STREAM0 = KEYS.events(0)

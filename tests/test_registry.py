@@ -20,12 +20,12 @@ from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.registry import Registry, RegistryError
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import RegistryModelSource
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import RegistryModelSource
+from worker.lifecycle.registry import Registry, RegistryError
+from worker.producers.publisher import publish
 
 TYPES = [*EVENT_TYPES, LABEL_TYPE]
 

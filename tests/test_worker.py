@@ -23,13 +23,13 @@ from tests.workers import WorkerProcess, all_committed, count_scores, score_entr
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.rule_store import set_rule
-from worker.common.rules import make_rule
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import FileModelSource
+from worker.producers.publisher import publish
+from worker.rules.definition import make_rule
+from worker.rules.store import set_rule
 
 STREAM0 = "intentstream:events:{0}"
 FUTURE_MS = int(time.time() * 1000) + 86_400_000  # a day ahead: past the 10-minute skew
@@ -624,7 +624,7 @@ import json, sys, threadpoolctl
 from worker.common.connection import connect
 from worker.engine.consumer import Consumer
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource
+from worker.lifecycle.model_source import FileModelSource
 from worker.common.settings import Settings
 
 s = Settings(redis_url=sys.argv[1], model=sys.argv[2], metrics_port=0, block_ms=10)

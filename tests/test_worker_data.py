@@ -17,13 +17,13 @@ import redis
 from tests.golden import GOLDEN_SCORES
 from tests.test_worker import http_status, in_process_consumer, scrape
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
-from worker.common.append_function import install
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.rule_store import set_rule
-from worker.common.rules import make_rule
+from worker.producers.append_function import install
+from worker.producers.publisher import publish
+from worker.rules.definition import make_rule
+from worker.rules.store import set_rule
 
 pytestmark = pytest.mark.integration
 

@@ -118,10 +118,10 @@ def _cmd_bench_real(args: argparse.Namespace) -> int:
 
 
 def _cmd_partitions_resize(args: argparse.Namespace) -> int:
-    from worker.commands.resize import ResizeRefusedError, resize
     from worker.common.connection import connect_settings
     from worker.common.keys import Keys
     from worker.common.settings import SettingsError, load_settings
+    from worker.partitions.resize import ResizeRefusedError, resize
 
     try:
         settings = load_settings(args, model=None)
@@ -134,10 +134,10 @@ def _cmd_partitions_resize(args: argparse.Namespace) -> int:
 
 
 def _cmd_partitions_repair(args: argparse.Namespace) -> int:
-    from worker.commands.repair import RepairRefusedError, repair
     from worker.common.connection import connect_settings
     from worker.common.keys import Keys
     from worker.common.settings import SettingsError, load_settings
+    from worker.partitions.repair import RepairRefusedError, repair
 
     try:
         settings = load_settings(args, model=None)

@@ -29,11 +29,9 @@ from contextlib import suppress
 import redis
 
 from model.scoring import ScoringModel
-from worker.common.append_function import ROUTE_SCRIPT
-from worker.common.append_function import install as install_function
 from worker.common.connection import is_cluster, refresh_topology
 from worker.common.keys import Keys
-from worker.common.partitions import PartitionCountError, check_partitions
+from worker.common.partition_count import PartitionCountError, check_partitions
 from worker.common.settings import Settings
 from worker.engine.adapters.commit import (
     CommitLimits,
@@ -44,11 +42,9 @@ from worker.engine.adapters.commit import (
 )
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.parked import ParkedReads
-from worker.engine.adapters.rule_source import RuleSource
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.streams import Cursor, PositionError, StreamReader
 from worker.engine.compute.batch import Batch
@@ -61,6 +57,10 @@ from worker.engine.partition import Partitions
 from worker.engine.readahead import Ahead, ReadAhead
 from worker.engine.rulebook import Rulebook
 from worker.engine.tally import Tally
+from worker.lifecycle.model_source import FileModelSource, RegistryModelSource
+from worker.producers.append_function import ROUTE_SCRIPT
+from worker.producers.append_function import install as install_function
+from worker.rules.source import RuleSource
 
 log = logging.getLogger("intentstream.worker")
 
@@ -117,7 +117,7 @@ class Consumer:
         # the states the last commit sent ahead writes, made while Redis ran the reads
         self._written: tuple[Commit, dict[str, CachedState]] | None = None
         self._function_checked = False
-        self._may_install = True  # the producers' function (worker/common/append_function.py)
+        self._may_install = True  # the producers' function (worker/producers/append_function.py)
         self._route = client.register_script(ROUTE_SCRIPT)
         self._groups_missing = False  # a read found a group gone (NOGROUP)
         self._stopped: dict[int, set[str]] = {}  # partitions stopped by their position

@@ -20,9 +20,9 @@ from worker.engine.adapters.commit import CommitResult
 from worker.engine.adapters.streams import Cursor
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
-from worker.engine.compute.rules import RuleTable
 from worker.engine.compute.state_cache import StateCache
 from worker.engine.readahead import Ahead
+from worker.rules.step import RuleTable
 
 
 class Partition:

@@ -54,10 +54,11 @@ import numpy as np
 import redis
 
 from worker.common.connection import is_cluster, read_replies, refresh_topology
+from worker.common.entry_ids import entry_id, valid_id
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.resp import Joined, resp_commands
-from worker.engine.compute.batch import DeadLetter, entry_id, valid_id
+from worker.engine.compute.batch import DeadLetter
 from worker.engine.compute.lean_state import packed_states
 from worker.engine.compute.pipeline import Commit
 

@@ -18,12 +18,12 @@ from collections import deque
 
 import redis
 
+from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
 from worker.common.settings import Settings
 from worker.engine.adapters.lag import REPAIR_SCRIPT, count_between, uncommitted, undelivered
 from worker.engine.adapters.losses import Losses
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.compute.batch import entry_id
 
 log = logging.getLogger("intentstream.worker")
 

@@ -35,7 +35,7 @@ from worker.engine.compute.recent import (
     unpack,
 )
 from worker.engine.compute.resends import memories_after
-from worker.engine.compute.rules import RuleTable
+from worker.rules.step import RuleTable
 
 NO_HISTORY = b""  # a packed history with no events (compute/recent.py)
 

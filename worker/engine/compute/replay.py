@@ -17,8 +17,8 @@ from worker.common.dedup import DEFAULT_WINDOW
 from worker.engine.compute.actions import Action
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
-from worker.engine.compute.rules import RuleTable
 from worker.engine.compute.state_cache import StateCache, copy_known, written
+from worker.rules.step import RuleTable
 
 
 @dataclass
