@@ -29,13 +29,9 @@ from worker.engine.compute.lean_state import (
     packed_states,
     unpack_state,
 )
-from worker.engine.compute.pipeline import (
-    ShadowStates,
-    UserStates,
-    build_commit,
-    distinct_users,
-)
+from worker.engine.compute.pipeline import build_commit
 from worker.engine.compute.state_cache import StateCache
+from worker.engine.compute.user_states import ShadowStates, UserStates, distinct_users
 from worker.lifecycle.registry import Registry
 from worker.producers.publisher import publish
 from worker.rules.definition import make_rule

@@ -13,8 +13,9 @@ from tests.workers import score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.compute.pipeline import UserStates, build_commit
+from worker.engine.compute.pipeline import build_commit
 from worker.engine.compute.recent import Recent, extended, pack, unpack
+from worker.engine.compute.user_states import UserStates
 from worker.engine.consumer import Consumer
 from worker.lifecycle.model_source import RegistryModelSource
 from worker.lifecycle.registry import Registry

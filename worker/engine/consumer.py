@@ -48,9 +48,10 @@ from worker.engine.adapters.parked import ParkedReads
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.streams import Cursor, PositionError, StreamReader
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import Commit, distinct_users
+from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.state_cache import CachedState, StateCache, written
+from worker.engine.compute.user_states import distinct_users
 from worker.engine.models import Models, tune_gc
 from worker.engine.models import pin_blas as pin_blas  # the bench tunes as run() does
 from worker.engine.partition import Partitions

@@ -27,9 +27,10 @@ from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.compute import columnar, histories, items, resends
 from worker.engine.compute import quality as live_quality
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import Commit, UserStates, build_commit
+from worker.engine.compute.pipeline import Commit, build_commit
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.state_cache import StateCache
+from worker.engine.compute.user_states import UserStates
 from worker.lifecycle.model_source import (
     FileModelSource,
     ModelRejectedError,

@@ -30,8 +30,8 @@ from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.resp import resp_commands
 from worker.engine.compute.histories import valid_histories
 from worker.engine.compute.lean_state import later_id, unpack_state
-from worker.engine.compute.pipeline import ShadowStates, UserStates
 from worker.engine.compute.state_cache import CachedState, StateCache, copy_known
+from worker.engine.compute.user_states import ShadowStates, UserStates
 
 FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
           "shadow_model", "score", "shadow_score", "rules", "shadow_rules", "items",
