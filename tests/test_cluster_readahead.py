@@ -165,7 +165,7 @@ def test_idle_partitions_wait_in_blocking_reads_woken_by_an_entry(cluster, model
     later.join()
     assert len(score_entries(r, partitions=P)) == 1
     # a rewind (as after an error) lets every parked read go; nothing is lost
-    consumer._rewind()
+    consumer.rewind()
     assert len(consumer.parked) == 0
     publish(r, [event | {"event_id": "a2", "ts": event["ts"] + 1}], partitions=P)
     while consumer.metrics.count("scored") < 2:

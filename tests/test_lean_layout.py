@@ -221,7 +221,7 @@ def test_workers_switching_layouts_carry_every_state_and_score_as_offline(redis_
             if count_scores(r, partitions=2) >= done:
                 break
             consumer.tick()
-        consumer._shutdown()  # commits what it read and releases the leases
+        consumer.shutdown()  # commits what it read and releases the leases
         assert count_scores(r, partitions=2) == done
         users = {events[i]["user_id"] for i in part}  # the users this worker wrote
         states = [r.hgetall(KEYS.state(partition_of(u, 2), u)) for u in users]

@@ -121,7 +121,7 @@ def test_an_impossible_position_stops_its_partition_only_until_repaired(
     assert count_scores(r, partitions=2) == 2
     spoil(r)
     consumer.maintenance.run([0, 1])  # skips partition 0, raises nothing
-    consumer._rewind()  # as after an outage: every partition seeks to its position
+    consumer.rewind()  # as after an outage: every partition seeks to its position
     r.xadd(KEYS.events(0), {"user_id": "e", "type": "view"})
     r.xadd(KEYS.events(1), {"user_id": "b", "type": "view"})
     with caplog.at_level("ERROR", logger="intentstream.worker"):

@@ -284,7 +284,7 @@ def test_events_at_or_below_last_id_are_acknowledged_without_effect(redis_server
     # from its start: its entries are at or below each user's last_id, applied before.
     r.delete("intentstream:acked:{0}", "intentstream:lastcommit:{0}")
     r.xgroup_setid(STREAM0, "intentstream-workers", "0")
-    consumer._rewind()
+    consumer.rewind()
     consumer.tick()
     consumer.tick()
     assert count_scores(r) == 3

@@ -142,7 +142,7 @@ def test_counters_are_exact_when_commit_replies_are_lost(redis_server, golden_pa
         try:
             consumer.tick()
         except redis.ConnectionError:
-            consumer._rewind()  # what run() does after an outage
+            consumer.rewind()  # what run() does after an outage
 
     wait_for(lambda: tick() or consumer.metrics.count("scored") >= 100, what="all counted")
     tick()

@@ -184,6 +184,11 @@ class Committer:
         """The token this commit records as the partition's last commit."""
         return token_of(self.holder, commit)
 
+    def applied(self, p: int, token: bytes) -> bool:
+        """Whether the partition's last commit is the one that recorded `token` (a commit
+        whose reply was lost)."""
+        return self.client.get(self.keys.last_commit(p)) == token
+
     # ---- 1. the checks ------------------------------------------------------------------
 
     def checks(self, c: Commit) -> tuple[bytes, int]:
