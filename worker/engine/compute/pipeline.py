@@ -90,10 +90,15 @@ class Commit:
     parts: list[Part] = field(default_factory=list)  # in `STAGES` order
     rewrite: list[int] = field(default_factory=list)  # state rows to rewrite whole (UserStates)
     after: bytes = b"0-0"  # the entry the batch follows: the partition's last commit, or refused
+    _kinds: dict[type, Part] = field(init=False, repr=False)  # the parts by their class
+
+    def __post_init__(self) -> None:
+        self._kinds = {type(x): x for x in self.parts}
 
     def part(self, kind: type[P]) -> P | None:
         """Its part of this kind, if a stage added one."""
-        return next((x for x in self.parts if isinstance(x, kind)), None)
+        found = self._kinds.get(kind)
+        return found if isinstance(found, kind) else None
 
     # Read views of the parts, for the readers that name a feature (the replay, the cache,
     # the lean layout, tests); the committer and the tally go through the parts' hooks.
