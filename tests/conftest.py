@@ -141,3 +141,33 @@ def aof_redis_server():
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Redis Cluster (3 masters, 3 replicas) shared by a module's tests; a test
+    that needs it empty flushes it (see `cluster_url`)."""
+    from worker.common.local_redis import LocalCluster
+
+    with LocalCluster() as c:
+        yield c
+
+
+@pytest.fixture
+def cluster_url(cluster) -> str:
+    """The module's cluster, emptied."""
+    from worker.common.connection import connect
+
+    client = connect(cluster.url, cluster=True)
+    client.flushall(target_nodes=client.PRIMARIES)
+    client.close()
+    return cluster.url
+
+
+@pytest.fixture
+def own_cluster():
+    """A cluster of the test's own: a kill -9 changes who is master of what."""
+    from worker.common.local_redis import LocalCluster
+
+    with LocalCluster() as c:
+        yield c

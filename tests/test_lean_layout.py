@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from model.artifact import random_model, save_model
 from model.scoring import ScoringModel
 from model.synthetic import EVENT_TYPES, synthetic_events
+from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
-from tests.test_worker import in_process_consumer, offline_scores
+from tests.test_worker import offline_scores
 from tests.workers import count_scores, score_entries
 from worker.bench.inputs import INPUTS
 from worker.commands.explain import read_state

@@ -19,7 +19,7 @@ from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, wait_for
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys, parse_state_key, partition_of
-from worker.common.local_redis import LocalCluster, LocalRedis
+from worker.common.local_redis import LocalRedis
 from worker.common.partition_count import PartitionCountError, check_partitions
 from worker.partitions.resize import resize, state_keys
 from worker.producers.publisher import publish
@@ -36,13 +36,6 @@ def model_path(tmp_path_factory) -> Path:
     types = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout"]
     save_model(random_model([*types, "purchase"], hidden=16, features=["gap"], seed=3), path)
     return path
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One local cluster (3 masters, 3 replicas) for the module; flushed by each test."""
-    with LocalCluster() as c:
-        yield c
 
 
 @pytest.fixture(params=["redis", "cluster"])

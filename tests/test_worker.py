@@ -18,15 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from model.artifact import random_model, save_model
 from model.synthetic import synthetic_events
 from tests.conftest import run_cli
+from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
-from worker.common.settings import Settings
-from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.consumer import Consumer
-from worker.lifecycle.model_source import FileModelSource
 from worker.producers.publisher import publish
 from worker.rules.definition import make_rule
 from worker.rules.store import set_rule
@@ -74,15 +72,6 @@ def http_status(url: str) -> int:
         return urllib.request.urlopen(url, timeout=30).status
     except urllib.error.HTTPError as exc:
         return exc.code
-
-
-def in_process_consumer(url: str, model: Path, **settings) -> Consumer:
-    s = Settings(
-        redis_url=url, model=model, metrics_port=0, block_ms=100, consumer="c1", **settings
-    )
-    consumer = Consumer(s, connect(url), FileModelSource(model), WorkerMetrics())
-    consumer.model.warm_up()
-    return consumer
 
 
 def test_golden_example_through_redis(redis_server, golden_path, tmp_path):

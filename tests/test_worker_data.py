@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import redis
 
+from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_SCORES
-from tests.test_worker import http_status, in_process_consumer, scrape
+from tests.test_worker import http_status, scrape
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
