@@ -21,8 +21,8 @@ from model.data.synthetic import synthetic_events
 from worker.bench.throughput import run_worker
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalRedis
-from worker.common.publisher import publish
 from worker.common.settings import Settings
+from worker.producers.publisher import publish
 
 TYPES = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]
 
@@ -41,7 +41,7 @@ def main() -> None:
     with LocalRedis(extra=("--hash-max-listpack-value", "1024")) as server:
         r = redis.Redis.from_url(server.url)
         if via == "fcall":  # as a running worker leaves it (trees with the function only)
-            from worker.common.append_function import install, set_routes
+            from worker.producers.append_function import install, set_routes
 
             install(r)
             set_routes(r, keys, 1, 1)

@@ -13,11 +13,11 @@ from model.scoring import InMemoryScorer, ScoringModel
 from worker.commands.backtest import batches_of, event_entries
 from worker.common.events import Event
 from worker.common.keys import Keys
-from worker.common.rule_store import read_rules, set_rule
-from worker.common.rules import RuleSet, make_rule
 from worker.engine.adapters.commit import decimals
 from worker.engine.compute.replay import replay
-from worker.engine.compute.rules import RuleTable
+from worker.rules.definition import RuleSet, make_rule
+from worker.rules.step import RuleTable
+from worker.rules.store import read_rules, set_rule
 
 HISTORY_EVENTS = 32  # the worker's default history-events
 

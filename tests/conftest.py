@@ -62,8 +62,8 @@ def _close_followers(monkeypatch):
     Redis for as long as they live: left open, they poll a stopped server with redis-py's
     jittered retries for the rest of the session, in the process later tests run in
     (Hypothesis warned of the `random` calls inside its strategies)."""
-    from worker.engine.adapters.model_source import RegistryModelSource
-    from worker.engine.adapters.rule_source import RuleSource
+    from worker.lifecycle.model_source import RegistryModelSource
+    from worker.rules.source import RuleSource
 
     made: list = []
     for cls in (RegistryModelSource, RuleSource):
@@ -141,3 +141,33 @@ def aof_redis_server():
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Redis Cluster (3 masters, 3 replicas) shared by a module's tests; a test
+    that needs it empty flushes it (see `cluster_url`)."""
+    from worker.common.local_redis import LocalCluster
+
+    with LocalCluster() as c:
+        yield c
+
+
+@pytest.fixture
+def cluster_url(cluster) -> str:
+    """The module's cluster, emptied."""
+    from worker.common.connection import connect
+
+    client = connect(cluster.url, cluster=True)
+    client.flushall(target_nodes=client.PRIMARIES)
+    client.close()
+    return cluster.url
+
+
+@pytest.fixture
+def own_cluster():
+    """A cluster of the test's own: a kill -9 changes who is master of what."""
+    from worker.common.local_redis import LocalCluster
+
+    with LocalCluster() as c:
+        yield c

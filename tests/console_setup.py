@@ -7,8 +7,8 @@ from pathlib import Path
 import redis
 
 from model.data.synthetic import synthetic_events
-from worker.common.publisher import publish
-from worker.common.registry import Registry
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
 
 EDITOR_TOKEN = "editor-token-for-tests-0123456789"
 VIEWER_TOKEN = "viewer-token-for-tests-9876543210"

@@ -14,12 +14,13 @@ from model.data.synthetic import synthetic_events
 from model.scoring import ScoringModel
 from tests.test_explain import reference_replay
 from worker.common.keys import partition_of
-from worker.common.rules import Rule
 from worker.engine.compute.batch import parse_batch
-from worker.engine.compute.pipeline import ShadowStates, UserStates, build_commit, distinct_users
+from worker.engine.compute.pipeline import build_commit
 from worker.engine.compute.recent import extended, unpack
 from worker.engine.compute.replay import replay
-from worker.engine.compute.rules import RuleTable
+from worker.engine.compute.user_states import ShadowStates, UserStates, distinct_users
+from worker.rules.definition import Rule
+from worker.rules.step import RuleTable
 
 TYPES = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]
 HISTORY = 8

@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from worker.common import local_redis
-from worker.common.append_function import CODE, FUNCTION, RESIZING, install, set_routes
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
-from worker.common.publisher import publish
+from worker.producers.append_function import CODE, FUNCTION, RESIZING, install, set_routes
+from worker.producers.publisher import publish
 
 KEYS = Keys()
 EVENTS = [{"user_id": f"u{i}", "type": "view"} for i in range(60)]

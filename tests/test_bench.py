@@ -17,7 +17,7 @@ from worker.bench.throughput import main as bench_main
 from worker.bench.throughput import run_competent, run_worker
 from worker.bench.workload import preload
 from worker.common.connection import connect
-from worker.engine.adapters.model_source import FileModelSource
+from worker.lifecycle.model_source import FileModelSource
 
 SCORES = "intentstream:scores:{0}"
 

@@ -15,8 +15,8 @@ from tests.conftest import run_cli
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.commands.demo import Publisher, latency_text, waiting_text
 from worker.common.connection import connect
-from worker.common.publisher import publish
-from worker.common.registry import Registry
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
 
 
 def test_an_empty_latency_window_prints_a_dash_not_nan():

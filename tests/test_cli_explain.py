@@ -17,9 +17,9 @@ from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.commands.explain import shown_input
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
-from worker.common.publisher import publish
-from worker.common.registry import Registry
 from worker.engine.compute.recent import Recent, pack
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
 
 TYPES = ["view", "search", "add_to_cart", "coupon", "checkout", "purchase"]
 T0 = 1_700_000_000_000

@@ -11,8 +11,8 @@ from tests.conftest import run_cli
 from tests.test_cli_errors import DOWN, assert_one_line
 from worker.common.connection import connect
 from worker.common.keys import Keys
-from worker.common.rule_store import read_rules
-from worker.common.rules import make_rule
+from worker.rules.definition import make_rule
+from worker.rules.store import read_rules
 
 pytestmark = pytest.mark.integration
 

@@ -19,29 +19,14 @@ from tests.test_worker_faults import uninterrupted, with_event_ids
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
-from worker.common.local_redis import LocalCluster, free_port
-from worker.common.publisher import publish
+from worker.common.local_redis import free_port
 from worker.engine.compute.lean_state import as_fields
+from worker.producers.publisher import publish
 
 pytestmark = pytest.mark.integration
 
 P = 8
 KEYS = Keys()
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with LocalCluster() as c:
-        yield c
-
-
-@pytest.fixture
-def cluster_url(cluster) -> str:
-    """The cluster, emptied."""
-    client = connect(cluster.url, cluster=True)
-    client.flushall(target_nodes=client.PRIMARIES)
-    client.close()
-    return cluster.url
 
 
 def start_worker(url: str, model: Path, log: Path, name: str, *extra: str) -> WorkerProcess:

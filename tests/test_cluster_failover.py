@@ -21,21 +21,14 @@ from tests.workers import all_committed, count_scores, wait_for
 from worker.common.connection import connect
 from worker.common.keys import partition_of
 from worker.common.local_redis import LocalCluster, free_port
-from worker.common.publisher import publish
 from worker.common.settings import Settings
-from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import FileModelSource
+from worker.producers.publisher import publish
 
 pytestmark = pytest.mark.integration
 
 GROUP = "intentstream-workers"
-
-
-@pytest.fixture
-def cluster():
-    """A cluster of its own per test: a kill -9 changes who is master of what."""
-    with LocalCluster() as c:
-        yield c
 
 
 def kill_master_of_partition_0(cluster: LocalCluster, r, key: str = KEYS.events(0)) -> str:
@@ -118,8 +111,9 @@ def run_kill_9(cluster, model_path, tmp_path, seed: int, *extra: str):
 
 
 def test_kill_9_of_a_master_is_recovered_with_every_held_event_scored_once_and_true_lag(
-    cluster, model_path, tmp_path
+    own_cluster, model_path, tmp_path
 ):
+    cluster = own_cluster
     # The worker recovers by itself, scores what the new master holds exactly once; and
     # the promoted replica's group counter may be stale (XINFO GROUPS then counts a lag
     # with nothing undelivered): the gauge must equal what is really undelivered, for every
@@ -153,8 +147,9 @@ def test_kill_9_of_a_master_is_recovered_with_every_held_event_scored_once_and_t
 
 
 def test_after_a_master_is_killed_the_retry_reaches_the_promoted_replica_on_every_path(
-    cluster, model_path
+    own_cluster, model_path
 ):
+    cluster = own_cluster
     # The worker's paths that redis-py never re-routes by itself after a master dies: the
     # lease renewal's MULTI on the live-workers set (a fresh cluster pipeline re-reads the
     # slot map only at its fifth connection error; it retries three times) and the model

@@ -13,37 +13,20 @@ import numpy as np
 import pytest
 
 from model.data.synthetic import synthetic_events
+from tests.consumers import in_process_consumer
 from tests.test_worker import offline_scores
 from tests.workers import score_entries
 from worker.common.connection import connect
 from worker.common.keys import Keys
-from worker.common.local_redis import LocalCluster
-from worker.common.publisher import publish
-from worker.common.settings import Settings
-from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.consumer import Consumer
+from worker.producers.publisher import publish
 
 pytestmark = pytest.mark.integration
 
 P = 8
 KEYS = Keys()
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with LocalCluster() as c:
-        yield c
-
-
-def cluster_consumer(url: str, model_path, block_ms: int = 100) -> Consumer:
-    s = Settings(redis_url=url, cluster=True, model=model_path, metrics_port=0,
-                 block_ms=block_ms, consumer="c1", partitions=P, batch_size=60)  # fmt: skip
-    consumer = Consumer(s, connect(url, cluster=True), FileModelSource(model_path), WorkerMetrics())
-    consumer.model.warm_up()
-    return consumer
 
 
 def recorded(consumer: Consumer, stale_every: int = 0) -> tuple[list, list]:
@@ -93,7 +76,9 @@ def assert_scored_once_as_offline(r, events, model_path) -> None:
 
 def test_commits_read_ahead_on_their_node_only(cluster, model_path):
     r, events = published(cluster.url, seed=9)
-    consumer = cluster_consumer(cluster.url, model_path)
+    consumer = in_process_consumer(
+        cluster.url, model_path, cluster=True, partitions=P, batch_size=60
+    )
     exchanges, used = recorded(consumer)
     ticks = 0
     while consumer.metrics.count("scored") < len(events):
@@ -111,7 +96,9 @@ def test_each_nodes_next_batch_is_computed_ahead_behind_other_nodes_batches(clus
     when other nodes' batches come first in the queue: on a backlog, at most one commit a
     node goes out alone (Redis running it while the worker waits for the reply)."""
     r, events = published(cluster.url, seed=12)
-    consumer = cluster_consumer(cluster.url, model_path)
+    consumer = in_process_consumer(
+        cluster.url, model_path, cluster=True, partitions=P, batch_size=60
+    )
     _, used = recorded(consumer)
     alone, run = [], consumer.committer.run
     consumer.committer.run = lambda commit, *a: alone.append(commit.partition) or run(commit, *a)
@@ -134,7 +121,9 @@ def test_each_nodes_next_batch_is_computed_ahead_behind_other_nodes_batches(clus
 
 def test_a_stale_slot_map_redirects_the_commit_and_nothing_doubles(cluster, model_path):
     r, events = published(cluster.url, seed=10)
-    consumer = cluster_consumer(cluster.url, model_path)
+    consumer = in_process_consumer(
+        cluster.url, model_path, cluster=True, partitions=P, batch_size=60
+    )
     exchanges, _ = recorded(consumer, stale_every=4)
     ticks = 0
     while consumer.metrics.count("scored") < len(events):
@@ -149,7 +138,9 @@ def test_a_stale_slot_map_redirects_the_commit_and_nothing_doubles(cluster, mode
 def test_idle_partitions_wait_in_blocking_reads_woken_by_an_entry(cluster, model_path):
     r = connect(cluster.url, cluster=True)
     r.flushall(target_nodes=r.PRIMARIES)
-    consumer = cluster_consumer(cluster.url, model_path, block_ms=3000)
+    consumer = in_process_consumer(
+        cluster.url, model_path, cluster=True, partitions=P, batch_size=60, block_ms=3000
+    )
     consumer.tick()  # takes the partitions, which are idle: each parks a read, for 3 s
     parked = []
     collect = consumer.parked.collect
@@ -165,7 +156,7 @@ def test_idle_partitions_wait_in_blocking_reads_woken_by_an_entry(cluster, model
     later.join()
     assert len(score_entries(r, partitions=P)) == 1
     # a rewind (as after an error) lets every parked read go; nothing is lost
-    consumer._rewind()
+    consumer.rewind()
     assert len(consumer.parked) == 0
     publish(r, [event | {"event_id": "a2", "ts": event["ts"] + 1}], partitions=P)
     while consumer.metrics.count("scored") < 2:
@@ -181,7 +172,9 @@ def test_commits_sent_alone_on_a_stale_slot_map_are_redirected_and_nothing_doubl
     to the partition's node too: when the slot map is stale the node answers MOVED, the
     commit did not run, and it is sent again to the slot's node by a fresh slot map."""
     r, events = published(cluster.url, seed=11)
-    consumer = cluster_consumer(cluster.url, model_path)
+    consumer = in_process_consumer(
+        cluster.url, model_path, cluster=True, partitions=P, batch_size=60
+    )
     committer, redirected, sends = consumer.committer, [], []
     on, run = committer._on, committer.run
 

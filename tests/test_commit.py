@@ -10,15 +10,11 @@ from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, golden_model
 from worker.common.connection import connect, read_replies
 from worker.common.keys import Keys
-from worker.engine.adapters.commit import (
-    MAX_DEAD_FIELDS,
-    CommitLimits,
-    CommitRefusedError,
-    Committer,
-    dead_letter_items,
-)
+from worker.engine.adapters.commit import CommitLimits, CommitRefusedError, Committer
 from worker.engine.compute.batch import DeadLetter, parse_batch
-from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
+from worker.engine.compute.parts.dead_letters import MAX_DEAD_FIELDS, dead_letter_items
+from worker.engine.compute.pipeline import build_commit
+from worker.engine.compute.user_states import UserStates, distinct_users
 
 pytestmark = pytest.mark.integration
 

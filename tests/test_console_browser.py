@@ -19,7 +19,7 @@ from tests.console_setup import EDITOR_TOKEN, TOKEN_ENV, publish_events, two_ver
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalRedis, free_port
-from worker.common.rule_store import read_rule
+from worker.rules.store import read_rule
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ from starlette.testclient import TestClient
 from tests.conftest import run_cli
 from tests.console_setup import EDITOR_TOKEN, TOKEN_ENV, VIEWER_TOKEN, publish_events, two_versions
 from worker.common.keys import Keys
-from worker.common.registry import Registry
-from worker.common.rule_store import read_rule, read_rules
 from worker.common.settings import load_settings
 from worker.console.app import build_app
 from worker.console.context import make_console
 from worker.console.tokens import Tokens
+from worker.lifecycle.registry import Registry
+from worker.rules.store import read_rule, read_rules
 
 KEYS = Keys()
 PAGES = ["/", "/rules", "/users", "/actions", "/models", "/api/overview", "/api/actions",

@@ -538,7 +538,7 @@ JOBS: dict[str, list[list[str]]] = {
         ["GET", "intentstream:acked:{0}"], ["XRANGE", E0, "(0-0", "(1-1", "COUNT", "1"],
         ["GET", "intentstream:lastcommit:{0}"],
         ["TIME"], ["MULTI"], ["INCR", "intentstream:seq:{0}"], ["EXEC"],
-        # the intent rules (adapters/rule_source.py, common/rule_store.py) and the actions,
+        # the intent rules (rules/source.py, rules/store.py) and the actions,
         # which the commit writes (TYPE, XADD: Redis checks them against the caller)
         ["HGET", RU, ":version"], ["HGETALL", RU], ["TYPE", RU],
         ["SUBSCRIBE", "intentstream:rules:updates"], ["TYPE", A0],
@@ -556,7 +556,7 @@ JOBS: dict[str, list[list[str]]] = {
         ["HGETALL", RU],  # the promotion gate's share of sessions per live rule
     ],
     "keda": [["XINFO", "GROUPS", E0], ["XPENDING", E0, "g"], ["INFO", "server"]],
-    # `intentstream rules set/delete/list/show` (common/rule_store.py: WATCH, the checks, then
+    # `intentstream rules set/delete/list/show` (rules/store.py: WATCH, the checks, then
     # MULTI/EXEC with the write and the version, then PUBLISH), `rules backtest --from-redis`
     # and `explain`: the registry's model, the partition count, the events, a state
     "ruler": [
@@ -728,12 +728,12 @@ def test_acl_matrix_every_role_against_every_role_on_each_cluster_node(acl_clust
 def test_the_console_does_its_whole_job_under_its_user(acl_redis, tmp_path):
     from starlette.testclient import TestClient
 
-    from worker.common.publisher import publish
-    from worker.common.registry import Registry
     from worker.common.settings import load_settings
     from worker.console.app import build_app
     from worker.console.context import make_console
     from worker.console.tokens import Tokens
+    from worker.lifecycle.registry import Registry
+    from worker.producers.publisher import publish
 
     admin = client(acl_redis, "admin")
     path = tmp_path / "model.npz"

@@ -15,10 +15,10 @@ from tests.deploy_tools import DEPLOY, metric_names, scrape_text
 from tests.workers import WorkerProcess, wait_for
 from worker.common.keys import Keys
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.rule_store import set_rule
-from worker.common.rules import make_rule
 from worker.engine.adapters.metrics import DEAD_LETTER_OUTCOMES, EVENT_OUTCOMES
+from worker.producers.publisher import publish
+from worker.rules.definition import make_rule
+from worker.rules.store import set_rule
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "intentstream.json"
 # Series Prometheus itself makes for every target.

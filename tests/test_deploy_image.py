@@ -26,9 +26,9 @@ from worker.commands import probe
 from worker.commands.cli import build_parser
 from worker.commands.probe import healthz_url
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.registry import Registry
 from worker.common.settings import Settings, load_settings
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 IMAGE_VENV_BIN = "/opt/intentstream/bin"

@@ -14,7 +14,7 @@ from model.artifact import random_model, save_model
 from model.data.synthetic import synthetic_events
 from tests.deploy_tools import ROOT
 from tests.workers import WorkerProcess, count_scores, wait_for
-from worker.common.publisher import publish
+from worker.producers.publisher import publish
 
 ROWS = {"user state": "state", "retained input event": "event", "score entry": "score"}
 

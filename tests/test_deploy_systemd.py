@@ -20,8 +20,8 @@ from tests.deploy_tools import DEPLOY, clean_env, run
 from tests.workers import wait_for
 from worker.commands.cli import build_parser
 from worker.common.local_redis import free_port
-from worker.common.registry import Registry
 from worker.common.settings import Settings, load_settings
+from worker.lifecycle.registry import Registry
 
 UNIT = DEPLOY / "systemd" / "intentstream-worker@.service"
 ENV_FILE = DEPLOY / "systemd" / "worker.env.example"

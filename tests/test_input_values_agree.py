@@ -18,7 +18,7 @@ from model.value_hash import value_hashes
 from model.values import value_bytes
 from worker.commands.event_files import recording_fields
 from worker.common.events import MAX_INPUT_BYTES, EventError, event_from_mapping, input_values
-from worker.common.publisher import MAX_OTHER_FIELDS, entry_fields, other_fields
+from worker.producers.publisher import MAX_OTHER_FIELDS, entry_fields, other_fields
 
 NAMES = ("price", "sku")
 

@@ -13,16 +13,14 @@ from hypothesis import strategies as st
 from model.artifact import random_model, save_model
 from model.data.synthetic import EVENT_TYPES, synthetic_events
 from model.scoring import ScoringModel
+from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
-from tests.test_worker import in_process_consumer, offline_scores
+from tests.test_worker import offline_scores
 from tests.workers import count_scores, score_entries
 from worker.bench.inputs import INPUTS
 from worker.commands.explain import read_state
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
-from worker.common.publisher import publish
-from worker.common.registry import Registry
-from worker.common.rules import make_rule
 from worker.engine.adapters.commit import CommitLimits, Committer
 from worker.engine.adapters.states import FIELDS, StateReader
 from worker.engine.compute.batch import parse_batch
@@ -32,14 +30,13 @@ from worker.engine.compute.lean_state import (
     packed_states,
     unpack_state,
 )
-from worker.engine.compute.pipeline import (
-    ShadowStates,
-    UserStates,
-    build_commit,
-    distinct_users,
-)
-from worker.engine.compute.rules import RuleTable
+from worker.engine.compute.pipeline import build_commit
 from worker.engine.compute.state_cache import StateCache
+from worker.engine.compute.user_states import ShadowStates, UserStates, distinct_users
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
+from worker.rules.definition import make_rule
+from worker.rules.step import RuleTable
 
 KEYS = Keys("intentstream")
 LEAN_STATE = {b"score", b"model", b"s"}
@@ -225,7 +222,7 @@ def test_workers_switching_layouts_carry_every_state_and_score_as_offline(redis_
             if count_scores(r, partitions=2) >= done:
                 break
             consumer.tick()
-        consumer._shutdown()  # commits what it read and releases the leases
+        consumer.shutdown()  # commits what it read and releases the leases
         assert count_scores(r, partitions=2) == done
         users = {events[i]["user_id"] for i in part}  # the users this worker wrote
         states = [r.hgetall(KEYS.state(partition_of(u, 2), u)) for u in users]

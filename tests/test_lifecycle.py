@@ -9,16 +9,15 @@ import pytest
 
 from model.artifact import Model, ModelMeta, random_model
 from model.scoring import InMemoryScorer, ScoringModel
+from tests.consumers import in_process_consumer
 from tests.workers import score_entries, wait_for
 from worker.common.connection import connect
-from worker.common.publisher import publish
-from worker.common.registry import Registry
-from worker.common.settings import Settings
-from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import RegistryModelSource
-from worker.engine.compute.pipeline import UserStates, build_commit
+from worker.engine.compute.pipeline import build_commit
 from worker.engine.compute.recent import Recent, extended, pack, unpack
+from worker.engine.compute.user_states import UserStates
 from worker.engine.consumer import Consumer
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
 
 SMALL = ["view", "search", "add_to_cart", "purchase"]
 LARGE = [*SMALL, "remove_from_cart", "coupon", "checkout", "wishlist"]
@@ -37,13 +36,6 @@ def offline(model: Model, events: list[dict]) -> np.ndarray:
                         np.array([e["ts"] for e in events]))  # fmt: skip
 
 
-def consumer_of(url: str, **settings) -> Consumer:
-    s = Settings(redis_url=url, metrics_port=0, block_ms=100, consumer="c1",
-                 model_poll_seconds=0.01, **settings)  # fmt: skip
-    client = connect(url)
-    return Consumer(s, client, RegistryModelSource(client, "intentstream", 0.01), WorkerMetrics())
-
-
 def run_until(consumer: Consumer, condition, what: str) -> None:
     wait_for(lambda: consumer.tick() or condition(), what=what)
 
@@ -59,7 +51,7 @@ def test_a_new_model_never_reads_another_models_state(redis_server, history):
     v1 = random_model(SMALL, hidden=64, features=["gap"], seed=1)
     v2 = random_model(LARGE, hidden=64, features=["gap"], seed=2)  # same state size
     reg.publish_model(v1, promote=True)
-    consumer = consumer_of(redis_server.url, history_events=history)
+    consumer = in_process_consumer(redis_server.url, history_events=history)
     before = session("alice", ["view", "search", "add_to_cart"])
     publish(r, before)
     run_until(consumer, lambda: len(score_entries(r)) == 3, "v1's scores")
@@ -92,7 +84,7 @@ def test_a_model_that_continues_the_state_space_reads_the_states(redis_server):
     v1 = random_model(SMALL, hidden=16, features=["gap"], seed=1)
     v2 = continuing(random_model(SMALL, hidden=16, features=["gap"], seed=2), "1")
     reg.publish_model(v1, promote=True)
-    consumer = consumer_of(redis_server.url)
+    consumer = in_process_consumer(redis_server.url)
     events = session("u", ["view", "search"])
     publish(r, events[:1])
     run_until(consumer, lambda: len(score_entries(r)) == 1, "v1's score")
@@ -115,7 +107,7 @@ def test_a_long_session_replays_its_last_history_events(redis_server):
     v1 = random_model(SMALL, hidden=8, seed=1)  # no gap feature: a replay from the middle of
     v2 = random_model(LARGE, hidden=8, seed=2)  # a session equals a fresh start there
     reg.publish_model(v1, promote=True)
-    consumer = consumer_of(redis_server.url, history_events=4)
+    consumer = in_process_consumer(redis_server.url, history_events=4)
     before = session("bob", ["view", "search"] * 5)
     publish(r, before)
     run_until(consumer, lambda: len(score_entries(r)) == 10, "v1's scores")
@@ -173,7 +165,7 @@ def test_a_shadow_model_scores_like_alone_and_its_promotion_keeps_its_states(
     v2 = random_model(LARGE, hidden=32, layers=2, features=["gap"], seed=2, cell=shadow_cell)
     reg.publish_model(v1, promote=True)
     reg.publish_model(v2)
-    consumer = consumer_of(redis_server.url)
+    consumer = in_process_consumer(redis_server.url)
     events = [e for u in ("a", "b", "c") for e in session(u, ["view", "search", "add_to_cart"])]
     events.sort(key=lambda e: e["ts"])
     publish(r, events[:3])  # before the shadow starts: its states are replayed from history
@@ -221,7 +213,7 @@ def test_a_shadow_scores_like_alone_from_cached_and_ahead_computed_states(
     reg.publish_model(v1, promote=True)
     reg.publish_model(v2)
     reg.set_shadow("2")
-    consumer = consumer_of(redis_server.url, batch_size=50)
+    consumer = in_process_consumer(redis_server.url, batch_size=50)
     run_until(consumer, lambda: consumer.shadow is not None, "the shadow to start")
     events = list(synthetic_events(1500, 60, seed=4))
     publish(r, events)
@@ -334,7 +326,7 @@ def test_live_auc_of_the_current_model_is_exported(redis_server):
     reg = Registry(r)
     model = random_model(SMALL, hidden=8, features=["gap"], seed=4)
     reg.publish_model(model, promote=True)
-    consumer = consumer_of(redis_server.url)
+    consumer = in_process_consumer(redis_server.url)
     port = free_port()
     serve_metrics(consumer.metrics, consumer.health, "127.0.0.1", port)
     rng = np.random.default_rng(0)

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.deploy_tools import scrape_text
 from tests.workers import WorkerProcess, wait_for
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
 from worker.engine.adapters.metrics import WorkerMetrics
+from worker.producers.publisher import publish
 
 # What a registry of one's own lacks and the default registry has: RSS, CPU, GC.
 RUNTIME_SAMPLES = {

@@ -14,16 +14,16 @@ import pytest
 from model.artifact import random_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from tests.conftest import run_cli
+from tests.consumers import in_process_consumer
 from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.common.connection import connect
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.registry import Registry, RegistryError
 from worker.common.settings import Settings, load_settings
-from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import ModelRejectedError, RegistryModelSource
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import ModelRejectedError, RegistryModelSource
+from worker.lifecycle.registry import Registry, RegistryError
+from worker.producers.publisher import publish
 
 TYPES = [*EVENT_TYPES, LABEL_TYPE]
 CURRENT, SHADOW = "intentstream:model:current", "intentstream:model:shadow"
@@ -46,14 +46,6 @@ def write_raw_version(r, data: bytes) -> str:
 
 def corrupt(r, version: str) -> None:
     r.setrange(f"intentstream:model:{version}", 200, b"\xffcorrupt")
-
-
-def consumer_of(url: str, **settings) -> Consumer:
-    s = Settings(redis_url=url, metrics_port=0, block_ms=100, consumer="c1",
-                 model_poll_seconds=0.01, **settings)  # fmt: skip
-    client = connect(url)
-    source = RegistryModelSource(client, "intentstream", 0.01, s.max_model_bytes)
-    return Consumer(s, client, source, WorkerMetrics())
 
 
 def run_until(consumer: Consumer, condition, what: str) -> None:
@@ -152,7 +144,7 @@ def test_a_slow_load_never_delays_the_loop_or_its_lease_renewals(redis_server):
     r = connect(redis_server.url)
     registry = Registry(r)
     registry.publish_model(a_model(1), promote=True)
-    consumer = consumer_of(redis_server.url, lease_ms=600)  # renewed every 0.2 s
+    consumer = in_process_consumer(redis_server.url, lease_ms=600)  # renewed every 0.2 s
     run_until(consumer, lambda: consumer.ownership.owned == {0}, "the lease")
     source = consumer.source
     load, loading, release = source.registry.load, threading.Event(), threading.Event()
@@ -192,7 +184,7 @@ def test_wrong_type_registry_keys_are_refused_once_per_change_of_current(redis_s
     r = connect(redis_server.url)
     registry = Registry(r)
     registry.publish_model(a_model(1), promote=True)
-    consumer = consumer_of(redis_server.url)
+    consumer = in_process_consumer(redis_server.url)
     source = consumer.source
     counted = lambda: consumer.metrics.value("intentstream_model_reloads_total",  # noqa: E731
                                              result="rejected")  # fmt: skip
@@ -323,12 +315,12 @@ def test_a_promotion_seen_half_done_never_shadows_the_current_version(redis_serv
     registry.publish_model(a_model(1), promote=True)
     v2 = registry.publish_model(a_model(2))
     registry.set_shadow(v2)
-    consumer = consumer_of(redis_server.url)
+    consumer = in_process_consumer(redis_server.url)
     run_until(consumer, lambda: consumer.shadow is not None, "the shadow to start")
     r.set(CURRENT, v2)  # the promotion's first write, and no second one yet
     run_until(consumer, lambda: consumer.model.version == v2, "v2 to take over")
     seen = consumer.source.checks
     run_until(consumer, lambda: consumer.source.checks >= seen + 5, "five more checks")
     assert consumer.shadow is None and r.get(SHADOW) == v2.encode()
-    started_now = consumer_of(redis_server.url)  # a worker starting in the same window
+    started_now = in_process_consumer(redis_server.url)  # a worker starting in the same window
     assert started_now.model.version == v2 and started_now.shadow is None

@@ -10,7 +10,8 @@ from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
 from worker.common.events import MAX_TS_MS
 from worker.engine.compute.batch import parse_batch
-from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
+from worker.engine.compute.pipeline import build_commit
+from worker.engine.compute.user_states import UserStates, distinct_users
 
 
 def entries(*events: dict, start: int = 1) -> list:

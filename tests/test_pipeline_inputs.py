@@ -16,13 +16,14 @@ from model.item_memory import ITEM_MEMORY
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
 from tests.test_conformance import oracle_bucket, oracle_numeric
-from worker.common.rules import Rule
 from worker.engine.compute.batch import Batch, parse_batch
-from worker.engine.compute.pipeline import ShadowStates, UserStates, build_commit, distinct_users
+from worker.engine.compute.pipeline import build_commit
 from worker.engine.compute.recent import HASH, NUMBER, Recent, extended, pack, unpack
 from worker.engine.compute.replay import replay
-from worker.engine.compute.rules import RuleTable
 from worker.engine.compute.state_cache import StateCache, copy_known, written
+from worker.engine.compute.user_states import ShadowStates, UserStates, distinct_users
+from worker.rules.definition import Rule
+from worker.rules.step import RuleTable
 
 TYPES = ["view", "add_to_cart", "checkout", "purchase"]
 T0 = 1_700_000_000_000

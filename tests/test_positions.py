@@ -4,33 +4,21 @@ group or to `acked`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import redis
 
 from tests.conftest import run_cli
+from tests.consumers import in_process_consumer
 from tests.workers import all_committed, count_scores
 from worker.common.connection import connect
+from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
-from worker.common.settings import Settings
-from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource
-from worker.engine.compute.batch import entry_id
 from worker.engine.consumer import Consumer
 
 KEYS = Keys()
 STREAM0 = KEYS.events(0)
 GROUP = "intentstream-workers"
 DEAD0 = KEYS.deadletter(0)
-
-
-def consumer_on(url: str, model: Path, **settings) -> Consumer:
-    s = Settings(redis_url=url, model=model, metrics_port=0, block_ms=50, consumer="c1",
-                 **settings)  # fmt: skip
-    consumer = Consumer(s, connect(url), FileModelSource(model), WorkerMetrics())
-    consumer.model.warm_up()
-    return consumer
 
 
 class Watch:
@@ -70,7 +58,7 @@ def test_the_position_only_moves_forward(redis_server, golden_path, how):
     (or before the next one starts): nothing at or below the position is applied again (no
     dead letter twice), and `acked` never moves backwards."""
     r = connect(redis_server.url)
-    consumer = consumer_on(redis_server.url, golden_path)
+    consumer = in_process_consumer(redis_server.url, golden_path, block_ms=50)
     watch = Watch(r, consumer)
     bad_and_good(r, 5, 5)
     watch.settle()
@@ -82,7 +70,7 @@ def test_the_position_only_moves_forward(redis_server, golden_path, how):
     if how == "del-acked-new-worker":
         consumer.ownership.release_all()
         consumer.close()
-        consumer = consumer_on(redis_server.url, golden_path)
+        consumer = in_process_consumer(redis_server.url, golden_path, block_ms=50)
         watch.consumer = consumer
     bad_and_good(r, 2, 2, tag="later")
     watch.settle()
@@ -111,7 +99,7 @@ def test_an_impossible_position_stops_its_partition_only_until_repaired(
     intentstream_partition_stopped, logged at error level with the key and the repair; the
     repair command (dry run first) puts it back, and partition 0 resumes by itself."""
     r = connect(redis_server.url)
-    consumer = consumer_on(redis_server.url, golden_path, partitions=2)
+    consumer = in_process_consumer(redis_server.url, golden_path, block_ms=50, partitions=2)
     r.xadd(KEYS.events(0), {"user_id": "d", "type": "view"})
     r.xadd(KEYS.events(1), {"user_id": "a", "type": "view"})
     for _ in range(20):
@@ -121,7 +109,7 @@ def test_an_impossible_position_stops_its_partition_only_until_repaired(
     assert count_scores(r, partitions=2) == 2
     spoil(r)
     consumer.maintenance.run([0, 1])  # skips partition 0, raises nothing
-    consumer._rewind()  # as after an outage: every partition seeks to its position
+    consumer.rewind()  # as after an outage: every partition seeks to its position
     r.xadd(KEYS.events(0), {"user_id": "e", "type": "view"})
     r.xadd(KEYS.events(1), {"user_id": "b", "type": "view"})
     with caplog.at_level("ERROR", logger="intentstream.worker"):
@@ -168,7 +156,7 @@ def test_entries_skipped_by_the_group_are_read_without_traffic(redis_server, gol
     finds the group past this worker's last read, counts the skipped entries in the lag and
     seeks back, so they are scored with no later event to reveal them."""
     r = connect(redis_server.url)
-    consumer = consumer_on(redis_server.url, golden_path)
+    consumer = in_process_consumer(redis_server.url, golden_path, block_ms=50)
     watch = Watch(r, consumer)
     bad_and_good(r, 0, 3)
     watch.settle()
@@ -198,7 +186,7 @@ def test_unread_entries_trimmed_or_deleted_are_counted_exactly(redis_server, gol
     XDEL) are counted in intentstream_events_lost_total{partition,cause} and logged, each
     once; the worker's own retention trim and removals of committed entries count nothing."""
     r = connect(redis_server.url)
-    consumer = consumer_on(redis_server.url, golden_path)
+    consumer = in_process_consumer(redis_server.url, golden_path, block_ms=50)
     watch = Watch(r, consumer)
     bad_and_good(r, 1, 3)
     watch.settle()
@@ -231,7 +219,7 @@ def test_entries_trimmed_while_no_worker_runs_are_counted_by_the_next(redis_serv
     """The count lives in Redis: entries trimmed unread while the partition's worker was
     down are counted by the worker that takes the partition next, once."""
     r = connect(redis_server.url)
-    first = consumer_on(redis_server.url, golden_path)
+    first = in_process_consumer(redis_server.url, golden_path, block_ms=50)
     bad_and_good(r, 0, 3)
     Watch(r, first).settle()
     first.maintenance.run([0])
@@ -239,7 +227,7 @@ def test_entries_trimmed_while_no_worker_runs_are_counted_by_the_next(redis_serv
     first.close()
     for i in range(10):
         r.xadd(STREAM0, {"user_id": f"t{i}", "type": "view"}, maxlen=5, approximate=False)
-    second = consumer_on(redis_server.url, golden_path)
+    second = in_process_consumer(redis_server.url, golden_path, block_ms=50)
     Watch(r, second).settle()
     second._last_maintenance = 0.0
     second.tick()
@@ -253,7 +241,7 @@ def test_a_deleted_committed_count_or_stream_counts_no_loss(redis_server, golden
     """Counts that go back (the committed count deleted by an operator, the stream deleted
     and recreated) move the base: no phantom loss."""
     r = connect(redis_server.url)
-    consumer = consumer_on(redis_server.url, golden_path)
+    consumer = in_process_consumer(redis_server.url, golden_path, block_ms=50)
     bad_and_good(r, 0, 5)
     Watch(r, consumer).settle()
     consumer.maintenance.run([0])
@@ -273,7 +261,7 @@ def test_commits_of_an_earlier_release_count_no_loss(redis_server, golden_path):
     """A rolling upgrade: a worker of a release before the committed count commits (acked
     and the sequence move, the count does not): no phantom loss."""
     r = connect(redis_server.url)
-    consumer = consumer_on(redis_server.url, golden_path)
+    consumer = in_process_consumer(redis_server.url, golden_path, block_ms=50)
     bad_and_good(r, 0, 3)
     Watch(r, consumer).settle()
     consumer.maintenance.run([0])

@@ -11,8 +11,8 @@ from model.artifact import random_model, save_model
 from model.data.synthetic import synthetic_events
 from model.training.train import TrainConfig, train
 from tests.conftest import run_cli
-from worker.common.publisher import publish
-from worker.common.registry import Registry
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
 
 
 def _registry_with_history(url: str, tmp_path):

@@ -12,10 +12,10 @@ from model.data.synthetic import synthetic_events
 from tests.conftest import run_cli
 from worker.common.connection import connect
 from worker.common.keys import Keys
-from worker.common.publisher import publish
-from worker.common.registry import Registry
-from worker.common.rule_store import delete_rule, set_rule
-from worker.common.rules import make_rule
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
+from worker.rules.definition import make_rule
+from worker.rules.store import delete_rule, set_rule
 
 SHARE = re.compile(
     r"^rule (\S+) \(above [0-9.]+\): fires on ([0-9.]+)% under current version (\d+), "

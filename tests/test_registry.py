@@ -20,12 +20,8 @@ from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.registry import Registry, RegistryError
-from worker.common.settings import Settings
-from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import RegistryModelSource
-from worker.engine.consumer import Consumer
+from worker.lifecycle.registry import Registry, RegistryError
+from worker.producers.publisher import publish
 
 TYPES = [*EVENT_TYPES, LABEL_TYPE]
 
@@ -164,15 +160,6 @@ def test_hot_reload_promote_corrupt_and_rollback_while_the_worker_runs(redis_ser
     # in commit order: version 1, then 2 (3 refused), then 1 again; never interleaved
     runs = [version for version, _ in itertools.groupby(row["model"] for row in rows)]
     assert runs == ["1", "2", "1"]
-
-
-def in_process(url: str) -> Consumer:
-    settings = Settings(redis_url=url, metrics_port=0, block_ms=100, consumer="c1",
-                        model_poll_seconds=0.01)  # fmt: skip
-    client = connect(url)
-    return Consumer(
-        settings, client, RegistryModelSource(client, "intentstream", 0.01), WorkerMetrics()
-    )
 
 
 def test_demo_scores_live_and_leaves_nothing_behind_on_ctrl_c(tmp_path):

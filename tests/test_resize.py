@@ -17,12 +17,12 @@ from model.artifact import random_model, save_model
 from model.data.synthetic import synthetic_events
 from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, wait_for
-from worker.commands.resize import resize, state_keys
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys, parse_state_key, partition_of
-from worker.common.local_redis import LocalCluster, LocalRedis
-from worker.common.partitions import PartitionCountError, check_partitions
-from worker.common.publisher import publish
+from worker.common.local_redis import LocalRedis
+from worker.common.partition_count import PartitionCountError, check_partitions
+from worker.partitions.resize import resize, state_keys
+from worker.producers.publisher import publish
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +36,6 @@ def model_path(tmp_path_factory) -> Path:
     types = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout"]
     save_model(random_model([*types, "purchase"], hidden=16, features=["gap"], seed=3), path)
     return path
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One local cluster (3 masters, 3 replicas) for the module; flushed by each test."""
-    with LocalCluster() as c:
-        yield c
 
 
 @pytest.fixture(params=["redis", "cluster"])
@@ -171,7 +164,7 @@ def test_resize_moves_every_state_and_workers_continue_them(backend, model_path,
 def test_interrupted_resize_finished_by_a_second_run(backend, model_path, tmp_path, monkeypatch):
     url, client, flags = backend
     before = scored_phase_one(url, client, flags, model_path, tmp_path, shop_events(2000, 600))
-    import worker.commands.resize as resize_module
+    import worker.partitions.resize as resize_module
 
     # Simulate a crash after the second chunk was copied but before its old keys were
     # deleted (the worst moment: two copies exist): its third pipeline (the DELs) fails.

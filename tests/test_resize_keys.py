@@ -6,9 +6,9 @@ import zlib
 
 import numpy as np
 
-from worker.commands.resize import ResizeReport, _later
 from worker.common.keys import Keys, parse_state_key, partition_of
 from worker.engine.compute.lean_state import packed_states
+from worker.partitions.resize import ResizeReport, _later
 
 
 def test_state_keys_parse_back_to_partition_and_user():

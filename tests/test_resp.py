@@ -16,7 +16,8 @@ from worker.common.keys import Keys
 from worker.engine.adapters.commit import CommitLimits, Committer, decimals
 from worker.engine.adapters.resp import as_arguments, packed_command, resp_column, resp_commands
 from worker.engine.compute.batch import parse_batch
-from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
+from worker.engine.compute.pipeline import build_commit
+from worker.engine.compute.user_states import UserStates, distinct_users
 
 
 def hiredis_framed(arguments: list) -> bytes:

@@ -13,7 +13,7 @@ from tests.workers import WorkerProcess, all_committed, count_scores, score_entr
 from worker.common.connection import connect
 from worker.common.events import Event
 from worker.common.keys import Keys
-from worker.common.publisher import entry_fields, publish, stamps
+from worker.producers.publisher import entry_fields, publish, stamps
 
 STREAM0 = Keys().events(0)
 

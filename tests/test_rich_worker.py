@@ -15,13 +15,13 @@ from tests.conftest import run_cli
 from tests.test_actions_live import as_entries
 from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
-from worker.commands.history import read_history
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
-from worker.common.rule_store import set_rule
-from worker.common.rules import make_rule
 from worker.engine.compute.lean_state import as_fields
+from worker.lifecycle.history import read_history
+from worker.rules.definition import make_rule
+from worker.rules.store import set_rule
 
 pytestmark = pytest.mark.integration
 

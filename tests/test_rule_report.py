@@ -1,4 +1,4 @@
-"""The backtest's figures per rule (worker/engine/compute/rule_report.py): hand-built cases of
+"""The backtest's figures per rule (worker/rules/report.py): hand-built cases of
 each definition, and random cases against a plain loop that follows the definitions."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.compute.rule_report import DAY_MS, RuleFigures, rule_report
+from worker.rules.report import DAY_MS, RuleFigures, rule_report
 
 M = 60_000  # a minute in ms
 GAP = 30 * M

@@ -1,4 +1,4 @@
-"""The promotion gate's rule shares (worker/commands/rule_shares.py): each live rule's share
+"""The promotion gate's rule shares (worker/rules/shares.py): each live rule's share
 of validation sessions it fires on at least once, by the rule's plain definition."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 from model.artifact import random_model
 from model.training.evaluate import model_step_scores
 from model.training.sessions import Session
-from worker.commands.rule_shares import UNKNOWN_TYPE, fire_shares, fires_in_session, share_lines
-from worker.common.rules import make_rule
+from worker.rules.definition import make_rule
+from worker.rules.shares import UNKNOWN_TYPE, fire_shares, fires_in_session, share_lines
 
 TYPES = ["view", "add_to_cart", "purchase"]
 

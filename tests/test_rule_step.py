@@ -1,4 +1,4 @@
-"""The rule step kernel against its plain definition (worker/engine/compute/rules.py)."""
+"""The rule step kernel against its plain definition (worker/rules/step.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.compute.rules import (
+from worker.rules.step import (
     NEVER,
     RuleStates,
     RuleTable,

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from worker.common import rule_store
 from worker.common.connection import connect
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalCluster
-from worker.common.rule_store import (
+from worker.rules import store as rule_store
+from worker.rules.definition import MAX_RULES, RuleError, RuleSet, make_rule, rule_to_json
+from worker.rules.store import (
     NoSuchRuleError,
     delete_rule,
     read_rule,
@@ -17,7 +18,6 @@ from worker.common.rule_store import (
     rules_version,
     set_rule,
 )
-from worker.common.rules import MAX_RULES, RuleError, RuleSet, make_rule, rule_to_json
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.common.keys import Keys
-from worker.common.rules import (
+from worker.rules.definition import (
     MAX_COOLDOWN_MS,
     MAX_RULES,
     VERSION_FIELD,

@@ -19,8 +19,8 @@ from model.training.train import TrainConfig, TrainingDivergedError, train
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, wait_for
 from worker.common.connection import connect
-from worker.common.publisher import publish
-from worker.common.registry import Registry
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
 
 
 def float64_params(

@@ -18,18 +18,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from model.artifact import random_model, save_model
 from model.data.synthetic import synthetic_events
 from tests.conftest import run_cli
+from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.rule_store import set_rule
-from worker.common.rules import make_rule
-from worker.common.settings import Settings
-from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.consumer import Consumer
+from worker.producers.publisher import publish
+from worker.rules.definition import make_rule
+from worker.rules.store import set_rule
 
 STREAM0 = "intentstream:events:{0}"
 FUTURE_MS = int(time.time() * 1000) + 86_400_000  # a day ahead: past the 10-minute skew
@@ -74,15 +72,6 @@ def http_status(url: str) -> int:
         return urllib.request.urlopen(url, timeout=30).status
     except urllib.error.HTTPError as exc:
         return exc.code
-
-
-def in_process_consumer(url: str, model: Path, **settings) -> Consumer:
-    s = Settings(
-        redis_url=url, model=model, metrics_port=0, block_ms=100, consumer="c1", **settings
-    )
-    consumer = Consumer(s, connect(url), FileModelSource(model), WorkerMetrics())
-    consumer.model.warm_up()
-    return consumer
 
 
 def test_golden_example_through_redis(redis_server, golden_path, tmp_path):
@@ -284,7 +273,7 @@ def test_events_at_or_below_last_id_are_acknowledged_without_effect(redis_server
     # from its start: its entries are at or below each user's last_id, applied before.
     r.delete("intentstream:acked:{0}", "intentstream:lastcommit:{0}")
     r.xgroup_setid(STREAM0, "intentstream-workers", "0")
-    consumer._rewind()
+    consumer.rewind()
     consumer.tick()
     consumer.tick()
     assert count_scores(r) == 3
@@ -624,7 +613,7 @@ import json, sys, threadpoolctl
 from worker.common.connection import connect
 from worker.engine.consumer import Consumer
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource
+from worker.lifecycle.model_source import FileModelSource
 from worker.common.settings import Settings
 
 s = Settings(redis_url=sys.argv[1], model=sys.argv[2], metrics_port=0, block_ms=10)

@@ -14,16 +14,17 @@ import numpy as np
 import pytest
 import redis
 
+from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_SCORES
-from tests.test_worker import http_status, in_process_consumer, scrape
+from tests.test_worker import http_status, scrape
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
-from worker.common.append_function import install
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
-from worker.common.rule_store import set_rule
-from worker.common.rules import make_rule
+from worker.producers.append_function import install
+from worker.producers.publisher import publish
+from worker.rules.definition import make_rule
+from worker.rules.store import set_rule
 
 pytestmark = pytest.mark.integration
 
@@ -142,7 +143,7 @@ def test_counters_are_exact_when_commit_replies_are_lost(redis_server, golden_pa
         try:
             consumer.tick()
         except redis.ConnectionError:
-            consumer._rewind()  # what run() does after an outage
+            consumer.rewind()  # what run() does after an outage
 
     wait_for(lambda: tick() or consumer.metrics.count("scored") >= 100, what="all counted")
     tick()

@@ -18,8 +18,8 @@ from tests.workers import WorkerProcess, all_committed, count_scores, score_entr
 from worker.common.connection import connect
 from worker.common.keys import partition_of
 from worker.common.local_redis import free_port
-from worker.common.publisher import publish
 from worker.engine.compute.lean_state import as_fields
+from worker.producers.publisher import publish
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import redis
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.common.local_redis import LocalRedis, free_port
-from worker.common.publisher import publish
+from worker.producers.publisher import publish
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from model.scoring import ScoringModel
 from worker.common.connection import connect
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.consumer import Consumer, pin_blas, tune_gc
+from worker.lifecycle.model_source import FileModelSource
 
 
 class _NoModel(ScoringModel):

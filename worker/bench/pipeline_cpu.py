@@ -27,8 +27,9 @@ from worker.engine.adapters.commit import CommitLimits, Committer
 from worker.engine.adapters.states import FIELDS as STATE_FIELDS
 from worker.engine.adapters.states import StateReader
 from worker.engine.compute.batch import parse_batch
-from worker.engine.compute.pipeline import Commit, build_commit, distinct_users
+from worker.engine.compute.pipeline import Commit, build_commit
 from worker.engine.compute.state_cache import StateCache, written
+from worker.engine.compute.user_states import distinct_users
 from worker.engine.models import tune_gc
 
 BATCH = 512

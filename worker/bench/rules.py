@@ -30,8 +30,8 @@ import redis
 from worker.bench.inprocess import consume, start_worker
 from worker.bench.load import redis_cpu
 from worker.bench.workload import ACTIONS, KEYS, SCORES, preload
-from worker.common.rule_store import set_rule
-from worker.common.rules import MAX_RULES, Rule, make_rule
+from worker.rules.definition import MAX_RULES, Rule, make_rule
+from worker.rules.store import set_rule
 
 QUIET_ABOVE = 1.0  # a rule's highest threshold: only a score of exactly 1 would fire
 LISTED_TYPES = ("add_to_cart", "checkout", "coupon")

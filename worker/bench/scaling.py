@@ -38,7 +38,7 @@ from worker.common.cli_help import HelpFormatter
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalCluster, LocalRedis
-from worker.common.publisher import publish
+from worker.producers.publisher import publish
 
 KEYS = Keys()
 GATE = "bench-gate"

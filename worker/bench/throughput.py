@@ -63,8 +63,8 @@ from worker.common.cli_help import HelpFormatter
 from worker.common.connection import connect
 from worker.common.dedup import DEFAULT_WINDOW
 from worker.common.local_redis import LocalRedis
-from worker.engine.adapters.model_source import FileModelSource
 from worker.engine.compute.recent import extended, pack, unpack
+from worker.lifecycle.model_source import FileModelSource
 
 
 class Result:

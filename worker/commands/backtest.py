@@ -18,14 +18,14 @@ from worker.commands.explain import explaining_model, iso_time
 from worker.commands.registry_access import registry_of
 from worker.common.events import Event
 from worker.common.keys import Keys, partition_of
-from worker.common.partitions import recorded_partitions
-from worker.common.rule_store import read_rules
-from worker.common.rules import RuleError, RuleSet, make_rule
+from worker.common.partition_count import recorded_partitions
 from worker.common.settings import Settings, SettingsError, load_settings
 from worker.engine.compute.batch import Batch, parse_batch
 from worker.engine.compute.replay import Replayed, replay
-from worker.engine.compute.rule_report import rule_report
-from worker.engine.compute.rules import RuleTable
+from worker.rules.definition import RuleError, RuleSet, make_rule
+from worker.rules.report import rule_report
+from worker.rules.step import RuleTable
+from worker.rules.store import read_rules
 
 # Event files carry their own times: the timestamp rule's bound on how far ts runs ahead of
 # the entry id's time (the arrival) means nothing offline.

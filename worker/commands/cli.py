@@ -13,14 +13,14 @@ from collections.abc import Callable
 # Only what every command needs is imported here: a command that does no work (--version,
 # --help, a bad flag) starts without numpy, Numba, redis or pydantic. A sub-command's flags are
 # built when it is parsed or its help printed (Parser's `populate`), its body imported when it
-# runs (`_lazy`).
-from worker.commands.args import Parser, csv, port_number, positive_float, positive_int
+# runs (`lazy`).
+from worker.commands.args import Parser, port_number, positive_float, positive_int
 
 # Exit code of a user error or an unreachable service (worker/commands/errors.py).
 USAGE_EXIT = 2
 
 
-class _lazy:  # noqa: N801 (used as a function: `func=_lazy(module, name)`)
+class lazy:  # noqa: N801 (used as a function: `func=lazy(module, name)`)
     """A sub-command's function, imported from `module` when it runs (`load`)."""
 
     def __init__(self, module: str, name: str) -> None:
@@ -121,42 +121,6 @@ def _cmd_bench_real(args: argparse.Namespace) -> int:
     return run_real_bench(real)
 
 
-def _cmd_partitions_resize(args: argparse.Namespace) -> int:
-    from worker.commands.resize import ResizeRefusedError, resize
-    from worker.common.connection import connect_settings
-    from worker.common.keys import Keys
-    from worker.common.settings import SettingsError, load_settings
-
-    try:
-        settings = load_settings(args, model=None)
-        report = resize(connect_settings(settings), Keys(settings.prefix), settings.group, args.to)
-    except (SettingsError, ResizeRefusedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(report.summary())
-    return 0
-
-
-def _cmd_partitions_repair(args: argparse.Namespace) -> int:
-    from worker.commands.repair import RepairRefusedError, repair
-    from worker.common.connection import connect_settings
-    from worker.common.keys import Keys
-    from worker.common.settings import SettingsError, load_settings
-
-    try:
-        settings = load_settings(args, model=None)
-        lines = repair(connect_settings(settings), Keys(settings.prefix), settings.group,
-                       args.partition, args.to, args.dry_run)  # fmt: skip
-    except (SettingsError, RepairRefusedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("\n".join(lines))
-    return 0
-
-
-_REGISTRY_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -229,150 +193,6 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
     tr.add_argument("--force", action="store_true", help="promote even if worse")
     tr.add_argument("--pushgateway", metavar="URL", help="push the run's metrics there")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def _add_init_flags(init: argparse.ArgumentParser) -> None:
-    from model.feature_names import feature_help  # the names only: no Numba
-
-    init.add_argument(
-        "--event-types",
-        type=csv,
-        required=True,
-        metavar="A,B,...",
-        help="event type names; one more row is reserved for unknown types",
-    )
-    init.add_argument(
-        "--cell",
-        choices=["rnn", "gru", "lstm"],
-        default="rnn",
-        help="Elman RNN, GRU or LSTM (see docs/models.md, Choosing a cell)",
-    )
-    init.add_argument("--hidden", type=positive_int, default=64, help="H, the state width")
-    init.add_argument("--layers", type=positive_int, default=1, help="L, stacked layers")
-    init.add_argument(
-        "--features",
-        type=csv,
-        default=[],
-        metavar="A,B,...",
-        help=f"numeric features after the embedding row; known: {feature_help()} (default: none)",
-    )
-    init.add_argument(
-        "--embedding-dim",
-        type=positive_int,
-        default=None,
-        help="D, the width of each type's row (default: min(16, hidden))",
-    )
-    init.add_argument(
-        "--head", choices=["sigmoid", "identity"], default="sigmoid", help="the output function"
-    )
-    init.add_argument(
-        "--session-gap",
-        type=float,
-        default=1800.0,
-        help="seconds; a longer gap starts a new session (0 = never)",
-    )
-    init.add_argument("--seed", type=int, default=0, help="same seed, same bytes")
-    add_input_flags(init)
-    init.add_argument("--out", required=True, help="artifact file to write (.npz)")
-
-
-def _add_evaluate_flags(ev: argparse.ArgumentParser) -> None:
-    # nargs "*": none given is said by cmd_model_evaluate, which can tell a --data that took them
-    ev.add_argument(
-        "versions",
-        nargs="*",
-        metavar="VERSION|FILE",
-        help="what to compare (before --data, which takes every file after it)",
-    )
-    src = ev.add_mutually_exclusive_group(required=True)
-    src.add_argument("--from-redis", action="store_true", help="the retained event streams")
-    src.add_argument("--data", nargs="+", metavar="FILE", help=DATA_HELP)
-    add_data_format_flags(ev)
-    ev.add_argument("--since", metavar="AGE", help="only events this recent: 90m, 24h, 7d")
-    ev.add_argument("--partitions", type=positive_int, default=None,
-                    help="partitions to read (default: the recorded count)")  # fmt: skip
-    ev.add_argument("--label-type", default="purchase", help="for models whose meta names none")
-    ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    ev.add_argument("--pushgateway", metavar="URL", help="push the metrics to a Pushgateway")
-    ev.add_argument("--reliability", metavar="FILE.png",
-                    help="write the versions' reliability diagrams (PNG) there")  # fmt: skip
-    ev.add_argument("--held-out", action="store_true",
-                    help="also judge each model on the test users its training held out of "
-                    "these events, beside baselines fitted on the other users")  # fmt: skip
-
-
-def _add_model_actions(model: argparse.ArgumentParser) -> None:
-    """`model`'s actions: each one's flags built when it is used."""
-    msub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    init = msub.add_parser(
-        "init", help="write a seeded random model artifact", populate=_add_init_flags
-    )
-    init.set_defaults(func=_lazy("worker.commands.models", "cmd_model_init"))
-
-    def registry_command(
-        name: str, help: str, func: str, flags: Callable[[argparse.ArgumentParser], None]
-    ) -> None:
-        def populate(cmd: argparse.ArgumentParser) -> None:
-            flags(cmd)
-            add_setting_flags(cmd, _REGISTRY_FLAGS)
-
-        cmd = msub.add_parser(name, help=help, description=help, populate=populate)
-        cmd.set_defaults(func=_lazy("worker.commands.models", func))
-
-    def version_arg(cmd: argparse.ArgumentParser) -> None:
-        cmd.add_argument("version", help="a registry version (see `model list`)")
-
-    def force_flag(cmd: argparse.ArgumentParser) -> None:
-        cmd.add_argument("--force", action="store_true",
-                         help="promote even if the gate finds it worse than the current model "
-                         "on the retained history")  # fmt: skip
-
-    def publish_flags(cmd: argparse.ArgumentParser) -> None:
-        cmd.add_argument("file", help="the artifact file (.npz)")
-        cmd.add_argument("--promote", action="store_true",
-                         help="also make it current, behind the promotion gate")  # fmt: skip
-        force_flag(cmd)
-
-    def promote_flags(cmd: argparse.ArgumentParser) -> None:
-        version_arg(cmd)
-        force_flag(cmd)
-
-    def shadow_flags(cmd: argparse.ArgumentParser) -> None:
-        cmd.add_argument("version", nargs="?", help="the challenger; none: show the shadow")
-        cmd.add_argument("--off", action="store_true", help="stop shadow scoring")
-
-    def export_flags(cmd: argparse.ArgumentParser) -> None:
-        version_arg(cmd)
-        cmd.add_argument("--out", required=True, help="artifact file to write (.npz)")
-
-    registry_command(
-        "show", "print a model's config, array shapes, size", "cmd_model_show",
-        lambda cmd: cmd.add_argument("file", metavar="FILE|VERSION",
-                                     help="an artifact file or a registry version"),
-    )  # fmt: skip
-    registry_command(
-        "publish", "store an artifact as a new version", "cmd_model_publish", publish_flags
-    )
-    registry_command(
-        "list", "list the registry's versions (* = current)", "cmd_model_list", lambda _: None
-    )
-    registry_command(
-        "promote", "make a version current behind the promotion gate; workers follow",
-        "cmd_model_promote", promote_flags,
-    )  # fmt: skip
-    registry_command("rollback", "make the previous current version current",
-                     "cmd_model_rollback", lambda _: None)  # fmt: skip
-    registry_command(
-        "evaluate",
-        "versions (or .npz files) side by side on live data: ROC AUC, log loss, ECE, Brier",
-        "cmd_model_evaluate",
-        _add_evaluate_flags,
-    )
-    registry_command("shadow", "score every event with a challenger version too (or --off)",
-                     "cmd_model_shadow", shadow_flags)  # fmt: skip
-    registry_command(
-        "export", "write a version's artifact to a file", "cmd_model_export", export_flags
-    )
 
 
 def _add_score_flags(score: argparse.ArgumentParser) -> None:
@@ -463,41 +283,6 @@ def _add_demo_flags(demo: argparse.ArgumentParser) -> None:
     )
 
 
-_PARTITIONS_FLAGS = ["redis_url", "cluster", "prefix", "group", "socket_timeout"]
-
-
-def _add_partitions_actions(parts: argparse.ArgumentParser) -> None:
-    psub = parts.add_subparsers(dest="partitions_command", required=True, metavar="ACTION")
-
-    def resize_flags(resize: argparse.ArgumentParser) -> None:
-        resize.add_argument("--to", type=int, required=True, metavar="N",
-                            help="new partition count")  # fmt: skip
-        add_setting_flags(resize, _PARTITIONS_FLAGS)
-
-    resize = psub.add_parser(
-        "resize",
-        help="move every user's state to a new partition count (workers stopped)",
-        populate=resize_flags,
-    )
-    resize.set_defaults(func=_cmd_partitions_resize)
-
-    def repair_flags(rep: argparse.ArgumentParser) -> None:
-        rep.add_argument("partition", type=int, metavar="P", help="the partition to repair")
-        rep.add_argument("--dry-run", action="store_true",
-                         help="print what it finds and would run, write nothing")  # fmt: skip
-        rep.add_argument("--to", metavar="ID",
-                         help="the entry id to put the position on (default: the last commit "
-                              "token's entry, else the stream's start)")  # fmt: skip
-        add_setting_flags(rep, _PARTITIONS_FLAGS)
-
-    rep = psub.add_parser(
-        "repair",
-        help="put a partition's position (acked) and the group back on a consistent entry",
-        populate=repair_flags,
-    )
-    rep.set_defaults(func=_cmd_partitions_repair)
-
-
 def _module_flags(module: str) -> Callable[[argparse.ArgumentParser], None]:
     """A sub-command whose flags (and function) its own module adds: `add_flags(parser)`,
     imported when the sub-command is used."""
@@ -518,8 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    # `intentstream model ...`: worker/commands/model_flags.py
     sub.add_parser("model", help="create and inspect model artifacts; the registry",
-                   populate=_add_model_actions)  # fmt: skip
+                   populate=_module_flags("worker.commands.model_flags"))  # fmt: skip
 
     # `intentstream rules ...`: worker/commands/rules.py
     sub.add_parser(
@@ -546,11 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
             cmd
         ),
     )
-    deliver.set_defaults(func=_lazy("worker.commands.webhooks", "cmd_deliver"))
+    deliver.set_defaults(func=lazy("worker.commands.webhooks", "cmd_deliver"))
 
     score = sub.add_parser("score", help="score JSON-lines events offline, state in memory",
                            populate=_add_score_flags)  # fmt: skip
-    score.set_defaults(func=_lazy("worker.commands.score", "cmd_score"))
+    score.set_defaults(func=lazy("worker.commands.score", "cmd_score"))
 
     sub.add_parser(  # why a user's score is what it is: worker/commands/explain.py
         "explain",
@@ -567,14 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     pub = sub.add_parser("publish", help="publish JSON-lines or synthetic events to the streams",
                          populate=_add_publish_flags)  # fmt: skip
-    pub.set_defaults(func=_lazy("worker.commands.publish", "cmd_publish"))
+    pub.set_defaults(func=lazy("worker.commands.publish", "cmd_publish"))
 
     tr = sub.add_parser(
         "train",
         help="train a model with truncated BPTT; report; publish",
         populate=_add_train_flags,
     )
-    tr.set_defaults(func=_lazy("worker.commands.train", "run_train"))
+    tr.set_defaults(func=lazy("worker.commands.train", "run_train"))
 
     demo = sub.add_parser("demo", help="the whole loop live, on a private Redis by default",
                           populate=_add_demo_flags)  # fmt: skip
@@ -593,9 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         populate=_module_flags("worker.commands.healthcheck"),
     )
 
-    sub.add_parser("partitions",
+    sub.add_parser("partitions",  # worker/commands/partitions.py, calling worker/partitions/
                    help="change the partition count of the streams; repair a position",
-                   populate=_add_partitions_actions)  # fmt: skip
+                   populate=_module_flags("worker.commands.partitions"))  # fmt: skip
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
     bench.set_defaults(func=_cmd_bench)
@@ -639,7 +425,7 @@ def main(argv: list[str] | None = None, interruptible: bool = False) -> int:
 
     try:
         func = args.func
-        if isinstance(func, _lazy):  # its imports (numpy, Numba) as the parsing's: Ctrl-C
+        if isinstance(func, lazy):  # its imports (numpy, Numba) as the parsing's: Ctrl-C
             func = func.load()  # leaves at once (a C extension stopped mid-import can fail)
         if interruptible:
             signal.signal(signal.SIGINT, interrupt)

@@ -32,12 +32,12 @@ from worker.commands.kernels import compile_in_background, is_cached
 from worker.common.connection import connect, connect_settings
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalRedis, free_port
-from worker.common.publisher import publish
-from worker.common.registry import Registry
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import LATENCY_BUCKETS, Health, WorkerMetrics, serve_metrics
-from worker.engine.adapters.model_source import RegistryModelSource
 from worker.engine.consumer import Consumer
+from worker.lifecycle.model_source import RegistryModelSource
+from worker.lifecycle.registry import Registry
+from worker.producers.publisher import publish
 
 PREFIX = "intentstream"
 PARTITION = 0  # the demo publishes with one partition

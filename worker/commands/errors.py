@@ -118,8 +118,8 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     from model.artifact import ArtifactError
     from model.training.sessions import DataError
     from worker.common.events import EventError
-    from worker.common.registry import RegistryError
     from worker.common.settings import SettingsError
+    from worker.lifecycle.registry import RegistryError
 
     parser = getattr(args, "_parser", None)
     url = _redis_url(args)

@@ -25,7 +25,7 @@ from model.artifact import DEFAULT_LABEL_TYPE, Model, label_type_of, load_model
 from model.calibration import calibration_of
 from model.training.evaluate import metrics_of, model_step_scores
 from model.training.sessions import sessionize
-from worker.common.registry import Registry
+from worker.lifecycle.registry import Registry
 
 _SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

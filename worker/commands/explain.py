@@ -20,12 +20,12 @@ from model.scoring import ScoringModel
 from worker.commands.registry_access import registry_of
 from worker.common.connection import name_wrong_type
 from worker.common.keys import partition_of
-from worker.common.partitions import recorded_partitions
-from worker.common.registry import Registry, RegistryError
+from worker.common.partition_count import recorded_partitions
 from worker.common.settings import add_setting_flags, load_settings
 from worker.engine.compute.actions import session_of
 from worker.engine.compute.lean_state import as_fields
 from worker.engine.compute.recent import Recent, form_of, unpack
+from worker.lifecycle.registry import Registry, RegistryError
 
 # Exit code when the user has no state or no kept events: nothing to explain. A user named
 # that is not there is a mistake to fix, as an unknown rule, version or file (exit 2); exit 1

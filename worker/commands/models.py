@@ -12,11 +12,11 @@ from model.artifact import ArtifactError, Model, file_sha256, load_model, random
 from model.feature_names import expand_features
 from model.inputs import parse_inputs
 from worker.commands.event_files import read_event_files
-from worker.commands.history import read_history
 from worker.commands.input_flags import describe_inputs, input_declarations
 from worker.commands.registry_access import with_registry
-from worker.common.partitions import recorded_partitions
-from worker.common.registry import Registry, RegistryError
+from worker.common.partition_count import recorded_partitions
+from worker.lifecycle.history import read_history
+from worker.lifecycle.registry import Registry, RegistryError
 
 
 def cmd_model_init(args: argparse.Namespace) -> int:
@@ -125,11 +125,11 @@ def cmd_model_list(args: argparse.Namespace) -> int:
 
 
 def promoted(reg: Registry, version: str, force: bool, published: str = "", say=print) -> int:
-    """Make `version` current behind the promotion gate (worker/commands/promotion.py): exit
+    """Make `version` current behind the promotion gate (worker/lifecycle/gate.py): exit
     code 0, or 1 with the gate's reasons when it stays as it is (`published`: the line of a
     version just published, said either way). Every line goes to `say` (the console's page
     collects them)."""
-    from worker.commands.promotion import history_gate
+    from worker.lifecycle.gate import history_gate
 
     # a missing or corrupt version says so before the gate reads the history
     refused = history_gate(reg, version, reg.load(version), force, say)

@@ -16,8 +16,8 @@ from worker.commands.event_files import chunks, recording_fields, reported_event
 from worker.common.connection import connect_settings, name_wrong_type
 from worker.common.events import Event
 from worker.common.keys import Keys
-from worker.common.publisher import publish
 from worker.common.settings import SettingsError, load_settings
+from worker.producers.publisher import publish
 
 
 def synthetic_backlog(args: argparse.Namespace, now_ms: int | None = None) -> list[dict]:

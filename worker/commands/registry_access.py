@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Callable
 
 from worker.common.connection import connect_settings
-from worker.common.registry import Registry
 from worker.common.settings import load_settings
+from worker.lifecycle.registry import Registry
 
 
 def registry_of(args: argparse.Namespace) -> Registry:

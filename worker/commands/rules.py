@@ -1,5 +1,5 @@
 """The `intentstream rules ...` sub-commands: set, list, show and delete the intent rules in
-Redis (worker/common/rule_store.py); workers pick each change up by its version."""
+Redis (worker/rules/store.py); workers pick each change up by its version."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from worker.commands.args import csv, positive_int
 if TYPE_CHECKING:
     from worker.common.connection import Client
     from worker.common.keys import Keys
-    from worker.common.rules import Rule
+    from worker.rules.definition import Rule
 
 RULES_FLAGS = ["redis_url", "cluster", "prefix", "socket_timeout"]
 
@@ -48,7 +48,7 @@ examples:
 
 def duration(text: str) -> int:
     """argparse type: a duration (500ms, 90s, 15m, 2h, 1d; a bare number is seconds) in ms."""
-    from worker.common.rules import RuleError, parse_duration
+    from worker.rules.definition import RuleError, parse_duration
 
     try:
         return parse_duration(text)
@@ -59,7 +59,7 @@ def duration(text: str) -> int:
 def threshold(text: str) -> float:
     """argparse type: a rule's threshold, a number from 0 to 1 (the rule's own check, so the
     refusal names the flag: `error: --above: 2.0 is outside 0..1 ...`)."""
-    from worker.common.rules import threshold_problem
+    from worker.rules.definition import threshold_problem
 
     try:
         value = float(text)
@@ -200,7 +200,7 @@ def number(x: float) -> str:
 
 def describe_rule(rule: Rule) -> str:
     """One line: the rule's conditions in words."""
-    from worker.common.rules import format_duration
+    from worker.rules.definition import format_duration
 
     types = ", ".join(rule.types) if rule.types else "any type"
     return (
@@ -212,8 +212,8 @@ def describe_rule(rule: Rule) -> str:
 def cmd_rules_set(args: argparse.Namespace) -> int:
     # an invalid rule raises RuleError (a ValueError): main() prints its one line, exit 2,
     # before anything is sent to Redis
-    from worker.common.rule_store import set_rule
-    from worker.common.rules import make_rule
+    from worker.rules.definition import make_rule
+    from worker.rules.store import set_rule
 
     rule = make_rule(
         name=args.name,
@@ -230,8 +230,8 @@ def cmd_rules_set(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_list(args: argparse.Namespace) -> int:
-    from worker.common.rule_store import read_rules
-    from worker.common.rules import format_duration, rule_to_dict
+    from worker.rules.definition import format_duration, rule_to_dict
+    from worker.rules.store import read_rules
 
     client, keys = _client(args)
     ruleset = read_rules(client, keys)
@@ -255,8 +255,8 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_show(args: argparse.Namespace) -> int:
-    from worker.common.rule_store import read_rule
-    from worker.common.rules import rule_to_json
+    from worker.rules.definition import rule_to_json
+    from worker.rules.store import read_rule
 
     client, keys = _client(args)
     print(rule_to_json(read_rule(client, keys, args.name)).decode())
@@ -264,7 +264,7 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_delete(args: argparse.Namespace) -> int:
-    from worker.common.rule_store import delete_rule
+    from worker.rules.store import delete_rule
 
     client, keys = _client(args)
     version = delete_rule(client, keys, args.name)

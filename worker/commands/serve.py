@@ -27,9 +27,9 @@ from worker.commands.errors import acl_refusal, not_a_cluster, redacted, say
 from worker.common.connection import Client, connect_settings
 from worker.common.keys import Keys
 from worker.common.logs import setup_logging
-from worker.common.partitions import check_partitions
-from worker.common.registry import RegistryError
+from worker.common.partition_count import check_partitions
 from worker.common.settings import Settings, SettingsError, load_settings
+from worker.lifecycle.registry import RegistryError
 
 log = logging.getLogger("intentstream.worker")
 
@@ -142,8 +142,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # The engine is imported here, after the signal handlers (a SIGTERM during its start-up
     # stops it cleanly), and only by this command (the others start without it).
     from worker.engine.adapters.metrics import Health, WorkerMetrics, serve_metrics
-    from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
     from worker.engine.consumer import Consumer
+    from worker.lifecycle.model_source import FileModelSource, RegistryModelSource
 
     try:
         settings = load_settings(args)

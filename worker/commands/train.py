@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 from model.artifact import file_version, load_model, save_model, state_space_of
 from worker.commands.args import csv
 from worker.commands.event_files import read_event_files
-from worker.commands.history import read_history
 from worker.commands.input_flags import (
     absent_inputs_warning,
     describe_inputs,
@@ -24,14 +23,15 @@ from worker.commands.input_flags import (
     input_declarations,
 )
 from worker.commands.interrupts import held_interrupts
-from worker.commands.promotion import comparison_line, refusals
 from worker.commands.registry_access import with_registry
 from worker.common.connection import connect_settings
 from worker.common.events import MIN_TS_MS
-from worker.common.registry import Registry
-from worker.common.rule_store import read_rules
-from worker.common.rules import RuleError
 from worker.common.settings import load_settings
+from worker.lifecycle.gate import comparison_line, refusals
+from worker.lifecycle.history import read_history
+from worker.lifecycle.registry import Registry
+from worker.rules.definition import RuleError
+from worker.rules.store import read_rules
 
 # Flag help of each TrainConfig field; the flags, their types and defaults come from the
 # fields themselves (see add_train_config_flags), so the defaults exist once, in TrainConfig.
@@ -441,7 +441,7 @@ def gate(reg: Registry, result, events: list[dict], config, force: bool) -> list
     will score (its map fitted on these users), the current model as it scores, both on the
     same validation users."""
     from model.training.evaluate import metrics_of, model_step_scores
-    from worker.commands.rule_shares import fire_shares, share_lines
+    from worker.rules.shares import fire_shares, share_lines
 
     current, rules = reg.current(), live_rules(reg)
     if current is None and not rules:

@@ -246,7 +246,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from worker.common.rules import parse_duration
+    from worker.rules.definition import parse_duration
     from worker.webhooks.deadletters import drop_dead_letter, read_dead_letters
     from worker.webhooks.post import make_client, send
     from worker.webhooks.store import get_endpoint

@@ -88,7 +88,7 @@ class Keys:
 
     def route(self, p: int) -> str:
         """The partition count producers must route with to write to p (or `resizing`):
-        checked by the producers' function (worker/common/append_function.py)."""
+        checked by the producers' function (worker/producers/append_function.py)."""
         return f"{self.prefix}:route:{{{p}}}"
 
     def moved(self, q: int) -> str:
@@ -146,7 +146,7 @@ class Keys:
     @property
     def rules(self) -> str:
         """Hash: rule name -> the rule's JSON, and `:version`, bumped by every change
-        (worker/common/rules.py)."""
+        (worker/rules/definition.py)."""
         return f"{self.prefix}:rules"
 
     @property

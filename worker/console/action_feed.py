@@ -7,7 +7,7 @@ import json
 
 from worker.common.connection import Client
 from worker.common.keys import Keys
-from worker.common.partitions import recorded_partitions
+from worker.common.partition_count import recorded_partitions
 
 FIELDS = ("user_id", "rule", "score", "event_id", "ts", "model")
 

@@ -10,8 +10,6 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from worker.common.registry import RegistryError
-from worker.common.rules import RuleError
 from worker.console import changes, pages
 from worker.console.auth import (
     AuthMiddleware,
@@ -22,6 +20,8 @@ from worker.console.auth import (
     same_origin,
 )
 from worker.console.context import HERE, Console
+from worker.lifecycle.registry import RegistryError
+from worker.rules.definition import RuleError
 
 
 def login(console: Console):

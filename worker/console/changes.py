@@ -8,13 +8,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from worker.common.registry import RegistryError
-from worker.common.rule_store import delete_rule, set_rule
-from worker.common.rules import RuleError, rule_to_dict
 from worker.console.audit import record
 from worker.console.context import Console
 from worker.console.model_list import promote, version_rows
 from worker.console.rule_form import form_values, rule_of_form
+from worker.lifecycle.registry import RegistryError
+from worker.rules.definition import RuleError, rule_to_dict
+from worker.rules.store import delete_rule, set_rule
 
 
 def _remote(request: Request) -> str:

@@ -12,12 +12,12 @@ from starlette.templating import Jinja2Templates
 
 from worker.common.connection import Client, connect_settings
 from worker.common.keys import Keys
-from worker.common.registry import Registry
 from worker.common.settings import Settings
 from worker.console.auth import page_csrf
 from worker.console.current_model import CurrentModel
 from worker.console.overview import Overview
 from worker.console.tokens import Tokens
+from worker.lifecycle.registry import Registry
 
 HERE = Path(__file__).parent
 # The newest retained events per partition a rule's backtest replays (the console's flag).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from model.scoring import ScoringModel
-from worker.common.registry import Registry
+from worker.lifecycle.registry import Registry
 
 
 class CurrentModel:

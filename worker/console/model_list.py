@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime
 
 from worker.commands.models import promoted
-from worker.common.registry import Registry
 from worker.console.chart import reliability_diagram
+from worker.lifecycle.registry import Registry
 
 # The figures shown per version, from the meta's `metrics` (train's validation users).
 FIGURES = ("auc_last", "ece_all", "ece_last")

@@ -17,9 +17,9 @@ import redis
 
 from worker.common.connection import Client
 from worker.common.keys import Keys
-from worker.common.partitions import recorded_partitions
-from worker.common.rule_store import rules_version
+from worker.common.partition_count import recorded_partitions
 from worker.engine.adapters.lag import undelivered
+from worker.rules.store import rules_version
 
 KINDS = ("events", "scores", "actions")
 CACHE_SECONDS = 1.0

@@ -8,8 +8,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from worker.common.rule_store import read_rule, read_rules
-from worker.common.rules import RuleError, format_duration
 from worker.console.action_feed import newest_actions
 from worker.console.audit import recent_changes
 from worker.console.chart import per_day_bars, threshold_curve
@@ -19,6 +17,8 @@ from worker.console.model_list import version_rows
 from worker.console.rule_backtest import BacktestError, run_backtest
 from worker.console.rule_form import FIELDS, form_of_rule, form_values, rule_of_form
 from worker.console.users import user_view
+from worker.rules.definition import RuleError, format_duration
+from worker.rules.store import read_rule, read_rules
 
 ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 MAX_USER_ID_CHARS = 256

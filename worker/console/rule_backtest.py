@@ -10,12 +10,12 @@ from collections import Counter
 from worker.commands.backtest import backtest_report, batches_of
 from worker.common.connection import Client
 from worker.common.keys import Keys
-from worker.common.partitions import recorded_partitions
-from worker.common.rules import Rule, RuleSet
+from worker.common.partition_count import recorded_partitions
 from worker.common.settings import Settings
 from worker.console.current_model import CurrentModel
 from worker.engine.compute.replay import replay
-from worker.engine.compute.rules import RuleTable
+from worker.rules.definition import Rule, RuleSet
+from worker.rules.step import RuleTable
 
 # The thresholds the sweep tries beside the rule's own (one replay: up to 64 rules).
 SWEEP = tuple(round(0.05 * k, 2) for k in range(1, 20))

@@ -1,11 +1,11 @@
 """The rule form: its inputs named like `intentstream rules set`'s flags (name, above,
 rearm_below, cooldown, min_events, types), read into the same pydantic Rule the CLI builds
-(worker/common/rules.py, make_rule), and a rule back into the form's values."""
+(worker/rules/definition.py, make_rule), and a rule back into the form's values."""
 
 from __future__ import annotations
 
 from worker.commands.rules import number
-from worker.common.rules import Rule, RuleError, format_duration, make_rule, parse_duration
+from worker.rules.definition import Rule, RuleError, format_duration, make_rule, parse_duration
 
 FIELDS = ("name", "above", "rearm_below", "cooldown", "min_events", "types")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from model.explain import leave_one_out, scores_after_each
 from worker.commands.explain import explanation_report, read_state
-from worker.common.registry import Registry
 from worker.console.current_model import CurrentModel
 from worker.engine.compute.actions import session_of
+from worker.lifecycle.registry import Registry
 
 
 def user_view(registry: Registry, models: CurrentModel, user: str) -> dict | None:

@@ -24,16 +24,13 @@ import logging
 import secrets
 import threading
 import time
-from contextlib import suppress
 
 import redis
 
 from model.scoring import ScoringModel
-from worker.common.append_function import ROUTE_SCRIPT
-from worker.common.append_function import install as install_function
 from worker.common.connection import is_cluster, refresh_topology
 from worker.common.keys import Keys
-from worker.common.partitions import PartitionCountError, check_partitions
+from worker.common.partition_count import PartitionCountError, check_partitions
 from worker.common.settings import Settings
 from worker.engine.adapters.commit import (
     CommitLimits,
@@ -44,23 +41,25 @@ from worker.engine.adapters.commit import (
 )
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
-from worker.engine.adapters.model_source import FileModelSource, RegistryModelSource
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.parked import ParkedReads
-from worker.engine.adapters.rule_source import RuleSource
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.streams import Cursor, PositionError, StreamReader
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import Commit, distinct_users
+from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.state_cache import CachedState, StateCache, written
+from worker.engine.compute.user_states import distinct_users
 from worker.engine.models import Models, tune_gc
 from worker.engine.models import pin_blas as pin_blas  # the bench tunes as run() does
-from worker.engine.partition import Partitions
+from worker.engine.partition import PartitionIO, Partitions
 from worker.engine.readahead import Ahead, ReadAhead
+from worker.engine.reads import Reads
 from worker.engine.rulebook import Rulebook
 from worker.engine.tally import Tally
+from worker.lifecycle.model_source import FileModelSource, RegistryModelSource
+from worker.rules.source import RuleSource
 
 log = logging.getLogger("intentstream.worker")
 
@@ -113,14 +112,13 @@ class Consumer:
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
         self.tally = Tally(self.metrics, self.quality)
-        self.parts = Partitions(s.partitions, self.cache)  # all it holds of each partition
+        io = PartitionIO(self.reader, self.parked, self.ownership, self.committer, self.metrics)
+        self.parts = Partitions(s.partitions, self.cache, io)  # all it holds of each partition
+        self.reads = Reads(s, self.reader, self.parked, self.parts, self.nodes, self.metrics,
+                           self.cluster)  # fmt: skip
         # the states the last commit sent ahead writes, made while Redis ran the reads
         self._written: tuple[Commit, dict[str, CachedState]] | None = None
-        self._function_checked = False
-        self._may_install = True  # the producers' function (worker/common/append_function.py)
-        self._route = client.register_script(ROUTE_SCRIPT)
         self._groups_missing = False  # a read found a group gone (NOGROUP)
-        self._stopped: dict[int, set[str]] = {}  # partitions stopped by their position
         self._last_maintenance = 0.0
         self._backoff = 0.0
 
@@ -190,15 +188,15 @@ class Consumer:
             except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
                 # a cluster failing over or resharding, a refused login, ...: retried
                 self._redis_trouble(f"redis error: {type(exc).__name__}: {exc}")
-        self._shutdown()
+        self.shutdown()
 
     def _redis_trouble(self, message: str) -> None:
         self.metrics.redis_errors.inc()
-        self._function_checked = False  # a restarted server may have lost it
+        self.maintenance.server_may_have_changed()
         self.health.redis_ok = False
         self._backoff = min(5.0, max(0.05, self._backoff * 2))
         log.warning(message + f"; retrying in {self._backoff:.2f} s")
-        self._rewind()
+        self.rewind()
         self._stop.wait(self._backoff)
         # Cluster: the next round must reach the nodes that hold the slots now. redis-py
         # re-reads its slot map after a plain command's connection error, but not after a
@@ -207,14 +205,14 @@ class Consumer:
         # worker/common/connection.py). After the wait, so the map read is the newest.
         refresh_topology(self.r)
 
-    def _rewind(self) -> None:
+    def rewind(self) -> None:
         """Resume every partition after its last commit: what was read may not have
         committed."""
         self.parked.release_all()
         for part in self.parts:
             part.forget()
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
         """Commit the batches already read (no new reads), then release the leases."""
         try:
             self._process_queued()
@@ -237,10 +235,7 @@ class Consumer:
         if self._groups_missing:
             self._recreate_groups()
             self._groups_missing = False
-        if not self._function_checked:
-            if self._may_install:  # a flushed or new server has none
-                self._may_install = install_function(self.r)
-            self._function_checked = True
+        self.maintenance.ensure_function()
         if self.ownership.due(now):
             # Batches read ahead are committed first: their commit checks the lease itself,
             # so after a pause past the lease it is refused (not_owned), never applied;
@@ -257,13 +252,13 @@ class Consumer:
             self._stop.wait(min(1.0, self.s.lease_ms / 3000))
             return
         self.parts.keep_only(parts)
-        self._unpark(parts)
-        unfed = self._unfed([p for p in parts if p not in self.parked])
+        self.reads.unpark(parts)
+        unfed = self.reads.unfed([p for p in parts if p not in self.parked])
         if unfed:
-            batches = self._read(unfed)
-            self.parts.enqueue(self._by_node(batches))
-            self._park(unfed, batches)
-        self._collect_parked(parts)
+            batches = self.reads.read(unfed, self._guarded, self._block)
+            self.parts.enqueue(self.reads.by_node(batches))
+            self.reads.park(unfed, batches)
+        self.reads.collect_parked(parts, self._stop.is_set())
         for _ in range(self.parts.queued()):  # what is queued now; reads ahead wait a round
             batch = self.parts.pop()
             if batch is None:
@@ -294,10 +289,7 @@ class Consumer:
         worker read (entries skipped, which no later traffic may come to reveal) seeks back
         to its position."""
         readable = self._readable()
-        idle = {p: part.cursor.after for p in readable
-                if not (part := self.parts[p]).queued and part.ahead is None
-                and part.cursor.after is not None}  # fmt: skip
-        for p in self.maintenance.run(readable, idle):
+        for p in self.maintenance.run(readable, self.parts.idle(readable)):
             self.parts[p].forget()
 
     def _readable(self) -> list[int]:
@@ -310,8 +302,8 @@ class Consumer:
         partition for a while (doubling up to a minute), not the loop."""
         try:
             action(*args)
-        except PositionError as exc:
-            self._stop_at(exc)
+        except PositionError as exc:  # stopped until repaired, reported until then
+            self.parts[p].stop(exc.reason, exc.detail, time.monotonic())
         except PartitionDataError as exc:
             self._block(p, str(exc))
         except redis.ResponseError as exc:
@@ -320,102 +312,7 @@ class Consumer:
             self._block(p, f"partition {p}: {exc}")
 
     def _block(self, p: int, detail: str) -> None:
-        backoff = self.parts[p].block(time.monotonic())
-        self.metrics.bad_keys.inc()
-        log.error("partition stopped by bad data; retrying later",
-                  extra={"partition": p, "error": detail, "retry_in_s": backoff})  # fmt: skip
-
-    def _stop_at(self, exc: PositionError) -> None:
-        """An impossible position: its partition stops (retried with the bad-data backoff,
-        so a repair takes effect by itself), reported until a seek finds it valid."""
-        p = exc.partition
-        backoff = self.parts[p].block(time.monotonic())
-        self.metrics.partition_stopped.labels(str(p), exc.reason).set(1)
-        self._stopped.setdefault(p, set()).add(exc.reason)
-        prefix = "" if self.s.prefix == "intentstream" else f" --prefix {self.s.prefix}"
-        log.error(
-            "partition stopped: its position is impossible; nothing of it is read until it "
-            "is repaired",
-            extra={"partition": p, "reason": exc.reason, "key": self.keys.acked(p),
-                   "error": exc.detail, "retry_in_s": backoff,
-                   "repair": f"intentstream partitions repair {p}{prefix} --dry-run, "
-                             f"then without --dry-run"},
-        )  # fmt: skip
-
-    def _unfed(self, parts: list[int]) -> list[int]:
-        """The partitions to read this round: those of the nodes with no batch queued (a
-        node with batches queued is read ahead, with their commits)."""
-        fed = {self.nodes.name(p) for p in parts if self.parts[p].queued}
-        return [p for p in parts if self.nodes.name(p) not in fed] if fed else parts
-
-    def _by_node(self, batches: list[Batch]) -> list[Batch]:
-        """Batches of one node next to each other (each partition's in order), so that each
-        commit but a node's last can compute the next batch while Redis runs it."""
-        if not self.cluster:
-            return batches
-        return sorted(batches, key=lambda b: self.nodes.name(b.partition))
-
-    def _read(self, parts: list[int]) -> list[Batch]:
-        """One XREADGROUP over the partitions (those seeking back to their position seek
-        first, each alone: an impossible position stops its partition only); a partition
-        whose stream key holds another type is found and stopped alone."""
-        t0 = time.perf_counter()
-        seeking = [p for p in parts if self.parts[p].cursor.seeking]
-        for p in seeking:
-            self._guarded(p, self._seek, p)
-        parts = [p for p in parts if not self.parts[p].cursor.seeking]
-        if not parts:
-            return []
-        try:
-            batches = self.reader.read([self.parts[p].cursor for p in parts], self.s.batch_size,
-                                       None if seeking else self.s.block_ms)  # fmt: skip
-        except redis.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            for p in parts:
-                kind = self.r.type(self.keys.events(p))
-                if kind not in (b"stream", b"none"):
-                    self._block(p, f"{self.keys.events(p)} holds a {kind.decode()}, not a stream")
-            return []
-        self.metrics.batch_seconds.labels("read").observe(time.perf_counter() - t0)
-        return batches
-
-    def _seek(self, p: int) -> None:
-        """Move partition p's group back to its position; the position is valid again, so
-        the partition is no longer reported stopped by it."""
-        self.reader.seek(self.parts[p].cursor)
-        for reason in self._stopped.pop(p, ()):
-            with suppress(KeyError):
-                self.metrics.partition_stopped.remove(str(p), reason)
-
-    def _park(self, read: list[int], batches: list[Batch]) -> None:
-        """Cluster: give each partition this round's read found idle a blocking read of its
-        own (adapters/parked.py), answered as soon as an entry comes."""
-        if not self.cluster:
-            return  # there the round's one read blocks while all are idle
-        got = {b.partition for b in batches}
-        for p in read:
-            cursor = self.parts[p].cursor
-            if p not in got and not cursor.seeking:
-                self.parked.park(self.nodes.client(p), cursor, self.s.batch_size, self.s.block_ms)
-
-    def _unpark(self, parts: list[int]) -> None:
-        """Let go the parked reads of partitions not readable or seeking back to their last
-        commit (taken over, refused): those are read in order, by plain reads."""
-        keep = {p for p in parts if not self.parts[p].cursor.seeking}
-        for part in self.parts:
-            if part.number in self.parked and part.number not in keep:
-                self.parked.release(part.number)
-
-    def _collect_parked(self, parts: list[int]) -> None:
-        """Queue what the parked reads answered; when there is nothing else to do (every
-        readable partition parked), wait for the first answer, up to block-ms (and the
-        time for Redis's nil to come once it passed)."""
-        if not len(self.parked):
-            return
-        idle = not self.parts.queued() and all(p in self.parked for p in parts)
-        timeout = self.s.block_ms / 1000 + 0.05 if idle and not self._stop.is_set() else 0.0
-        self.parts.enqueue(self._by_node(self.parked.collect(timeout, self.s.batch_size)))
+        self.parts[p].block_bad_data(detail, time.monotonic())
 
     def _process_queued(self) -> None:
         """Process the queued batches of readable partitions, in order, reading no more."""
@@ -429,13 +326,13 @@ class Consumer:
         changes = self.ownership.renew(before_taking=self._check_partition_count)
         for p in changes.lost:
             log.warning("lost the lease of a partition", extra={"partition": p})
-            self._let_go(p)
+            self.parts[p].revoke()
         for p in changes.handed_over:
-            self._let_go(p)
+            self.parts[p].revoke()
         if changes.handed_over:
             log.info("handed partitions over", extra={"partitions": changes.handed_over})
         for p in changes.gained:
-            self._guarded(p, self._take_over, p)
+            self._guarded(p, self._assign, p)
         self.metrics.partitions_owned.set(len(self.ownership.owned))
 
     def _check_partition_count(self) -> None:
@@ -450,35 +347,15 @@ class Consumer:
             self._stop.set()
             raise _PartitionCountChangedError from None
 
-    def _take_over(self, p: int) -> None:
-        """A newly held partition: make sure the group exists; its first read resumes after
-        its last commit. What it knew of it is forgotten: others may have committed while we
-        did not hold it."""
-        part = self.parts[p]
-        part.forget()
-        self.reader.ensure_group(p)
-        self._route(keys=[self.keys.route(p)], args=[self.s.partitions])
+    def _assign(self, p: int) -> None:
+        self.parts[p].assign()
         self.health.group_ok = True
-        log.info("took partition", extra={"partition": p})
-
-    def _let_go(self, p: int) -> None:
-        """Forget a partition this worker no longer holds (its gauges are another's now)."""
-        self.parked.release(p)
-        self.ownership.forget(p)
-        self.parts[p].forget()
-        for gauge in (self.metrics.lag, self.metrics.pending):
-            with suppress(KeyError):  # never set: nothing to remove
-                gauge.remove(str(p))
-        for reason in self._stopped.pop(p, ()):
-            with suppress(KeyError):
-                self.metrics.partition_stopped.remove(str(p), reason)
-        self.metrics.released_partition(p)
 
     def _recreate_groups(self) -> None:
         for p in self.ownership.owned:
             self._guarded(p, self.reader.ensure_group, p)
         self.health.group_ok = True
-        self._rewind()
+        self.rewind()
 
     # ---- one partition batch -----------------------------------------------------------
 
@@ -513,7 +390,7 @@ class Consumer:
             return True
         if reason == "not_owned":
             log.warning("partition lease lost before commit", extra={"partition": p})
-            self._let_go(p)
+            self.parts[p].revoke()
         elif reason == "bad_key":
             raise PartitionDataError(p, f"{exc.detail} holds another type; fix or delete it")
         elif reason == "behind":
@@ -592,10 +469,10 @@ class Consumer:
             # still migrating is retried after a backoff); what was read is read again.
             log.info("commit redirected; sent to the slot's node",
                      extra={"partition": commit.partition, "error": str(exc)})  # fmt: skip
-            self._rewind()
+            self.rewind()
             return self.committer.run(commit)
         except BaseException:
-            self._rewind()
+            self.rewind()
             raise
         self._written = (commit, sent.written)
         self.parts.enqueue(sent.batches)
@@ -615,8 +492,6 @@ class Consumer:
         """Count unsettled commits that Redis shows applied (the partition's last commit
         token is theirs). Those not shown yet wait for the partition's next commit."""
         for part in self.parts:
-            if part.unsettled is not None:
-                token, commit = part.unsettled
-                if self.r.get(self.keys.last_commit(part.number)) == token:
-                    part.unsettled = None
-                    self.tally.commit(commit)
+            commit = part.settle()
+            if commit is not None:
+                self.tally.commit(commit)

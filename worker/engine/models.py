@@ -21,22 +21,23 @@ from threadpoolctl import threadpool_limits
 from model import input_bytes
 from model.artifact import state_space_of
 from model.scoring import ScoringModel
-from worker.common.registry import Registry, RegistryError
 from worker.common.settings import Settings
 from worker.engine.adapters import resp
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.model_source import (
+from worker.engine.compute import columnar, histories, items, resends
+from worker.engine.compute import quality as live_quality
+from worker.engine.compute.batch import Batch
+from worker.engine.compute.pipeline import Commit, build_commit
+from worker.engine.compute.quality import LiveQuality
+from worker.engine.compute.state_cache import StateCache
+from worker.engine.compute.user_states import UserStates
+from worker.lifecycle.model_source import (
     FileModelSource,
     ModelRejectedError,
     RegistryModelSource,
 )
-from worker.engine.compute import columnar, histories, items, resends
-from worker.engine.compute import quality as live_quality
-from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import Commit, UserStates, build_commit
-from worker.engine.compute.quality import LiveQuality
-from worker.engine.compute.rules import RuleTable
-from worker.engine.compute.state_cache import StateCache
+from worker.lifecycle.registry import Registry, RegistryError
+from worker.rules.step import RuleTable
 
 log = logging.getLogger("intentstream.worker")
 

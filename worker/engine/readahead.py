@@ -59,10 +59,11 @@ from worker.engine.adapters.states import (
 )
 from worker.engine.adapters.streams import Cursor, StreamReader
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import Commit, UserStates, distinct_users
-from worker.engine.compute.rules import RuleTable
+from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.state_cache import CachedState, written
+from worker.engine.compute.user_states import UserStates, distinct_users
 from worker.engine.models import Models
+from worker.rules.step import RuleTable
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """The intent rules in force: one worker's rule set, swapped between batches as the rule
-source says (adapters/rule_source.py); a refused set leaves the running one in place."""
+source says (rules/source.py); a refused set leaves the running one in place."""
 
 from __future__ import annotations
 
 import logging
 
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.adapters.rule_source import NO_RULES, RuleSource, RulesRejectedError
-from worker.engine.compute.rules import RuleTable
+from worker.rules.source import NO_RULES, RuleSource, RulesRejectedError
+from worker.rules.step import RuleTable
 
 log = logging.getLogger("intentstream.worker")
 

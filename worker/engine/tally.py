@@ -8,7 +8,6 @@ on the `applied` reply to its resend.
 
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
@@ -16,10 +15,9 @@ import numpy as np
 from worker.engine.adapters.commit import CommitResult
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import OUTCOMES, Commit, UserStates
+from worker.engine.compute.pipeline import OUTCOMES, Commit
 from worker.engine.compute.quality import LiveQuality
-
-log = logging.getLogger("intentstream.worker")
+from worker.engine.compute.user_states import UserStates
 
 
 class Tally:
@@ -39,25 +37,10 @@ class Tally:
                 m.events.labels(outcome).inc(commit.outcomes[outcome])
         if commit.unknown_types:
             m.unknown_types.inc(commit.unknown_types)
-        for role, (scores, labels) in commit.quality.items():
-            if len(labels):
-                self.quality.add(role, scores, labels)
-                m.labelled_sessions.labels(role, "positive").inc(int(labels.sum()))
-                m.labelled_sessions.labels(role, "negative").inc(int((~labels).sum()))
-        for name, (missing, bad) in commit.input_counts.items():
-            if missing:
-                m.input_values.labels(name, "missing").inc(missing)
-            if bad:
-                m.input_values.labels(name, "bad").inc(bad)
-        for action in commit.actions:
-            m.actions.labels(action.rule).inc()
-        for rule, n in commit.shadow_actions.items():
-            m.shadow_actions.labels(rule).inc(n)
+        for part in commit.parts:  # dead letters, actions, the shadow's, live quality, ...
+            part.count(m, self.quality)
         m.latency.observe_many(np.maximum(0.0, now - commit.arrival_ms / 1000.0))
         m.last_processed.set(now)
-        if commit.dead:
-            log.info("dead-lettered entries",
-                     extra={"partition": commit.partition, "count": len(commit.dead)})  # fmt: skip
 
     def batch(
         self, batch: Batch, states: UserStates, commit: Commit, result: CommitResult,

@@ -54,15 +54,13 @@ import numpy as np
 import redis
 
 from worker.common.connection import is_cluster, read_replies, refresh_topology
+from worker.common.entry_ids import entry_id, valid_id
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.resp import Joined, resp_commands
-from worker.engine.compute.batch import DeadLetter, entry_id, valid_id
 from worker.engine.compute.lean_state import packed_states
+from worker.engine.compute.parts.part import Rows, decimals
 from worker.engine.compute.pipeline import Commit
-
-# Field/value pairs kept of one dead letter; values are cut to `max_value_bytes` besides.
-MAX_DEAD_FIELDS = 32
 
 REASONS = ("not_owned", "not_next", "behind", "gap", "conflict", "bad_key")
 
@@ -112,37 +110,6 @@ class CommitLimits:
     deadletter_maxlen: int
     deadletter_max_value_bytes: int
     state_ttl_ms: int
-
-
-def decimals(values: np.ndarray) -> list[str]:
-    """Floats as decimal strings, 9 significant digits (float32 round-trips)."""
-    return list(map("{:.9g}".format, values.tolist()))
-
-
-def cut(value: bytes, limit: int) -> bytes:
-    """A value cut to `limit` bytes."""
-    return value if len(value) <= limit else value[:limit]
-
-
-def dead_letter_items(dead: DeadLetter, max_value_bytes: int) -> list[bytes]:
-    """One dead letter as the script reads it: pair count, source_id, error, pairs.
-
-    Names and values are cut to max_value_bytes; a cut value's original length is kept
-    beside it in a field `<name>:bytes`, and pairs beyond MAX_DEAD_FIELDS are dropped
-    (the error says so)."""
-    pairs = list(zip(dead.fields[::2], dead.fields[1::2], strict=False))
-    error = dead.error
-    if len(pairs) > MAX_DEAD_FIELDS:
-        error += f" (only the first {MAX_DEAD_FIELDS} of {len(pairs)} fields kept)"
-        pairs = pairs[:MAX_DEAD_FIELDS]
-    flat: list[bytes] = []
-    for name, value in pairs:
-        short = cut(name, max_value_bytes)
-        flat += [short, cut(value, max_value_bytes)]
-        if len(value) > max_value_bytes:
-            flat += [short + b":bytes", str(len(value)).encode()]
-    head = [str(len(flat) // 2).encode(), dead.source_id, cut(error.encode(), max_value_bytes)]
-    return [*head, *flat]
 
 
 def token_of(holder: str, commit: Commit) -> bytes:
@@ -217,14 +184,17 @@ class Committer:
         """The token this commit records as the partition's last commit."""
         return token_of(self.holder, commit)
 
+    def applied(self, p: int, token: bytes) -> bool:
+        """Whether the partition's last commit is the one that recorded `token` (a commit
+        whose reply was lost)."""
+        return self.client.get(self.keys.last_commit(p)) == token
+
     # ---- 1. the checks ------------------------------------------------------------------
 
     def checks(self, c: Commit) -> tuple[bytes, int]:
         """The WATCH and the check reads of a Commit as RESP, and the number of replies."""
         k, p = self.keys, c.partition
-        watched = [k.lease(p), k.commit_seq(p), k.scores(p), k.deadletter(p)]
-        if c.actions:
-            watched.append(k.actions(p))
+        watched = [k.lease(p), k.commit_seq(p), *self.streams(c)]
         commands = [
             ("WATCH", *watched), ("GET", k.lease(p)), ("GET", k.acked(p)),
             ("XRANGE", k.events(p), b"(" + c.after, b"(" + c.ack_ids[0], "COUNT", 1),
@@ -234,6 +204,12 @@ class Committer:
         if c.seq == b"":  # the partition's first commit: its sequence starts from the clock
             commands.append(("TIME",))
         return b"".join(_packed(*x) for x in commands), len(commands)
+
+    def streams(self, c: Commit) -> list[str]:
+        """The streams the commit writes: its scores', then each part's (dead letters,
+        actions, ...); watched, their types checked."""
+        k, p = self.keys, c.partition
+        return [k.scores(p), *(key for part in c.parts for key in part.watched(k, p))]
 
     def _verdict(self, c: Commit, replies: list) -> _Verdict:
         """The checks' replies judged in the order of the module's docstring."""
@@ -269,9 +245,7 @@ class Committer:
             return _Verdict(CommitRefusedError("bad_key", seq_key))
         if (seq or b"") != c.seq:
             return _Verdict(CommitRefusedError("conflict", (seq or b"").decode()))
-        streams = [self.keys.scores(c.partition), self.keys.deadletter(c.partition)]
-        streams += [self.keys.actions(c.partition)] if c.actions else []
-        for key, kind in zip(streams, types, strict=True):
+        for key, kind in zip(self.streams(c), types, strict=True):
             if kind not in (b"stream", b"none"):
                 return _Verdict(CommitRefusedError("bad_key", key))
         # a count of another kind (an operator's write) restarts from this commit's
@@ -284,9 +258,10 @@ class Committer:
     # ---- 2. the writes ------------------------------------------------------------------
 
     def prepare(self, c: Commit) -> PreparedCommit:
-        """MULTI and the writes of a Commit as RESP, in this order: score entries, actions,
-        dead letters, the partition's position, last commit token (GET, then SET), the state
-        keys rewritten whole (DEL), the states (HSET), the shadow model's, their TTL."""
+        """MULTI and the writes of a Commit as RESP, in this order: score entries, each part's
+        stream writes (dead letters, actions), the partition's position, last commit token
+        (GET, then SET), the state keys rewritten whole (DEL), the states (HSET), each
+        part's state writes (the shadow model's), their TTL."""
         k, p, lim = self.keys, c.partition, self.limits
         text = decimals(c.scores)
         # Each stream is trimmed once a commit, not at every XADD (whose MAXLEN option costs
@@ -295,15 +270,14 @@ class Committer:
         if n:
             parts.append(_packed("XTRIM", k.scores(p), "MAXLEN", "~", lim.scores_maxlen))
             n += 1
-        if c.actions:
-            parts += [self._actions(c),
-                      _packed("XTRIM", k.actions(p), "MAXLEN", "~", lim.scores_maxlen)]  # fmt: skip
-            n += len(c.actions) + 1
-        for dead in c.dead:
-            _, source_id, error, *pairs = dead_letter_items(dead, lim.deadletter_max_value_bytes)
-            parts.append(_packed("XADD", k.deadletter(p), "MAXLEN", "~", lim.deadletter_maxlen,
-                                 "*", "source_id", source_id, "error", error, *pairs))  # fmt: skip
-        n += len(c.dead)
+        for part in c.parts:
+            for command in part.writes(k, p, lim):
+                if isinstance(command, Rows):
+                    parts.append(resp_commands(command.template))
+                    n += command.n
+                else:
+                    parts.append(_packed(*command))
+                    n += 1
         parts += [
             _packed("SET", k.acked(p), c.ack_ids[-1]),
             _packed("GET", k.last_commit(p)),
@@ -314,28 +288,18 @@ class Committer:
         return PreparedCommit(_chunks([_MULTI, *parts, *states]), n + n_states, previous_at,
                               n + first_hset, rows)  # fmt: skip
 
-    def _actions(self, c: Commit) -> bytes:
-        """The actions' XADDs: user_id, rule, score, event_id, ts, model, reasons."""
-        a = c.actions
-        score = decimals(np.asarray([x.score for x in a], np.float32))
-        return resp_commands([
-            "XADD", self.keys.actions(c.partition), "*", "user_id", [x.user_id for x in a],
-            "rule", [x.rule for x in a], "score", score, "event_id", [x.event_id for x in a],
-            "ts", [x.ts for x in a], "model", c.model, "reasons", [x.reasons for x in a],
-        ])  # fmt: skip
-
     def _scores(self, c: Commit, text: list[str]) -> bytes:
         """The score entries' XADDs: user_id, score, event_id[, type, ts], model, and the
-        shadow model's score and version when one runs; the lean layout without type and ts."""
+        parts' fields (the shadow model's score and version); the lean layout without type
+        and ts."""
         users = [c.users[i] for i in c.score_user.tolist()]
         template = ["XADD", self.keys.scores(c.partition), "*", "user_id", users, "score", text,
                     "event_id", c.score_event_ids]  # fmt: skip
         if not self.lean:
             template += ["type", c.score_types, "ts", c.score_ts]
         template += ["model", c.model]
-        if c.shadow_scores is not None:
-            template += ["shadow_score", decimals(c.shadow_scores), "shadow_model",
-                         c.shadow_model]  # fmt: skip
+        for part in c.parts:
+            template += part.score_fields()
         return resp_commands(template)
 
     def _state_writes(
@@ -343,8 +307,8 @@ class Committer:
     ) -> tuple[list, int, int, np.ndarray]:
         """The state writes of the rows given (default: every row): the DELs of the keys
         rewritten whole (c.rewrite's rows, or every row given when `replace`), the states'
-        HSETs, the shadow model's, the keys' TTL. Their bytes, their number of commands,
-        the first HSET's place among them, and the state row of each HSET in order."""
+        HSETs, the parts' (the shadow model's), the keys' TTL. Their bytes, their number of
+        commands, the first HSET's place among them, and the state row of each HSET in order."""
         if not c.users:
             return [], 0, 0, np.zeros(0, np.int64)
         every = np.arange(len(c.users), dtype=np.int64)
@@ -355,12 +319,10 @@ class Committer:
         states, hset_rows = self._states(c, keys, text, rows)
         parts = [resp_commands(["DEL", keys], dels), *states]
         n = len(dels) + len(rows)
-        if c.shadow_h is not None:
-            shadow = ["HSET", keys, "shadow_h", c.shadow_h, "shadow_score",
-                      decimals(c.shadow_user_scores), "shadow_model", c.shadow_model]  # fmt: skip
-            shadow += ["shadow_rules", c.shadow_rules] if c.rules is not None else []
-            parts.append(resp_commands(shadow, rows))
-            n += len(rows)
+        for part in c.parts:
+            for template in part.state_writes(keys):
+                parts.append(resp_commands(template, rows))
+                n += len(rows)
         if self.limits.state_ttl_ms > 0:
             parts.append(resp_commands(["PEXPIRE", keys, self.limits.state_ttl_ms], rows))
             n += len(rows)
@@ -371,8 +333,8 @@ class Committer:
     ) -> tuple[list, np.ndarray]:
         """The HSETs of the states of `rows` (chunks), and the state row of each in order. The full
         layout writes h, score, last_id, last_ts, model, n, recent, event_ids (when there
-        are any), rules (when rules are set) and items (writes_items); the lean one score,
-        model and s (compute/lean_state.py)."""
+        are any) and the parts' fields (rules when rules are set, items when written); the
+        lean one score, model and s (compute/lean_state.py)."""
         scores = [text[i] for i in c.last_scored.tolist()]  # each user's last score
         if self.lean:
             k = len(c.users)
@@ -384,8 +346,8 @@ class Committer:
             return [resp_commands(template, rows)], rows
         head = ["HSET", keys, "h", c.h, "score", scores, "last_id", c.last_ids, "last_ts",
                 c.last_ts, "model", c.model, "n", c.n, "recent", c.recent]  # fmt: skip
-        tail = ["rules", c.rules] if c.rules is not None else []
-        tail += ["items", c.items] if self.writes_items(c) else []
+        rewrite = bool(c.rewrite)
+        tail = [x for part in c.parts for x in part.state_fields(rewrite)]
         # a state with no producer event ids has no event_ids field
         stamped = np.fromiter(map(bool, c.event_ids), bool, len(c.event_ids))[rows]
         with_ids, without = rows[stamped], rows[~stamped]
@@ -394,12 +356,6 @@ class Committer:
              resp_commands([*head, *tail], without)],
             np.concatenate([with_ids, without]),
         )  # fmt: skip
-
-    def writes_items(self, c: Commit) -> bool:
-        """Whether the full layout's states of this commit carry `items`: when the model
-        declares item inputs, and when a state is rewritten whole (its memories, carried
-        as read, would go with the key)."""
-        return c.write_items or (not self.lean and bool(c.rewrite) and c.items is not None)
 
     def transaction(
         self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b"",

@@ -22,7 +22,7 @@ the group reaches the end of the stream (rule 1) and `REPAIR_SCRIPT` corrects th
 from __future__ import annotations
 
 from worker.common.connection import Client
-from worker.engine.compute.batch import entry_id
+from worker.common.entry_ids import entry_id
 
 COUNT_CAP = 100_000  # entries counted at most when Redis's lag cannot be used
 PAGE = 10_000

@@ -18,12 +18,13 @@ from collections import deque
 
 import redis
 
+from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
 from worker.common.settings import Settings
 from worker.engine.adapters.lag import REPAIR_SCRIPT, count_between, uncommitted, undelivered
 from worker.engine.adapters.losses import Losses
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.compute.batch import entry_id
+from worker.producers.append_function import install as install_function
 
 log = logging.getLogger("intentstream.worker")
 
@@ -71,6 +72,20 @@ class Maintenance:
         self.positions: dict[int, Positions] = {}
         self._repair = client.register_script(REPAIR_SCRIPT)
         self.losses = Losses(client, keys, settings.group)
+        self._function_checked = False  # on the server this round talks to
+        self._may_install = True  # not refused yet (an ACL without FUNCTION LOAD)
+
+    def ensure_function(self) -> None:
+        """Install the producers' function (producers/append_function.py) once per server:
+        a flushed or new one has none. Not tried again once refused."""
+        if not self._function_checked:
+            if self._may_install:
+                self._may_install = install_function(self.r)
+            self._function_checked = True
+
+    def server_may_have_changed(self) -> None:
+        """After a Redis error: a restarted server may have lost the function."""
+        self._function_checked = False
 
     def run(self, partitions: list[int], read_to: dict[int, bytes] | None = None) -> list[int]:
         """One tick over the partitions this worker holds. `read_to`: the last entry this

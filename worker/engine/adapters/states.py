@@ -24,14 +24,14 @@ import redis
 
 from worker.common.connection import is_cluster, read_replies, refresh_topology
 from worker.common.dedup import bounded
+from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.resp import resp_commands
-from worker.engine.compute.batch import entry_id
 from worker.engine.compute.histories import valid_histories
 from worker.engine.compute.lean_state import later_id, unpack_state
-from worker.engine.compute.pipeline import ShadowStates, UserStates
 from worker.engine.compute.state_cache import CachedState, StateCache, copy_known
+from worker.engine.compute.user_states import ShadowStates, UserStates
 
 FIELDS = ("h", "last_id", "last_ts", "model", "n", "event_ids", "recent", "shadow_h",
           "shadow_model", "score", "shadow_score", "rules", "shadow_rules", "items",
@@ -59,7 +59,7 @@ class StateRead:
 
 def _bounded_field(raw: bytes | None) -> bytes:
     """A stored rule-state or item-memory field, b"" when absent or too long to be a
-    worker's (compute/rules.py and compute/items.py parse and validate the rest)."""
+    worker's (rules/step.py and compute/items.py parse and validate the rest)."""
     return raw if raw and len(raw) <= MAX_RULES_BYTES else b""
 
 

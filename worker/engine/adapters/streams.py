@@ -34,6 +34,7 @@ from worker.engine.adapters.commit import position_of
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.states import PartitionDataError
 from worker.engine.compute.batch import Batch, parse_batch
+from worker.producers.append_function import ROUTE_SCRIPT
 
 log = logging.getLogger("intentstream.worker")
 
@@ -212,6 +213,7 @@ class StreamReader:
         self.input_names: tuple[str, ...] = ()
         self.cluster = is_cluster(client)
         self._seek = client.register_script(SEEK_SCRIPT)
+        self._route = client.register_script(ROUTE_SCRIPT)
         self._raw()
 
     def _raw(self) -> None:
@@ -329,6 +331,16 @@ class StreamReader:
                 batch.after, c.after = c.after or b"0-0", batch.ids[-1]
                 out.append(batch)
         return out
+
+    def route(self, p: int) -> None:
+        """Write the partition's route key (the count producers route by), unless a resize
+        marked it (producers/append_function.py, ROUTE_SCRIPT)."""
+        self._route(keys=[self.keys.route(p)], args=[self.partitions])
+
+    def not_streams(self, parts: list[int]) -> dict[int, str]:
+        """The partitions whose events key holds another type than a stream: that type."""
+        kinds = {p: self.r.type(self.keys.events(p)) for p in parts}
+        return {p: kind.decode() for p, kind in kinds.items() if kind not in (b"stream", b"none")}
 
     def ensure_group(self, p: int) -> bool:
         """Create the group if missing; True if it was created. It starts after the last

@@ -21,7 +21,7 @@ import numpy as np
 from model.explain import Reason, Session, leave_one_out
 from model.scoring import ScoringModel
 from worker.engine.compute.recent import Field, Recent, extended, unpack
-from worker.engine.compute.rules import (
+from worker.rules.step import (
     Firings,
     RuleStates,
     RuleTable,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from model.input_bytes import RawInputs
 from worker.common.dedup import Producer
+from worker.common.entry_ids import entry_id
 from worker.common.events import (
     DEFAULT_MAX_TS_SKEW_MS,
     EventError,
@@ -22,23 +23,10 @@ from worker.engine.compute.columnar import parsed_columns, same_names
 from worker.engine.compute.input_fields import raw_inputs
 
 
-def entry_id(raw: bytes) -> tuple[int, int]:
-    """(ms, seq) of a stream entry id, for ordering and for its arrival time."""
-    ms, _, seq = raw.partition(b"-")
-    return int(ms), int(seq or 0)
-
-
 def _id_ms(raw: bytes) -> int:
     """The time of an entry id, 0 when it has none readable (the parse decides then)."""
     ms = raw.partition(b"-")[0]
     return int(ms) if ms.isdigit() else 0
-
-
-def valid_id(raw: bytes) -> bool:
-    """Whether `raw` is a full stream entry id `<ms>-<seq>` (both 64-bit unsigned)."""
-    ms, sep, seq = raw.partition(b"-")
-    return (bool(sep) and ms.isdigit() and seq.isdigit() and int(ms) < 2**64
-            and int(seq) < 2**64)  # fmt: skip
 
 
 @dataclass(frozen=True)

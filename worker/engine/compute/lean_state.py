@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from worker.engine.compute.batch import entry_id
+from worker.common.entry_ids import entry_id
 
 VERSION = 1
 _HEADER = struct.Struct("<B6Iqq")

@@ -16,9 +16,10 @@ from model.scoring import ScoringModel
 from worker.common.dedup import DEFAULT_WINDOW
 from worker.engine.compute.actions import Action
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import UserStates, build_commit, distinct_users
-from worker.engine.compute.rules import RuleTable
+from worker.engine.compute.pipeline import build_commit
 from worker.engine.compute.state_cache import StateCache, copy_known, written
+from worker.engine.compute.user_states import UserStates, distinct_users
+from worker.rules.step import RuleTable
 
 
 @dataclass

@@ -18,7 +18,8 @@ from itertools import islice
 
 import numpy as np
 
-from worker.engine.compute.pipeline import Commit, UserStates
+from worker.engine.compute.pipeline import Commit
+from worker.engine.compute.user_states import UserStates
 
 # One user's state as last committed: h (its L x H float32, little-endian bytes), last_ts
 # ms, last_id (ms, seq), n, recent producer event ids, recent events (packed,

@@ -14,12 +14,12 @@ import time
 
 import redis
 
+from worker.common.announcements import start_listener
 from worker.common.connection import refresh_topology
 from worker.common.keys import Keys
-from worker.common.rule_store import read_rules, rules_version
-from worker.common.rules import RuleError
-from worker.engine.adapters.announcements import start_listener
-from worker.engine.compute.rules import RuleTable
+from worker.rules.definition import RuleError
+from worker.rules.step import RuleTable
+from worker.rules.store import read_rules, rules_version
 
 log = logging.getLogger("intentstream.worker")
 

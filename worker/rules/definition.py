@@ -1,7 +1,7 @@
 """Intent rules: when a user's score fires an action (docs/contract.md), their validation,
 durations and the JSON each rule is stored as in the `{prefix}:rules` hash.
 
-Pure: no Redis here (worker/common/rule_store.py reads and writes the hash), so the engine's
+Pure: no Redis here (worker/rules/store.py reads and writes the hash), so the engine's
 compute layer uses the same `Rule` and `RuleSet`. Every refusal is a RuleError whose one-line
 message names the rule, the field and the value.
 """

@@ -4,7 +4,7 @@ gate). A threshold means a probability only as long as the model's scores do; th
 what moves when the model under a rule changes.
 
 Each session is stepped alone through the rule's plain definition
-(worker/engine/compute/rules.py, `reference_step`), from a fresh rule state (armed, never
+(worker/rules/step.py, `reference_step`), from a fresh rule state (armed, never
 fired), at the model's score after each of its events (float64, as `model evaluate` scores):
 the threshold, the listed types, `min_events` and the hysteresis (`rearm_below`) apply as in
 the worker. What the share leaves out: the sessions stop before their label event (the score
@@ -23,7 +23,7 @@ import numpy as np
 
 from model.artifact import Model
 from model.training.sessions import Session
-from worker.engine.compute.rules import NEVER, RuleLike, reference_step
+from worker.rules.step import NEVER, RuleLike, reference_step
 
 UNKNOWN_TYPE = "\x00unknown"  # no rule can list it: not 1-64 bytes of a valid type name
 

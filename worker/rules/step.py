@@ -38,7 +38,7 @@ NEVER = -1  # last fired: never
 
 
 class RuleLike(Protocol):
-    """What the rule step reads of a rule (worker/common/rules.py: Rule)."""
+    """What the rule step reads of a rule (worker/rules/definition.py: Rule)."""
 
     name: str
     above: float

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker.common.append_function import RESIZING, set_routes
-from worker.common.append_function import install as install_function
 from worker.common.connection import Client, is_cluster
+from worker.common.entry_ids import entry_id
 from worker.common.events import EventError, flat_fields, parse_flat_entry
 from worker.common.keys import Keys, parse_state_key, partition_of
-from worker.engine.compute.batch import entry_id
 from worker.engine.compute.lean_state import as_fields, later_id
+from worker.producers.append_function import RESIZING, set_routes
+from worker.producers.append_function import install as install_function
 
 MAX_PARTITIONS = 4096  # the bound of the `partitions` setting
 CHUNK = 500  # state keys read and written per pipeline

@@ -1,6 +1,6 @@
 """Producer side: put events on the right partition stream, pipelined (docs/contract.md,
 Events in), through
-the producers' function where a worker installed it (worker/common/append_function.py).
+the producers' function where a worker installed it (worker/producers/append_function.py).
 
 Every event is stamped `producer: <id>:<seq>`, an id per publish() call and a sequence
 rising in send order, and gets an `event_id` (the caller's own when given, else
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import redis
 
-from worker.common.append_function import LIBRARY, call_args, install, unavailable
 from worker.common.events import (
     EVENT_FIELDS,
     MAX_INPUT_BYTES,
@@ -30,7 +29,8 @@ from worker.common.events import (
     input_text,
 )
 from worker.common.keys import Keys, partition_of
-from worker.common.partitions import check_partitions
+from worker.common.partition_count import check_partitions
+from worker.producers.append_function import LIBRARY, call_args, install, unavailable
 
 log = logging.getLogger("intentstream.publish")
 
@@ -152,7 +152,7 @@ def publish(
     fields (a product, a price: what models declare as inputs) travel with it as
     `other_fields` writes them. Sends go in
     pipelines of `pipeline_size` events, one round trip each, through the producers'
-    function (worker/common/append_function.py), one call per partition. A write routed with a
+    function (worker/producers/append_function.py), one call per partition. A write routed with a
     stale partition count is refused there and re-routed with the count in force; during a
     resize it waits. A function not loaded yet (no worker has run) is loaded here; where it
     cannot be (a user who may not, a Redis before 7.0) events go by XADD, the count is

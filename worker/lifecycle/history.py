@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import redis
 
 from worker.common.dedup import MAX_WINDOW, Memory, Producer
+from worker.common.entry_ids import entry_id
 from worker.common.events import (
     DEFAULT_MAX_TS_SKEW_MS,
     EventError,
@@ -17,7 +18,6 @@ from worker.common.events import (
     parse_flat_entry,
 )
 from worker.common.keys import Keys
-from worker.engine.compute.batch import entry_id
 
 
 def read_history(

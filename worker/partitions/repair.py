@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import redis
 
 from worker.common.connection import Client
+from worker.common.entry_ids import entry_id, valid_id
 from worker.common.keys import Keys
 from worker.engine.adapters.commit import token_position
-from worker.engine.compute.batch import entry_id, valid_id
 
 
 class RepairRefusedError(Exception):

@@ -54,8 +54,8 @@ def history_gate(reg, candidate: str, model, force: bool, say=print) -> list[str
     from model.artifact import DEFAULT_LABEL_TYPE, label_type_of
     from model.training.evaluate import metrics_of, model_step_scores
     from model.training.sessions import sessionize
-    from worker.commands.history import read_history
-    from worker.common.partitions import recorded_partitions
+    from worker.common.partition_count import recorded_partitions
+    from worker.lifecycle.history import read_history
 
     current = reg.current()
     if current is None or current == candidate:

@@ -1,5 +1,5 @@
 """The intent rules in Redis: the hash `{prefix}:rules` (rule name -> the rule's JSON, and
-`:version`) and the announcements on `{prefix}:rules:updates` (worker/common/rules.py holds
+`:version`) and the announcements on `{prefix}:rules:updates` (worker/rules/definition.py holds
 the rules themselves).
 
 Every change is one MULTI/EXEC on the one key, the write and `HINCRBY :version 1` together,
@@ -18,7 +18,7 @@ import redis
 
 from worker.common.connection import Client
 from worker.common.keys import Keys
-from worker.common.rules import (
+from worker.rules.definition import (
     MAX_RULES,
     VERSION_FIELD,
     Rule,

@@ -16,9 +16,9 @@ import redis
 
 from model.artifact import file_version, load_model
 from model.scoring import ScoringModel
+from worker.common.announcements import start_listener
 from worker.common.connection import refresh_topology
-from worker.common.registry import NoSuchVersionError, Registry, RegistryError
-from worker.engine.adapters.announcements import start_listener
+from worker.lifecycle.registry import NoSuchVersionError, Registry, RegistryError
 
 log = logging.getLogger("intentstream.models")
 

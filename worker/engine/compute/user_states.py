@@ -1,0 +1,76 @@
+"""The states of a batch's distinct users as read (or cached) before the batch: the current
+model's, and the shadow model's beside them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from worker.engine.compute.batch import Batch
+
+NO_HISTORY = b""  # a packed history with no events (compute/recent.py)
+
+
+@dataclass
+class ShadowStates:
+    """The shadow model's own states of the batch's users (champion/challenger)."""
+
+    h: np.ndarray  # (U, L', H') float32
+    last_ts: np.ndarray  # (U,) int64, a copy: the main model's advance moves its own
+    replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
+    score: np.ndarray | None = None  # (U,) its last score of each user, NaN = none
+    rules: list[bytes] = field(default_factory=list)  # its rule states (`shadow_rules`)
+
+
+@dataclass
+class UserStates:
+    """The states of a batch's distinct users, as read (or cached) before the batch."""
+
+    users: list[str]
+    h: np.ndarray  # (U, L, H) float32, advanced in place by the pipeline
+    last_ts: np.ndarray  # (U,) int64 epoch ms of the last applied event; -1 = none
+    last_id: list[tuple[int, int]]  # entry id of the last applied event; (-1, -1) = none
+    n: np.ndarray  # (U,) int64 events applied
+    event_ids: list[bytes]  # last applied producer event ids, oldest first, space-separated
+    seq: bytes  # the partition's commit sequence the states were read at
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (U,) last score, NaN = none
+    recent: list[bytes] = field(default_factory=list)  # the users' recent events, packed
+    rules: list[bytes] = field(default_factory=list)  # the users' rule states, b"" = none
+    items: list[bytes] = field(default_factory=list)  # the users' item memories, b"" = none
+    replay: list[int] = field(default_factory=list)  # rows to rebuild from `recent` first
+    resets: Counter[str] = field(default_factory=Counter)  # states restarted, by reason
+    shadow: ShadowStates | None = None  # when a shadow model scores beside the current
+    # rows whose stored hash holds the other layout's fields (docs/contract.md, The lean
+    # layout): their commit rewrites the key whole
+    rewrite: list[int] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, users: list[str], shape: tuple[int, int], seq: bytes = b"") -> UserStates:
+        """Fresh states: zero h, no history."""
+        n = len(users)
+        return cls(
+            users=users,
+            h=np.zeros((n, *shape), np.float32),
+            last_ts=np.full(n, -1, np.int64),
+            last_id=[(-1, -1)] * n,
+            n=np.zeros(n, np.int64),
+            event_ids=[b""] * n,
+            seq=seq,
+            score=np.full(n, np.nan),
+            recent=[NO_HISTORY] * n,
+            rules=[b""] * n,
+            items=[b""] * n,
+        )
+
+
+def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
+    """For each valid event of the batch, the row of its user in `users`."""
+    row = dict(zip(users, range(len(users)), strict=True))
+    return np.fromiter(map(row.__getitem__, batch.users), np.int64, len(batch.users))
+
+
+def distinct_users(batch: Batch) -> list[str]:
+    """The batch's users, each once, in order of first appearance."""
+    return list(dict.fromkeys(batch.users))
