@@ -1,7 +1,6 @@
 """publish() then the in-process worker (the bench's variant a) for the code tree on
 PYTHONPATH: producer events/s and Redis CPU per event, worker events/s and Redis CPU per
-event, state bytes per user. One JSON line. Usage (BENCHMARKS.md, "Producers that cannot
-hurt the fleet"):
+event, state bytes per user. One JSON line. Usage (BENCHMARKS.md, "Producers"):
 
     PYTHONPATH=<tree> .venv/bin/python scripts/producer_bench.py EVENTS USERS fcall|xadd
 """
