@@ -89,7 +89,11 @@ class Receiver:
                 pass
 
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                length = int(self.headers.get("content-length", 0))
+                body = self.rfile.read(length)
+                if len(body) < length:  # the sender died mid-request: no request, as a server
+                    self.close_connection = True  # would have it (nothing recorded, no answer)
+                    return
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 mode = receiver._record(headers, body)
                 if receiver.delay_s:
