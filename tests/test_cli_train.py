@@ -11,7 +11,8 @@ import pytest
 
 from model.artifact import load_model
 from model.data.synthetic import synthetic_events
-from model.training.train import TrainConfig, TrainResult, vocabulary, write_report
+from model.training.report import write_report
+from model.training.train import TrainConfig, TrainResult, vocabulary
 from tests.conftest import run_cli
 
 

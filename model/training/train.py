@@ -13,12 +13,10 @@ epoch never ships. Same seed and data give bit-identical weights.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -26,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from threadpoolctl import threadpool_limits
 
 from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
-from model.calibration import fit_platt, reliability_record
+from model.calibration import reliability_record
 from model.feature_names import expand_features, feature_help, unknown_features
 from model.inputs import Inputs, NumericInput, parse_inputs
 from model.params import Params, pack, unpack
 from model.training.bptt import clip_global_norm, packed_loss_and_gradients
-from model.training.calibration_fit import calibrated_on_validation, cross_fitted
+from model.training.calibration_fit import calibrated_on_validation
 from model.training.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
 from model.training.optim import make_optimizer
 from model.training.sessions import (
@@ -446,67 +444,3 @@ def evaluate_on(model: Model, events: list[dict], config: TrainConfig) -> dict[s
     _, valid = split_by_user(sessions, config.validation_fraction, config.seed,
                              config.test_fraction)  # fmt: skip
     return evaluate_model(model, valid)
-
-
-def write_report(result: TrainResult, directory: str | Path) -> tuple[Path, Path]:
-    """report.json and report.png (loss curves; ROC of model and baseline; the reliability
-    diagram of the validation users' scores, calibrated and, faintly, raw) in directory."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = out / "report.json", out / "report.png"
-    json_path.write_text(json.dumps(result.report, indent=2, sort_keys=True))
-    epochs = result.report["epochs"]
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.4))
-    x = [e["epoch"] for e in epochs]
-    ax1.plot(x, [e["train_loss"] for e in epochs], "o-", label="training")
-    ax1.plot(x, [e["validation_loss"] for e in epochs], "o-", label="validation")
-    ax1.axvline(result.report["kept_epoch"]["epoch"], color="k", linestyle=":", linewidth=0.8)
-    ax1.set(xlabel="epoch", ylabel="per-step log loss", title="Loss (dotted: the epoch kept)")
-    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))  # no epoch 1.5
-    ax1.legend()
-    for name, (fpr, tpr) in result.curves.items():
-        auc = result.report["metrics" if name == "rnn" else "baseline"]["auc_last"]
-        ax2.plot(fpr, tpr, label=f"{name} (AUC {auc:.3f})")
-    ax2.plot([0, 1], [0, 1], "k:", linewidth=0.8)
-    ax2.set(xlabel="false positive rate", ylabel="true positive rate",
-            title="ROC at each session's last step (validation users)")  # fmt: skip
-    ax2.legend(loc="lower right")
-    _reliability_panel(ax3, result)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return json_path, png_path
-
-
-def _reliability_panel(ax, result: TrainResult) -> None:
-    """The validation users' scores binned: calibrated as reported (cross-fitted), the raw
-    head's faintly; at the last step (solid) and over all steps (dashed)."""
-    from model.reliability_plot import Curve, draw_reliability
-
-    model, valid = result.model, result.validation_sessions
-    title = "Reliability (validation users)"
-    if model is None or not valid:
-        ax.set(title=title)
-        ax.text(0.5, 0.5, "no validation scores", ha="center", va="center")
-        return
-    params = pack(model.arrays, model.meta.cell, np.float64, model.inputs)
-    F = len(model.meta.features)
-    raw = step_scores(params, valid, F)
-    calibrated = result.report.get("calibration") is not None
-    curves = []
-    if calibrated:
-        platt = result.report["calibration"].get("method") == "platt"
-        cal = cross_fitted(params, valid, F, fit_platt if platt else None)
-        curves += [Curve("calibrated, last step", cal[2], cal[3], "C0"),
-                   Curve("calibrated, all steps", cal[0], cal[1], "C1", dashed=True)]  # fmt: skip
-    name = "raw" if calibrated else "raw (not calibrated)"
-    curves += [Curve(f"{name}, last step", raw[2], raw[3], "C0", faint=calibrated),
-               Curve(f"{name}, all steps", raw[0], raw[1], "C1", faint=calibrated,
-                     dashed=True)]  # fmt: skip
-    draw_reliability(ax, curves, title + (", calibrated cross-fitted" if calibrated else ""))

@@ -268,7 +268,8 @@ def unwritable_directory(path: Path) -> str | None:
 
 def run_train(args: argparse.Namespace) -> int:
     """The `intentstream train` command; returns its exit code."""
-    from model.training.train import train, write_report  # see add_train_config_flags
+    from model.training.report import write_report  # see add_train_config_flags
+    from model.training.train import train
 
     if args.report:
         try:
