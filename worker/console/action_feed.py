@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 
 from worker.common.connection import Client
+from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
 from worker.common.partition_count import recorded_partitions
 
 FIELDS = ("user_id", "rule", "score", "event_id", "ts", "model")
 
 
-def _order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+def entry_order(entry: str) -> tuple[int, int]:
+    """An entry id's (ms, seq), as a sort key."""
+    return entry_id(entry.encode())
 
 
 def newest_actions(client: Client, keys: Keys, count: int = 50, after: str = "") -> list[dict]:
@@ -26,12 +27,12 @@ def newest_actions(client: Client, keys: Keys, count: int = 50, after: str = "")
         pipe.xrevrange(keys.actions(p), "+", f"({after}" if after else "-", count=count)
     rows = []
     for p, entries in enumerate(pipe.execute()):
-        for entry_id, fields in entries:
+        for raw_id, fields in entries:
             row = {k: fields.get(k.encode(), b"").decode(errors="replace") for k in FIELDS}
             try:
                 reasons = json.loads(fields.get(b"reasons", b"[]"))
             except ValueError:
                 reasons = []
-            rows.append(row | {"id": entry_id.decode(), "partition": p, "reasons": reasons})
-    rows.sort(key=lambda r: _order(r["id"]), reverse=True)
+            rows.append(row | {"id": raw_id.decode(), "partition": p, "reasons": reasons})
+    rows.sort(key=lambda r: entry_order(r["id"]), reverse=True)
     return rows[:count]

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 from worker.common.connection import Client
 from worker.common.keys import Keys
+from worker.console.action_feed import entry_order
 from worker.webhooks.store import load_endpoints
 
 # acknowledged: a 2xx, or given up as a dead letter (`webhooks replay` resends those);
 # in flight: read by a deliverer, not yet acknowledged (being posted or waiting to retry);
 # queued: not yet read by any deliverer
 ACKNOWLEDGED, IN_FLIGHT, QUEUED = "acknowledged", "in flight", "queued"
-
-
-def _order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def with_delivery(client: Client, keys: Keys, rows: list[dict]) -> list[dict]:
@@ -32,7 +28,7 @@ def with_delivery(client: Client, keys: Keys, rows: list[dict]) -> list[dict]:
     groups = dict(zip(partitions, pipe.execute(raise_on_error=False), strict=True))
     for p in partitions:  # the pending ids among the ones shown, per endpoint
         shown = [r["id"] for r in rows if r["partition"] == p]
-        low, high = min(shown, key=_order), max(shown, key=_order)
+        low, high = min(shown, key=entry_order), max(shown, key=entry_order)
         for e in endpoints.values():
             pipe.xpending_range(keys.actions(p), e.group, low, high, len(shown))
     pending_of: dict[tuple[int, str], set[str]] = {}
@@ -52,7 +48,7 @@ def with_delivery(client: Client, keys: Keys, rows: list[dict]) -> list[dict]:
             if not e.wants(r["rule"]):
                 continue
             read = last_read.get((r["partition"], e.group))
-            if read is None or _order(r["id"]) > _order(read):
+            if read is None or entry_order(r["id"]) > entry_order(read):
                 state = QUEUED
             elif r["id"] in pending_of[r["partition"], e.name]:
                 state = IN_FLIGHT
