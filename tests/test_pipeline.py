@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
+from worker.common.dedup import ResendWindow
 from worker.common.events import MAX_TS_MS
 from worker.engine.compute.batch import parse_batch
 from worker.engine.compute.pipeline import build_commit
@@ -78,22 +79,51 @@ def test_a_producer_retry_in_the_same_batch_or_a_later_one_is_a_duplicate():
     np.testing.assert_allclose(c.scores, [GOLDEN_SCORES[0], GOLDEN_SCORES[0], GOLDEN_SCORES[1]],
                                atol=1e-4)  # fmt: skip
     assert c.score_event_ids == [b"e1", b"e1", b"e2"]
-    assert dict(zip(c.users, c.event_ids, strict=True)) == {"alice": b"e1 e2", "bob": b"e1"}
+    # each id with its entry's time in seconds (ids 1-0..4-0: 0 s), the next as a delta
+    assert dict(zip(c.users, c.event_ids, strict=True)) == {"alice": b"e1 e2\n\n0 0",
+                                                            "bob": b"e1\n\n0"}  # fmt: skip
 
     later = entries({"user_id": "alice", "type": "coupon", "event_id": "e2"}, start=10)
     states = UserStates.empty(["alice"], (1, 2))
-    states.event_ids[0] = b"e1 e2"
+    states.event_ids[0] = b"e1 e2\n\n0 0"
     c2 = build_commit(parse_batch(0, later), states, model)
     assert c2.outcomes["duplicate"] == 1 and c2.users == []
 
 
-def test_recent_event_ids_are_bounded_by_the_window_setting():
+def test_recent_event_ids_are_bounded_and_what_the_bound_forgets_early_is_counted():
     model = ScoringModel(golden_model(), version="7")
     raw = entries(*({"user_id": "a", "type": "view", "event_id": f"e{i}"} for i in range(50)))
     batch = parse_batch(0, raw)
-    for window in (1, 8, 32):
-        c = build_commit(batch, UserStates.empty(["a"], (1, 2)), model, event_id_window=window)
-        assert c.event_ids[0].split() == [f"e{i}".encode() for i in range(50 - window, 50)]
+    for bound in (1, 8, 32):
+        states = UserStates.empty(["a"], (1, 2))
+        c = build_commit(batch, states, model, resends=ResendWindow(ids=bound))
+        ids = c.event_ids[0].partition(b"\n")[0]
+        assert ids.split() == [f"e{i}".encode() for i in range(50 - bound, 50)]
+        assert c.resend_overflow == 50 - bound
+
+
+def test_a_republished_file_is_scored_once_within_the_time_window_and_again_after_it():
+    """40 events of one user with their own ids, republished 23 h later (its entry ids'
+    times), then 25 h after the first copy: once within the default 24 h, again past it."""
+    model = ScoringModel(golden_model(), version="7")
+    events = [{"user_id": "a", "type": "view", "event_id": f"order-{i}"} for i in range(40)]
+    hour_ms = 3_600_000
+    t0 = 1_700_000_000_000
+
+    def at(ms: int):
+        return parse_batch(0, [[f"{ms}-{i}".encode(), flat] for i, (_, flat) in
+                               enumerate(entries(*events))])  # fmt: skip
+
+    states = UserStates.empty(["a"], (1, 2))
+    first = build_commit(at(t0), states, model)
+    assert first.outcomes["scored"] == 40 and first.resend_overflow == 0
+    memory = first.event_ids[0]
+    for hours, scored in ((23, 0), (25, 40)):
+        states = UserStates.empty(["a"], (1, 2))
+        states.last_id[0], states.event_ids[0] = first.last_keys[0], memory
+        again = build_commit(at(t0 + hours * hour_ms), states, model)
+        assert again.outcomes["scored"] == scored
+        assert again.outcomes["duplicate"] == 40 - scored
 
 
 def stamped(user: str, seq: int, producer: str = "p1", **extra) -> dict:
@@ -132,7 +162,7 @@ def test_a_producer_stamp_with_an_own_event_id_checks_both_and_keeps_the_id():
     c = build_commit(parse_batch(0, raw), UserStates.empty(["a"], (1, 2)), model)
     # the second is another producer's resend of the same own id; the third's id is a
     # generated one (producer-sequence), which needs no place in the window
-    assert c.outcomes["scored"] == 2 and c.event_ids == [b"mine-1\np1:2"]
+    assert c.outcomes["scored"] == 2 and c.event_ids == [b"mine-1\np1:2\n0"]
 
 
 def test_states_continue_from_what_was_read():

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import threading
 from collections import Counter
 
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import console_script
+from tests.deploy_tools import scrape_text
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.events import Event
 from worker.common.keys import Keys
+from worker.common.local_redis import free_port
 from worker.producers.publisher import entry_fields, publish, stamps
 
 STREAM0 = Keys().events(0)
@@ -87,3 +93,62 @@ def test_publish_through_a_redis_stall_past_its_socket_timeout_doubles_nothing(
         assert worker.terminate() == 0, worker.log()
     assert count_scores(r) == len(events), f"{landed} entries landed for {len(events)} events"
     assert states_n(r, set(users)) == Counter(users)
+
+
+def republished(
+    redis_url: str, model_path, tmp_path, *flags: str
+) -> tuple[dict[str, int], int, str]:
+    """A JSON-lines file of 3 users x 40 events with their own event_ids, published twice by
+    the console script while a worker runs (with `flags`): each user's n, the score entries,
+    and the worker's /metrics after both copies."""
+    users = [f"busy{k}" for k in range(3)]
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(
+        json.dumps({"user_id": u, "type": "view", "event_id": f"{u}-order-{i}"}) + "\n"
+        for i in range(40) for u in users
+    ))  # fmt: skip
+    port = free_port()
+    worker = WorkerProcess(redis_url, model_path, tmp_path / "w.log",
+                           "--metrics-port", str(port), "--batch-size", "16",
+                           *flags).start()  # fmt: skip
+    r = connect(redis_url)
+    try:
+        for copy in (1, 2):  # each run a new producer: only the ids tell the copies apart
+            subprocess.run([console_script(), "publish", "--redis-url", redis_url, str(events)],
+                           check=True, capture_output=True, timeout=120)  # fmt: skip
+            wait_for(lambda c=copy: r.xlen(STREAM0) == 120 * c and drained(r),
+                     what=f"copy {copy} committed")  # fmt: skip
+        text = scrape_text(port)
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    return states_n(r, set(users)), count_scores(r), text
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise AssertionError(f"{name} {labels} not exported")
+
+
+def test_a_republished_file_with_own_event_ids_scores_a_busy_user_once(
+    redis_server, model_path, tmp_path
+):
+    """40 events per user, republished: n stays 40 (a count window of 32 ids made it 80)."""
+    n, scores, text = republished(redis_server.url, model_path, tmp_path)
+    assert n == {"busy0": 40, "busy1": 40, "busy2": 40}
+    assert scores == 120
+    assert metric(text, "intentstream_events_total", outcome="duplicate") == 120
+    assert metric(text, "intentstream_resend_window_overflow_total") == 0
+
+
+def test_ids_the_bound_forgets_within_the_window_are_counted(redis_server, model_path, tmp_path):
+    """With a bound of 16 ids a user's memory forgets ids within the window: each forgotten
+    one counted, and the resend scored again, as documented (the second copy's first ids
+    push out the last 16 of the first copy before their own copies come)."""
+    n, scores, text = republished(redis_server.url, model_path, tmp_path, "--event-id-window", "16")
+    assert n == {"busy0": 80, "busy1": 80, "busy2": 80}
+    assert scores == 240
+    # per user: 24 forgotten early by the first copy, 40 by the second
+    assert metric(text, "intentstream_resend_window_overflow_total") == 3 * (24 + 40)

@@ -143,7 +143,7 @@ def cmd_rules_backtest(args: argparse.Namespace) -> int:
     table = RuleTable.of(ruleset.rules, ruleset.version)
     batches = batches_of(streams, partitions, settings.batch_size, skew,
                          tuple(model.input_names))  # fmt: skip
-    run = replay(batches, model, table, settings.history_events, settings.event_id_window)
+    run = replay(batches, model, table, settings.history_events, settings.resend_window())
     report = backtest_report(run, ruleset, model)
     if args.json:
         print(json.dumps(report))

@@ -180,7 +180,8 @@ def _backtest_flags(bt: argparse.ArgumentParser) -> None:
                     help="--format csv: user_id=COL,type=COL[,ts=COL,event_id=COL]")  # fmt: skip
     bt.add_argument("--json", action="store_true", help="print JSON instead of text")
     _setting_flags(bt, [*RULES_FLAGS, "model", "max_model_bytes", "batch_size",
-                        "history_events", "event_id_window", "max_ts_skew_ms"])  # fmt: skip
+                        "history_events", "event_id_window", "resend_window_seconds",
+                        "max_ts_skew_ms"])  # fmt: skip
 
 
 def _client(args: argparse.Namespace) -> tuple[Client, Keys]:

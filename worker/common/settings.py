@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.common.dedup import DEFAULT_WINDOW
+from worker.common.dedup import DEFAULT_WINDOW, DEFAULT_WINDOW_SECONDS, MAX_WINDOW, ResendWindow
 from worker.common.events import DEFAULT_MAX_TS_SKEW_MS
 
 
@@ -101,9 +101,17 @@ class Settings(BaseSettings):
     event_id_window: int = Field(
         DEFAULT_WINDOW,
         ge=1,
-        le=1024,
-        description="producer event_ids remembered per user to recognise a resend "
-        "(events stamped by publish() need none: docs/producers.md, Retries and deduplication)",
+        le=MAX_WINDOW,
+        description="the most producer event_ids remembered per user within the resend window "
+        "(more are forgotten early and counted; events stamped by publish() need none: "
+        "docs/producers.md, Retries and deduplication)",
+    )
+    resend_window_seconds: int = Field(
+        DEFAULT_WINDOW_SECONDS,
+        ge=1,
+        le=366 * 24 * 3600,
+        description="a producer event_id applied this many seconds before (by entry id "
+        "times) or less is a resend when it comes again",
     )
     max_ts_skew_ms: int = Field(
         DEFAULT_MAX_TS_SKEW_MS,
@@ -131,6 +139,10 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="log level: DEBUG, INFO, WARNING or ERROR"
     )
+
+    def resend_window(self) -> ResendWindow:
+        """The resend memory's window: its time and its bound."""
+        return ResendWindow(self.resend_window_seconds, self.event_id_window)
 
     @field_validator("redis_url")
     @classmethod

@@ -8,7 +8,7 @@ from worker.commands.args import port_number, positive_int
 
 CONSOLE_SETTINGS = ["redis_url", "cluster", "prefix", "socket_timeout", "partitions", "group",
                     "max_model_bytes", "batch_size", "history_events", "event_id_window",
-                    "max_ts_skew_ms"]  # fmt: skip
+                    "resend_window_seconds", "max_ts_skew_ms"]  # fmt: skip
 _EPILOG = """\
 The console serves nothing without a token: set INTENTSTREAM_CONSOLE_TOKEN (editor: may set
 rules and promote models) and/or INTENTSTREAM_CONSOLE_VIEWER_TOKEN (read only), or the same

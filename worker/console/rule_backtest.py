@@ -76,7 +76,7 @@ def run_backtest(
     batches = batches_of(streams, partitions, settings.batch_size, settings.max_ts_skew_ms,
                          tuple(model.input_names))  # fmt: skip
     run = replay(batches, model, RuleTable.of(ruleset.rules, 0), settings.history_events,
-                 settings.event_id_window)  # fmt: skip
+                 settings.resend_window())  # fmt: skip
     report = backtest_report(run, ruleset, model)
     per_day = Counter(a["ts"] // DAY_MS for a in report["actions"] if a["rule"] == rule.name)
     curve = sorted(

@@ -126,7 +126,7 @@ class Models:
         """A batch's Commit, computed by the models running now."""
         s = self.s
         return build_commit(batch, states, self.current, s.history_events, self.shadow,
-                            s.event_id_window, self.rules)  # fmt: skip
+                            s.resend_window(), self.rules)  # fmt: skip
 
     def follow(self) -> None:
         """Take a newer model or a changed shadow from the source, if there is one; a model

@@ -37,6 +37,8 @@ class Tally:
                 m.events.labels(outcome).inc(commit.outcomes[outcome])
         if commit.unknown_types:
             m.unknown_types.inc(commit.unknown_types)
+        if commit.resend_overflow:
+            m.resend_overflow.inc(commit.resend_overflow)
         for part in commit.parts:  # dead letters, actions, the shadow's, live quality, ...
             part.count(m, self.quality)
         m.latency.observe_many(np.maximum(0.0, now - commit.arrival_ms / 1000.0))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from worker.common.dedup import MAX_WINDOW, Memory, Producer
+from worker.common.dedup import MAX_WINDOW, Memory, Producer, ResendWindow
 from worker.common.entry_ids import entry_id
 from worker.common.events import (
     DEFAULT_MAX_TS_SKEW_MS,
@@ -35,12 +35,12 @@ def read_history(
     skipped = 0
     memory: dict[str, Memory] = {}
 
-    def admit(user: str, event_id: bytes | None, producer: Producer | None) -> bool:
+    def admit(user: str, event_id: bytes | None, producer: Producer | None, ms: int) -> bool:
         if event_id is None and producer is None:
             return True
         if user not in memory:
-            memory[user] = Memory(b"", MAX_WINDOW)
-        return memory[user].admit(event_id, producer)
+            memory[user] = Memory(b"", ResendWindow(ids=MAX_WINDOW))
+        return memory[user].admit(event_id, producer, ms // 1000)
 
     for p in range(partitions):
         stream, start = keys.events(p), "-"
@@ -54,7 +54,7 @@ def read_history(
                 except EventError:
                     skipped += 1
                     continue
-                if not admit(user, event_id, producer):
+                if not admit(user, event_id, producer, ms):
                     skipped += 1
                     continue
                 events.append({"user_id": user, "type": type_, "ts": ts, **extras(flat)})

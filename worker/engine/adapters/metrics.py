@@ -273,6 +273,13 @@ class WorkerMetrics:
             "Events scored with the reserved unknown-type row.",
             registry=r,
         )
+        self.resend_overflow = Counter(
+            "intentstream_resend_window_overflow",
+            "Producer event ids a user's resend memory forgot before the resend window "
+            "ended (more than event-id-window of them within resend-window-seconds): a "
+            "resend of those would be scored again.",
+            registry=r,
+        )
         self.state_resets = Counter(
             "intentstream_state_resets",
             "User states read from Redis that could not be used, by reason: replayed "

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from model.input_bytes import RawInputs
 from worker.common.dedup import Producer
 from worker.common.entry_ids import entry_id
@@ -49,6 +51,7 @@ class Batch:
     ts: list[int] = field(default_factory=list)
     entry_ids: list[bytes] = field(default_factory=list)  # stream id of each valid event
     entry_keys: list[tuple[int, int]] = field(default_factory=list)  # the same, as (ms, seq)
+    entry_seconds: np.ndarray | None = None  # their times in seconds, if the parse had them
     event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
     producers: list[Producer | None] = field(default_factory=list)  # publish()'s stamps
     # the raw values of the declared inputs asked for (a model's, format 2), per valid event
@@ -78,7 +81,7 @@ def _parsed_by_columns(
     if cols is None:
         return None
     b = Batch(partition, ids, cols.users, cols.types, cols.ts, list(ids), cols.entry_keys,
-              cols.event_ids, cols.producers)  # fmt: skip
+              cols.seconds, cols.event_ids, cols.producers)  # fmt: skip
     if wanted:
         b.inputs = raw_inputs(flats, wanted, one_order=True)
     return b

@@ -19,7 +19,7 @@ from operator import itemgetter
 import numba as nb
 import numpy as np
 
-from worker.common.dedup import Producer
+from worker.common.dedup import MAX_TIME, Producer
 from worker.common.events import (
     MAX_EVENT_ID_BYTES,
     MAX_TS_MS,
@@ -45,6 +45,7 @@ class Columns:
     types: list[str]
     ts: list[int]
     entry_keys: list[tuple[int, int]]  # each entry id as (ms, seq)
+    seconds: np.ndarray  # each entry id's time in whole seconds, within dedup.MAX_TIME
     event_ids: list[bytes | None]
     producers: list[Producer | None]
 
@@ -89,7 +90,8 @@ def parsed_columns(
     if partitions > 1 and (_partitions(*users[1], partitions) != partition).any():
         return None
     entry_keys = list(zip(ms.tolist(), seq.tolist(), strict=True))
-    return Columns(users[0], types[0], ts.tolist(), entry_keys, event_ids, producers)
+    seconds = np.minimum(ms // 1000, MAX_TIME)
+    return Columns(users[0], types[0], ts.tolist(), entry_keys, seconds, event_ids, producers)
 
 
 def _layout(names: list[bytes]) -> dict[str, int] | None:

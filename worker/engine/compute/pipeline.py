@@ -19,7 +19,7 @@ from typing import TypeVar
 import numpy as np
 
 from model.scoring import ScoringModel
-from worker.common.dedup import DEFAULT_WINDOW
+from worker.common.dedup import DEFAULT_RESENDS, ResendWindow
 from worker.engine.compute.actions import Action
 from worker.engine.compute.batch import Batch, DeadLetter
 from worker.engine.compute.parts.actions import Actions, actions_stage
@@ -87,6 +87,7 @@ class Commit:
     arrival_ms: np.ndarray  # (S,) float64 entry id time of each scored event
     outcomes: dict[str, int]  # entries per outcome; they sum to len(ack_ids)
     unknown_types: int  # scored events of types the model does not know
+    resend_overflow: int  # own event ids forgotten by the memory's bound before their time
     parts: list[Part] = field(default_factory=list)  # in `STAGES` order
     rewrite: list[int] = field(default_factory=list)  # state rows to rewrite whole (UserStates)
     after: bytes = b"0-0"  # the entry the batch follows: the partition's last commit, or refused
@@ -182,7 +183,7 @@ def build_commit(
     model: ScoringModel,
     history_events: int = 0,
     shadow: ScoringModel | None = None,
-    event_id_window: int = DEFAULT_WINDOW,
+    resends: ResendWindow = DEFAULT_RESENDS,
     rules: RuleTable | None = None,
 ) -> Commit:
     """Decide every entry's outcome, advance the states, and return what to commit.
@@ -190,8 +191,8 @@ def build_commit(
     `states` must hold the batch's distinct users (see `distinct_users`); their h and
     last_ts are advanced in place. Rows in `states.replay` are rebuilt first from their
     recent events (no score entries for those steps). Each written state keeps its last
-    `history_events` events of the current session (0 = none), and remembers its last
-    `event_id_window` producer event ids. A shadow model (with `states.shadow`) scores the
+    `history_events` events of the current session (0 = none), and remembers the producer
+    event ids of the `resends` window. A shadow model (with `states.shadow`) scores the
     same events from its own states. With `rules` (not empty), the rules step over the
     scores and the Commit carries the actions they fire and the users' rule states.
     """
@@ -199,7 +200,7 @@ def build_commit(
     runs = [model_run("current", model, states)]
     if shadow is not None and states.shadow is not None:
         runs.append(shadow_run(shadow, states))
-    resends_stage(run, event_id_window, [m.model for m in runs])
+    resends_stage(run, resends, [m.model for m in runs])
     for m in runs:
         cell_stage(run, m)
     rows_stage(run)
@@ -247,6 +248,7 @@ def _core(run: Run, current: ModelRun, parts: list[Part]) -> Commit:
             "lost": batch.lost,
         },
         unknown_types=int((current.type_idx == current.model.unknown_index).sum()),
+        resend_overflow=run.overflow,
         parts=parts,
         rewrite=_rewritten(states.rewrite, run.touched_list, run.row_of_slot),
         after=batch.after,

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from model.scoring import ScoringModel
-from worker.common.dedup import DEFAULT_WINDOW
+from worker.common.dedup import DEFAULT_RESENDS, ResendWindow
 from worker.engine.compute.actions import Action
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import build_commit
@@ -37,7 +37,7 @@ class Replayed:
 
 def replay(
     batches: Iterable[Batch], model: ScoringModel, rules: RuleTable, history_events: int,
-    event_id_window: int = DEFAULT_WINDOW,
+    resends: ResendWindow = DEFAULT_RESENDS,
 ) -> Replayed:  # fmt: skip
     """Run the batches (each of one partition, in stream order per partition) through the
     pipeline with `rules`; the users' states carry over from batch to batch."""
@@ -50,7 +50,7 @@ def replay(
         rows = [i for i, k in enumerate(known) if k is not None]
         if rows:
             copy_known(states, rows, [known[i] for i in rows])  # type: ignore[misc]
-        commit = build_commit(batch, states, model, history_events, None, event_id_window,
+        commit = build_commit(batch, states, model, history_events, None, resends,
                               rules)  # fmt: skip
         cache.store(batch.partition, b"", written(commit))
         first = len(out.users)

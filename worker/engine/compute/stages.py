@@ -16,11 +16,12 @@ import numpy as np
 from model.input_bytes import stored_forms
 from model.inputs import Stored
 from model.scoring import ScoringModel
+from worker.common.dedup import ResendWindow
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.histories import extended_histories
 from worker.engine.compute.items import memories_of
 from worker.engine.compute.recent import NUMBER, Field, Recent, absent, form_of, unpack
-from worker.engine.compute.resends import memories_after
+from worker.engine.compute.resends import memories_after, seconds_of
 from worker.engine.compute.user_states import NO_HISTORY, UserStates, user_slots
 from worker.rules.step import RuleTable
 
@@ -55,6 +56,7 @@ class Run:
     slot: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     ts_before: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     remembered: dict = field(default_factory=dict)  # new event-id memories by user row
+    overflow: int = 0  # own ids the memories' bound pushed out before their time
     idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # applied entries
     picked: list[int] = field(default_factory=list)  # the same, as ints
     every: bool = True  # every entry applies
@@ -87,7 +89,7 @@ def gap_ms(model: ScoringModel) -> float:
 # ---- resends --------------------------------------------------------------------------
 
 
-def resends_stage(run: Run, event_id_window: int, models: list[ScoringModel]) -> None:
+def resends_stage(run: Run, window: ResendWindow, models: list[ScoringModel]) -> None:
     """Which entries apply: those above their user's last applied id (docs/contract.md, User
     state and scores out) and not resends (`common/dedup.py`'s rules, one kernel call); the
     users' event-id memories after them; the scoring models' inputs' stored values."""
@@ -96,8 +98,11 @@ def resends_stage(run: Run, event_id_window: int, models: list[ScoringModel]) ->
     run.ts_before = states.last_ts.copy()  # the advances move last_ts
     last = map(states.last_id.__getitem__, slot.tolist())
     keep = np.fromiter(map(gt, batch.entry_keys, last), np.bool_, len(slot))
-    run.remembered = memories_after(states.event_ids, slot, keep, batch.event_ids,
-                                    batch.producers, event_id_window)  # fmt: skip
+    seconds = batch.entry_seconds
+    if seconds is None:
+        seconds = seconds_of(batch.entry_keys)
+    run.remembered, run.overflow = memories_after(states.event_ids, slot, keep, batch.event_ids,
+                                                  batch.producers, seconds, window)  # fmt: skip
     run.idx = np.flatnonzero(keep)
     run.picked = run.idx.tolist()  # plain ints index lists ~2x faster than numpy's
     run.every = len(run.picked) == len(keep)  # the common case: no resend, none applied
