@@ -84,16 +84,23 @@ def test_a_producer_that_may_not_load_the_function_writes_by_xadd_with_a_warning
     redis_server, caplog
 ):
     """A named ACL user (the shipped `producer` may not load the function) does not try:
-    before the first worker it writes by plain XADD, as before, says what that risks, and
-    leaves nothing in the ACL LOG."""
+    before the first worker it writes by plain XADD, says so once, and leaves nothing in the
+    ACL LOG; each later pipeline tries the function first, and takes it once it is loaded."""
     admin = connect(redis_server.url)
     admin.execute_command("ACL", "SETUSER", "prod", "on", ">pw", "~*", "+@all", "-function")
     r = connect(redis_server.url.replace("redis://", "redis://prod:pw@"))
     with caplog.at_level("WARNING", logger="intentstream.publish"):
-        assert len(publish(r, EVENTS, partitions=2)) == len(EVENTS)
+        assert len(publish(r, EVENTS, partitions=2, pipeline_size=20)) == len(EVENTS)
     assert on_their_partitions(admin, 2) == len(EVENTS)
-    assert any("may misroute" in x.getMessage() for x in caplog.records)
+    warnings = [x.getMessage() for x in caplog.records if "plain XADD" in x.getMessage()]
+    assert len(warnings) == 1 and "tried first on every pipeline" in warnings[0]
     assert not admin.execute_command("FUNCTION", "LIST") and not admin.acl_log()
+    install(admin)  # a worker starts
+    set_routes(admin, KEYS, 2, 3)  # and a resize to 3 finished before this producer wrote again
+    for k in range(0, len(EVENTS), 20):
+        admin.delete(*(KEYS.events(p) for p in range(3)))
+        publish(r, EVENTS[k : k + 20], partitions=2)
+        assert on_their_partitions(admin, 3) == 20  # the very next call: refused, re-routed
 
 
 def test_without_functions_redis_6_publish_falls_back_to_xadd(tmp_path, monkeypatch):

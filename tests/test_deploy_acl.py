@@ -770,3 +770,55 @@ def test_the_console_does_its_whole_job_under_its_user(acl_redis, tmp_path):
     assert admin.get("intentstream:model:shadow") is None  # the promotion ended the shadow
     assert admin.xlen("intentstream:console:audit") == 4
     assert admin.acl_log() == []
+
+
+@pytest.mark.integration
+def test_a_producer_user_started_before_any_worker_follows_a_resize(acl_redis):
+    """The shipped `producer` user, with no producers' function loaded yet (it may not load
+    one), publishes without pause while `partitions resize --to 3` runs as admin: every
+    entry ends on its user's partition under 3, none lost or doubled, nothing in the ACL
+    LOG. (Plain XADD went on for up to 10 s after the resize had loaded the function:
+    misrouted entries.)"""
+    import threading
+
+    from worker.common.keys import partition_of
+    from worker.producers.publisher import publish
+
+    admin = client(acl_redis, "admin")
+    admin.hset("intentstream:config", "partitions", 2)  # a count recorded, no function yet
+    producer = connect(url(acl_redis, "producer"))
+    sent: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            while not stop.is_set():
+                users = [f"u{len(sent) + i}" for i in range(10)]
+                publish(producer, [{"user_id": u, "type": "view"} for u in users],
+                        partitions=2, pipeline_size=10)  # fmt: skip
+                sent.extend(users)
+        except BaseException as exc:  # the test fails on it below
+            errors.append(exc)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    try:
+        wait_for(lambda: len(sent) >= 300 or errors, 60, "events by plain XADD")
+        assert not admin.execute_command("FUNCTION", "LIST")  # no function: XADD so far
+        result = cli("partitions", "resize", "--to", "3", "--redis-url", url(acl_redis, "admin"))
+        assert result.returncode == 0, result.stdout + result.stderr
+        after = len(sent)
+        wait_for(lambda: len(sent) >= after + 300 or errors, 60, "events after the resize")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not errors, errors
+    placed = []
+    for p in range(4):
+        for _, fields in admin.xrange(f"intentstream:events:{{{p}}}"):
+            user = fields[b"user_id"].decode()
+            assert partition_of(user, 3) == p, f"{user} on partition {p}"
+            placed.append(user)
+    assert sorted(placed) == sorted(sent)
+    assert admin.acl_log() == []

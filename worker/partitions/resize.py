@@ -34,6 +34,8 @@ from worker.engine.compute.lean_state import as_fields, later_id
 from worker.producers.append_function import RESIZING, set_routes
 from worker.producers.append_function import install as install_function
 
+STRAGGLER_SECONDS = 1.0  # the XADD pipelines of producers without the function, in flight
+
 MAX_PARTITIONS = 4096  # the bound of the `partitions` setting
 CHUNK = 500  # state keys read and written per pipeline
 
@@ -359,6 +361,9 @@ def resize(client: Client, keys: Keys, group: str, to: int) -> ResizeReport:
         raise
     install_function(client)  # producers that fell back to XADD take the checked path now
     set_routes(client, keys, span, RESIZING)  # producers wait from here on
+    # A producer without the function (a named ACL user before the first worker) checked
+    # for a resize before it sent its XADDs: those in flight land before the moves.
+    time.sleep(STRAGGLER_SECONDS)
     report = ResizeReport(old, to)
     move_entries(client, keys, group, span, to, report)
     changed = move_states(client, keys, to, report)

@@ -86,7 +86,7 @@ def stamps() -> Iterator[tuple[str, str]]:
 # refusal), whether the producers' function is loaded, and when the count was last checked
 # without it. A producer calling publish() per event must not pay more round trips per call.
 _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-RECHECK_SECONDS = 10.0
+RECHECK_SECONDS = 10.0  # a Redis without functions (before 7.0): how often to try again
 RESIZE_WAIT_SECONDS = 600.0  # how long a write waits out `partitions resize`
 
 
@@ -94,7 +94,9 @@ RESIZE_WAIT_SECONDS = 600.0  # how long a write waits out `partitions resize`
 class _Route:
     partitions: int | None = None  # the count in force, once a refusal named it
     function: bool = True  # the producers' function answers (else plain XADD)
-    checked: float = 0.0  # when it last found no function (and checked the count instead)
+    checked: float = 0.0  # when it last found no FUNCTION command (Redis before 7.0)
+    no_functions: bool = False  # Redis has no functions at all: tried every RECHECK_SECONDS
+    warned: bool = False  # the fallback's warning was logged (once per client and prefix)
     reached: bool = False  # Redis answered this client once: later failures are retried
 
 
@@ -102,7 +104,7 @@ class PublishError(Exception):
     """A write that cannot go through (a resize that does not finish)."""
 
 
-def _load_function(client: redis.Redis, keys: Keys, reply: Exception) -> bool:
+def _load_function(client: redis.Redis, keys: Keys, reply: Exception, warn: bool) -> bool:
     """The producers' function is not loaded (no worker has run yet, or functions were
     flushed): load it, so this write and every later one are checked against the partition
     count in force. False on a Redis without functions (before 7.0) and for a named ACL
@@ -116,12 +118,13 @@ def _load_function(client: redis.Redis, keys: Keys, reply: Exception) -> bool:
     if not _named_user(client) and install(client):
         log.info("loaded the producers' function (no worker had yet)")
         return True
-    log.warning(
-        f"the producers' function {LIBRARY} is not loaded under prefix {keys.prefix!r} and "
-        "this user does not load it (a named ACL user, or one refused): writing by plain XADD "
-        "until a worker loads it (tried again every 10 s); a resize meanwhile may misroute "
-        "events"
-    )
+    if warn:
+        log.warning(
+            f"the producers' function {LIBRARY} is not loaded under prefix {keys.prefix!r} "
+            "and this user does not load it (a named ACL user, or one refused): writing by "
+            "plain XADD until a worker or a resize loads it (tried first on every pipeline, "
+            "so the writes take the checked path from the first pipeline after)"
+        )
     return False
 
 
@@ -200,14 +203,19 @@ def _send(
     chunk: list[tuple[str, dict]], retries: int,
 ) -> list[bytes]:  # fmt: skip
     """Append a chunk, re-routing what a stale count sent astray and sending everything
-    not answered again after connection errors; the entry ids in order."""
+    not answered again after connection errors; the entry ids in order. Each chunk tries
+    the producers' function first (a worker or a resize may have loaded it since the last)."""
     out: list = [None] * len(chunk)
     todo = list(range(len(chunk)))
     failures, waited = 0, 0.0
+    if not route.function and (
+        not route.no_functions or time.monotonic() - route.checked >= RECHECK_SECONDS
+    ):
+        # a worker or a resize may have loaded it since: every pipeline tries it first,
+        # so none goes by XADD once a resize has begun (it loads the function first)
+        route.function = True
     while todo:
         count = route.partitions or partitions
-        if not route.function and time.monotonic() - route.checked >= RECHECK_SECONDS:
-            route.function = True  # a worker may have installed it since: try it again
         groups = _by_partition(chunk, todo, count)
         pipe = client.pipeline(transaction=False)
         for p, rows in groups.items():
@@ -250,12 +258,18 @@ def _send(
                 resizing = True
             elif unavailable(reply):
                 if route.function:
-                    loaded = _load_function(client, keys, reply)
-                    # no worker has run: the count recorded (or a resize begun, or a key of
-                    # another type) is checked here, whether the function now holds or not
+                    loaded = _load_function(client, keys, reply, not route.warned)
+                    if not loaded and client.hget(keys.config, "resize_to") is not None:
+                        resizing = True  # a resize loads the function: wait, then FCALL
+                        todo += rows
+                        continue
+                    # no worker has run: the count recorded (or a key of another type) is
+                    # checked here, whether the function now holds or not
                     check_partitions(client, keys, count, record=False)
-                    if not loaded:  # from now on XADD, checking the count now and then
-                        route.function, route.checked = False, time.monotonic()
+                    if not loaded:  # this pipeline by XADD; the next tries the function
+                        route.function, route.warned = False, True
+                        route.no_functions = "unknown command" in message
+                        route.checked = time.monotonic()
             else:
                 raise reply
             todo += rows
