@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from model.data.synthetic import synthetic_events
+from tests.conftest import run_cli
 from tests.test_worker import scrape
 from tests.test_worker_faults import uninterrupted, with_event_ids
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
@@ -208,3 +209,53 @@ def test_paused_workers_past_their_lease_have_their_late_commits_refused(
     assert assert_each_event_scored_and_states_equal(r, events, model_path) == 0
     assert pauses >= 2
     assert refused > 0, f"no late commit refused in {pauses} pauses"
+
+
+def test_partitions_repair_on_the_cluster_puts_a_stopped_partition_back(
+    cluster, cluster_url, model_path, tmp_path
+):
+    """`acked` of a partition on another master than the URL's node set past its stream: the
+    worker stops that partition only; `partitions repair --cluster` (dry run first, then for
+    real, through the cluster client) puts it back, and the worker scores what waited."""
+    r = connect(cluster_url, cluster=True)
+    first = [{"user_id": f"u{i}", "type": "view", "event_id": f"a{i}"} for i in range(400)]
+    publish(r, first, partitions=P)
+    port = free_port()
+    worker = start_worker(cluster_url, model_path, tmp_path / "w.log", "w", "--cluster",
+                          "--metrics-port", str(port))  # fmt: skip
+    here = f"127.0.0.1:{cluster.nodes[0].port}"  # the node the URL names
+    assert here in {n.name for n in r.get_primaries()}
+    p = next(q for q in range(P) if r.get_node_from_key(KEYS.events(q)).name != here)
+    try:
+        wait_for(lambda: count_scores(r, partitions=P) == 400 and all_committed(r, partitions=P),
+                 120, "the first events committed")  # fmt: skip
+        r.set(KEYS.acked(p), "99999999999999-0")  # ahead of the stream
+        later = [
+            e
+            for e in ({"user_id": f"v{i}", "type": "view", "event_id": f"b{i}"} for i in range(400))
+            if partition_of(e["user_id"], P) == p
+        ]
+        publish(r, later, partitions=P)
+        stopped = f'intentstream_partition_stopped{{partition="{p}",reason="ahead"}}'
+        wait_for(lambda: scrape(port).get(stopped) == 1, 90, f"partition {p} stopped")
+        assert r.xlen(KEYS.scores(p)) == sum(partition_of(e["user_id"], P) == p for e in first)
+
+        args = ["partitions", "repair", str(p), "--cluster", "--redis-url", cluster_url]
+        dry = run_cli(*args, "--dry-run")
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        assert f"would run: SET intentstream:acked:{{{p}}}" in dry.stdout
+        assert r.get(KEYS.acked(p)) == b"99999999999999-0"  # a dry run writes nothing
+        done = run_cli(*args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"did: SET intentstream:acked:{{{p}}}" in done.stdout
+        wait_for(lambda: count_scores(r, partitions=P) == 400 + len(later)
+                 and all_committed(r, partitions=P), 120, "the waiting events scored")  # fmt: skip
+        wait_for(lambda: stopped not in scrape(port), 60, "the stopped gauge gone")
+        again = run_cli(*args)
+        assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    rows = score_entries(r, partitions=P)
+    assert (
+        len({(row["partition"], row["event_id"]) for row in rows}) == len(rows) == 400 + len(later)
+    )
