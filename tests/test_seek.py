@@ -115,14 +115,25 @@ def test_a_group_behind_the_position_gets_its_entries_read_exact(r):
 def test_a_far_seek_walks_no_more_than_its_cap(r, monkeypatch):
     """Past the walk cap (a seek's cost stays a few ms at any distance) the group's
     entries-read comes from the stream's counters where they tell (the position before the
-    first entry, or at the last), else it is left unknown and the lag is counted outside."""
-    monkeypatch.setattr("worker.engine.adapters.streams.SEEK_WALK_CAP", 10)
+    first entry, at the last, or within a quarter of the cap of an end with no XDEL between),
+    else
+    it is left unknown and the lag is counted outside."""
+    monkeypatch.setattr("worker.engine.adapters.streams.SEEK_WALK_CAP", 10)  # the ends': 2
     ids = fill(r, 60, read=60, noack=True)
-    r.set(KEYS.acked(0), ids[9])  # 50 entries back, in the middle: unknown
+    r.set(KEYS.acked(0), ids[29])  # 30 back, 30 from the first: more than the cap, unknown
     reader(r).seek(Cursor(0))
     g = group(r)
-    assert g["last-delivered-id"] == ids[9] and g["lag"] is None
-    assert undelivered(r, STREAM, g) == 50
+    assert g["last-delivered-id"] == ids[29] and g["lag"] is None
+    assert undelivered(r, STREAM, g) == 30
+    r.set(KEYS.acked(0), ids[1])  # 58 back, but 2 from the first: the removed + 2
+    r.xgroup_setid(STREAM, GROUP, ids[-1], entries_read=60)
+    reader(r).seek(Cursor(0))
+    assert group(r)["entries-read"] == 2 and group(r)["lag"] == 58
+    r.set(KEYS.acked(0), ids[57])  # 2 from the end: entries-added minus those 2
+    r.xgroup_setid(STREAM, GROUP, ids[0], entries_read=1)
+    reader(r).seek(Cursor(0))
+    assert group(r)["entries-read"] == 58 and group(r)["lag"] == 2
+    r.set(KEYS.acked(0), ids[9])
     r.xtrim(STREAM, minid=ids[20], approximate=False)  # the position is now before the first entry
     r.xgroup_setid(STREAM, GROUP, ids[-1], entries_read=60)
     reader(r).seek(Cursor(0))
@@ -132,6 +143,13 @@ def test_a_far_seek_walks_no_more_than_its_cap(r, monkeypatch):
     r.xgroup_setid(STREAM, GROUP, ids[9], entries_read=10)
     reader(r).seek(Cursor(0))
     assert group(r)["entries-read"] == 60 and group(r)["lag"] == 0
+    r.set(KEYS.acked(0), ids[51])
+    r.xdel(STREAM, ids[55])  # an XDEL after the position, and inside the stream: unknown
+    r.xgroup_setid(STREAM, GROUP, ids[21], entries_read=22)
+    reader(r).seek(Cursor(0))
+    g = group(r)
+    assert g["last-delivered-id"] == ids[51] and g["lag"] is None
+    assert undelivered(r, STREAM, g) == 7
 
 
 def test_a_missing_stream_or_group_is_nogroup(r):
