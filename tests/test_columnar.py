@@ -91,6 +91,7 @@ def entry_by_entry(*args, **kwargs):
 def as_dict(b) -> dict:
     out = asdict(b)
     out.pop("parse_seconds")
+    out["entry_seconds"] = out["entry_seconds"].tolist()
     raw = out.pop("inputs")
     if raw is not None:
         out["inputs"] = [

@@ -214,8 +214,10 @@ def test_a_producer_retry_is_acknowledged_as_a_duplicate(redis_server, golden_pa
     rows = score_entries(r)
     assert [row["event_id"] for row in rows] == [e["event_id"] for e in events]
     np.testing.assert_allclose([float(x["score"]) for x in rows], GOLDEN_SCORES, atol=1e-4)
-    ids, _, producers = r.hget(KEYS.state(0, "alice"), "event_ids").partition(b"\n")
+    ids, _, rest = r.hget(KEYS.state(0, "alice"), "event_ids").partition(b"\n")
+    producers, _, times = rest.partition(b"\n")
     assert ids.split() == [e["event_id"].encode() for e in events]
+    assert len(times.split()) == 3  # each id's entry time
     # the first call's producer, at its third event; the resend (another call) applied nothing
     assert len(producers.split()) == 1 and producers.endswith(b":3")
 

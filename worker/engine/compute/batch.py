@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
 from model.input_bytes import RawInputs
-from worker.common.dedup import Producer
+from worker.common.dedup import MAX_TIME, Producer
 from worker.common.entry_ids import entry_id
 from worker.common.events import (
     DEFAULT_MAX_TS_SKEW_MS,
@@ -29,6 +30,12 @@ def _id_ms(raw: bytes) -> int:
     """The time of an entry id, 0 when it has none readable (the parse decides then)."""
     ms = raw.partition(b"-")[0]
     return int(ms) if ms.isdigit() else 0
+
+
+def seconds_of(entry_keys: list[tuple[int, int]]) -> np.ndarray:
+    """Each event's entry time in whole seconds (within MAX_TIME), as memories keep times."""
+    ms = np.fromiter(map(itemgetter(0), entry_keys), np.float64, len(entry_keys))
+    return np.minimum(ms // 1000, MAX_TIME).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,7 @@ class Batch:
     ts: list[int] = field(default_factory=list)
     entry_ids: list[bytes] = field(default_factory=list)  # stream id of each valid event
     entry_keys: list[tuple[int, int]] = field(default_factory=list)  # the same, as (ms, seq)
-    entry_seconds: np.ndarray | None = None  # their times in seconds, if the parse had them
+    entry_seconds: np.ndarray | None = None  # their times in whole seconds (`seconds_of`)
     event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
     producers: list[Producer | None] = field(default_factory=list)  # publish()'s stamps
     # the raw values of the declared inputs asked for (a model's, format 2), per valid event
@@ -157,5 +164,6 @@ def parse_batch(
             kept.append(fields)
     if wanted:
         b.inputs = raw_inputs(kept, wanted)
+    b.entry_seconds = seconds_of(b.entry_keys)
     b.parse_seconds = time.perf_counter() - t0
     return b

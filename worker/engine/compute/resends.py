@@ -32,12 +32,6 @@ _TIME_BYTES = _TIME_DIGITS + 2  # written with its separator (and a line's newli
 Memories = tuple[dict[int, bytes], int]  # each checked user's memory after; ids overflowed
 
 
-def seconds_of(entry_keys: list[tuple[int, int]]) -> np.ndarray:
-    """Each event's entry time in whole seconds (within MAX_TIME), as memories keep times."""
-    ms = np.fromiter(map(itemgetter(0), entry_keys), np.float64, len(entry_keys))
-    return np.minimum(ms // 1000, MAX_TIME).astype(np.int64)
-
-
 def memories_after(
     stored: list[bytes], slot: np.ndarray, keep: np.ndarray, event_ids: list[bytes | None],
     producers: list[Producer | None], seconds: np.ndarray, window: ResendWindow,

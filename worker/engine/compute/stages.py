@@ -17,11 +17,11 @@ from model.input_bytes import stored_forms
 from model.inputs import Stored
 from model.scoring import ScoringModel
 from worker.common.dedup import ResendWindow
-from worker.engine.compute.batch import Batch
+from worker.engine.compute.batch import Batch, seconds_of
 from worker.engine.compute.histories import extended_histories
 from worker.engine.compute.items import memories_of
 from worker.engine.compute.recent import NUMBER, Field, Recent, absent, form_of, unpack
-from worker.engine.compute.resends import memories_after, seconds_of
+from worker.engine.compute.resends import memories_after
 from worker.engine.compute.user_states import NO_HISTORY, UserStates, user_slots
 from worker.rules.step import RuleTable
 
