@@ -64,6 +64,10 @@ def test_the_competent_consumer_writes_exactly_the_workers_fields(
         other = by_competent[1][key]
         assert sorted(other) == sorted(state)
         for field in fields[1:]:
+            if field == b"event_ids":  # each id's time is its entry's: a new preload's later
+                ours, theirs = other[field].split(b"\n"), state[field].split(b"\n")
+                assert ours[:2] == theirs[:2] and len(ours[2].split()) == len(theirs[2].split())
+                continue
             assert other[field] == state[field], (key, field)
 
 

@@ -61,7 +61,7 @@ from worker.bench.scaling import main as scaling_main
 from worker.bench.workload import GROUP, SCORES, STATE, STREAM, preload
 from worker.common.cli_help import HelpFormatter
 from worker.common.connection import connect
-from worker.common.dedup import DEFAULT_WINDOW
+from worker.common.dedup import DEFAULT_WINDOW, DEFAULT_WINDOW_SECONDS, packed_times, parse_times
 from worker.common.local_redis import LocalRedis
 from worker.engine.compute.recent import extended, pack, unpack
 from worker.lifecycle.model_source import FileModelSource
@@ -144,6 +144,23 @@ def run_pipelined(r: redis.Redis, n: int, batch: int, step: Callable | None) -> 
     return time.perf_counter() - t0, latencies
 
 
+def _memory_after(stored: bytes, new: list[tuple[bytes, int]]) -> bytes:
+    """The competent consumer's resend memory, as the worker packs it (common/dedup.py): the
+    own ids of the last day, at most DEFAULT_WINDOW, with their entry times; no check."""
+    old, _, rest = stored.partition(b"\n")
+    ids = old.split()
+    times = parse_times(rest.partition(b"\n")[2], len(ids)) or [new[0][1] if new else 0] * len(ids)
+    ids += [i for i, _ in new]
+    times += [t for _, t in new]
+    keep = (
+        [k for k, t in enumerate(times) if t >= times[-1] - DEFAULT_WINDOW_SECONDS] if ids else []
+    )
+    keep = keep[-DEFAULT_WINDOW:]
+    if not keep:
+        return b""
+    return b" ".join(ids[k] for k in keep) + b"\n\n" + packed_times([times[k] for k in keep])
+
+
 def run_competent(
     r: redis.Redis, n: int, batch: int, model: Model, version: str, history: int
 ) -> tuple[float, list]:
@@ -168,12 +185,13 @@ def run_competent(
         for (user, evs), (h, count, raw, ids) in zip(by_user.items(), pipe.execute(), strict=True):
             recent = extended(unpack(raw), [e[2] for e in evs], [e[1] for e in evs],
                               history, gap_ms)  # fmt: skip
-            ids = [*(ids or b"").split(), *(e[3] for e in evs if e[3])][-DEFAULT_WINDOW:]
+            memory = _memory_after(ids or b"", [(e[3], int(e[0].split(b"-")[0]) // 1000)
+                                                for e in evs if e[3]])  # fmt: skip
             fields = {"h": h or zero_h, "score": "0", "last_id": evs[-1][0],
                       "last_ts": evs[-1][2], "model": version, "n": int(count or 0) + len(evs),
                       "recent": pack(recent) if history else b""}  # fmt: skip
-            if ids:  # as the worker: no field without producer ids
-                fields["event_ids"] = b" ".join(ids)
+            if memory:  # as the worker: no field without producer ids
+                fields["event_ids"] = memory
             pipe.hset(f"{STATE}{user}", mapping=fields)
         for eid, f in entries:
             ts = f[b"ts"] if b"ts" in f else eid.split(b"-")[0]
