@@ -163,9 +163,10 @@ class ScoringModel:
         self.cell = meta.cell
         # packed in float64 so the per-type table is exact, then cast to the kernels' float32
         params = pack(a, meta.cell, np.float64)
-        # a wide head: the kernels give the deep logit, wide_head adds x_feat's part and the head
+        # a wide head: the kernels give the deep logit; `headed` adds x_feat's part, then the head
         self._head = HEAD_SIGMOID if meta.head == "sigmoid" else HEAD_IDENTITY
-        self.weights: CellWeights = cell_weights(params, "identity" if meta.wide_head else meta.head)
+        kernel_head = "identity" if meta.wide_head else meta.head
+        self.weights: CellWeights = cell_weights(params, kernel_head)
         # what the kernels get: a plain tuple unboxes faster than the NamedTuple (CellWeights)
         self.kernel_weights = tuple(self.weights)
         self._work = np.empty(0, np.float32)
