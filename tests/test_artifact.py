@@ -416,8 +416,10 @@ def test_refuses_invalid_inputs_naming_the_problem(change, problem):
 
 
 def wide_parts() -> tuple[dict[str, np.ndarray], dict]:
-    inputs = [{"kind": "numeric", "name": "price", "transform": "log1p", "mean": 1.0,
-               "scale": 2.0}, {"kind": "item", "name": "product", "buckets": 5, "dim": 3}]  # fmt: skip
+    inputs = [
+        {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 1.0, "scale": 2.0},
+        {"kind": "item", "name": "product", "buckets": 5, "dim": 3},
+    ]
     model = random_model(TYPES, hidden=4, features=["gap"], seed=2, inputs=inputs,
                          wide_head=True)  # fmt: skip
     return dict(model.arrays), model.meta.model_dump()
