@@ -305,3 +305,17 @@ def test_input_coverage_and_the_warnings_of_data_a_model_would_misread():
     in_seconds = [e | {"ts": 1_700_000_000 + k} for k, e in enumerate(events)]
     assert "3 of 3 events' ts are before 2000-01-01" in seconds_warning(in_seconds)
     assert seconds_warning([]) is None
+
+
+def test_a_wide_head_trains_its_numeric_columns_and_leaves_the_tables_columns_at_zero():
+    events, _ = rich_shop(users=200, seed=6)
+    result = train(events, shop_config(inputs=SHOP_INPUTS, wide_head=True))
+    model = result.model
+    w = model.arrays["head.W_fq"][:, 0]
+    fixed = table_rows(model.meta)
+    # gap, price (value, missing), brand (3 embedding columns), product (4, then 2 flags)
+    assert w.shape == (1 + 2 + 3 + 4 + 2,) and list(fixed) == [3, 4, 5, 6, 7, 8, 9]
+    assert not w[fixed].any()  # through Adam, clipping and the tables' decay
+    # the gap, the price and the item flags learned; every price is there: its missing flag
+    # never moves
+    assert np.abs(w[[0, 1, 10, 11]]).min() > 0 and w[2] == 0
