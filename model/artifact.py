@@ -30,11 +30,12 @@ from pydantic import (
 from model.calibration import calibration_of
 from model.feature_names import feature_help, is_stateful, unknown_features
 from model.features import memory_width
-from model.inputs import Inputs, input_width, parse_inputs, table_shapes
+from model.inputs import Inputs, input_width, parse_inputs, spec_width, table_shapes
 
 FORMAT = "intentstream.model/1"  # event type and features only
 FORMAT_2 = "intentstream.model/2"  # and declared inputs (meta.inputs, model/inputs.py)
 FORMATS = (FORMAT, FORMAT_2)
+WIDE_HEAD = "head.W_fq"  # the wide part's weights (meta.wide_head)
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -57,6 +58,9 @@ class ModelMeta(BaseModel):
     session_gap_seconds: float = Field(ge=0)
     # format 2 only: the declared inputs, in the order their columns follow the features
     inputs: Inputs | None = None
+    # a wide part beside the deep one: the head also reads layer 0's feature and input
+    # columns (array head.W_fq); an older worker refuses the array, as it should
+    wide_head: bool = False
 
     @field_validator("inputs", mode="before")
     @classmethod
@@ -82,6 +86,8 @@ class ModelMeta(BaseModel):
         doc = handler(self)
         if doc.get("inputs") is None:
             doc.pop("inputs", None)
+        if not doc.get("wide_head"):
+            doc.pop("wide_head", None)
         return doc
 
     def to_json(self) -> dict:
@@ -221,7 +227,21 @@ def expected_shapes(meta: ModelMeta, embedding_dim: int) -> dict[str, tuple[int,
             shapes[f"layer{layer}.{name}"] = (H,)
     shapes["head.W_hq"] = (H, 1)
     shapes["head.b_q"] = (1,)
+    if meta.wide_head:
+        shapes[WIDE_HEAD] = (F + X, 1)
     return shapes | table_shapes(meta.declared_inputs)
+
+
+def table_rows(meta: ModelMeta) -> np.ndarray:
+    """The rows of head.W_fq (features, then the inputs' block) that are embedding-table
+    columns: the wide part reads only the numeric columns (features, values, flags)."""
+    rows, at = [], len(meta.features)
+    for spec in meta.declared_inputs:
+        width = spec_width(spec)
+        if spec.kind != "numeric":
+            rows += range(at, at + spec.dim)
+        at += width
+    return np.array(rows, np.int64)
 
 
 def _undeclared_tables(meta: ModelMeta, names: list[str]) -> None:
@@ -243,6 +263,7 @@ def _undeclared_tables(meta: ModelMeta, names: list[str]) -> None:
 def validate_model(meta: ModelMeta, arrays: dict[str, np.ndarray]) -> Model:
     """Check names, shapes, dtypes and finiteness of the arrays against meta; return the Model."""
     expected = [*array_names(meta.layers, meta.cell), *table_shapes(meta.declared_inputs)]
+    expected += [WIDE_HEAD] if meta.wide_head else []
     missing = [n for n in expected if n not in arrays]
     if missing:
         raise ArtifactError(f"missing array(s): {', '.join(missing)}")
@@ -265,6 +286,8 @@ def validate_model(meta: ModelMeta, arrays: dict[str, np.ndarray]) -> Model:
             raise ArtifactError(f"array '{name}' contains NaN or infinite values")
         if a.dtype == np.float64 and np.any(np.abs(a) > np.finfo(np.float32).max):
             raise ArtifactError(f"array '{name}' has values beyond float32's range")
+    if meta.wide_head and np.any(arrays[WIDE_HEAD][table_rows(meta)] != 0):
+        raise ArtifactError(f"array '{WIDE_HEAD}': the rows of embedding-table columns must be 0")
     _check_calibration(meta)
     return Model(meta=meta, arrays={n: np.array(arrays[n]) for n in expected})
 
@@ -416,10 +439,12 @@ def random_model(
     dtype: type = np.float32,
     cell: str = "rnn",
     inputs: Inputs | list | None = None,
+    wide_head: bool = False,
 ) -> Model:
     """A seeded random model: N(0, 1) embedding (and input tables), PyTorch-style
-    U(-1/sqrt(H), 1/sqrt(H)) cell. Given `inputs` (an Inputs or its JSON list), a format 2
-    model declaring them."""
+    U(-1/sqrt(H), 1/sqrt(H)) cell and head. Given `inputs` (an Inputs or its JSON list), a
+    format 2 model declaring them; with `wide_head`, a head that also reads the numeric
+    columns of x."""
     rng = np.random.default_rng(seed)
     meta = ModelMeta(
         format=FORMAT if inputs is None else FORMAT_2,
@@ -431,6 +456,7 @@ def random_model(
         features=list(features or []),
         head=head,
         session_gap_seconds=session_gap_seconds,
+        wide_head=wide_head,
     )
     D = embedding_dim or min(16, hidden)
     bound = 1.0 / np.sqrt(hidden)
@@ -440,4 +466,6 @@ def random_model(
             arrays[name] = rng.standard_normal(shape).astype(dtype)
         else:
             arrays[name] = rng.uniform(-bound, bound, shape).astype(dtype)
+    if wide_head:
+        arrays[WIDE_HEAD][table_rows(meta)] = 0.0
     return validate_model(meta, arrays)

@@ -13,6 +13,9 @@ cell.
                             b_o (lstm)
     b_hn  (L, H)            GRU's recurrent bias of n, inside r ⊙ (h W_hn + b_hn); 0 otherwise
     w_q   (H,), b_q (1,)    the head
+    w_f   (F + inputs,)     the wide part of the head (meta.wide_head): weights of layer 0's
+                            input columns after the embedding's, 0 on input-table columns;
+                            (0,) for a model without one
     tab   (sum buckets·dim,) the declared inputs' embedding tables (model/inputs.py), flat, in
                             declaration order; table k's row b is
                             tab[off + b·dim : off + (b+1)·dim] with (off, dim, col) = tab_at[k],
@@ -30,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from model.artifact import CELL_ARRAYS
+from model.artifact import CELL_ARRAYS, WIDE_HEAD
 from model.inputs import Inputs, InputSpec, input_width, spec_width, table_name
 
 CELL_RNN = 0
@@ -53,6 +56,7 @@ class Params(NamedTuple):
     b_hn: np.ndarray
     w_q: np.ndarray
     b_q: np.ndarray
+    w_f: np.ndarray
     tab: np.ndarray
     tab_at: np.ndarray  # (K, 3) int64: offset, dim, column of each table; not a parameter
 
@@ -134,6 +138,7 @@ def pack(
         b_hn=b_hn,
         w_q=c(arrays["head.W_hq"][:, 0], dtype),
         b_q=c(arrays["head.b_q"], dtype),
+        w_f=c(arrays[WIDE_HEAD][:, 0] if WIDE_HEAD in arrays else np.zeros(0), dtype),
         tab=np.concatenate(
             [np.zeros(0, dtype)]
             + [c(arrays[table_name(s)], dtype).ravel() for s in inputs or [] if s.kind != "numeric"]
@@ -172,6 +177,8 @@ def unpack(p: Params, inputs: Inputs | Sequence[InputSpec] | None = None) -> dic
             out[f"layer{layer}.b_hn"] = p.b_hn[layer]
     out["head.W_hq"] = p.w_q[:, None]
     out["head.b_q"] = p.b_q
+    if p.w_f.shape[0]:
+        out[WIDE_HEAD] = p.w_f[:, None]
     tables = [s for s in inputs or [] if s.kind != "numeric"]
     if len(tables) != p.tab_at.shape[0]:
         raise ValueError(f"{p.tab_at.shape[0]} packed input tables, {len(tables)} declared")

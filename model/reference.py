@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.artifact import cell_of
+from model.artifact import WIDE_HEAD, cell_of
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -82,5 +82,7 @@ def reference_step(
         h_new[layer] = layer_fn(params, layer, below, np.asarray(h[layer], np.float64))
         below = h_new[layer, :H]
     z = float(below @ params["head.W_hq"][:, 0] + params["head.b_q"][0])
+    if WIDE_HEAD in params:  # the wide part: the numeric columns of x straight to the logit
+        z += float(x[len(params["embedding"][type_idx]) :] @ params[WIDE_HEAD][:, 0])
     score = 1.0 / (1.0 + np.exp(-z)) if head == "sigmoid" else z
     return h_new, score

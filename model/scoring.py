@@ -16,7 +16,14 @@ import numpy as np
 
 from model.artifact import Model, memory_rows, state_shape
 from model.calibration import calibration_of, with_ends
-from model.cells.ops import CellWeights, cell_weights, work_size
+from model.cells.ops import (
+    HEAD_IDENTITY,
+    HEAD_SIGMOID,
+    CellWeights,
+    cell_weights,
+    wide_head,
+    work_size,
+)
 from model.cells.step import step_batch
 from model.features import (
     advance_memory,
@@ -156,7 +163,10 @@ class ScoringModel:
         self.cell = meta.cell
         # packed in float64 so the per-type table is exact, then cast to the kernels' float32
         params = pack(a, meta.cell, np.float64)
-        self.weights: CellWeights = cell_weights(params, meta.head)
+        # a wide head: the kernels give the deep logit; `headed` adds x_feat's part, then the head
+        self._head = HEAD_SIGMOID if meta.head == "sigmoid" else HEAD_IDENTITY
+        kernel_head = "identity" if meta.wide_head else meta.head
+        self.weights: CellWeights = cell_weights(params, kernel_head)
         # what the kernels get: a plain tuple unboxes faster than the NamedTuple (CellWeights)
         self.kernel_weights = tuple(self.weights)
         self._work = np.empty(0, np.float32)
@@ -169,6 +179,8 @@ class ScoringModel:
         self.input_counts: dict[str, InputCounts] = {}  # the last batch's, per input
         self.projection = projection(params, self.weights, len(meta.features), self.inputs,
                                      model.tables())  # fmt: skip
+        self._wide = self._wide_weights(params.w_f, len(meta.features), projected=False)
+        self._wide_projected = self._wide_weights(params.w_f, len(meta.features), projected=True)
         # the projected path's inputs, worked out once: numeric ones, then those with tables
         self._numeric = [s for s in self.inputs if s.kind == "numeric"]
         self._with_table = [s for s in self.inputs if s.kind != "numeric"]
@@ -231,7 +243,8 @@ class ScoringModel:
             state = state[:, : self.layers, :]
         x_feat = feature_matrix(meta.features, gap, memory_after, meta.event_types)
         weights = self.kernel_weights
-        if self.input_names and self.projection is not None:
+        projected = bool(self.input_names) and self.projection is not None
+        if projected:
             weights, type_idx, x_feat = self._projected(type_idx, x_feat, slot, reset, inputs,
                                                         memory, replayed)  # fmt: skip
         elif self.input_names:
@@ -239,7 +252,28 @@ class ScoringModel:
         scores = np.empty(slot.shape[0], np.float32)
         work = self.scratch(slot.shape[0])
         step_batch(weights, state, slot, type_idx, x_feat, reset, scores, work)
-        return self.calibrated(scores)
+        return self.calibrated(self.headed(scores, x_feat, projected))
+
+    def headed(self, z: np.ndarray, x_feat: np.ndarray, projected: bool = False) -> np.ndarray:
+        """The kernels' scores (N,) in place, with a wide head's part of x_feat added and the
+        head applied (its kernels run with the identity head); as they are without one.
+        `projected`: x_feat is the projected tables' (features, then the kept columns)."""
+        wide = self._wide_projected if projected else self._wide
+        if wide is not None:
+            wide_head(z, x_feat, wide, self._head)
+        return z
+
+    def _wide_weights(self, w_f: np.ndarray, n_features: int, projected: bool) -> np.ndarray | None:
+        """The wide part's weights in the columns of x_feat as the kernels get it: every
+        column, or through projected tables the features and the kept columns; None without
+        a wide head."""
+        if not w_f.shape[0]:
+            return None
+        if projected:
+            if self.projection is None:
+                return None
+            w_f = np.concatenate([w_f[:n_features], w_f[n_features + self.projection.kept]])
+        return np.ascontiguousarray(w_f, np.float32)
 
     def _projected(self, type_idx, x_feat, slot, reset, inputs, memory, replayed) -> tuple:
         """(kernel weights, type rows, x_feat) for a batch through the projected tables: each

@@ -413,3 +413,46 @@ def test_refuses_invalid_inputs_naming_the_problem(change, problem):
     change(meta["inputs"])
     with pytest.raises(ArtifactError, match=r"invalid meta: inputs: .*" + problem):
         model_from_bytes(npz_bytes(arrays, meta))
+
+
+def wide_parts() -> tuple[dict[str, np.ndarray], dict]:
+    inputs = [
+        {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 1.0, "scale": 2.0},
+        {"kind": "item", "name": "product", "buckets": 5, "dim": 3},
+    ]
+    model = random_model(TYPES, hidden=4, features=["gap"], seed=2, inputs=inputs,
+                         wide_head=True)  # fmt: skip
+    return dict(model.arrays), model.meta.model_dump()
+
+
+def test_a_wide_head_round_trips_and_reads_only_numeric_columns(tmp_path: Path):
+    arrays, meta = wide_parts()
+    # gap, price (value, missing), product (3 embedding columns, 2 flags)
+    assert arrays["head.W_fq"].shape == (1 + 2 + 3 + 2, 1)
+    assert not arrays["head.W_fq"][3:6].any() and arrays["head.W_fq"][[0, 1, 2, 6, 7]].all()
+    model = model_from_bytes(npz_bytes(arrays, meta))
+    assert model.meta.wide_head
+    path = tmp_path / "w.npz"
+    save_model(model, path)
+    np.testing.assert_array_equal(load_model(path).arrays["head.W_fq"], arrays["head.W_fq"])
+
+
+def test_a_model_without_a_wide_head_keeps_its_meta_as_before():
+    _, meta = good_parts()
+    assert "wide_head" not in meta  # a format 1 or 2 meta dumps as it always has
+
+
+def test_refuses_a_wide_head_on_an_embedding_column():
+    arrays, meta = wide_parts()
+    arrays["head.W_fq"][4, 0] = 0.5  # the product's embedding column
+    with pytest.raises(ArtifactError, match="rows of embedding-table columns must be 0"):
+        model_from_bytes(npz_bytes(arrays, meta))
+
+
+def test_refuses_a_wide_head_array_the_meta_does_not_declare():
+    arrays, meta = wide_parts()
+    with pytest.raises(ArtifactError, match=r"unexpected array.*head\.W_fq"):
+        model_from_bytes(npz_bytes(arrays, meta | {"wide_head": False}))
+    del arrays["head.W_fq"]
+    with pytest.raises(ArtifactError, match=r"missing array\(s\): head\.W_fq"):
+        model_from_bytes(npz_bytes(arrays, meta))

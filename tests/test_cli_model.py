@@ -102,6 +102,35 @@ def test_model_init_writes_a_seeded_artifact_that_show_describes(tmp_path: Path)
     assert "sha256:" in shown.stdout
 
 
+def test_model_init_wide_head_writes_a_model_that_show_and_score_read(tmp_path: Path):
+    out = tmp_path / "wide.npz"
+    result = run_cli("model", "init", "--event-types", "view,add_to_cart", "--hidden", "4",
+                     "--features", "gap", "--wide-head", "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    model = load_model(out)
+    assert model.meta.wide_head and model.arrays["head.W_fq"].shape == (1, 1)
+    shown = run_cli("model", "show", str(out))
+    assert "wide" in shown.stdout and "head.W_fq" in shown.stdout
+    events = tmp_path / "e.jsonl"
+    evs = [{"user_id": "u", "type": "view", "ts": 1_700_000_000_000 + k * 60_000} for k in range(3)]
+    events.write_text(jsonl(evs))
+    scored = run_cli("score", "--model", str(out), str(events))
+    assert scored.returncode == 0, scored.stderr
+    ours = [json.loads(line)["score"] for line in scored.stdout.splitlines()]
+    theirs = InMemoryScorer(ScoringModel(model)).score(
+        ["u"] * 3, ["view"] * 3, np.array([e["ts"] for e in evs], np.int64)
+    )
+    np.testing.assert_allclose(ours, theirs, atol=1e-6)
+    # the gap moves the score through the wide part alone when the deep head is silenced
+    model.arrays["head.W_hq"][:] = 0.0
+    silent = InMemoryScorer(ScoringModel(model)).score(
+        ["u"] * 3, ["view"] * 3, np.array([e["ts"] for e in evs], np.int64)
+    )
+    w, b = float(model.arrays["head.W_fq"][0, 0]), float(model.arrays["head.b_q"][0])
+    expected = 1 / (1 + np.exp(-(b + w * np.log1p([0.0, 60.0, 60.0]))))
+    np.testing.assert_allclose(silent, expected, atol=1e-6)
+
+
 def test_model_show_names_the_problem(tmp_path: Path):
     path = tmp_path / "nan.npz"
     result = run_cli("model", "show", str(path))

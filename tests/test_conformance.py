@@ -87,13 +87,14 @@ def golden_cases() -> list[Case]:
 
 
 def random_case(cell: str, layers: int, hidden: int, gap: bool, head: str, session_gap: float,
-                seed: int, session: bool = False) -> Case:  # fmt: skip
-    """A random model; `session` gives it every session feature (gap included)."""
+                seed: int, session: bool = False, wide: bool = False) -> Case:  # fmt: skip
+    """A random model; `session` gives it every session feature (gap included), `wide` a
+    wide head."""
     features = SESSION if session else ["gap"] if gap else []
     model = random_model(
         TYPES, hidden=hidden, layers=layers, features=features,
         embedding_dim=min(8, hidden), head=head, session_gap_seconds=session_gap, seed=seed,
-        cell=cell,
+        cell=cell, wide_head=wide,
     )  # fmt: skip
     rng = np.random.default_rng(seed)
     ts = T0 + np.cumsum(rng.integers(1_000, 40_000, 36))
@@ -107,7 +108,7 @@ def random_case(cell: str, layers: int, hidden: int, gap: bool, head: str, sessi
     )
     feats = "session" if session else "gap" if gap else "nofeat"
     name = f"{cell}-L{layers}-H{hidden}-{feats}-{head}-sg{session_gap:g}"
-    return Case(name, model, events)
+    return Case(name + ("-wide" if wide else ""), model, events)
 
 
 def random_cases() -> list[Case]:
@@ -132,6 +133,15 @@ def session_cases() -> list[Case]:
         random_case("rnn", 2, 6, True, "sigmoid", 60, seed=81, session=True),
         random_case("gru", 1, 24, True, "identity", 90, seed=82, session=True),
         random_case("lstm", 2, 4, True, "sigmoid", 60, seed=83, session=True),
+    ]
+
+
+def wide_cases() -> list[Case]:
+    """Models with a wide head (the logit also reads x's numeric columns)."""
+    return [
+        random_case("rnn", 1, 6, True, "sigmoid", 60, seed=91, session=True, wide=True),
+        random_case("gru", 2, 5, True, "identity", 90, seed=92, wide=True),
+        random_case("lstm", 1, 4, True, "sigmoid", 60, seed=93, session=True, wide=True),
     ]
 
 
@@ -165,13 +175,14 @@ def declared(item_buckets: int) -> list[dict]:
 
 
 def input_case(cell: str, layers: int, hidden: int, head: str, session_gap: float,
-               products: int, seed: int, n: int = 48, session: bool = False) -> Case:  # fmt: skip
+               products: int, seed: int, n: int = 48, session: bool = False,
+               wide: bool = False) -> Case:  # fmt: skip
     """A format 2 model with a numeric, a categorical and an item input, and events whose
     fields repeat items (a pool of `products`), miss some, and carry bad prices."""
     model = random_model(
         TYPES, hidden=hidden, layers=layers, features=SESSION if session else ["gap"],
         embedding_dim=min(8, hidden), head=head, session_gap_seconds=session_gap, seed=seed,
-        cell=cell, inputs=declared(item_buckets=7 if products < 10 else 61),
+        cell=cell, inputs=declared(item_buckets=7 if products < 10 else 61), wide_head=wide,
     )  # fmt: skip
     rng = np.random.default_rng(seed)
     ts = T0 + np.cumsum(rng.integers(1_000, 40_000, n))
@@ -187,7 +198,7 @@ def input_case(cell: str, layers: int, hidden: int, head: str, session_gap: floa
             f["product"] = f"p{int(rng.integers(products))}" if i % 9 != 7 else None
         fields.append(f)
     name = f"inputs-{cell}-L{layers}-H{hidden}-{head}-sg{session_gap:g}-items{products}"
-    name += "-session" if session else ""
+    name += ("-session" if session else "") + ("-wide" if wide else "")
     return Case(name, model, tuple(events), fields=tuple(fields))
 
 
@@ -197,12 +208,14 @@ def input_cases() -> list[Case]:
         input_case("gru", 2, 8, "identity", 90, products=5, seed=102),
         input_case("lstm", 1, 5, "sigmoid", 60, products=3, seed=103),
         input_case("gru", 1, 6, "sigmoid", 60, products=4, seed=105, session=True),
-        # no session resets and many items: the memory fills and drops its oldest
+        input_case("rnn", 1, 5, "sigmoid", 60, products=4, seed=106, session=True, wide=True),
+        input_case("lstm", 2, 4, "identity", 90, products=5, seed=107, wide=True),
+        # no session resets and many items: the memory fills and drops its oldest (kept last)
         input_case("gru", 1, 4, "sigmoid", 0, products=40, seed=104, n=90),
     ]
 
 
-CASES = golden_cases() + random_cases() + session_cases() + calibrated_cases()
+CASES = golden_cases() + random_cases() + session_cases() + wide_cases() + calibrated_cases()
 IDS = [c.name for c in CASES]
 INPUT_CASES = input_cases()
 ALL_CASES = CASES + INPUT_CASES
@@ -339,8 +352,9 @@ def via_step_one(case: Case) -> np.ndarray:
     raw = np.array([
         step_one(sm.weights, h[s], x.type_idx[e], x.x_feat[e], x.reset[e])
         for e, s in enumerate(x.slot)
-    ])  # fmt: skip
-    return sm.calibrated(raw)  # the kernels' raw head, then the artifact's map
+    ], np.float32)  # fmt: skip
+    # the kernels' raw head (a wide head's part added), then the artifact's map
+    return sm.calibrated(sm.headed(raw, x.x_feat))
 
 
 def via_step_batch(case: Case) -> np.ndarray:
@@ -349,7 +363,7 @@ def via_step_batch(case: Case) -> np.ndarray:
     scores = np.empty(len(x.slot), np.float32)
     step_batch(sm.kernel_weights, state, x.slot, x.type_idx, x.x_feat, x.reset, scores,
                sm.scratch(len(x.slot)))  # fmt: skip
-    return sm.calibrated(scores)
+    return sm.calibrated(sm.headed(scores, x.x_feat))
 
 
 def via_advance(case: Case) -> np.ndarray:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from model.artifact import load_model, random_model, save_model
+from model.artifact import WIDE_HEAD, load_model, random_model, save_model, table_rows
 from model.data.rich_shop import rich_shop
 from model.inputs import parse_inputs
 from model.scoring import InMemoryScorer, ScoringModel
@@ -53,9 +53,10 @@ def shop_events(users: int = 5, per_user: int = 9, seed: int = 0, purchases: boo
     return events
 
 
-def float64_model(cell: str, layers: int = 1, seed: int = 1):
+def float64_model(cell: str, layers: int = 1, seed: int = 1, wide: bool = False):
     return random_model(TYPES, hidden=3, layers=layers, features=["gap"], embedding_dim=2,
-                        seed=seed, dtype=np.float64, cell=cell, inputs=INPUTS)  # fmt: skip
+                        seed=seed, dtype=np.float64, cell=cell, inputs=INPUTS,
+                        wide_head=wide)  # fmt: skip
 
 
 def test_sessions_hold_the_inputs_columns_and_buckets():
@@ -93,9 +94,10 @@ def test_training_scores_are_the_scoring_paths(cell):
 
 
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
-@pytest.mark.parametrize("layers", [1, 2])
-def test_input_table_gradients_equal_central_differences(cell, layers):
-    model = float64_model(cell, layers)
+@pytest.mark.parametrize(("layers", "wide"), [(1, False), (2, False), (1, True)])
+def test_input_table_gradients_equal_central_differences(cell, layers, wide):
+    model = float64_model(cell, layers, wide=wide)
+    fixed = set(map(tuple, table_rows(model.meta)[:, None])) if wide else set()
     params = {k: v.copy() for k, v in model.arrays.items()}
     sessions = sessionize(shop_events(users=4, per_user=6), TYPES, ["gap"], 1800, "purchase",
                           INPUTS)  # fmt: skip
@@ -104,10 +106,15 @@ def test_input_table_gradients_equal_central_differences(cell, layers):
     assert set(grads) == set(params)
     assert np.abs(grads["input.brand.embedding"]).max() > 0
     assert np.abs(grads["input.product_id.embedding"]).max() > 0
+    if wide:  # the wide part reads the numeric columns; its table-column rows stay 0
+        w = grads[WIDE_HEAD]
+        assert not w[list(table_rows(model.meta))].any() and w.any()
     eps = 1e-5  # some recurrent gradients are ~1e-5: at 1e-6 rounding takes their digits
     for name, p in params.items():
         numeric = np.zeros_like(p)
         for idx in np.ndindex(p.shape):
+            if name == WIDE_HEAD and idx[:1] in fixed:
+                continue  # not a parameter: the artifact holds these rows at 0
             old = p[idx]
             p[idx] = old + eps
             up, _ = loss_and_gradients(params, batch, bptt=50, inputs=INPUTS)
@@ -298,3 +305,17 @@ def test_input_coverage_and_the_warnings_of_data_a_model_would_misread():
     in_seconds = [e | {"ts": 1_700_000_000 + k} for k, e in enumerate(events)]
     assert "3 of 3 events' ts are before 2000-01-01" in seconds_warning(in_seconds)
     assert seconds_warning([]) is None
+
+
+def test_a_wide_head_trains_its_numeric_columns_and_leaves_the_tables_columns_at_zero():
+    events, _ = rich_shop(users=200, seed=6)
+    result = train(events, shop_config(inputs=SHOP_INPUTS, wide_head=True))
+    model = result.model
+    w = model.arrays["head.W_fq"][:, 0]
+    fixed = table_rows(model.meta)
+    # gap, price (value, missing), brand (3 embedding columns), product (4, then 2 flags)
+    assert w.shape == (1 + 2 + 3 + 4 + 2,) and list(fixed) == [3, 4, 5, 6, 7, 8, 9]
+    assert not w[fixed].any()  # through Adam, clipping and the tables' decay
+    # the gap, the price and the item flags learned; every price is there: its missing flag
+    # never moves
+    assert np.abs(w[[0, 1, 10, 11]]).min() > 0 and w[2] == 0

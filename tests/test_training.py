@@ -24,12 +24,13 @@ from worker.producers.publisher import publish
 
 
 def float64_params(
-    layers: int, n_features: int, n_types: int = 3, hidden: int = 4, seed: int = 1, cell="rnn"
-):
+    layers: int, n_features: int, n_types: int = 3, hidden: int = 4, seed: int = 1, cell="rnn",
+    wide: bool = False,
+):  # fmt: skip
     model = random_model(
         [f"t{i}" for i in range(n_types)], hidden=hidden, layers=layers,
         features=["gap"] if n_features else [], embedding_dim=3, seed=seed, dtype=np.float64,
-        cell=cell,
+        cell=cell, wide_head=wide,
     )  # fmt: skip
     return {k: v.astype(np.float64).copy() for k, v in model.arrays.items()}
 
@@ -46,9 +47,12 @@ def random_batch(n_types: int, n_features: int, lengths=(4, 7, 2), seed: int = 0
 
 
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
-@pytest.mark.parametrize(("layers", "n_features"), [(1, 0), (1, 1), (2, 0), (2, 1)])
-def test_bptt_gradients_equal_central_differences(layers, n_features, cell):
-    params = float64_params(layers, n_features, cell=cell)
+@pytest.mark.parametrize(
+    ("layers", "n_features", "wide"),
+    [(1, 0, False), (1, 1, False), (2, 0, False), (2, 1, False), (2, 1, True)],
+)
+def test_bptt_gradients_equal_central_differences(layers, n_features, cell, wide):
+    params = float64_params(layers, n_features, cell=cell, wide=wide)
     batch = random_batch(3, n_features)
     _, grads = loss_and_gradients(params, batch, bptt=50)  # no truncation: the exact gradient
     # the 2-layer LSTM's layer-0 forget-gate gradients are ~3e-5: at eps 1e-6 their central

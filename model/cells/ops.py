@@ -112,6 +112,20 @@ def score(w, h_top):
     return out
 
 
+@nb.njit(**JIT)
+def wide_head(z, x_feat, w_f, head):
+    """A wide head's scores in place: z (N,) holds each event's deep logit (the kernels run
+    with the identity head), then adds x_feat[e] w_f, each row in one fixed order, and
+    applies the head (sigmoid or identity) as `score` does."""
+    for e in range(z.shape[0]):
+        out = z[e]
+        for j in range(w_f.shape[0]):
+            out += x_feat[e, j] * w_f[j]
+        if head == HEAD_SIGMOID:
+            out = np.float32(1.0) / (np.float32(1.0) + np.exp(-out))
+        z[e] = out
+
+
 @nb.njit(cache=True, error_model="numpy")  # no fastmath: one rounding per step, as written
 def rows_times(A, W, out, m):
     """out[:m] = A[:m] @ W, each row summed in one fixed order. Not BLAS: it picks its

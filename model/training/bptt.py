@@ -181,6 +181,8 @@ def _forward_backward(p, g, types, feats, buckets, mask, labels, bptt, norm):
     dt = p.E.dtype
     lstm = p.cell == CELL_LSTM
     n_cache = 4 * H if p.cell == CELL_GRU else (5 * H if lstm else 1)
+    wide = p.w_f.shape[0] > 0
+    w_x = _over_x(p)
     carry = np.zeros((L, B, H), dt)
     carry_c = np.zeros((L, B, H) if lstm else (1, 1, 1), dt)  # an LSTM's cell states
     loss = 0.0
@@ -204,6 +206,8 @@ def _forward_backward(p, g, types, feats, buckets, mask, labels, bptt, norm):
                 else:
                     _layer_forward(p, layer, inp, Hs[j, layer], Hs[j + 1, layer], Gs[j, layer])
             z = np.dot(Hs[j + 1, L - 1], p.w_q) + p.b_q[0]
+            if wide:
+                z += np.dot(Xs[j], w_x)
             for i in range(B):
                 m = mask[i, s + j]
                 if m != 0.0:
@@ -226,6 +230,8 @@ def _forward_backward(p, g, types, feats, buckets, mask, labels, bptt, norm):
                     dh = dH_next[layer] + np.outer(dz[j], p.w_q)
                     g.w_q[:] += np.dot(h.T, dz[j])
                     g.b_q[0] += dz[j].sum()
+                    if wide:
+                        g.w_f[:] += np.dot(Xs[j].T, dz[j])[D:]
                 else:
                     dh = dH_next[layer] + d_below
                 inp = Xs[j] if layer == 0 else Hs[j + 1, layer - 1]
@@ -246,7 +252,28 @@ def _forward_backward(p, g, types, feats, buckets, mask, labels, bptt, norm):
                     for i in range(B):
                         g.E[types[i, s + j]] += d_inp[i, :D]
                     _input_tables_backward(p, g, buckets, s + j, d_inp)
+    if wide:
+        _without_table_columns(p, g.w_f)
     return loss / norm
+
+
+@nb.njit(cache=True)
+def _over_x(p):
+    """The wide part's weights over all of x (0 on the embedding's columns): one contiguous
+    product per step."""
+    D = p.E.shape[1]
+    w = np.zeros(D + p.w_f.shape[0], p.E.dtype)
+    w[D:] = p.w_f
+    return w
+
+
+@nb.njit(cache=True)
+def _without_table_columns(p, w_f):
+    """Zero the wide part's entries of input-table columns: it reads numeric columns only."""
+    D = p.E.shape[1]
+    for k in range(p.tab_at.shape[0]):
+        dim, col = p.tab_at[k, 1], p.tab_at[k, 2]
+        w_f[col - D : col - D + dim] = 0.0
 
 
 @nb.njit(cache=True)
@@ -264,6 +291,7 @@ def _predict_logits(p, types, feats, buckets):
     gates = np.empty((B, n_cache), dt)
     X = np.empty((B, p.W_x0.shape[0]), dt)
     Z = np.empty((B, T), dt)
+    w_x = _over_x(p)
     for t in range(T):
         _inputs(p, types, feats, buckets, t, X)
         for layer in range(L):
@@ -273,6 +301,8 @@ def _predict_logits(p, types, feats, buckets):
             else:
                 _layer_forward(p, layer, inp, Hc[layer], Hn[layer], gates)
         Z[:, t] = np.dot(Hn[L - 1], p.w_q) + p.b_q[0]
+        if p.w_f.shape[0] > 0:
+            Z[:, t] += np.dot(X, w_x)
         Hc, Hn = Hn, Hc
         Cc, Cn = Cn, Cc
     return Z

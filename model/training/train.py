@@ -136,6 +136,12 @@ class TrainConfig(BaseModel):
     # noise. 3 was chosen among 0, 1, 3, 10 on model/benchmarks/real_shop.py's two datasets, on
     # splits it does not report (BENCHMARKS.md, Real shop events); a model without tables is as
     # before.
+    # A wide part beside the deep one: the head also reads x's numeric columns (features,
+    # input values and flags) straight into the logit, as a logistic regression on them would.
+    wide_head: bool = Field(
+        False, description="the head also reads the features and the inputs' numeric "
+        "columns directly (a wide part beside the recurrent one)",
+    )  # fmt: skip
     input_weight_decay: float = Field(
         3.0, ge=0, description="decoupled weight decay of the declared inputs' embedding "
         "tables (each step scales them by 1 - lr * this; 0: none)",
@@ -308,7 +314,7 @@ def train(
             "cell": m.cell, "hidden": m.hidden, "layers": m.layers,
             "embedding_dim": init.embedding_dim, "features": list(m.features),
             "session_gap_seconds": m.session_gap_seconds, "event_types": list(m.event_types),
-            "inputs": declarations_of(init.inputs),
+            "inputs": declarations_of(init.inputs), "wide_head": m.wide_head,
         })  # fmt: skip
     # Mini-batch products are small: one BLAS thread is as fast on a quiet machine, and
     # OpenBLAS's thread hand-offs cost milliseconds per product on a busy one.
@@ -331,9 +337,12 @@ def _train(
     model = init or random_model(
         types, config.hidden, config.layers, config.features, config.embedding_dim,
         "sigmoid", config.session_gap_seconds, config.seed, cell=config.cell, inputs=inputs,
+        wide_head=config.wide_head,
     )  # fmt: skip
     inputs = model.inputs
     params = pack(model.arrays, config.cell, np.float32, inputs)
+    if init is None:
+        params.w_f[:] = 0.0  # the wide part starts silent: epoch 1 learns it from the data
     optimizer = make_optimizer(config.optimizer, config.lr)
     rng = np.random.default_rng(config.seed)
     valid_batch = [pad(valid_s[i : i + 512], F) for i in range(0, len(valid_s), 512)]

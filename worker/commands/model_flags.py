@@ -54,6 +54,12 @@ def _init_flags(init: argparse.ArgumentParser) -> None:
         "--head", choices=["sigmoid", "identity"], default="sigmoid", help="the output function"
     )
     init.add_argument(
+        "--wide-head",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the head also reads the features and the inputs' numeric columns (a wide part)",
+    )
+    init.add_argument(
         "--session-gap",
         type=float,
         default=1800.0,

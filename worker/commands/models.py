@@ -36,6 +36,7 @@ def cmd_model_init(args: argparse.Namespace) -> int:
         seed=args.seed,
         cell=args.cell,
         inputs=parse_inputs(declared) if declared else None,
+        wide_head=args.wide_head,
     )
     digest = save_model(model, args.out)
     print(f"wrote {args.out} ({model.parameter_count()} parameters, sha256 {digest})")
@@ -50,7 +51,8 @@ def describe_model(model: Model) -> str:
     lines = [
         f"format:        {meta.format}",
         f"cell:          {meta.cell}, {meta.layers} layer(s), hidden {meta.hidden}",
-        f"head:          {meta.head}",
+        f"head:          {meta.head}"
+        + (", wide (reads x's numeric columns)" if meta.wide_head else ""),
         f"event types:   {', '.join(meta.event_types)} (+ reserved row for unknown types)",
         f"features:      {', '.join(meta.features) or '(none)'}",
         f"embedding dim: {model.embedding_dim}",
