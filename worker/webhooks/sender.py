@@ -5,6 +5,7 @@ senders share nothing but the process, so a slow endpoint holds back only its ow
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import heapq
 import itertools
@@ -14,18 +15,18 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import httpx
 import redis
 
 from worker.common.connection import Client, refresh_topology
 from worker.common.keys import Keys
+from worker.webhooks.attempt import Attempt
 from worker.webhooks.backoff import RetrySchedule
 from worker.webhooks.deadletters import add_dead_letter, dead_letter_fields
 from worker.webhooks.endpoints import Endpoint
 from worker.webhooks.group import ActionsGroup, Entry
 from worker.webhooks.metrics import DeliveryMetrics
 from worker.webhooks.payload import Delivery, from_entry
-from worker.webhooks.post import Attempt, send
+from worker.webhooks.post import EndpointClient
 
 log = logging.getLogger("intentstream.webhooks")
 
@@ -61,7 +62,7 @@ class Sender:
         keys: Keys,
         endpoint: Endpoint,
         group: ActionsGroup,
-        http: httpx.Client,
+        http: EndpointClient,
         config: SenderConfig,
         metrics: DeliveryMetrics,
         stop: threading.Event,
@@ -151,12 +152,10 @@ class Sender:
             self._deliver_all([e for e in entries if (e[0], e[1]) not in mine])
 
     def _deliver_all(self, entries: list[Entry]) -> None:
-        for p, eid, _ in entries:
-            self.working[p].add(eid)
+        """Settle the lost and skipped entries; POST the others, as one batch."""
+        batch: list[tuple[Delivery, int]] = []
         for p, eid, fields in entries:
-            if self.stop.is_set():
-                return  # the rest stays pending: this consumer, or another, takes it again
-            self._touch_if_due()
+            self.working[p].add(eid)
             if fields is None:  # trimmed from the stream before it was delivered
                 self._done(p, eid, "lost")
                 log.error(
@@ -172,10 +171,27 @@ class Sender:
             if not self.endpoint.wants(delivery.rule):
                 self._done(p, eid, "skipped")
                 continue
-            self._attempt(delivery, 0)
+            batch.append((delivery, 0))
+        self._send(batch)
 
-    def _attempt(self, delivery: Delivery, failures: int) -> None:
-        attempt = send(self.http, self.endpoint, delivery)
+    def _send(self, batch: list[tuple[Delivery, int]]) -> None:
+        """POST a batch (deliveries with their failures so far) and settle each attempt; one
+        not sent (stopped) stays pending, for this consumer or another to take again."""
+        if not batch:
+            return
+        future = self.http.submit([d for d, _ in batch], self.stop)
+        while True:  # held entries stay marked as worked on through a long batch
+            try:
+                attempts = future.result(timeout=self.config.claim_idle_ms / 3000)
+                break
+            except concurrent.futures.TimeoutError:
+                self._touch_if_due()
+        for (delivery, failures), attempt in zip(batch, attempts, strict=True):
+            if attempt is not None:
+                self._settle(delivery, failures, attempt)
+
+    def _settle(self, delivery: Delivery, failures: int, attempt: Attempt) -> None:
+        """Acknowledge a delivered one; hold a failed one for its retry, or dead-letter it."""
         name = self.endpoint.name
         self.metrics.attempts.labels(name, attempt.result).inc()
         if attempt.ok:
@@ -217,10 +233,12 @@ class Sender:
         heapq.heappush(self.held, _Held(due, next(self._seq), delivery, failures, attempt))
 
     def _retry_due(self) -> None:
-        while self.held and self.held[0].due <= time.time() and not self.stop.is_set():
+        """POST the held deliveries now due, as one batch."""
+        now, batch = time.time(), []
+        while self.held and self.held[0].due <= now:
             held = heapq.heappop(self.held)
-            self._touch_if_due()
-            self._attempt(held.delivery, held.failures)
+            batch.append((held.delivery, held.failures))
+        self._send(batch)
 
     def _done(self, p: int, eid: bytes, outcome: str) -> None:
         """Queue the entry's XACK (sent by _flush) and count its outcome."""
