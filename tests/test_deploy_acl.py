@@ -607,6 +607,10 @@ JOBS: dict[str, list[list[str]]] = {
         ["XPENDING", A0, "webhook:crm"], ["XRANGE", A0, "(1-1", "+", "COUNT", "1"],
         ["XADD", WD, "MAXLEN", "~", "100000", "*", "webhook_id", "x"],
         ["XRANGE", WD, "0-0", "+", "COUNT", "1000"], ["XDEL", WD, "1-1"], ["XLEN", WD],
+        # its retry records (failures, due) of the actions waiting for a retry
+        ["HSET", "intentstream:webhooks:retry:crm:{0}", "1-1", "2:1796520490000"],
+        ["HMGET", "intentstream:webhooks:retry:crm:{0}", "1-1"],
+        ["HDEL", "intentstream:webhooks:retry:crm:{0}", "1-1"],
     ],
 }  # fmt: skip
 # What no role but admin may do: stop, empty or reconfigure anything.

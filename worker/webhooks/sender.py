@@ -27,6 +27,7 @@ from worker.webhooks.group import ActionsGroup, Entry
 from worker.webhooks.metrics import DeliveryMetrics
 from worker.webhooks.payload import Delivery, from_entry
 from worker.webhooks.post import EndpointClient
+from worker.webhooks.retries import RetryBook
 
 log = logging.getLogger("intentstream.webhooks")
 
@@ -50,7 +51,6 @@ class _Held:
     seq: int
     delivery: Delivery = field(compare=False)
     failures: int = field(compare=False)
-    last: Attempt = field(compare=False)
 
 
 class Sender:
@@ -75,6 +75,7 @@ class Sender:
         self.working: dict[int, set[bytes]] = defaultdict(set)  # read, not yet acked
         self.acks: dict[int, list[bytes]] = defaultdict(list)
         self.dead: list[dict[str, object]] = []
+        self.book = RetryBook(keys, endpoint.name)
         self._seq = itertools.count()
         self._started = False
         self._failing = False
@@ -121,7 +122,7 @@ class Sender:
             claimed = self.group.claim_abandoned(self.config.claim_idle_ms, READ_COUNT)
             # a full step: more may wait (a dead deliverer's backlog), take them next round
             self._claimed = now if len(claimed) < READ_COUNT else 0.0
-            self._deliver_all(claimed)
+            self._deliver_all(claimed, pending=True)
         if self.measures_oldest and now - self._measured > OLDEST_EVERY:
             self._measured = now
             self._measure_oldest()
@@ -149,11 +150,16 @@ class Sender:
                 after[p] = eid
             mine = {(h.delivery.partition, h.delivery.entry_id.encode()) for h in self.held}
             mine |= {(p, eid) for p, ids in self.acks.items() for eid in ids}
-            self._deliver_all([e for e in entries if (e[0], e[1]) not in mine])
+            self._deliver_all([e for e in entries if (e[0], e[1]) not in mine], pending=True)
 
-    def _deliver_all(self, entries: list[Entry]) -> None:
-        """Settle the lost and skipped entries; POST the others, as one batch."""
+    def _deliver_all(self, entries: list[Entry], pending: bool = False) -> None:
+        """Settle the lost and skipped entries; POST the others, as one batch. Entries read
+        again (`pending`) go on with the backoff recorded in Redis, if any."""
         batch: list[tuple[Delivery, int]] = []
+        records = (
+            self.book.load(self.client, [(p, e) for p, e, f in entries if f]) if pending else {}
+        )
+        now = time.time()
         for p, eid, fields in entries:
             self.working[p].add(eid)
             if fields is None:  # trimmed from the stream before it was delivered
@@ -171,7 +177,11 @@ class Sender:
             if not self.endpoint.wants(delivery.rule):
                 self._done(p, eid, "skipped")
                 continue
-            batch.append((delivery, 0))
+            failures, due = records.get((p, eid), (0, now))
+            if due > now:
+                heapq.heappush(self.held, _Held(due, next(self._seq), delivery, failures))
+            else:
+                batch.append((delivery, failures))
         self._send(batch)
 
     def _send(self, batch: list[tuple[Delivery, int]]) -> None:
@@ -194,6 +204,9 @@ class Sender:
         """Acknowledge a delivered one; hold a failed one for its retry, or dead-letter it."""
         name = self.endpoint.name
         self.metrics.attempts.labels(name, attempt.result).inc()
+        p, eid = delivery.partition, delivery.entry_id.encode()
+        if failures:
+            self.book.settled(p, eid)  # written again below if it fails once more
         if attempt.ok:
             self.metrics.latency.labels(name).observe(
                 max(time.time() - delivery.committed_ms / 1000, 0.0)
@@ -230,7 +243,8 @@ class Sender:
             )
             return
         due = time.time() + self.config.schedule.wait(failures)
-        heapq.heappush(self.held, _Held(due, next(self._seq), delivery, failures, attempt))
+        heapq.heappush(self.held, _Held(due, next(self._seq), delivery, failures))
+        self.book.failed(p, eid, failures, due)
 
     def _retry_due(self) -> None:
         """POST the held deliveries now due, as one batch."""
@@ -246,14 +260,15 @@ class Sender:
         self.metrics.deliveries.labels(self.endpoint.name, outcome).inc()
 
     def _flush(self) -> None:
-        """The dead letters, then the acknowledgements (XADD before XACK: a crash between
-        them repeats a dead letter, never loses one)."""
-        if not self.dead and not any(self.acks.values()):
+        """The dead letters and the retry records, then the acknowledgements (XADD before
+        XACK: a crash between them repeats a dead letter, never loses one)."""
+        if not self.dead and not self.book.changes and not any(self.acks.values()):
             return
-        if self.dead:
+        if self.dead or self.book.changes:
             pipe = self.client.pipeline(transaction=False)
             for fields in self.dead:
                 add_dead_letter(pipe, self.keys, self.endpoint.name, fields)
+            self.book.queue(pipe)
             pipe.execute()
             self.dead = []
         self.group.ack(self.acks)
