@@ -28,6 +28,7 @@ from worker.webhooks.metrics import DeliveryMetrics
 from worker.webhooks.payload import Delivery, from_entry
 from worker.webhooks.post import EndpointClient
 from worker.webhooks.retries import RetryBook
+from worker.webhooks.trimmed import TrimmedCount
 
 log = logging.getLogger("intentstream.webhooks")
 
@@ -76,6 +77,7 @@ class Sender:
         self.acks: dict[int, list[bytes]] = defaultdict(list)
         self.dead: list[dict[str, object]] = []
         self.book = RetryBook(keys, endpoint.name)
+        self.trimmed = TrimmedCount(client, keys, endpoint.group, len(group.streams))
         self._seq = itertools.count()
         self._started = False
         self._failing = False
@@ -289,6 +291,14 @@ class Sender:
         self.group.touch({p: list(ids) for p, ids in self.working.items()})
 
     def _measure_oldest(self) -> None:
+        """The oldest undelivered action's age, and the actions trimmed before they were read
+        (counted lost: they cannot be delivered)."""
         oldest = self.group.oldest_ms()
         age = 0.0 if oldest is None else max(time.time() - oldest / 1000, 0.0)
         self.metrics.oldest.labels(self.endpoint.name).set(age)
+        for p, lost in self.trimmed.new_losses().items():
+            self.metrics.deliveries.labels(self.endpoint.name, "lost").inc(lost)
+            log.error(
+                "actions trimmed before delivery",
+                extra={"endpoint": self.endpoint.name, "partition": p, "actions": lost},
+            )
