@@ -34,7 +34,7 @@ class _Receiver(asyncio.Protocol):
             end = self.buffer.find(b"\r\n\r\n")
             if end < 0:
                 return
-            head = self.buffer[:end].lower()
+            head = self.buffer[: end + 2].lower()  # each header line ends with CRLF
             size = int(_header(head, b"content-length") or 0)
             if len(self.buffer) < end + 4 + size:
                 return  # the body still coming
