@@ -71,4 +71,6 @@ def test_a_ping_to_a_receiver_that_is_down_exits_1(redis_server):
     assert run_cli("webhooks", "add", "crm", "--url", receiver.url, "--secret", new_secret(),
                    "--redis-url", redis_server.url).returncode == 0  # fmt: skip
     result = run_cli("webhooks", "test", "crm", "--redis-url", redis_server.url)
-    assert result.returncode == 1 and "connection: ConnectError" in result.stdout, result.stdout
+    assert result.returncode == 1 and "connection: ConnectionRefusedError" in result.stdout, (
+        result.stdout
+    )

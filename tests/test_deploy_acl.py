@@ -607,6 +607,14 @@ JOBS: dict[str, list[list[str]]] = {
         ["XPENDING", A0, "webhook:crm"], ["XRANGE", A0, "(1-1", "+", "COUNT", "1"],
         ["XADD", WD, "MAXLEN", "~", "100000", "*", "webhook_id", "x"],
         ["XRANGE", WD, "0-0", "+", "COUNT", "1000"], ["XDEL", WD, "1-1"], ["XLEN", WD],
+        # its retry records (failures, due) of the actions waiting for a retry
+        ["HSET", "intentstream:webhooks:retry:crm:{0}", "1-1", "2:1796520490000"],
+        ["HMGET", "intentstream:webhooks:retry:crm:{0}", "1-1"],
+        ["HDEL", "intentstream:webhooks:retry:crm:{0}", "1-1"],
+        # actions trimmed before the group read them (worker/webhooks/trimmed.py's script)
+        ["SCRIPT", "LOAD", "return 0"], ["EVALSHA", "0" * 40, "1", A0, "webhook:crm"],
+        ["EXISTS", A0], ["XINFO", "STREAM", A0],
+        ["XGROUP", "SETID", A0, "webhook:crm", "1-1", "ENTRIESREAD", "5"],
     ],
 }  # fmt: skip
 # What no role but admin may do: stop, empty or reconfigure anything.
@@ -679,6 +687,10 @@ SHARED |= {("console", " ".join(c)) for c in JOBS["ruler"]} | {
     ("console", f"XPENDING {A0} shop"), ("console", f"XPENDING {A0} webhook:crm"),
     ("shop", f"XINFO GROUPS {A0}"), ("shop", f"XPENDING {A0} webhook:crm 1-1 9-9 10"),
     ("deliverer", f"HGETALL {WH}"), ("deliverer", f"XPENDING {A0} webhook:crm 1-1 9-9 10"),
+    # the deliverer reads a stream's counters as a shop and the console do; the worker runs
+    # scripts on every intentstream key (its commit), the deliverer's among them
+    ("deliverer", f"XINFO STREAM {A0}"), ("worker", "SCRIPT LOAD return 0"),
+    ("worker", f"EVALSHA {'0' * 40} 1 {A0} webhook:crm"),
 }  # fmt: skip
 # Known and documented (docs/deploy.md, "Redis users and TLS"): an ACL cannot restrict arguments, so
 # the worker, which trims history (XTRIM MINID) and records routes, may also trim more and

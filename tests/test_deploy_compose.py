@@ -97,7 +97,7 @@ def test_commands_parse_with_the_real_cli(compose):
 def test_each_job_uses_its_acl_user_with_the_acl_password(compose):
     users = acl_users()
     expected_user = {"worker": "worker", "publish": "producer", "train": "trainer",
-                     "console": "console"}  # fmt: skip
+                     "console": "console", "deliver": "deliverer"}  # fmt: skip
     for name, svc in intentstream_services(compose).items():
         url = urlsplit(svc["environment"]["INTENTSTREAM_REDIS_URL"])
         command = svc["command"][0]
@@ -120,8 +120,9 @@ def test_prometheus_and_grafana_are_provisioned(compose):
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
     targets = config["scrape_configs"][0]["static_configs"][0]["targets"]
-    workers = [n for n, s in intentstream_services(compose).items() if s["command"] == ["worker"]]
-    assert sorted(targets) == sorted(f"{w}:9108" for w in workers)
+    scraped = [n for n, s in intentstream_services(compose).items()
+               if s["command"] in (["worker"], ["deliver"])]  # fmt: skip
+    assert sorted(targets) == sorted(f"{w}:9108" for w in scraped)
     grafana = compose["services"]["grafana"]
     mounts = {v.split(":")[0]: v.split(":")[1] for v in grafana["volumes"]}
     assert mounts["./grafana/dashboards"] == "/var/lib/grafana/dashboards"
@@ -143,3 +144,15 @@ def test_the_console_is_opt_in_and_needs_a_token_of_yours(compose):
     token = console["environment"]["INTENTSTREAM_CONSOLE_TOKEN"]
     assert re.fullmatch(r"\$\{INTENTSTREAM_CONSOLE_TOKEN:\?[^}]+\}", token), "no token in the file"
     assert console["ports"] == ["127.0.0.1:9200:9200"]
+
+
+def test_a_deliverer_under_its_user_scraped_and_given_time_to_stop(compose):
+    services = intentstream_services(compose)
+    (name,) = [n for n, s in services.items() if s["command"] == ["deliver"]]
+    deliverer = services[name]
+    assert urlsplit(deliverer["environment"]["INTENTSTREAM_REDIS_URL"]).username == "deliverer"
+    assert deliverer["environment"]["INTENTSTREAM_CONSUMER"], "a stable consumer name"
+    assert seconds(deliverer["stop_grace_period"]) >= 10, "POSTs in flight end within --timeout"
+    assert deliverer["healthcheck"] == {"disable": True}, "no /healthz: the image's check fails"
+    assert deliverer["ports"] == ["127.0.0.1:9110:9108"]
+    assert deliverer["environment"]["INTENTSTREAM_PARTITIONS"] == "4"

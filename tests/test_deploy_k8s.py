@@ -200,6 +200,9 @@ def test_service_monitor_scrapes_the_metrics_service_as_job_intentstream(objects
     (endpoint,) = spec["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
     assert endpoint["path"] == "/metrics"
+    deliverers = objects[("Service", "intentstream-deliverer-metrics")]
+    assert spec["selector"]["matchLabels"].items() <= deliverers["metadata"]["labels"].items()
+    assert deliverers["spec"]["ports"][0]["name"] == endpoint["port"]
     # the job label is taken from this Service label, which the kustomization sets on every
     # object: the workers' job is "intentstream" on Kubernetes as outside it
     main = yaml.safe_load((K8S / "kustomization.yaml").read_text())
@@ -306,3 +309,29 @@ def test_the_console_has_its_own_deployment_and_service_with_a_read_only_root(ob
     assert service["spec"]["selector"] != worker(objects)["spec"]["selector"]["matchLabels"]
     (port,) = service["spec"]["ports"]
     assert (port["port"], port["targetPort"]) == (9200, "http")
+
+
+def test_the_deliverer_has_its_own_deployment_user_and_metrics_service(objects):
+    deployment = objects[("Deployment", "intentstream-deliverer")]
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(pod)
+    assert c["args"] == ["deliver"]
+    build_parser().parse_args(c["args"])
+    check_redis_env(objects, c, "deliverer")
+    consumer = {e["name"]: e for e in c["env"]}["INTENTSTREAM_CONSUMER"]
+    assert consumer["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", "one per pod"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["metrics"] == int(settings(objects)["INTENTSTREAM_METRICS_PORT"])
+    assert c["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert pod["terminationGracePeriodSeconds"] >= 10
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
+    service = objects[("Service", "intentstream-deliverer-metrics")]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["selector"] != worker(objects)["spec"]["selector"]["matchLabels"]
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["targetPort"]) == ("metrics", "metrics")

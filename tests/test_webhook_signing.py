@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from worker.webhooks.attempt import Attempt
 from worker.webhooks.backoff import RetrySchedule
 from worker.webhooks.endpoints import Endpoint, shown_url
 from worker.webhooks.payload import from_entry
-from worker.webhooks.post import Attempt
 from worker.webhooks.signing import SecretError, masked, new_secret, secret_key, signed_headers
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()

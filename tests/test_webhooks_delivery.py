@@ -209,3 +209,71 @@ def test_past_the_maximum_age_a_dead_letter_then_replay_delivers_it(redis_server
     by_id = check_received(receiver.all(), secret)
     assert Counter(receiver.ok_ids()) == Counter(ids), "the same webhook-ids, once each"
     assert all(len({p.body for p in posts}) == 1 for posts in by_id.values())
+
+
+def retry_record(client) -> tuple[int, float]:
+    """The one action's retry record: its failures and when it is due (epoch seconds)."""
+    record = client.hgetall("intentstream:webhooks:retry:crm:{0}")
+    if not record:
+        return 0, 0.0
+    ((_, value),) = record.items()
+    failures, due_ms = value.decode().split(":")
+    return int(failures), int(due_ms) / 1000
+
+
+def test_a_restarted_deliverer_goes_on_with_the_backoff_kept_in_redis(redis_server, tmp_path):
+    client = redis_server.client()
+    receiver = Receiver(plan=lambda n: "500").start()
+    add_endpoint(redis_server.url, "crm", receiver.url, new_secret())
+    add_actions(client, 1)
+    same = ("--consumer", "d1", "--webhook-retry-cap-seconds", "60")  # waits 1, 2, 4, 8 s
+    first = DelivererProcess(redis_server.url, tmp_path / "first.log", *same).start()
+    try:
+        wait_for(lambda: retry_record(client)[0] >= 3, 60, "three failed attempts recorded")
+    finally:
+        first.kill()  # kill -9: what it held in memory is gone
+    failures, due = retry_record(client)
+    sent = len(receiver.all())
+    assert sent == failures
+    second = DelivererProcess(redis_server.url, tmp_path / "second.log", *same).start()
+    try:  # the same consumer name: it reads its pending entry again at once
+        wait_for(lambda: len(receiver.all()) > sent, 60, "the next attempt")
+        wait_for(lambda: retry_record(client)[0] == failures + 1, 30, "the count going on")
+    finally:
+        second.kill()
+        receiver.stop()
+    after = receiver.all()[sent]
+    assert after.at >= due - 0.05, f"retried {due - after.at:.1f} s before it was due"
+
+
+def test_actions_trimmed_before_they_were_read_are_counted_lost_once(redis_server, tmp_path):
+    client = redis_server.client()
+    receiver = Receiver().start()
+    add_endpoint(redis_server.url, "crm", receiver.url, new_secret())
+    first = add_actions(client, 5)
+    deliverer = DelivererProcess(redis_server.url, tmp_path / "first.log").start()
+    try:
+        wait_for(lambda: delivered_all(receiver, first), 60, "the first actions")
+    finally:
+        assert deliverer.terminate() == 0
+    # while no deliverer runs, the worker's trim (XTRIM MAXLEN) passes unread actions
+    gone = add_actions(client, 15, start=5)
+    kept = add_actions(client, 5, start=20)
+    client.xtrim(ACTIONS0, maxlen=5, approximate=False)
+    deliverer = DelivererProcess(redis_server.url, tmp_path / "second.log").start()
+    port = deliverer.metrics_port
+    try:
+        wait_for(lambda: delivered_all(receiver, kept), 60, "the actions still in the stream")
+        wait_for(lambda: metric(port, "intentstream_webhook_deliveries_total", endpoint="crm",
+                                outcome="lost") >= 15, 30, "the trimmed ones counted")  # fmt: skip
+        (group,) = client.xinfo_groups(ACTIONS0)
+        assert group["lag"] == 0, "its read counter moved past them: counted once"
+        assert metric(port, "intentstream_webhook_deliveries_total", endpoint="crm",
+                      outcome="lost") == 15  # fmt: skip
+        assert deliverer.terminate() == 0
+    finally:
+        deliverer.kill()
+        receiver.stop()
+    assert Counter(receiver.ok_ids()) == Counter(first + kept)
+    assert not set(gone) & set(receiver.ok_ids())
+    assert '"actions": 15' in deliverer.log() and "trimmed before delivery" in deliverer.log()

@@ -24,6 +24,7 @@ class Received:
     headers: dict[str, str]
     body: bytes
     mode: str
+    at: float = 0.0  # time.time() when it arrived
 
     @property
     def webhook_id(self) -> str:
@@ -76,7 +77,7 @@ class Receiver:
     def _record(self, headers: dict[str, str], body: bytes) -> str:
         with self._lock:
             mode = self.plan(len(self.received))
-            self.received.append(Received(headers, body, mode))
+            self.received.append(Received(headers, body, mode, time.time()))
         return mode
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:

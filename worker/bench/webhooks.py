@@ -46,8 +46,9 @@ def cpu_seconds(pid: int) -> float:
 class _Run:
     """A private Redis, the receiver, an endpoint; the deliverer started on demand."""
 
-    def __init__(self, senders: int) -> None:
-        self.senders, self.port = senders, free_port()
+    def __init__(self, senders: int, connections: int | None, exe: str | None) -> None:
+        self.senders, self.connections, self.port = senders, connections, free_port()
+        self.exe = exe or str(Path(sys.executable).parent / "intentstream")
         self.redis = LocalRedis().start()
         self.receiver = subprocess.Popen([sys.executable, "-m", "worker.bench.receiver",
                                           str(self.port)])  # fmt: skip
@@ -62,10 +63,10 @@ class _Run:
                        capture_output=True)  # fmt: skip
 
     def start_deliverer(self) -> None:
-        exe = str(Path(sys.executable).parent / "intentstream")
+        more = [] if self.connections is None else ["--webhook-connections", str(self.connections)]
         self.deliverer = subprocess.Popen(
-            [exe, "deliver", "--redis-url", self.redis.url, "--metrics-port", "0",
-             "--webhook-senders", str(self.senders), "--log-format", "json"],
+            [self.exe, "deliver", "--redis-url", self.redis.url, "--metrics-port", "0",
+             "--webhook-senders", str(self.senders), "--log-format", "json", *more],
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
 
@@ -100,25 +101,27 @@ class _Run:
         self.redis.close()
 
 
-def throughput(actions: int, senders: int) -> str:
-    run = _Run(senders)
+def throughput(actions: int, run: _Run) -> str:
     try:
         run.add(actions)
         run.start_deliverer()
         run.wait_count(1)
-        start, first, cpu0 = time.monotonic(), run.received()["count"], 0.0
-        cpu0 = cpu_seconds(run.deliverer.pid)
+        start, first = time.monotonic(), run.received()["count"]
+        pids = (run.deliverer.pid, run.receiver.pid)
+        cpu0 = [cpu_seconds(pid) for pid in pids]
         run.wait_count(actions)
         seconds = time.monotonic() - start
-        cpu = (cpu_seconds(run.deliverer.pid) - cpu0) / (actions - first)
+        cpu = [
+            (cpu_seconds(pid) - c) / (actions - first) for pid, c in zip(pids, cpu0, strict=True)
+        ]
     finally:
         run.close()
     return (f"backlog of {actions}: {(actions - first) / seconds:,.0f} deliveries/s, "
-            f"deliverer CPU {cpu * 1e6:,.0f} us per delivery")  # fmt: skip
+            f"deliverer CPU {cpu[0] * 1e6:,.0f} us per delivery "
+            f"(receiver {cpu[1] * 1e6:,.0f} us)")  # fmt: skip
 
 
-def latency(rate: float, seconds: float, senders: int) -> str:
-    run = _Run(senders)
+def latency(rate: float, seconds: float, run: _Run) -> str:
     try:
         run.start_deliverer()
         run.add(1)
@@ -146,11 +149,14 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="intentstream bench --webhooks", description=__doc__,
                                 formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("--actions", type=int, default=20_000, help="backlog delivered for the rate")
-    p.add_argument("--senders", type=int, default=4, help="the deliverer's --webhook-senders")
+    p.add_argument("--senders", type=int, default=2, help="the deliverer's --webhook-senders")
+    p.add_argument("--connections", type=int, help="the deliverer's --webhook-connections")
+    p.add_argument("--exe", help="the intentstream to run as the deliverer (another build's, "
+                   "for a before/after in one run; default this one)")  # fmt: skip
     p.add_argument("--rate", type=float, default=1000.0, help="actions/s for the latency")
     p.add_argument("--seconds", type=float, default=10.0, help="how long the fixed rate runs")
     args = p.parse_args(argv)
     print(f"machine: {machine()}")
-    print(throughput(args.actions, args.senders))
-    print(latency(args.rate, args.seconds, args.senders))
+    print(throughput(args.actions, _Run(args.senders, args.connections, args.exe)))
+    print(latency(args.rate, args.seconds, _Run(args.senders, args.connections, args.exe)))
     return 0

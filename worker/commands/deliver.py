@@ -29,9 +29,6 @@ def run_deliver(args: argparse.Namespace) -> int:
         say("error", str(exc), args)
         return 2
     setup_logging(settings.log_format, settings.log_level)
-    # httpx logs every request at INFO with its full URL, which may hold a receiver's token:
-    # the deliverer logs attempts itself, by endpoint name
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     metrics = DeliveryMetrics()
     if settings.metrics_port:
         try:

@@ -33,6 +33,7 @@ DELIVER_FLAGS = [
     "webhook_retry_cap_seconds",
     "webhook_max_age_seconds",
     "webhook_senders",
+    "webhook_connections",
     "webhook_max_held",
     "webhook_claim_idle_seconds",
     "webhook_poll_seconds",
@@ -229,15 +230,14 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     from worker.webhooks.payload import ping
-    from worker.webhooks.post import make_client, send
+    from worker.webhooks.post import post_once
     from worker.webhooks.store import get_endpoint
 
     client, keys = _client(args)
     endpoint = get_endpoint(client, keys, args.name)
     delivery = ping(endpoint.name)
     started = time.monotonic()
-    with make_client(endpoint, 1) as http:
-        attempt = send(http, endpoint, delivery)
+    attempt = post_once(endpoint, delivery)
     ms = (time.monotonic() - started) * 1000
     print(
         f"{endpoint.name}: {attempt.describe()} in {ms:.0f} ms (webhook-id {delivery.webhook_id})"
@@ -248,7 +248,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from worker.rules.definition import parse_duration
     from worker.webhooks.deadletters import drop_dead_letter, read_dead_letters
-    from worker.webhooks.post import make_client, send
+    from worker.webhooks.post import EndpointClient
     from worker.webhooks.store import get_endpoint
 
     since_ms = 0
@@ -257,9 +257,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     client, keys = _client(args)
     endpoint = get_endpoint(client, keys, args.name)
     delivered = failed = 0
-    with make_client(endpoint, 1) as http:
+    with EndpointClient(endpoint, 1) as http:
         for dead in read_dead_letters(client, keys, endpoint.name, since_ms, count=100_000):
-            attempt = send(http, endpoint, dead.delivery)
+            attempt = http.post_all([dead.delivery])[0]
             if attempt.ok:
                 drop_dead_letter(client, keys, endpoint.name, dead.entry_id)
                 delivered += 1

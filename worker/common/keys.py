@@ -168,6 +168,11 @@ class Keys:
         """Hash: endpoint name -> the endpoint's JSON (URL, secret, rules, timeout)."""
         return f"{self.prefix}:webhooks"
 
+    def webhook_retries(self, name: str, p: int) -> str:
+        """Hash: entry id of partition p's actions -> an endpoint's failures and next due ms
+        (deliveries waiting for a retry), in the actions stream's slot."""
+        return f"{self.prefix}:webhooks:retry:{name}:{{{p}}}"
+
     def webhook_deadletter(self, name: str) -> str:
         """Stream of an endpoint's deliveries given up after the maximum age."""
         return f"{self.prefix}:webhooks:deadletter:{name}"

@@ -191,7 +191,13 @@ class DeliverySettings(Settings):
         description="an action still undelivered this long after its commit is dead-lettered",
     )
     webhook_senders: int = Field(
-        4, ge=1, le=256, description="concurrent senders per endpoint (consumers of its group)"
+        2, ge=1, le=256, description="senders per endpoint (consumers of its group, threads)"
+    )
+    webhook_connections: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description="keep-alive connections per endpoint: the POSTs it has in flight at most",
     )
     webhook_max_held: int = Field(
         1000,

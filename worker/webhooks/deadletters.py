@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from worker.common.connection import Client
 from worker.common.keys import Keys
+from worker.webhooks.attempt import Attempt
 from worker.webhooks.payload import Delivery
-from worker.webhooks.post import Attempt
 
 # approximate length each endpoint's dead-letter stream is trimmed to
 DEADLETTER_MAXLEN = 100_000

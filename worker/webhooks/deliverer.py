@@ -1,6 +1,6 @@
 """`intentstream deliver`: follows the endpoints in Redis and runs each one's senders
 (sender.py), each sender a thread with its own Redis connection, each endpoint its own HTTP
-client, until stopped."""
+client (post.py: its connections on an event loop thread), until stopped."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import httpx
 import redis
 
 from worker.common.connection import Client, refresh_topology
@@ -19,7 +18,7 @@ from worker.webhooks.backoff import RetrySchedule
 from worker.webhooks.endpoints import Endpoint, shown_url
 from worker.webhooks.group import ActionsGroup
 from worker.webhooks.metrics import DeliveryMetrics
-from worker.webhooks.post import make_client
+from worker.webhooks.post import EndpointClient
 from worker.webhooks.sender import Sender, SenderConfig
 from worker.webhooks.store import load_endpoints
 
@@ -32,7 +31,7 @@ class _Running:
     def __init__(
         self,
         endpoint: Endpoint,
-        http: httpx.Client,
+        http: EndpointClient,
         threads: list[threading.Thread],
         stop: threading.Event,
     ) -> None:
@@ -109,7 +108,7 @@ class Deliverer:
 
     def _start_endpoint(self, endpoint: Endpoint, partitions: int) -> None:
         n = self.settings.webhook_senders
-        http = make_client(endpoint, n)
+        http = EndpointClient(endpoint, self.settings.webhook_connections)
         stop = threading.Event()
         threads = []
         self.metrics.start(endpoint.name)
@@ -142,6 +141,7 @@ class Deliverer:
                 "endpoint": endpoint.name,
                 "url": shown_url(endpoint.url),
                 "senders": n,
+                "connections": self.settings.webhook_connections,
                 "partitions": partitions,
             },
         )

@@ -5,6 +5,7 @@ senders share nothing but the process, so a slow endpoint holds back only its ow
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import heapq
 import itertools
@@ -14,18 +15,20 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import httpx
 import redis
 
 from worker.common.connection import Client, refresh_topology
 from worker.common.keys import Keys
+from worker.webhooks.attempt import Attempt
 from worker.webhooks.backoff import RetrySchedule
 from worker.webhooks.deadletters import add_dead_letter, dead_letter_fields
 from worker.webhooks.endpoints import Endpoint
 from worker.webhooks.group import ActionsGroup, Entry
 from worker.webhooks.metrics import DeliveryMetrics
 from worker.webhooks.payload import Delivery, from_entry
-from worker.webhooks.post import Attempt, send
+from worker.webhooks.post import EndpointClient
+from worker.webhooks.retries import RetryBook
+from worker.webhooks.trimmed import TrimmedCount
 
 log = logging.getLogger("intentstream.webhooks")
 
@@ -49,7 +52,6 @@ class _Held:
     seq: int
     delivery: Delivery = field(compare=False)
     failures: int = field(compare=False)
-    last: Attempt = field(compare=False)
 
 
 class Sender:
@@ -61,7 +63,7 @@ class Sender:
         keys: Keys,
         endpoint: Endpoint,
         group: ActionsGroup,
-        http: httpx.Client,
+        http: EndpointClient,
         config: SenderConfig,
         metrics: DeliveryMetrics,
         stop: threading.Event,
@@ -74,6 +76,8 @@ class Sender:
         self.working: dict[int, set[bytes]] = defaultdict(set)  # read, not yet acked
         self.acks: dict[int, list[bytes]] = defaultdict(list)
         self.dead: list[dict[str, object]] = []
+        self.book = RetryBook(keys, endpoint.name)
+        self.trimmed = TrimmedCount(client, keys, endpoint.group, len(group.streams))
         self._seq = itertools.count()
         self._started = False
         self._failing = False
@@ -120,7 +124,7 @@ class Sender:
             claimed = self.group.claim_abandoned(self.config.claim_idle_ms, READ_COUNT)
             # a full step: more may wait (a dead deliverer's backlog), take them next round
             self._claimed = now if len(claimed) < READ_COUNT else 0.0
-            self._deliver_all(claimed)
+            self._deliver_all(claimed, pending=True)
         if self.measures_oldest and now - self._measured > OLDEST_EVERY:
             self._measured = now
             self._measure_oldest()
@@ -148,15 +152,18 @@ class Sender:
                 after[p] = eid
             mine = {(h.delivery.partition, h.delivery.entry_id.encode()) for h in self.held}
             mine |= {(p, eid) for p, ids in self.acks.items() for eid in ids}
-            self._deliver_all([e for e in entries if (e[0], e[1]) not in mine])
+            self._deliver_all([e for e in entries if (e[0], e[1]) not in mine], pending=True)
 
-    def _deliver_all(self, entries: list[Entry]) -> None:
-        for p, eid, _ in entries:
-            self.working[p].add(eid)
+    def _deliver_all(self, entries: list[Entry], pending: bool = False) -> None:
+        """Settle the lost and skipped entries; POST the others, as one batch. Entries read
+        again (`pending`) go on with the backoff recorded in Redis, if any."""
+        batch: list[tuple[Delivery, int]] = []
+        records = (
+            self.book.load(self.client, [(p, e) for p, e, f in entries if f]) if pending else {}
+        )
+        now = time.time()
         for p, eid, fields in entries:
-            if self.stop.is_set():
-                return  # the rest stays pending: this consumer, or another, takes it again
-            self._touch_if_due()
+            self.working[p].add(eid)
             if fields is None:  # trimmed from the stream before it was delivered
                 self._done(p, eid, "lost")
                 log.error(
@@ -172,12 +179,36 @@ class Sender:
             if not self.endpoint.wants(delivery.rule):
                 self._done(p, eid, "skipped")
                 continue
-            self._attempt(delivery, 0)
+            failures, due = records.get((p, eid), (0, now))
+            if due > now:
+                heapq.heappush(self.held, _Held(due, next(self._seq), delivery, failures))
+            else:
+                batch.append((delivery, failures))
+        self._send(batch)
 
-    def _attempt(self, delivery: Delivery, failures: int) -> None:
-        attempt = send(self.http, self.endpoint, delivery)
+    def _send(self, batch: list[tuple[Delivery, int]]) -> None:
+        """POST a batch (deliveries with their failures so far) and settle each attempt; one
+        not sent (stopped) stays pending, for this consumer or another to take again."""
+        if not batch:
+            return
+        future = self.http.submit([d for d, _ in batch], self.stop)
+        while True:  # held entries stay marked as worked on through a long batch
+            try:
+                attempts = future.result(timeout=self.config.claim_idle_ms / 3000)
+                break
+            except concurrent.futures.TimeoutError:
+                self._touch_if_due()
+        for (delivery, failures), attempt in zip(batch, attempts, strict=True):
+            if attempt is not None:
+                self._settle(delivery, failures, attempt)
+
+    def _settle(self, delivery: Delivery, failures: int, attempt: Attempt) -> None:
+        """Acknowledge a delivered one; hold a failed one for its retry, or dead-letter it."""
         name = self.endpoint.name
         self.metrics.attempts.labels(name, attempt.result).inc()
+        p, eid = delivery.partition, delivery.entry_id.encode()
+        if failures:
+            self.book.settled(p, eid)  # written again below if it fails once more
         if attempt.ok:
             self.metrics.latency.labels(name).observe(
                 max(time.time() - delivery.committed_ms / 1000, 0.0)
@@ -214,13 +245,16 @@ class Sender:
             )
             return
         due = time.time() + self.config.schedule.wait(failures)
-        heapq.heappush(self.held, _Held(due, next(self._seq), delivery, failures, attempt))
+        heapq.heappush(self.held, _Held(due, next(self._seq), delivery, failures))
+        self.book.failed(p, eid, failures, due)
 
     def _retry_due(self) -> None:
-        while self.held and self.held[0].due <= time.time() and not self.stop.is_set():
+        """POST the held deliveries now due, as one batch."""
+        now, batch = time.time(), []
+        while self.held and self.held[0].due <= now:
             held = heapq.heappop(self.held)
-            self._touch_if_due()
-            self._attempt(held.delivery, held.failures)
+            batch.append((held.delivery, held.failures))
+        self._send(batch)
 
     def _done(self, p: int, eid: bytes, outcome: str) -> None:
         """Queue the entry's XACK (sent by _flush) and count its outcome."""
@@ -228,14 +262,15 @@ class Sender:
         self.metrics.deliveries.labels(self.endpoint.name, outcome).inc()
 
     def _flush(self) -> None:
-        """The dead letters, then the acknowledgements (XADD before XACK: a crash between
-        them repeats a dead letter, never loses one)."""
-        if not self.dead and not any(self.acks.values()):
+        """The dead letters and the retry records, then the acknowledgements (XADD before
+        XACK: a crash between them repeats a dead letter, never loses one)."""
+        if not self.dead and not self.book.changes and not any(self.acks.values()):
             return
-        if self.dead:
+        if self.dead or self.book.changes:
             pipe = self.client.pipeline(transaction=False)
             for fields in self.dead:
                 add_dead_letter(pipe, self.keys, self.endpoint.name, fields)
+            self.book.queue(pipe)
             pipe.execute()
             self.dead = []
         self.group.ack(self.acks)
@@ -256,6 +291,14 @@ class Sender:
         self.group.touch({p: list(ids) for p, ids in self.working.items()})
 
     def _measure_oldest(self) -> None:
+        """The oldest undelivered action's age, and the actions trimmed before they were read
+        (counted lost: they cannot be delivered)."""
         oldest = self.group.oldest_ms()
         age = 0.0 if oldest is None else max(time.time() - oldest / 1000, 0.0)
         self.metrics.oldest.labels(self.endpoint.name).set(age)
+        for p, lost in self.trimmed.new_losses().items():
+            self.metrics.deliveries.labels(self.endpoint.name, "lost").inc(lost)
+            log.error(
+                "actions trimmed before delivery",
+                extra={"endpoint": self.endpoint.name, "partition": p, "actions": lost},
+            )

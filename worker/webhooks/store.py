@@ -52,7 +52,8 @@ def add_endpoint(client: Client, keys: Keys, endpoint: Endpoint, replace: bool =
 
 
 def remove_endpoint(client: Client, keys: Keys, name: str, partitions: int) -> int:
-    """Remove an endpoint, its consumer groups and its dead letters; the groups removed."""
+    """Remove an endpoint, its consumer groups, retry records and dead letters; the groups
+    removed."""
     endpoint = get_endpoint(client, keys, name)
     client.hdel(keys.webhooks, name)
     removed = 0
@@ -63,4 +64,5 @@ def remove_endpoint(client: Client, keys: Keys, name: str, partitions: int) -> i
             if "no such key" not in str(exc).lower():
                 raise
     client.delete(keys.webhook_deadletter(name))
+    client.delete(*(keys.webhook_retries(name, p) for p in range(partitions)))
     return removed
