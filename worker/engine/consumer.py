@@ -54,7 +54,7 @@ from worker.engine.compute.user_states import distinct_users
 from worker.engine.models import Models, tune_gc
 from worker.engine.models import pin_blas as pin_blas  # the bench tunes as run() does
 from worker.engine.partition import PartitionIO, Partitions
-from worker.engine.readahead import Ahead, ReadAhead
+from worker.engine.readahead import Computed, ReadAhead
 from worker.engine.reads import Reads
 from worker.engine.rulebook import Rulebook
 from worker.engine.tally import Tally
@@ -173,22 +173,27 @@ class Consumer:
                 self.tick()
                 self._backoff = 0.0
                 self.health.redis_ok = True
-            except _REDIS_DOWN as exc:
-                self._redis_trouble(f"redis unavailable: {exc}")
-            except redis.ResponseError as exc:
-                if "NOGROUP" in str(exc):
-                    log.warning("consumer group or stream is gone; recreating it",
-                                extra={"error": str(exc)})  # fmt: skip
-                    self.health.group_ok = False
-                    self._groups_missing = True  # recreated in the next round, retried
-                else:
-                    self._redis_trouble(f"unexpected redis reply: {exc}")
             except _PartitionCountChangedError:
                 break
             except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-                # a cluster failing over or resharding, a refused login, ...: retried
-                self._redis_trouble(f"redis error: {type(exc).__name__}: {exc}")
+                self.recover(exc)
         self.shutdown()
+
+    def recover(self, exc: redis.RedisError | redis.exceptions.RedisClusterException) -> None:
+        """What the loop does after a round failed on `exc`: a group found gone is recreated
+        in the next round; anything else (an outage, a failover, a refused login) backs off
+        and retries."""
+        if isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc):
+            log.warning("consumer group or stream is gone; recreating it",
+                        extra={"error": str(exc)})  # fmt: skip
+            self.health.group_ok = False
+            self._groups_missing = True  # recreated in the next round, retried
+        elif isinstance(exc, _REDIS_DOWN):
+            self._redis_trouble(f"redis unavailable: {exc}")
+        elif isinstance(exc, redis.ResponseError):
+            self._redis_trouble(f"unexpected redis reply: {exc}")
+        else:  # a cluster failing over or resharding, a refused login, ...: retried
+            self._redis_trouble(f"redis error: {type(exc).__name__}: {exc}")
 
     def _redis_trouble(self, message: str) -> None:
         self.metrics.redis_errors.inc()
@@ -230,8 +235,24 @@ class Consumer:
     # ---- one round of the loop ---------------------------------------------------------
 
     def tick(self) -> None:
-        """Leases, model, maintenance, one read, and the processing of what it returned."""
+        """One round, as a story: upkeep (groups, leases, models, rules, lost replies), poll
+        (the reads), run what they queued (each batch computed, committed, settled), and
+        maintenance when due."""
         now = time.monotonic()
+        self._upkeep(now)
+        parts = self._readable()
+        if not parts:
+            self._stop.wait(min(1.0, self.s.lease_ms / 3000))
+            return
+        self._poll(parts)
+        self._run_queued()
+        if now - self._last_maintenance > MAINTENANCE_SECONDS:
+            self.maintain(now)
+
+    def _upkeep(self, now: float) -> None:
+        """What a round does before it reads: recreate missing groups, install the
+        producers' function, renew the leases when due, follow the model and the rules,
+        settle commits whose reply was lost."""
         if self._groups_missing:
             self._recreate_groups()
             self._groups_missing = False
@@ -242,15 +263,19 @@ class Consumer:
             # renewing first would only drop them unseen.
             self._process_queued()
             self._renew_leases()
-        self.models.follow()  # between batches
+        self._follow()
+        self._settle()
+
+    def _follow(self) -> None:
+        """Swap in the model and the intent rules now in force (between batches)."""
+        self.models.follow()
         self.reader.input_names = self.models.input_names()
         self.rulebook.follow()
         self.models.rules = self.rulebook.table
-        self._settle()
-        parts = self._readable()
-        if not parts:
-            self._stop.wait(min(1.0, self.s.lease_ms / 3000))
-            return
+
+    def _poll(self, parts: list[int]) -> None:
+        """Read the readable partitions `parts` (those of nodes with nothing queued; on a
+        cluster idle ones park) and queue what came."""
         self.parts.keep_only(parts)
         self.reads.unpark(parts)
         unfed = self.reads.unfed([p for p in parts if p not in self.parked])
@@ -259,38 +284,42 @@ class Consumer:
             self.parts.enqueue(self.reads.by_node(batches))
             self.reads.park(unfed, batches)
         self.reads.collect_parked(parts, self._stop.is_set())
-        for _ in range(self.parts.queued()):  # what is queued now; reads ahead wait a round
+
+    def _run_queued(self) -> None:
+        """Process what is queued now, in order (batches read ahead meanwhile wait a round)."""
+        for _ in range(self.parts.queued()):
             batch = self.parts.pop()
             if batch is None:
                 break  # a failure dropped the rest
-            node = self.nodes.name(batch.partition)
-            on_node = self.nodes.on_node(node, self._readable())
-            still = [p for p in on_node if p not in self.parked]
-            # A commit travels with a read ahead of its node's partitions while at most one
-            # batch of them is queued (and none has to seek back to its last commit first).
-            read_ahead = (
-                self.parts.queued(set(still)) <= 1
-                and bool(still)
-                and not any(self.parts[p].cursor.seeking for p in still)
-            )
-            # The node's next queued batch is computed while Redis runs the commit, even when
-            # another node's comes first in the queue (a node's last batch of a round, its
-            # read ahead queued behind the other nodes'): nothing of its partition commits
-            # before it, so the states read with this commit still hold.
-            upcoming = self.parts.peek(set(on_node) if self.cluster else None)
-            self._guarded(batch.partition, self.process, batch,
-                          still if read_ahead else None, upcoming)  # fmt: skip
-        if now - self._last_maintenance > MAINTENANCE_SECONDS:
-            self._maintain()
-            self._last_maintenance = now
+            self._run_batch(batch)
 
-    def _maintain(self) -> None:
-        """The maintenance tick; an idle partition whose group was moved past what this
-        worker read (entries skipped, which no later traffic may come to reveal) seeks back
-        to its position."""
+    def _run_batch(self, batch: Batch) -> None:
+        """Process one queued batch, its commit carrying what its node reads next."""
+        on_node = self.nodes.on_node(self.nodes.name(batch.partition), self._readable())
+        still = [p for p in on_node if p not in self.parked]
+        # A commit travels with a read ahead of its node's partitions while at most one
+        # batch of them is queued (and none has to seek back to its last commit first).
+        read_ahead = (
+            self.parts.queued(set(still)) <= 1
+            and bool(still)
+            and not any(self.parts[p].cursor.seeking for p in still)
+        )
+        # The node's next queued batch is computed while Redis runs the commit, even when
+        # another node's comes first in the queue (a node's last batch of a round, its read
+        # ahead queued behind the other nodes'): nothing of its partition commits before
+        # it, so the states read with this commit still hold.
+        upcoming = self.parts.peek(set(on_node) if self.cluster else None)
+        self._guarded(batch.partition, self.process, batch,
+                      still if read_ahead else None, upcoming)  # fmt: skip
+
+    def maintain(self, now: float | None = None) -> None:
+        """The maintenance step (every MAINTENANCE_SECONDS of rounds); an idle partition
+        whose group was moved past what this worker read (entries skipped, which no later
+        traffic may come to reveal) seeks back to its position."""
         readable = self._readable()
         for p in self.maintenance.run(readable, self.parts.idle(readable)):
             self.parts[p].forget()
+        self._last_maintenance = time.monotonic() if now is None else now
 
     def _readable(self) -> list[int]:
         """Held partitions not backing off after bad data."""
@@ -406,46 +435,41 @@ class Consumer:
     def _process_once(
         self, batch: Batch, prefetch_for: list[int] | None, upcoming: Batch | None
     ) -> None:
-        p = batch.partition
-        ahead = self._take_ahead(batch)
-        if ahead is not None:
-            states, commit, prepared = ahead.states, ahead.commit, ahead.prepared
-            state_s, model_s = ahead.seconds
-        else:
-            t1 = time.perf_counter()
-            states = self.states.read(p, distinct_users(batch), *self.models.spec())
-            t2 = time.perf_counter()
-            commit = self.models.build(batch, states)
-            prepared = None
-            state_s, model_s = t2 - t1, time.perf_counter() - t2
-        t3 = time.perf_counter()
-        result = self._send(commit, prefetch_for, upcoming, prepared)
-        t4 = time.perf_counter()
-        done, self._written = self._written, None
-        entries = done[1] if done is not None and done[0] is commit else written(commit)
-        self.states.remember(p, result.seq, entries)
-        settled = self.parts[p].settled_by(result)
-        if settled is not None:
-            self.tally.commit(settled)
-        stages = {"state": state_s, "model": model_s, "commit": t4 - t3}
-        self.tally.batch(batch, states, commit, result, stages)
+        """One attempt: compute, commit, settle."""
+        computed = self.compute(batch)
+        t0 = time.perf_counter()
+        result = self.commit(computed.commit, prefetch_for, upcoming, computed.prepared)
+        self._applied(batch, computed, result, time.perf_counter() - t0)
 
-    def _send(
-        self, commit: Commit, prefetch_for: list[int] | None, upcoming: Batch | None = None,
-        prepared: PreparedCommit | None = None,
+    def compute(self, batch: Batch) -> Computed:
+        """The batch's Commit: as computed while the commit before it ran, if it was and
+        still holds (same models and rules), else from its users' states read now."""
+        ahead = self.parts[batch.partition].take_ahead(batch, self.model, self.shadow,
+                                                       self.models.rules)  # fmt: skip
+        if ahead is not None:
+            return Computed(ahead.states, ahead.commit, ahead.prepared, ahead.seconds, True)
+        t1 = time.perf_counter()
+        states = self.states.read(batch.partition, distinct_users(batch), *self.models.spec())
+        t2 = time.perf_counter()
+        commit = self.models.build(batch, states)
+        return Computed(states, commit, None, (t2 - t1, time.perf_counter() - t2), False)
+
+    def commit(
+        self, commit: Commit, prefetch_for: list[int] | None = None,
+        upcoming: Batch | None = None, prepared: PreparedCommit | None = None,
     ) -> CommitResult:  # fmt: skip
         """Apply a Commit, pipelined with a read ahead (prefetch_for) and the states of the
         upcoming batch when given. A reply lost on the way leaves the commit unsettled:
         counted if it applied."""
         try:
-            if prefetch_for or upcoming is not None:  # of the commit's node (see tick)
-                return self._commit_and_prefetch(commit, prefetch_for or [], upcoming, prepared)
+            if prefetch_for or upcoming is not None:  # of the commit's node (see _run_batch)
+                return self._commit_with_reads(commit, prefetch_for or [], upcoming, prepared)
             return self.committer.run(commit, self.nodes.node_client(commit.partition))
         except _REDIS_DOWN:
             self.parts[commit.partition].lost_reply(self.committer.token(commit), commit)
             raise
 
-    def _commit_and_prefetch(
+    def _commit_with_reads(
         self, commit: Commit, parts: list[int], upcoming: Batch | None = None,
         prepared: PreparedCommit | None = None,
     ) -> CommitResult:  # fmt: skip
@@ -481,10 +505,21 @@ class Consumer:
             self.parts[sent.ahead.batch.partition].ahead = sent.ahead
         return result
 
-    def _take_ahead(self, batch: Batch) -> Ahead | None:
-        """The batch as computed ahead, if it was and still holds (same models)."""
-        return self.parts[batch.partition].take_ahead(batch, self.model, self.shadow,
-                                                      self.models.rules)  # fmt: skip
+    def _applied(
+        self, batch: Batch, computed: Computed, result: CommitResult, commit_s: float
+    ) -> None:
+        """Settle a batch whose commit applied: cache the states it wrote, count the
+        commit before it whose reply was lost if this one shows it applied, count it."""
+        p, commit = batch.partition, computed.commit
+        done, self._written = self._written, None
+        entries = done[1] if done is not None and done[0] is commit else written(commit)
+        self.states.remember(p, result.seq, entries)
+        settled = self.parts[p].settled_by(result)
+        if settled is not None:
+            self.tally.commit(settled)
+        state_s, model_s = computed.seconds
+        stages = {"state": state_s, "model": model_s, "commit": commit_s}
+        self.tally.batch(batch, computed.states, commit, result, stages)
 
     # ---- commits whose reply was lost --------------------------------------------------
 
