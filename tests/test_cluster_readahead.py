@@ -35,7 +35,7 @@ def recorded(consumer: Consumer, stale_every: int = 0) -> tuple[list, list]:
     stale_every, every so many exchanges the slot map goes stale just before: the commit's
     slot is mapped to another primary."""
     exchanges, used = [], []
-    exchange, compute = consumer.readahead.exchange, consumer.compute
+    exchange, compute = consumer.readahead.exchange, consumer.flow.compute
 
     def record(node, commit, prepared, plan, cursors, *rest):
         if stale_every and len(exchanges) % stale_every == 0:
@@ -55,7 +55,7 @@ def recorded(consumer: Consumer, stale_every: int = 0) -> tuple[list, list]:
 
     consumer.readahead.exchange = record
     # whether each batch was computed while the commit before it ran
-    consumer.compute = lambda batch: used.append(compute(batch)) or used[-1]
+    consumer.flow.compute = lambda batch: used.append(compute(batch)) or used[-1]
     return exchanges, used
 
 
@@ -197,7 +197,7 @@ def test_commits_sent_alone_on_a_stale_slot_map_are_redirected_and_nothing_doubl
 
     committer._on, committer.run = record, stale_run
     # every commit alone: none pipelined with reads ahead
-    consumer.commit = lambda commit, *_: committer.run(
+    consumer.flow.commit = lambda commit, *_: committer.run(
         commit, consumer.nodes.node_client(commit.partition)
     )
     ticks = 0

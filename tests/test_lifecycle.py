@@ -218,8 +218,8 @@ def test_a_shadow_scores_like_alone_from_cached_and_ahead_computed_states(
     events = list(synthetic_events(1500, 60, seed=4))
     publish(r, events)
     used = []
-    compute = consumer.compute
-    consumer.compute = lambda batch: used.append(compute(batch)) or used[-1]
+    compute = consumer.flow.compute
+    consumer.flow.compute = lambda batch: used.append(compute(batch)) or used[-1]
     ticks = 0
 
     def tick_and_bump() -> bool:

@@ -238,7 +238,7 @@ def test_a_commit_sent_twice_applies_once_and_counts_once(redis_server, golden_p
         assert {k: r.hgetall(k) for k in keys} == state_after_first
         return results[-1]
 
-    consumer.commit = lambda commit, *_: sent_twice(commit)
+    consumer.flow.commit = lambda commit, *_: sent_twice(commit)
     set_rule(r, consumer.keys, make_rule(name="first", above=0.0, rearm_below=0.0))
     for t in GOLDEN_EVENTS:
         r.xadd(STREAM0, {"user_id": "alice", "type": t})
@@ -537,8 +537,8 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
         redis_server.url, model_path, partitions=partitions, batch_size=60
     )
     used = []
-    compute = consumer.compute
-    consumer.compute = lambda batch: used.append(compute(batch)) or used[-1]
+    compute = consumer.flow.compute
+    consumer.flow.compute = lambda batch: used.append(compute(batch)) or used[-1]
     keys = Keys("intentstream")
     ticks = 0
     while consumer.metrics.count("scored") < len(events):
@@ -564,7 +564,7 @@ def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server
     r = connect(redis_server.url)
     consumer = in_process_consumer(redis_server.url, model_path, batch_size=50)
     used, sent = [], [0]
-    compute = consumer.compute
+    compute = consumer.flow.compute
 
     def arrive_then_compute(batch):
         publish(r, events[sent[0] : sent[0] + 12])  # read by this batch's commit
@@ -572,7 +572,7 @@ def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server
         used.append(compute(batch))
         return used[-1]
 
-    consumer.compute = arrive_then_compute
+    consumer.flow.compute = arrive_then_compute
     publish(r, events[:12])
     sent[0] = 12
     keys = Keys("intentstream")

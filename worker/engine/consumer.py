@@ -1,21 +1,25 @@
 """The worker loop, as policy: the round, leases, retries, when to read ahead, model swaps.
 
-One round (`tick`): renew leases (adapters/ownership.py), follow the model source
-(models.py), read a batch per held partition (adapters/streams.py), and per batch: read the
-users' states (adapters/states.py), build the Commit with one kernel call (compute/pipeline.py)
-and apply it atomically and conditionally (adapters/commit.py), counted once (tally.py). Two
-batches are kept known: a commit goes out behind the read of the next batch's states and a
-read of new entries, and while Redis runs it the worker computes the next batch, used only if
-the commit applied (readahead.py). On a Redis Cluster all that is per node (the node of the
-commit's partition, adapters/nodes.py): queued batches are grouped by node, a node is read
-when none of its batches is queued, and idle partitions wait in blocking reads of their own
-(adapters/parked.py). All the worker holds of a partition is a Partition (partition.py),
-forgotten in one call when it may no longer hold.
+One round (`tick`) reads as a story: upkeep (recreate missing groups, renew leases
+(adapters/ownership.py), follow the model source (models.py) and the intent rules, settle
+commits whose reply was lost), poll (a batch per held partition, reads.py), run what is
+queued, and maintenance when due. Each batch is computed, committed and settled by the
+flow (flow.py): its users' states read (adapters/states.py), its Commit built with one
+kernel call (compute/pipeline.py), applied atomically and conditionally
+(adapters/commit.py), counted once (tally.py). Two batches are kept known: a commit goes out
+behind the read of the next batch's states and a read of new entries, and while Redis runs
+it the worker computes the next batch, used only if the commit applied (readahead.py). On a
+Redis Cluster all that is per node (adapters/nodes.py): queued
+batches are grouped by node, a node is read when none of its batches is queued, and idle
+partitions wait in blocking reads of their own (adapters/parked.py). All the worker holds
+of a partition is a Partition (partition.py), forgotten in one call when it may no longer
+hold.
 
 A commit that applied nothing never loses an entry: the partition's next read resumes after
 its last commit (adapters/streams.py), so its entries are read again, in order. Redis
-outages back off and retry; bad data in one partition-wide key stops that partition only (it
-backs off, the log names the key); bad data in a user's state resets that user only.
+outages back off and retry (`recover`); bad data in one partition-wide key stops that
+partition only (it backs off, the log names the key); bad data in a user's state resets
+that user only.
 """
 
 from __future__ import annotations
@@ -32,29 +36,22 @@ from worker.common.connection import is_cluster, refresh_topology
 from worker.common.keys import Keys
 from worker.common.partition_count import PartitionCountError, check_partitions
 from worker.common.settings import Settings
-from worker.engine.adapters.commit import (
-    CommitLimits,
-    CommitRefusedError,
-    CommitResult,
-    Committer,
-    PreparedCommit,
-)
+from worker.engine.adapters.commit import CommitLimits, Committer
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
-from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
+from worker.engine.adapters.nodes import PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.parked import ParkedReads
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.streams import Cursor, PositionError, StreamReader
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.quality import LiveQuality
-from worker.engine.compute.state_cache import CachedState, StateCache, written
-from worker.engine.compute.user_states import distinct_users
+from worker.engine.compute.state_cache import StateCache
+from worker.engine.flow import REDIS_DOWN, BatchFlow, FlowIO
 from worker.engine.models import Models, tune_gc
 from worker.engine.models import pin_blas as pin_blas  # the bench tunes as run() does
 from worker.engine.partition import PartitionIO, Partitions
-from worker.engine.readahead import Computed, ReadAhead
+from worker.engine.readahead import ReadAhead
 from worker.engine.reads import Reads
 from worker.engine.rulebook import Rulebook
 from worker.engine.tally import Tally
@@ -63,9 +60,7 @@ from worker.rules.source import RuleSource
 
 log = logging.getLogger("intentstream.worker")
 
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 MAINTENANCE_SECONDS = 10.0
-CONFLICT_RETRIES = 5
 
 
 class _PartitionCountChangedError(Exception):
@@ -116,8 +111,9 @@ class Consumer:
         self.parts = Partitions(s.partitions, self.cache, io)  # all it holds of each partition
         self.reads = Reads(s, self.reader, self.parked, self.parts, self.nodes, self.metrics,
                            self.cluster)  # fmt: skip
-        # the states the last commit sent ahead writes, made while Redis ran the reads
-        self._written: tuple[Commit, dict[str, CachedState]] | None = None
+        flow = FlowIO(self.parts, self.states, self.models, self.committer, self.readahead,
+                      self.nodes, self.ownership, self.tally, self.metrics)  # fmt: skip
+        self.flow = BatchFlow(s, client, self.cluster, flow, self.rewind, self._guarded)
         self._groups_missing = False  # a read found a group gone (NOGROUP)
         self._last_maintenance = 0.0
         self._backoff = 0.0
@@ -188,7 +184,7 @@ class Consumer:
                         extra={"error": str(exc)})  # fmt: skip
             self.health.group_ok = False
             self._groups_missing = True  # recreated in the next round, retried
-        elif isinstance(exc, _REDIS_DOWN):
+        elif isinstance(exc, REDIS_DOWN):
             self._redis_trouble(f"redis unavailable: {exc}")
         elif isinstance(exc, redis.ResponseError):
             self._redis_trouble(f"unexpected redis reply: {exc}")
@@ -309,7 +305,7 @@ class Consumer:
         # ahead queued behind the other nodes'): nothing of its partition commits before
         # it, so the states read with this commit still hold.
         upcoming = self.parts.peek(set(on_node) if self.cluster else None)
-        self._guarded(batch.partition, self.process, batch,
+        self._guarded(batch.partition, self.flow.process, batch,
                       still if read_ahead else None, upcoming)  # fmt: skip
 
     def maintain(self, now: float | None = None) -> None:
@@ -347,7 +343,7 @@ class Consumer:
         """Process the queued batches of readable partitions, in order, reading no more."""
         while (batch := self.parts.pop()) is not None:
             if batch.partition in self._readable():
-                self._guarded(batch.partition, self.process, batch)
+                self._guarded(batch.partition, self.flow.process, batch)
 
     # ---- ownership ---------------------------------------------------------------------
 
@@ -385,141 +381,6 @@ class Consumer:
             self._guarded(p, self.reader.ensure_group, p)
         self.health.group_ok = True
         self.rewind()
-
-    # ---- one partition batch -----------------------------------------------------------
-
-    def process(
-        self, batch: Batch, prefetch_for: list[int] | None = None, upcoming: Batch | None = None
-    ) -> None:
-        """Score one partition's batch and commit it; recompute on a state conflict. The
-        commit reads ahead for the partitions prefetch_for, and computes `upcoming` (the
-        next batch to process) while Redis runs it."""
-        p = batch.partition
-        for attempt in range(CONFLICT_RETRIES):
-            try:
-                if attempt == 0:
-                    self._process_once(batch, prefetch_for, upcoming)
-                else:
-                    self._process_once(batch, None, None)
-                return
-            except CommitRefusedError as exc:
-                self.cache.drop(p)
-                self.metrics.commit_retries.labels(exc.reason).inc()
-                if not self._refusal_retries(p, exc) or attempt == CONFLICT_RETRIES - 1:
-                    # Not applied: the batch, and any newer one read behind it, are read
-                    # again, in order, after the partition's last commit.
-                    self.parts[p].forget()
-                    return
-
-    def _refusal_retries(self, p: int, exc: CommitRefusedError) -> bool:
-        """Act on a refused commit; True when the batch should be recomputed at once."""
-        reason = exc.reason
-        if reason == "conflict":
-            log.info("state conflict; recomputing the batch", extra={"partition": p})
-            return True
-        if reason == "not_owned":
-            log.warning("partition lease lost before commit", extra={"partition": p})
-            self.parts[p].revoke()
-        elif reason == "bad_key":
-            raise PartitionDataError(p, f"{exc.detail} holds another type; fix or delete it")
-        elif reason == "behind":
-            log.warning("the group was moved back behind the partition's position (an "
-                        "XGROUP SETID?); what it delivered again is not applied again, and "
-                        "the group goes back to the position",
-                        extra={"partition": p, "position": exc.detail})  # fmt: skip
-        else:  # not_next, gap: another commit or reader moved the partition on
-            log.info("batch does not follow the partition's last commit; re-reading in order",
-                     extra={"partition": p, "reason": reason, "detail": exc.detail})  # fmt: skip
-        return False
-
-    def _process_once(
-        self, batch: Batch, prefetch_for: list[int] | None, upcoming: Batch | None
-    ) -> None:
-        """One attempt: compute, commit, settle."""
-        computed = self.compute(batch)
-        t0 = time.perf_counter()
-        result = self.commit(computed.commit, prefetch_for, upcoming, computed.prepared)
-        self._applied(batch, computed, result, time.perf_counter() - t0)
-
-    def compute(self, batch: Batch) -> Computed:
-        """The batch's Commit: as computed while the commit before it ran, if it was and
-        still holds (same models and rules), else from its users' states read now."""
-        ahead = self.parts[batch.partition].take_ahead(batch, self.model, self.shadow,
-                                                       self.models.rules)  # fmt: skip
-        if ahead is not None:
-            return Computed(ahead.states, ahead.commit, ahead.prepared, ahead.seconds, True)
-        t1 = time.perf_counter()
-        states = self.states.read(batch.partition, distinct_users(batch), *self.models.spec())
-        t2 = time.perf_counter()
-        commit = self.models.build(batch, states)
-        return Computed(states, commit, None, (t2 - t1, time.perf_counter() - t2), False)
-
-    def commit(
-        self, commit: Commit, prefetch_for: list[int] | None = None,
-        upcoming: Batch | None = None, prepared: PreparedCommit | None = None,
-    ) -> CommitResult:  # fmt: skip
-        """Apply a Commit, pipelined with a read ahead (prefetch_for) and the states of the
-        upcoming batch when given. A reply lost on the way leaves the commit unsettled:
-        counted if it applied."""
-        try:
-            if prefetch_for or upcoming is not None:  # of the commit's node (see _run_batch)
-                return self._commit_with_reads(commit, prefetch_for or [], upcoming, prepared)
-            return self.committer.run(commit, self.nodes.node_client(commit.partition))
-        except _REDIS_DOWN:
-            self.parts[commit.partition].lost_reply(self.committer.token(commit), commit)
-            raise
-
-    def _commit_with_reads(
-        self, commit: Commit, parts: list[int], upcoming: Batch | None = None,
-        prepared: PreparedCommit | None = None,
-    ) -> CommitResult:  # fmt: skip
-        """The commit pipelined with a read of new entries of `parts` and of the upcoming
-        batch's states, which is computed while Redis runs the commit (readahead.py) and
-        kept if it applied. Any failure rewinds: what was read is read again, in order."""
-        plan = None
-        if upcoming is not None and upcoming.partition in self.ownership.owned:
-            plan = self.readahead.plan(commit, upcoming)
-        cursors = [self.parts[p].cursor for p in parts]
-        # keep two batches of the node known
-        count = self.s.batch_size * (1 if self.parts.queued(set(parts)) else 2)
-        try:
-            node = self.nodes.client(commit.partition)
-            sent = self.readahead.exchange(
-                node, commit, prepared, plan, cursors, count, self.s.batch_size, self.models
-            )
-        except REDIRECTS as exc:
-            # The node no longer serves the commit's slot (a resharding, a failover): the
-            # commit did not run. Sent again to the slot's node by a fresh slot map (a slot
-            # still migrating is retried after a backoff); what was read is read again.
-            log.info("commit redirected; sent to the slot's node",
-                     extra={"partition": commit.partition, "error": str(exc)})  # fmt: skip
-            self.rewind()
-            return self.committer.run(commit)
-        except BaseException:
-            self.rewind()
-            raise
-        self._written = (commit, sent.written)
-        self.parts.enqueue(sent.batches)
-        result = sent.settle()
-        if sent.ahead is not None:
-            self.parts[sent.ahead.batch.partition].ahead = sent.ahead
-        return result
-
-    def _applied(
-        self, batch: Batch, computed: Computed, result: CommitResult, commit_s: float
-    ) -> None:
-        """Settle a batch whose commit applied: cache the states it wrote, count the
-        commit before it whose reply was lost if this one shows it applied, count it."""
-        p, commit = batch.partition, computed.commit
-        done, self._written = self._written, None
-        entries = done[1] if done is not None and done[0] is commit else written(commit)
-        self.states.remember(p, result.seq, entries)
-        settled = self.parts[p].settled_by(result)
-        if settled is not None:
-            self.tally.commit(settled)
-        state_s, model_s = computed.seconds
-        stages = {"state": state_s, "model": model_s, "commit": commit_s}
-        self.tally.batch(batch, computed.states, commit, result, stages)
 
     # ---- commits whose reply was lost --------------------------------------------------
 
