@@ -55,7 +55,7 @@ def recorded(consumer: Consumer, stale_every: int = 0) -> tuple[list, list]:
 
     consumer.readahead.exchange = record
     # whether each batch was computed while the commit before it ran
-    consumer.flow.compute = lambda batch: used.append(compute(batch)) or used[-1]
+    consumer.flow.compute = lambda batch, *a: used.append(compute(batch, *a)) or used[-1]
     return exchanges, used
 
 

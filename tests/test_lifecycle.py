@@ -219,7 +219,7 @@ def test_a_shadow_scores_like_alone_from_cached_and_ahead_computed_states(
     publish(r, events)
     used = []
     compute = consumer.flow.compute
-    consumer.flow.compute = lambda batch: used.append(compute(batch)) or used[-1]
+    consumer.flow.compute = lambda batch, *a: used.append(compute(batch, *a)) or used[-1]
     ticks = 0
 
     def tick_and_bump() -> bool:

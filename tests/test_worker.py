@@ -538,7 +538,7 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
     )
     used = []
     compute = consumer.flow.compute
-    consumer.flow.compute = lambda batch: used.append(compute(batch)) or used[-1]
+    consumer.flow.compute = lambda batch, *a: used.append(compute(batch, *a)) or used[-1]
     keys = Keys("intentstream")
     ticks = 0
     while consumer.metrics.count("scored") < len(events):
@@ -566,10 +566,10 @@ def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server
     used, sent = [], [0]
     compute = consumer.flow.compute
 
-    def arrive_then_compute(batch):
+    def arrive_then_compute(batch, *read):
         publish(r, events[sent[0] : sent[0] + 12])  # read by this batch's commit
         sent[0] += 12
-        used.append(compute(batch))
+        used.append(compute(batch, *read))
         return used[-1]
 
     consumer.flow.compute = arrive_then_compute

@@ -8,8 +8,10 @@ flow (flow.py): its users' states read (adapters/states.py), its Commit built wi
 kernel call (compute/pipeline.py), applied atomically and conditionally
 (adapters/commit.py), counted once (tally.py). Two batches are kept known: a commit goes out
 behind the read of the next batch's states and a read of new entries, and while Redis runs
-it the worker computes the next batch, used only if the commit applied (readahead.py). On a
-Redis Cluster all that is per node (adapters/nodes.py): queued
+it the worker computes the next batch, used only if the commit applied (readahead.py). At
+low traffic a node's short batches of several partitions commit together instead, in two
+round trips for all (adapters/together.py), so the latency does not grow with the
+partitions held. On a Redis Cluster all that is per node (adapters/nodes.py): queued
 batches are grouped by node, a node is read when none of its batches is queued, and idle
 partitions wait in blocking reads of their own (adapters/parked.py). All the worker holds
 of a partition is a Partition (partition.py), forgotten in one call when it may no longer
@@ -44,6 +46,7 @@ from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.parked import ParkedReads
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.streams import Cursor, PositionError, StreamReader
+from worker.engine.adapters.together import Together
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.state_cache import StateCache
@@ -104,6 +107,7 @@ class Consumer:
         self.committer = Committer(client, self.keys, self.holder, limits,
                                    s.layout, self.nodes)  # fmt: skip
         self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
+        self.together = Together(self.states, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
         self.tally = Tally(self.metrics, self.quality)
@@ -112,7 +116,8 @@ class Consumer:
         self.reads = Reads(s, self.reader, self.parked, self.parts, self.nodes, self.metrics,
                            self.cluster)  # fmt: skip
         flow = FlowIO(self.parts, self.states, self.models, self.committer, self.readahead,
-                      self.nodes, self.ownership, self.tally, self.metrics)  # fmt: skip
+                      self.together, self.nodes, self.ownership, self.tally,
+                      self.metrics)  # fmt: skip
         self.flow = BatchFlow(s, client, self.cluster, flow, self.rewind, self._guarded)
         self._groups_missing = False  # a read found a group gone (NOGROUP)
         self._last_maintenance = 0.0
@@ -241,6 +246,8 @@ class Consumer:
             self._stop.wait(min(1.0, self.s.lease_ms / 3000))
             return
         self._poll(parts)
+        for batches in self._low_traffic():
+            self.flow.together(batches)
         self._run_queued()
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
             self.maintain(now)
@@ -280,6 +287,23 @@ class Consumer:
             self.parts.enqueue(self.reads.by_node(batches))
             self.reads.park(unfed, batches)
         self.reads.collect_parked(parts, self._stop.is_set())
+
+    def _low_traffic(self) -> list[list[Batch]]:
+        """The queued batches that commit together, by node, taken off the queue: a node's
+        when it has two or more queued, all short of a full read, each its partition's only
+        one, none computed ahead (a backlog keeps computing ahead, one batch at a time)."""
+        by_node: dict[str, list[int]] = {}
+        for p in sorted(self.parts.busy()):
+            by_node.setdefault(self.nodes.name(p), []).append(p)
+        groups = []
+        for numbers in by_node.values():
+            parts = [self.parts[p] for p in numbers]
+            if len(parts) >= 2 and all(
+                len(part.queued) == 1 and len(part.queued[0][1]) < self.s.batch_size
+                and part.ahead is None and not part.cursor.seeking for part in parts
+            ):  # fmt: skip
+                groups.append([self.parts.take(part.number) for part in parts])
+        return groups
 
     def _run_queued(self) -> None:
         """Process what is queued now, in order (batches read ahead meanwhile wait a round)."""

@@ -1,7 +1,9 @@
-"""A batch's way through the worker: compute, commit, settle, its commit pipelined with the
-reads that keep its node's next batch known (readahead.py). A refused commit is recomputed
-(a conflict) or its partition forgotten and read again in order; a lost reply leaves the
-commit unsettled, counted once Redis shows it applied (partition.py).
+"""A batch's way through the worker: compute, commit, settle. Alone, its commit pipelined
+with the reads that keep its node's next batch known (readahead.py); at low traffic, with its
+node's other batches of the round, their states read and their commits sent together
+(adapters/together.py). A refused commit is recomputed (a conflict) or its partition
+forgotten and read again in order; a lost reply leaves the commit unsettled, counted once
+Redis shows it applied (partition.py).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.states import PartitionDataError, StateReader
+from worker.engine.adapters.together import Outcome, Together
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.state_cache import CachedState, written
-from worker.engine.compute.user_states import distinct_users
+from worker.engine.compute.user_states import UserStates, distinct_users
 from worker.engine.models import Models
 from worker.engine.partition import Partitions
 from worker.engine.readahead import Computed, ReadAhead
@@ -49,6 +52,7 @@ class FlowIO:
     models: Models
     committer: Committer
     readahead: ReadAhead
+    together: Together
     nodes: PartitionNodes
     ownership: Ownership
     tally: Tally
@@ -131,19 +135,71 @@ class BatchFlow:
         result = self.commit(computed.commit, prefetch_for, upcoming, computed.prepared)
         self._applied(batch, computed, result, time.perf_counter() - t0)
 
-    def compute(self, batch: Batch) -> Computed:
+    def compute(self, batch: Batch, read: tuple[UserStates, float] | None = None) -> Computed:
         """The batch's Commit: as computed while the commit before it ran, if it was and
-        still holds (same models and rules), else from its users' states read now."""
+        still holds (same models and rules), else from its users' states: `read` (states
+        read with other batches', and the seconds taken) or read now."""
         models = self.io.models
         ahead = self.io.parts[batch.partition].take_ahead(batch, models.current, models.shadow,
                                                           models.rules)  # fmt: skip
         if ahead is not None:
             return Computed(ahead.states, ahead.commit, ahead.prepared, ahead.seconds, True)
         t1 = time.perf_counter()
-        states = self.io.states.read(batch.partition, distinct_users(batch), *models.spec())
+        if read is None:
+            p, users = batch.partition, distinct_users(batch)
+            read = self.io.states.read(p, users, *self.io.models.spec()), time.perf_counter() - t1
+        states, state_s = read
         t2 = time.perf_counter()
-        commit = models.build(batch, states)
-        return Computed(states, commit, None, (t2 - t1, time.perf_counter() - t2), False)
+        commit = self.io.models.build(batch, states)
+        return Computed(states, commit, None, (state_s, time.perf_counter() - t2), False)
+
+    def together(self, batches: list[Batch]) -> None:
+        """A node's batches at low traffic (Consumer._low_traffic): their states read in one
+        round trip, their commits sent in two (adapters/together.py), each then settled as
+        if sent alone; one that could not go with them is processed alone after."""
+        client = self.io.nodes.node_client(batches[0].partition) if self.cluster else self.r
+        alone: list[Batch] = []
+        if client is not None:
+            t0 = time.perf_counter()
+            states = self.io.together.read_states(client, batches, *self.io.models.spec())
+            state_s = (time.perf_counter() - t0) / len(batches)
+            ready = [(b, self.compute(b, (st, state_s))) for b, st in
+                     zip(batches, states, strict=True) if st is not None]  # fmt: skip
+            alone = [b for b, st in zip(batches, states, strict=True) if st is None]
+            t1 = time.perf_counter()
+            outcomes = self.io.together.commit(client, [(c.commit, c.prepared) for _, c in ready])
+            commit_s = time.perf_counter() - t1
+            failed: redis.RedisError | None = None
+            for (batch, computed), outcome in zip(ready, outcomes, strict=True):
+                try:  # every applied commit is counted before an error is raised
+                    self._guarded(batch.partition, self._settle_together, batch, computed,
+                                  outcome, commit_s, alone)  # fmt: skip
+                except redis.RedisError as exc:
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
+        for batch in batches if client is None else alone:
+            self._guarded(batch.partition, self.process, batch)
+
+    def _settle_together(
+        self, batch: Batch, computed: Computed, outcome: Outcome, commit_s: float,
+        alone: list[Batch],
+    ) -> None:  # fmt: skip
+        """One commit sent with others: settled as `process` would; a batch refused for a
+        conflict or redirected goes into `alone`; a lost connection leaves the commit
+        unsettled and is raised (the loop backs off and rewinds)."""
+        p, commit = batch.partition, computed.commit
+        if isinstance(outcome, CommitResult):
+            self._applied(batch, computed, outcome, commit_s)
+        elif isinstance(outcome, CommitRefusedError):
+            if self._refused(p, outcome, last=False):
+                alone.append(batch)
+        elif isinstance(outcome, REDIRECTS):
+            alone.append(batch)  # sent alone, to the slot's node by a fresh slot map
+        else:
+            if isinstance(outcome, REDIS_DOWN):
+                self.io.parts[p].lost_reply(self.io.committer.token(commit), commit)
+            raise outcome
 
     def commit(
         self, commit: Commit, prefetch_for: list[int] | None = None,
