@@ -419,6 +419,8 @@ class Committer:
             return verdict.result
         prepared = prepared or self.prepare(c)
         command, n = self.transaction(c, prepared, verdict.seed, verdict.entries)
+        if sum(map(len, command)) < 65536:  # one send (a system call) rather than one a chunk
+            command = [b"".join(command)]
         conn.send_packed_command(command)
         return Sent(c, prepared, n)
 

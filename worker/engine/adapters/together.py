@@ -87,6 +87,8 @@ class Together:
             conns = [pool.get_connection() for _ in commits]
             for i, (packed, _) in enumerate(checks):
                 _step(outcomes, conns, i, conns[i].send_packed_command, [packed])
+            # packed while Redis runs the checks, rather than between their replies
+            commits = [(c, prepared or self.committer.prepare(c)) for c, prepared in commits]
             for i, ((c, prepared), (_, n)) in enumerate(zip(commits, checks, strict=True)):
                 _step(outcomes, conns, i, self._judged, conns[i], c, prepared, n)
             for i in range(len(commits)):
