@@ -5,6 +5,7 @@ own: a refused, conflicting or lost commit among them leaves the others applied 
 from __future__ import annotations
 
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -128,4 +129,33 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     assert consumer.metrics.count("scored") == len(events)
     assert consumer.metrics.count("duplicate") == 0
     assert_scored_once_as_offline(r, events, model_path)
+    consumer.close()
+
+
+def blocked_in_a_read(r) -> bool:
+    """Whether a client of the server waits in a blocking XREADGROUP."""
+    return any(c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "") for c in r.client_list())
+
+
+def test_a_read_woken_by_one_entry_brings_what_was_sent_with_it_into_the_same_round(
+    redis_server, model_path
+):
+    """Redis answers a blocked read at a producer's first XADD, with that entry alone; the
+    entries pipelined with it on the other partitions are read at once and commit in the
+    same round, not the next."""
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, model_path, partitions=P, block_ms=3000)
+    first = {"user_id": "w", "type": "view", "event_id": "w0"}
+    publish(r, [first], partitions=P)
+    wait_for(lambda: consumer.tick() or consumer.metrics.count("scored") == 1, what="warm-up")
+    events = one_event_per_partition()
+    round_ = threading.Thread(target=consumer.tick)
+    round_.start()
+    try:
+        wait_for(lambda: blocked_in_a_read(r), what="the round's blocking read")
+        publish(r, events, partitions=P)  # one pipeline: the read wakes at its first XADD
+    finally:
+        round_.join()
+    assert consumer.metrics.count("scored") == 1 + P  # all of them in that one round
+    assert_scored_once_as_offline(r, [first, *events], model_path)
     consumer.close()
