@@ -170,7 +170,7 @@ def test_after_a_master_is_killed_the_retry_reaches_the_promoted_replica_on_ever
     # under load, already came first)
     with contextlib.suppress(redis.ConnectionError):
         consumer.ownership.renew()
-    consumer._redis_trouble("redis unavailable: test")  # what the loop does after an error
+    consumer.recover(redis.ConnectionError("test"))  # what the loop does after an outage
     assert client.get_node_from_key(key).name != old
     changes = consumer.ownership.renew()
     assert sorted(consumer.ownership.owned) == list(range(P)) and not changes.lost

@@ -35,7 +35,7 @@ def recorded(consumer: Consumer, stale_every: int = 0) -> tuple[list, list]:
     stale_every, every so many exchanges the slot map goes stale just before: the commit's
     slot is mapped to another primary."""
     exchanges, used = [], []
-    exchange, take = consumer.readahead.exchange, consumer._take_ahead
+    exchange, compute = consumer.readahead.exchange, consumer.flow.compute
 
     def record(node, commit, prepared, plan, cursors, *rest):
         if stale_every and len(exchanges) % stale_every == 0:
@@ -54,7 +54,8 @@ def recorded(consumer: Consumer, stale_every: int = 0) -> tuple[list, list]:
         return sent
 
     consumer.readahead.exchange = record
-    consumer._take_ahead = lambda batch: used.append(take(batch)) or used[-1]
+    # whether each batch was computed while the commit before it ran
+    consumer.flow.compute = lambda batch, *a: used.append(compute(batch, *a)) or used[-1]
     return exchanges, used
 
 
@@ -85,7 +86,7 @@ def test_commits_read_ahead_on_their_node_only(cluster, model_path):
         consumer.tick()
         ticks += 1
         assert ticks < 5_000, "stuck"
-    assert len(exchanges) > 20 and sum(a is not None for a in used) > 10
+    assert len(exchanges) > 20 and sum(c.ahead for c in used) > 10
     for node, read in exchanges:
         assert read <= {node}, "a read ahead went to another node than its commit's"
     assert_scored_once_as_offline(r, events, model_path)
@@ -108,7 +109,7 @@ def test_each_nodes_next_batch_is_computed_ahead_behind_other_nodes_batches(clus
         ticks += 1
         assert ticks < 5_000, "stuck"
     batches = len(used)
-    computed_ahead = sum(a is not None for a in used)
+    computed_ahead = sum(c.ahead for c in used)
     assert batches > 3 * P
     # each node's first batch is computed in line; a node whose partitions all wait in
     # blocking reads at the backlog's end may send one alone. Before the node's next batch
@@ -196,7 +197,7 @@ def test_commits_sent_alone_on_a_stale_slot_map_are_redirected_and_nothing_doubl
 
     committer._on, committer.run = record, stale_run
     # every commit alone: none pipelined with reads ahead
-    consumer._commit_and_prefetch = lambda commit, *_: committer.run(
+    consumer.flow.commit = lambda commit, *_: committer.run(
         commit, consumer.nodes.node_client(commit.partition)
     )
     ticks = 0

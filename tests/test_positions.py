@@ -166,13 +166,13 @@ def test_entries_skipped_by_the_group_are_read_without_traffic(redis_server, gol
     for _ in range(3):  # idle rounds: nothing is delivered
         consumer.tick()
     assert count_scores(r) == 3
-    consumer._last_maintenance = 0.0  # the maintenance cadence comes round
     consumer.tick()
+    consumer.maintain()  # the maintenance cadence comes round
     assert lag(consumer) == 7  # undelivered (0) and skipped (7)
     watch.settle()
     assert count_scores(r) == 10
-    consumer._last_maintenance = 0.0
     consumer.tick()
+    consumer.maintain()
     assert lag(consumer) == 0
     consumer.close()
 
@@ -229,10 +229,10 @@ def test_entries_trimmed_while_no_worker_runs_are_counted_by_the_next(redis_serv
         r.xadd(STREAM0, {"user_id": f"t{i}", "type": "view"}, maxlen=5, approximate=False)
     second = in_process_consumer(redis_server.url, golden_path, block_ms=50)
     Watch(r, second).settle()
-    second._last_maintenance = 0.0
     second.tick()
-    second._last_maintenance = 0.0
+    second.maintain()
     second.tick()
+    second.maintain()
     assert lost(second, "trimmed") == 5 and count_scores(r) == 8
     second.close()
 

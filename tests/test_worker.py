@@ -238,7 +238,7 @@ def test_a_commit_sent_twice_applies_once_and_counts_once(redis_server, golden_p
         assert {k: r.hgetall(k) for k in keys} == state_after_first
         return results[-1]
 
-    consumer._send = lambda commit, *_: sent_twice(commit)
+    consumer.flow.commit = lambda commit, *_: sent_twice(commit)
     set_rule(r, consumer.keys, make_rule(name="first", above=0.0, rearm_below=0.0))
     for t in GOLDEN_EVENTS:
         r.xadd(STREAM0, {"user_id": "alice", "type": t})
@@ -485,9 +485,9 @@ def test_group_recreated_after_the_last_acknowledged_entry(redis_server, golden_
     for _ in range(3):
         try:
             consumer.tick()
-        except redis.ResponseError as exc:  # run() recreates the group in its next round
+        except redis.ResponseError as exc:  # recreated in the next round, as run() does
             assert "NOGROUP" in str(exc)
-            consumer._recreate_groups()
+            consumer.recover(exc)
     assert r.xlen("intentstream:deadletter:{0}") == 1  # not replayed
     assert [x["user_id"] for x in score_entries(r)] == ["a", "b"]
 
@@ -537,8 +537,8 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
         redis_server.url, model_path, partitions=partitions, batch_size=60
     )
     used = []
-    take = consumer._take_ahead
-    consumer._take_ahead = lambda batch: used.append(take(batch)) or used[-1]
+    compute = consumer.flow.compute
+    consumer.flow.compute = lambda batch, *a: used.append(compute(batch, *a)) or used[-1]
     keys = Keys("intentstream")
     ticks = 0
     while consumer.metrics.count("scored") < len(events):
@@ -549,7 +549,7 @@ def test_batches_computed_ahead_score_as_offline_when_commits_between_refuse_the
         if ticks % 7 == 0:
             r.script_flush()
         assert ticks < 10_000, "stuck"
-    assert sum(a is not None for a in used) > 10  # most batches were computed ahead
+    assert sum(c.ahead for c in used) > 10  # most batches were computed ahead
     retries = consumer.metrics.value
     assert retries("intentstream_commit_retries_total", reason="conflict") > 0
     assert_each_scored_once_as_offline(r, consumer, model_path, events, partitions)
@@ -564,15 +564,15 @@ def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server
     r = connect(redis_server.url)
     consumer = in_process_consumer(redis_server.url, model_path, batch_size=50)
     used, sent = [], [0]
-    take = consumer._take_ahead
+    compute = consumer.flow.compute
 
-    def arrive_then_take(batch):
+    def arrive_then_compute(batch, *read):
         publish(r, events[sent[0] : sent[0] + 12])  # read by this batch's commit
         sent[0] += 12
-        used.append(take(batch))
+        used.append(compute(batch, *read))
         return used[-1]
 
-    consumer._take_ahead = arrive_then_take
+    consumer.flow.compute = arrive_then_compute
     publish(r, events[:12])
     sent[0] = 12
     keys = Keys("intentstream")
@@ -583,7 +583,7 @@ def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server
         if ticks % 9 == 0:
             r.incr(keys.commit_seq(0))  # another writer moved it on
         assert ticks < 5_000, "stuck"
-    assert sum(a is not None for a in used) > 10  # computed during the commit before them
+    assert sum(c.ahead for c in used) > 10  # computed during the commit before them
     assert consumer.metrics.value("intentstream_commit_retries_total", reason="conflict") > 0
     assert_each_scored_once_as_offline(r, consumer, model_path, events)
 

@@ -132,7 +132,7 @@ def test_counters_are_exact_when_commit_replies_are_lost(redis_server, golden_pa
         return send_then_lose_the_reply
 
     consumer.committer.run = losing(consumer.committer.run)
-    consumer._commit_and_prefetch = losing(consumer._commit_and_prefetch)
+    consumer.readahead.exchange = losing(consumer.readahead.exchange)
     # fires at each user's first event, and never re-arms: one action per user, exactly
     set_rule(r, KEYS, make_rule(name="first", above=0.0, rearm_below=0.0))
     publish(r, [{"user_id": f"u{i % 5}", "type": "view"} for i in range(100)])

@@ -222,7 +222,8 @@ def run_one(servers: Servers, n: int, args, events: list, model: Path, logs: Pat
             redis_cpu(servers.replicas()),
         )
         rate = len(events) / seconds
-        lat = latency_phase(client, args, rate * args.latency_load, procs)
+        fixed = args.latency_rate
+        lat = latency_phase(client, args, fixed or rate * args.latency_load, procs)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -297,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="OPENBLAS_NUM_THREADS for the workers (default: inherited)")  # fmt: skip
     p.add_argument("--latency-load", type=float, default=0.5,
                    help="latency phase rate, as a fraction of the backlog rate")  # fmt: skip
+    p.add_argument("--latency-rate", type=float, default=None,
+                   help="latency phase rate in events/s (instead of --latency-load)")  # fmt: skip
     args = p.parse_args(argv)
     counts = [int(n) for n in args.workers.split(",") if n.strip()]
     servers = Servers(args.cluster, args.replicas, args.aof)
@@ -318,8 +321,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.batch_size}")  # fmt: skip
             blas = os.environ.get("OPENBLAS_NUM_THREADS", "OpenBLAS's default")
             blas = blas if args.blas_threads is None else args.blas_threads
-            print(f"latency: {args.latency_seconds:.0f} s at {args.latency_load:.0%} of the "
-                  f"backlog rate, send time to commit; worker BLAS threads: {blas}\n")  # fmt: skip
+            at = (
+                f"{args.latency_rate:,.0f} events/s"
+                if args.latency_rate
+                else f"{args.latency_load:.0%} of the backlog rate"
+            )
+            print(f"latency: {args.latency_seconds:.0f} s at {at}, send time to commit; "
+                  f"worker BLAS threads: {blas}\n")  # fmt: skip
             runs = []
             for n in counts:
                 runs.append(run_one(servers, n, args, events, model, Path(tmp)))

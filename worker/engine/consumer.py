@@ -1,21 +1,27 @@
 """The worker loop, as policy: the round, leases, retries, when to read ahead, model swaps.
 
-One round (`tick`): renew leases (adapters/ownership.py), follow the model source
-(models.py), read a batch per held partition (adapters/streams.py), and per batch: read the
-users' states (adapters/states.py), build the Commit with one kernel call (compute/pipeline.py)
-and apply it atomically and conditionally (adapters/commit.py), counted once (tally.py). Two
-batches are kept known: a commit goes out behind the read of the next batch's states and a
-read of new entries, and while Redis runs it the worker computes the next batch, used only if
-the commit applied (readahead.py). On a Redis Cluster all that is per node (the node of the
-commit's partition, adapters/nodes.py): queued batches are grouped by node, a node is read
-when none of its batches is queued, and idle partitions wait in blocking reads of their own
-(adapters/parked.py). All the worker holds of a partition is a Partition (partition.py),
-forgotten in one call when it may no longer hold.
+One round (`tick`) reads as a story: upkeep (recreate missing groups, renew leases
+(adapters/ownership.py), follow the model source (models.py) and the intent rules, settle
+commits whose reply was lost), poll (a batch per held partition, reads.py), run what is
+queued, and maintenance when due. Each batch is computed, committed and settled by the
+flow (flow.py): its users' states read (adapters/states.py), its Commit built with one
+kernel call (compute/pipeline.py), applied atomically and conditionally
+(adapters/commit.py), counted once (tally.py). Two batches are kept known: a commit goes out
+behind the read of the next batch's states and a read of new entries, and while Redis runs
+it the worker computes the next batch, used only if the commit applied (readahead.py). At
+low traffic a node's short batches of several partitions commit together instead, in two
+round trips for all (adapters/together.py), so the latency does not grow with the
+partitions held. On a Redis Cluster all that is per node (adapters/nodes.py): queued
+batches are grouped by node, a node is read when none of its batches is queued, and idle
+partitions wait in blocking reads of their own (adapters/parked.py). All the worker holds
+of a partition is a Partition (partition.py), forgotten in one call when it may no longer
+hold.
 
 A commit that applied nothing never loses an entry: the partition's next read resumes after
 its last commit (adapters/streams.py), so its entries are read again, in order. Redis
-outages back off and retry; bad data in one partition-wide key stops that partition only (it
-backs off, the log names the key); bad data in a user's state resets that user only.
+outages back off and retry (`recover`); bad data in one partition-wide key stops that
+partition only (it backs off, the log names the key); bad data in a user's state resets
+that user only.
 """
 
 from __future__ import annotations
@@ -32,29 +38,23 @@ from worker.common.connection import is_cluster, refresh_topology
 from worker.common.keys import Keys
 from worker.common.partition_count import PartitionCountError, check_partitions
 from worker.common.settings import Settings
-from worker.engine.adapters.commit import (
-    CommitLimits,
-    CommitRefusedError,
-    CommitResult,
-    Committer,
-    PreparedCommit,
-)
+from worker.engine.adapters.commit import CommitLimits, Committer
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
-from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
+from worker.engine.adapters.nodes import PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.parked import ParkedReads
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.streams import Cursor, PositionError, StreamReader
+from worker.engine.adapters.together import Together
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.quality import LiveQuality
-from worker.engine.compute.state_cache import CachedState, StateCache, written
-from worker.engine.compute.user_states import distinct_users
+from worker.engine.compute.state_cache import StateCache
+from worker.engine.flow import REDIS_DOWN, BatchFlow, FlowIO
 from worker.engine.models import Models, tune_gc
 from worker.engine.models import pin_blas as pin_blas  # the bench tunes as run() does
 from worker.engine.partition import PartitionIO, Partitions
-from worker.engine.readahead import Ahead, ReadAhead
+from worker.engine.readahead import ReadAhead
 from worker.engine.reads import Reads
 from worker.engine.rulebook import Rulebook
 from worker.engine.tally import Tally
@@ -63,9 +63,7 @@ from worker.rules.source import RuleSource
 
 log = logging.getLogger("intentstream.worker")
 
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 MAINTENANCE_SECONDS = 10.0
-CONFLICT_RETRIES = 5
 
 
 class _PartitionCountChangedError(Exception):
@@ -109,6 +107,7 @@ class Consumer:
         self.committer = Committer(client, self.keys, self.holder, limits,
                                    s.layout, self.nodes)  # fmt: skip
         self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
+        self.together = Together(self.states, self.committer)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
         self.tally = Tally(self.metrics, self.quality)
@@ -116,8 +115,10 @@ class Consumer:
         self.parts = Partitions(s.partitions, self.cache, io)  # all it holds of each partition
         self.reads = Reads(s, self.reader, self.parked, self.parts, self.nodes, self.metrics,
                            self.cluster)  # fmt: skip
-        # the states the last commit sent ahead writes, made while Redis ran the reads
-        self._written: tuple[Commit, dict[str, CachedState]] | None = None
+        flow = FlowIO(self.parts, self.states, self.models, self.committer, self.readahead,
+                      self.together, self.nodes, self.ownership, self.tally,
+                      self.metrics)  # fmt: skip
+        self.flow = BatchFlow(s, client, self.cluster, flow, self.rewind, self._guarded)
         self._groups_missing = False  # a read found a group gone (NOGROUP)
         self._last_maintenance = 0.0
         self._backoff = 0.0
@@ -173,22 +174,27 @@ class Consumer:
                 self.tick()
                 self._backoff = 0.0
                 self.health.redis_ok = True
-            except _REDIS_DOWN as exc:
-                self._redis_trouble(f"redis unavailable: {exc}")
-            except redis.ResponseError as exc:
-                if "NOGROUP" in str(exc):
-                    log.warning("consumer group or stream is gone; recreating it",
-                                extra={"error": str(exc)})  # fmt: skip
-                    self.health.group_ok = False
-                    self._groups_missing = True  # recreated in the next round, retried
-                else:
-                    self._redis_trouble(f"unexpected redis reply: {exc}")
             except _PartitionCountChangedError:
                 break
             except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-                # a cluster failing over or resharding, a refused login, ...: retried
-                self._redis_trouble(f"redis error: {type(exc).__name__}: {exc}")
+                self.recover(exc)
         self.shutdown()
+
+    def recover(self, exc: redis.RedisError | redis.exceptions.RedisClusterException) -> None:
+        """What the loop does after a round failed on `exc`: a group found gone is recreated
+        in the next round; anything else (an outage, a failover, a refused login) backs off
+        and retries."""
+        if isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc):
+            log.warning("consumer group or stream is gone; recreating it",
+                        extra={"error": str(exc)})  # fmt: skip
+            self.health.group_ok = False
+            self._groups_missing = True  # recreated in the next round, retried
+        elif isinstance(exc, REDIS_DOWN):
+            self._redis_trouble(f"redis unavailable: {exc}")
+        elif isinstance(exc, redis.ResponseError):
+            self._redis_trouble(f"unexpected redis reply: {exc}")
+        else:  # a cluster failing over or resharding, a refused login, ...: retried
+            self._redis_trouble(f"redis error: {type(exc).__name__}: {exc}")
 
     def _redis_trouble(self, message: str) -> None:
         self.metrics.redis_errors.inc()
@@ -230,8 +236,26 @@ class Consumer:
     # ---- one round of the loop ---------------------------------------------------------
 
     def tick(self) -> None:
-        """Leases, model, maintenance, one read, and the processing of what it returned."""
+        """One round, as a story: upkeep (groups, leases, models, rules, lost replies), poll
+        (the reads), run what they queued (each batch computed, committed, settled), and
+        maintenance when due."""
         now = time.monotonic()
+        self._upkeep(now)
+        parts = self._readable()
+        if not parts:
+            self._stop.wait(min(1.0, self.s.lease_ms / 3000))
+            return
+        self._poll(parts)
+        for batches in self._low_traffic():
+            self.flow.together(batches)
+        self._run_queued()
+        if now - self._last_maintenance > MAINTENANCE_SECONDS:
+            self.maintain(now)
+
+    def _upkeep(self, now: float) -> None:
+        """What a round does before it reads: recreate missing groups, install the
+        producers' function, renew the leases when due, follow the model and the rules,
+        settle commits whose reply was lost."""
         if self._groups_missing:
             self._recreate_groups()
             self._groups_missing = False
@@ -242,55 +266,94 @@ class Consumer:
             # renewing first would only drop them unseen.
             self._process_queued()
             self._renew_leases()
-        self.models.follow()  # between batches
+        self._follow()
+        self._settle()
+
+    def _follow(self) -> None:
+        """Swap in the model and the intent rules now in force (between batches)."""
+        self.models.follow()
         self.reader.input_names = self.models.input_names()
         self.rulebook.follow()
         self.models.rules = self.rulebook.table
-        self._settle()
-        parts = self._readable()
-        if not parts:
-            self._stop.wait(min(1.0, self.s.lease_ms / 3000))
-            return
+
+    def _poll(self, parts: list[int]) -> None:
+        """Read the readable partitions `parts` (those of nodes with nothing queued; on a
+        cluster idle ones park) and queue what came."""
         self.parts.keep_only(parts)
         self.reads.unpark(parts)
         unfed = self.reads.unfed([p for p in parts if p not in self.parked])
         if unfed:
             batches = self.reads.read(unfed, self._guarded, self._block)
+            batches += self._rest_of_a_wake(unfed, batches)
             self.parts.enqueue(self.reads.by_node(batches))
             self.reads.park(unfed, batches)
         self.reads.collect_parked(parts, self._stop.is_set())
-        for _ in range(self.parts.queued()):  # what is queued now; reads ahead wait a round
+
+    def _rest_of_a_wake(self, read: list[int], batches: list[Batch]) -> list[Batch]:
+        """On one Redis, after a read that brought short batches of some of the partitions
+        `read` and none of the others: those others read again at once, without blocking.
+        Redis answers a blocked read at a producer's first XADD, so what it sent with that
+        entry comes now and commits together with it, not a round later."""
+        got = {b.partition for b in batches}
+        rest = [p for p in read if p not in got and not self.parts[p].cursor.seeking]
+        if self.cluster or not got or not rest:
+            return []
+        if any(len(b) >= self.s.batch_size for b in batches):
+            return []  # not low traffic: the commits read ahead
+        return self.reads.read(rest, self._guarded, self._block, wait=False)
+
+    def _low_traffic(self) -> list[list[Batch]]:
+        """The queued batches that commit together, by node, taken off the queue: a node's
+        when it has two or more queued, all short of a full read, each its partition's only
+        one, none computed ahead (a backlog keeps computing ahead, one batch at a time)."""
+        by_node: dict[str, list[int]] = {}
+        for p in sorted(self.parts.busy()):
+            by_node.setdefault(self.nodes.name(p), []).append(p)
+        groups = []
+        for numbers in by_node.values():
+            parts = [self.parts[p] for p in numbers]
+            if len(parts) >= 2 and all(
+                len(part.queued) == 1 and len(part.queued[0][1]) < self.s.batch_size
+                and part.ahead is None and not part.cursor.seeking for part in parts
+            ):  # fmt: skip
+                groups.append([self.parts.take(part.number) for part in parts])
+        return groups
+
+    def _run_queued(self) -> None:
+        """Process what is queued now, in order (batches read ahead meanwhile wait a round)."""
+        for _ in range(self.parts.queued()):
             batch = self.parts.pop()
             if batch is None:
                 break  # a failure dropped the rest
-            node = self.nodes.name(batch.partition)
-            on_node = self.nodes.on_node(node, self._readable())
-            still = [p for p in on_node if p not in self.parked]
-            # A commit travels with a read ahead of its node's partitions while at most one
-            # batch of them is queued (and none has to seek back to its last commit first).
-            read_ahead = (
-                self.parts.queued(set(still)) <= 1
-                and bool(still)
-                and not any(self.parts[p].cursor.seeking for p in still)
-            )
-            # The node's next queued batch is computed while Redis runs the commit, even when
-            # another node's comes first in the queue (a node's last batch of a round, its
-            # read ahead queued behind the other nodes'): nothing of its partition commits
-            # before it, so the states read with this commit still hold.
-            upcoming = self.parts.peek(set(on_node) if self.cluster else None)
-            self._guarded(batch.partition, self.process, batch,
-                          still if read_ahead else None, upcoming)  # fmt: skip
-        if now - self._last_maintenance > MAINTENANCE_SECONDS:
-            self._maintain()
-            self._last_maintenance = now
+            self._run_batch(batch)
 
-    def _maintain(self) -> None:
-        """The maintenance tick; an idle partition whose group was moved past what this
-        worker read (entries skipped, which no later traffic may come to reveal) seeks back
-        to its position."""
+    def _run_batch(self, batch: Batch) -> None:
+        """Process one queued batch, its commit carrying what its node reads next."""
+        on_node = self.nodes.on_node(self.nodes.name(batch.partition), self._readable())
+        still = [p for p in on_node if p not in self.parked]
+        # A commit travels with a read ahead of its node's partitions while at most one
+        # batch of them is queued (and none has to seek back to its last commit first).
+        read_ahead = (
+            self.parts.queued(set(still)) <= 1
+            and bool(still)
+            and not any(self.parts[p].cursor.seeking for p in still)
+        )
+        # The node's next queued batch is computed while Redis runs the commit, even when
+        # another node's comes first in the queue (a node's last batch of a round, its read
+        # ahead queued behind the other nodes'): nothing of its partition commits before
+        # it, so the states read with this commit still hold.
+        upcoming = self.parts.peek(set(on_node) if self.cluster else None)
+        self._guarded(batch.partition, self.flow.process, batch,
+                      still if read_ahead else None, upcoming)  # fmt: skip
+
+    def maintain(self, now: float | None = None) -> None:
+        """The maintenance step (every MAINTENANCE_SECONDS of rounds); an idle partition
+        whose group was moved past what this worker read (entries skipped, which no later
+        traffic may come to reveal) seeks back to its position."""
         readable = self._readable()
         for p in self.maintenance.run(readable, self.parts.idle(readable)):
             self.parts[p].forget()
+        self._last_maintenance = time.monotonic() if now is None else now
 
     def _readable(self) -> list[int]:
         """Held partitions not backing off after bad data."""
@@ -318,7 +381,7 @@ class Consumer:
         """Process the queued batches of readable partitions, in order, reading no more."""
         while (batch := self.parts.pop()) is not None:
             if batch.partition in self._readable():
-                self._guarded(batch.partition, self.process, batch)
+                self._guarded(batch.partition, self.flow.process, batch)
 
     # ---- ownership ---------------------------------------------------------------------
 
@@ -356,135 +419,6 @@ class Consumer:
             self._guarded(p, self.reader.ensure_group, p)
         self.health.group_ok = True
         self.rewind()
-
-    # ---- one partition batch -----------------------------------------------------------
-
-    def process(
-        self, batch: Batch, prefetch_for: list[int] | None = None, upcoming: Batch | None = None
-    ) -> None:
-        """Score one partition's batch and commit it; recompute on a state conflict. The
-        commit reads ahead for the partitions prefetch_for, and computes `upcoming` (the
-        next batch to process) while Redis runs it."""
-        p = batch.partition
-        for attempt in range(CONFLICT_RETRIES):
-            try:
-                if attempt == 0:
-                    self._process_once(batch, prefetch_for, upcoming)
-                else:
-                    self._process_once(batch, None, None)
-                return
-            except CommitRefusedError as exc:
-                self.cache.drop(p)
-                self.metrics.commit_retries.labels(exc.reason).inc()
-                if not self._refusal_retries(p, exc) or attempt == CONFLICT_RETRIES - 1:
-                    # Not applied: the batch, and any newer one read behind it, are read
-                    # again, in order, after the partition's last commit.
-                    self.parts[p].forget()
-                    return
-
-    def _refusal_retries(self, p: int, exc: CommitRefusedError) -> bool:
-        """Act on a refused commit; True when the batch should be recomputed at once."""
-        reason = exc.reason
-        if reason == "conflict":
-            log.info("state conflict; recomputing the batch", extra={"partition": p})
-            return True
-        if reason == "not_owned":
-            log.warning("partition lease lost before commit", extra={"partition": p})
-            self.parts[p].revoke()
-        elif reason == "bad_key":
-            raise PartitionDataError(p, f"{exc.detail} holds another type; fix or delete it")
-        elif reason == "behind":
-            log.warning("the group was moved back behind the partition's position (an "
-                        "XGROUP SETID?); what it delivered again is not applied again, and "
-                        "the group goes back to the position",
-                        extra={"partition": p, "position": exc.detail})  # fmt: skip
-        else:  # not_next, gap: another commit or reader moved the partition on
-            log.info("batch does not follow the partition's last commit; re-reading in order",
-                     extra={"partition": p, "reason": reason, "detail": exc.detail})  # fmt: skip
-        return False
-
-    def _process_once(
-        self, batch: Batch, prefetch_for: list[int] | None, upcoming: Batch | None
-    ) -> None:
-        p = batch.partition
-        ahead = self._take_ahead(batch)
-        if ahead is not None:
-            states, commit, prepared = ahead.states, ahead.commit, ahead.prepared
-            state_s, model_s = ahead.seconds
-        else:
-            t1 = time.perf_counter()
-            states = self.states.read(p, distinct_users(batch), *self.models.spec())
-            t2 = time.perf_counter()
-            commit = self.models.build(batch, states)
-            prepared = None
-            state_s, model_s = t2 - t1, time.perf_counter() - t2
-        t3 = time.perf_counter()
-        result = self._send(commit, prefetch_for, upcoming, prepared)
-        t4 = time.perf_counter()
-        done, self._written = self._written, None
-        entries = done[1] if done is not None and done[0] is commit else written(commit)
-        self.states.remember(p, result.seq, entries)
-        settled = self.parts[p].settled_by(result)
-        if settled is not None:
-            self.tally.commit(settled)
-        stages = {"state": state_s, "model": model_s, "commit": t4 - t3}
-        self.tally.batch(batch, states, commit, result, stages)
-
-    def _send(
-        self, commit: Commit, prefetch_for: list[int] | None, upcoming: Batch | None = None,
-        prepared: PreparedCommit | None = None,
-    ) -> CommitResult:  # fmt: skip
-        """Apply a Commit, pipelined with a read ahead (prefetch_for) and the states of the
-        upcoming batch when given. A reply lost on the way leaves the commit unsettled:
-        counted if it applied."""
-        try:
-            if prefetch_for or upcoming is not None:  # of the commit's node (see tick)
-                return self._commit_and_prefetch(commit, prefetch_for or [], upcoming, prepared)
-            return self.committer.run(commit, self.nodes.node_client(commit.partition))
-        except _REDIS_DOWN:
-            self.parts[commit.partition].lost_reply(self.committer.token(commit), commit)
-            raise
-
-    def _commit_and_prefetch(
-        self, commit: Commit, parts: list[int], upcoming: Batch | None = None,
-        prepared: PreparedCommit | None = None,
-    ) -> CommitResult:  # fmt: skip
-        """The commit pipelined with a read of new entries of `parts` and of the upcoming
-        batch's states, which is computed while Redis runs the commit (readahead.py) and
-        kept if it applied. Any failure rewinds: what was read is read again, in order."""
-        plan = None
-        if upcoming is not None and upcoming.partition in self.ownership.owned:
-            plan = self.readahead.plan(commit, upcoming)
-        cursors = [self.parts[p].cursor for p in parts]
-        # keep two batches of the node known
-        count = self.s.batch_size * (1 if self.parts.queued(set(parts)) else 2)
-        try:
-            node = self.nodes.client(commit.partition)
-            sent = self.readahead.exchange(
-                node, commit, prepared, plan, cursors, count, self.s.batch_size, self.models
-            )
-        except REDIRECTS as exc:
-            # The node no longer serves the commit's slot (a resharding, a failover): the
-            # commit did not run. Sent again to the slot's node by a fresh slot map (a slot
-            # still migrating is retried after a backoff); what was read is read again.
-            log.info("commit redirected; sent to the slot's node",
-                     extra={"partition": commit.partition, "error": str(exc)})  # fmt: skip
-            self.rewind()
-            return self.committer.run(commit)
-        except BaseException:
-            self.rewind()
-            raise
-        self._written = (commit, sent.written)
-        self.parts.enqueue(sent.batches)
-        result = sent.settle()
-        if sent.ahead is not None:
-            self.parts[sent.ahead.batch.partition].ahead = sent.ahead
-        return result
-
-    def _take_ahead(self, batch: Batch) -> Ahead | None:
-        """The batch as computed ahead, if it was and still holds (same models)."""
-        return self.parts[batch.partition].take_ahead(batch, self.model, self.shadow,
-                                                      self.models.rules)  # fmt: skip
 
     # ---- commits whose reply was lost --------------------------------------------------
 

@@ -233,6 +233,14 @@ class Partitions:
         first = self._first()
         return first.queued.popleft()[1] if first is not None else None
 
+    def take(self, p: int) -> Batch:
+        """Partition p's first queued batch, taken off the queue."""
+        return self._all[p].queued.popleft()[1]
+
+    def busy(self) -> list[int]:
+        """The partitions with batches queued."""
+        return [part.number for part in self._queueing()]
+
     def idle(self, among: list[int]) -> dict[int, bytes]:
         """The partitions `among` with nothing queued or computed ahead that have read an
         entry, and the entry each read last."""

@@ -94,6 +94,19 @@ class Ahead:
     rules: RuleTable | None = None  # the intent rules it fired with
 
 
+@dataclass(frozen=True)
+class Computed:
+    """A batch's Commit as the consumer's compute step made it: the states it read, the
+    Commit, packed (when computed ahead), the seconds of reading states and computing, and
+    whether it was computed while the commit before it ran."""
+
+    states: UserStates
+    commit: Commit
+    prepared: PreparedCommit | None
+    seconds: tuple[float, float]
+    ahead: bool
+
+
 @dataclass
 class Exchange:
     """What one exchange brought back: the commit's result (or refusal), the batches read

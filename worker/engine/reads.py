@@ -54,11 +54,13 @@ class Reads:
         return sorted(batches, key=lambda b: self.nodes.name(b.partition))
 
     def read(
-        self, parts: list[int], guarded: Guarded, block: Callable[[int, str], None]
-    ) -> list[Batch]:
-        """One XREADGROUP over the partitions (those seeking back to their position seek
-        first, each alone: an impossible position stops its partition only); a partition
-        whose stream key holds another type is found and stopped alone."""
+        self, parts: list[int], guarded: Guarded, block: Callable[[int, str], None],
+        wait: bool = True,
+    ) -> list[Batch]:  # fmt: skip
+        """One XREADGROUP over the partitions, blocking up to block-ms when `wait` (those
+        seeking back to their position seek first, each alone: an impossible position stops
+        its partition only); a partition whose stream key holds another type is found and
+        stopped alone."""
         t0 = time.perf_counter()
         seeking = [p for p in parts if self.parts[p].cursor.seeking]
         for p in seeking:
@@ -66,9 +68,10 @@ class Reads:
         parts = [p for p in parts if not self.parts[p].cursor.seeking]
         if not parts:
             return []
+        block_ms = None if seeking or not wait else self.s.block_ms
         try:
             batches = self.reader.read([self.parts[p].cursor for p in parts], self.s.batch_size,
-                                       None if seeking else self.s.block_ms)  # fmt: skip
+                                       block_ms)  # fmt: skip
         except redis.ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise

@@ -57,7 +57,7 @@ from worker.common.connection import is_cluster, read_replies, refresh_topology
 from worker.common.entry_ids import entry_id, valid_id
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
-from worker.engine.adapters.resp import Joined, resp_commands
+from worker.engine.adapters.resp import Joined, chunks, resp_commands
 from worker.engine.compute.lean_state import packed_states
 from worker.engine.compute.parts.part import Rows, decimals
 from worker.engine.compute.pipeline import Commit
@@ -125,31 +125,13 @@ def _packed(*args: object) -> bytes:
     return hiredis.pack_command(args)
 
 
-def _chunks(parts: list) -> list:
-    """Bytes-like parts as the chunks to send: neighbours under 4 KB joined (a send each would
-    be a system call each), big ones kept as they are (joining would copy them)."""
-    out: list = []
-    small: list = []
-    for part in parts:
-        if len(part) < 4096:
-            small.append(part)
-            continue
-        if small:
-            out.append(b"".join(small))
-            small = []
-        out.append(part)
-    if small:
-        out.append(b"".join(small))
-    return out
-
-
 @dataclass(frozen=True)
 class PreparedCommit:
     """A commit's transaction packed but for its end (which depends on the sequence read,
     known only once the commit before it replied), and where its replies of interest sit in
     EXEC's."""
 
-    body: list  # MULTI and the writes: bytes-like chunks, sent as they are (_chunks)
+    body: list  # MULTI and the writes: bytes-like chunks, sent as they are (resp.chunks)
     n_writes: int  # commands queued by body
     previous_at: int  # the GET of the partition's last commit token
     states_at: int  # the first state HSET; one per state row from there, in `state_rows`
@@ -164,6 +146,15 @@ class _Verdict:
     result: CommitResult | CommitRefusedError | redis.ResponseError | None
     seed: bytes = b""  # the partition's first sequence, from the server's time
     entries: int = 0  # the partition's count of entries committed before this commit
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A transaction sent whose replies are still to be read."""
+
+    commit: Commit
+    prepared: PreparedCommit
+    replies: int
 
 
 class Committer:
@@ -285,7 +276,7 @@ class Committer:
         ]
         previous_at, n = n + 1, n + 3
         states, n_states, first_hset, rows = self._state_writes(c, text)
-        return PreparedCommit(_chunks([_MULTI, *parts, *states]), n + n_states, previous_at,
+        return PreparedCommit(chunks([_MULTI, *parts, *states]), n + n_states, previous_at,
                               n + first_hset, rows)  # fmt: skip
 
     def _scores(self, c: Commit, text: list[str]) -> bytes:
@@ -406,6 +397,19 @@ class Committer:
         passed (calling `during()` while Redis runs them), else UNWATCH. The result, or the
         refusal; an error reply of a check or of the queueing (a redirect) raised, with every
         reply read (the connection stays usable)."""
+        sent = self.send_writes(conn, c, prepared, check_replies)
+        if not isinstance(sent, Sent):
+            return sent
+        if during is not None:
+            during()
+        return self.read_writes(conn, sent)
+
+    def send_writes(
+        self, conn: redis.connection.Connection, c: Commit, prepared: PreparedCommit | None,
+        check_replies: list,
+    ) -> Sent | CommitResult | CommitRefusedError:  # fmt: skip
+        """The transaction sent when the checks passed (its replies not read yet), else
+        UNWATCH and the verdict's result."""
         verdict = self._verdict(c, check_replies)
         if verdict.result is not None:
             conn.send_packed_command([_UNWATCH])
@@ -415,13 +419,19 @@ class Committer:
             return verdict.result
         prepared = prepared or self.prepare(c)
         command, n = self.transaction(c, prepared, verdict.seed, verdict.entries)
+        if sum(map(len, command)) < 65536:  # one send (a system call) rather than one a chunk
+            command = [b"".join(command)]
         conn.send_packed_command(command)
-        if during is not None:
-            during()
-        replies = read_replies(conn, n)
-        result, failed = self._outcome(c, prepared, replies)
+        return Sent(c, prepared, n)
+
+    def read_writes(
+        self, conn: redis.connection.Connection, sent: Sent
+    ) -> CommitResult | CommitRefusedError:
+        """The replies of a transaction sent; state keys of another type replaced."""
+        replies = read_replies(conn, sent.replies)
+        result, failed = self._outcome(sent.commit, sent.prepared, replies)
         if failed:
-            self._replace(conn, c, failed, result.seq)
+            self._replace(conn, sent.commit, failed, result.seq)
         return result
 
     def _replace(
@@ -439,7 +449,7 @@ class Committer:
             conn.read_response()
             return
         writes, n, _, _ = self._state_writes(c, decimals(c.scores), np.asarray(rows), True)
-        conn.send_packed_command(_chunks([_MULTI, *writes, _EXEC]))
+        conn.send_packed_command(chunks([_MULTI, *writes, _EXEC]))
         read_replies(conn, n + 2)
 
     def run(self, commit: Commit, node: redis.Redis | None = None) -> CommitResult:

@@ -341,3 +341,21 @@ def _interleaved(data, starts, seg, seg_at, order):
         _memcpy(out, at, seg, a, b - a)
         at += b - a
     return out
+
+
+def chunks(parts: list) -> list:
+    """Bytes-like parts as the chunks to send: neighbours under 4 KB joined (a send each would
+    be a system call each), big ones kept as they are (joining would copy them)."""
+    out: list = []
+    small: list = []
+    for part in parts:
+        if len(part) < 4096:
+            small.append(part)
+            continue
+        if small:
+            out.append(b"".join(small))
+            small = []
+        out.append(part)
+    if small:
+        out.append(b"".join(small))
+    return out

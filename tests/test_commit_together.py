@@ -1,0 +1,161 @@
+"""At low traffic a node's partitions commit together (engine/adapters/together.py): every
+commit's checks go out before any transaction, and each commit's checks and outcome stay its
+own: a refused, conflicting or lost commit among them leaves the others applied once."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from model.data.synthetic import synthetic_events
+from tests.consumers import in_process_consumer
+from tests.test_worker import offline_scores
+from tests.workers import score_entries, wait_for
+from worker.common.connection import connect
+from worker.common.keys import Keys, partition_of
+from worker.engine.adapters.commit import CommitRefusedError, CommitResult
+from worker.producers.publisher import publish
+
+pytestmark = pytest.mark.integration
+
+P = 8
+KEYS = Keys()
+
+
+def one_event_per_partition() -> list[dict]:
+    """A view by a user of each partition."""
+    users: dict[int, str] = {}
+    i = 0
+    while len(users) < P:
+        users.setdefault(partition_of(f"u{i}", P), f"u{i}")
+        i += 1
+    return [{"user_id": u, "type": "view", "event_id": f"e{p}"} for p, u in users.items()]
+
+
+def assert_scored_once_as_offline(r, events: list[dict], model_path: Path) -> None:
+    rows = score_entries(r, partitions=P)
+    assert sorted(row["event_id"] for row in rows) == sorted(e["event_id"] for e in events)
+    by_id = {row["event_id"]: float(row["score"]) for row in rows}
+    want = offline_scores(model_path, events)
+    np.testing.assert_allclose([by_id[e["event_id"]] for e in events], want, atol=1e-5)
+
+
+def monitored(port: int, out: Path) -> subprocess.Popen:
+    """redis-cli MONITOR into `out`, once it is listening (its OK written)."""
+    proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=out.open("w"))
+    wait_for(lambda: out.read_text().startswith("OK"), what="MONITOR")
+    return proc
+
+
+def test_a_rounds_partitions_send_every_check_before_any_transaction(
+    redis_server, model_path, tmp_path
+):
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, model_path, partitions=P)
+    consumer.tick()  # takes the leases; nothing to read
+    assert sorted(consumer.ownership.owned) == list(range(P))
+    events = one_event_per_partition()
+    publish(r, events, partitions=P)
+    log = tmp_path / "monitor.txt"
+    monitor = monitored(redis_server.port, log)
+    try:
+        consumer.tick()
+        wait_for(lambda: log.read_text().count('"EXEC"') >= P, what="every commit's EXEC")
+    finally:
+        monitor.terminate()
+        monitor.wait()
+    lines = log.read_text().splitlines()
+    watches = [i for i, x in enumerate(lines) if '"WATCH"' in x]
+    execs = [i for i, x in enumerate(lines) if '"EXEC"' in x]
+    assert len(watches) == len(execs) == P
+    assert max(watches) < min(execs), "a transaction went before every check was sent"
+    assert consumer.metrics.count("scored") == P
+    assert_scored_once_as_offline(r, events, model_path)
+    consumer.close()
+
+
+def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
+    redis_server, model_path
+):
+    """Of one round's commits sent together: one meets a conflict (another writer moved its
+    sequence on), one a lease taken by another, one loses its reply after applying. The
+    others apply and count once; the conflicting one is computed and sent again, the lost
+    one counted when Redis shows it applied, the taken one scored once its lease is back."""
+    r = connect(redis_server.url)
+    events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(400, 60, seed=5))]
+    publish(r, events, partitions=P)
+    consumer = in_process_consumer(redis_server.url, model_path, partitions=P, lease_ms=1000)
+    commit_together, read_writes = consumer.together.commit, consumer.committer.read_writes
+    outcomes: dict[int, object] = {}
+
+    def first_round_meddled(client, commits):
+        if outcomes:
+            return commit_together(client, commits)
+        r.incr(KEYS.commit_seq(2))  # another writer's commit
+        r.set(KEYS.lease(5), "another-worker")
+        got = commit_together(client, commits)
+        outcomes.update({c.partition: o for (c, _), o in zip(commits, got, strict=True)})
+        return got
+
+    def reply_lost_once(conn, sent):
+        result = read_writes(conn, sent)
+        if sent.commit.partition == 6 and 6 not in outcomes:
+            raise redis.ConnectionError("reply lost")
+        return result
+
+    consumer.together.commit = first_round_meddled
+    consumer.committer.read_writes = reply_lost_once
+
+    def tick() -> bool:
+        try:
+            consumer.tick()
+        except redis.ConnectionError as exc:
+            consumer.recover(exc)  # what run() does
+        if outcomes and r.get(KEYS.lease(5)) == b"another-worker":
+            r.delete(KEYS.lease(5))  # it leaves: taken again at the next renewal
+        return consumer.metrics.count("scored") >= len(events)
+
+    wait_for(tick, what="every event scored")
+    assert sorted(outcomes) == list(range(P))  # all eight went together
+    assert outcomes[2].reason == "conflict" and outcomes[5].reason == "not_owned"
+    assert isinstance(outcomes[6], redis.ConnectionError)
+    assert all(isinstance(outcomes[p], CommitResult) for p in (0, 1, 3, 4, 7))
+    assert isinstance(outcomes[2], CommitRefusedError)
+    assert consumer.metrics.count("scored") == len(events)
+    assert consumer.metrics.count("duplicate") == 0
+    assert_scored_once_as_offline(r, events, model_path)
+    consumer.close()
+
+
+def blocked_in_a_read(r) -> bool:
+    """Whether a client of the server waits in a blocking XREADGROUP."""
+    return any(c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "") for c in r.client_list())
+
+
+def test_a_read_woken_by_one_entry_brings_what_was_sent_with_it_into_the_same_round(
+    redis_server, model_path
+):
+    """Redis answers a blocked read at a producer's first XADD, with that entry alone; the
+    entries pipelined with it on the other partitions are read at once and commit in the
+    same round, not the next."""
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, model_path, partitions=P, block_ms=3000)
+    first = {"user_id": "w", "type": "view", "event_id": "w0"}
+    publish(r, [first], partitions=P)
+    wait_for(lambda: consumer.tick() or consumer.metrics.count("scored") == 1, what="warm-up")
+    events = one_event_per_partition()
+    round_ = threading.Thread(target=consumer.tick)
+    round_.start()
+    try:
+        wait_for(lambda: blocked_in_a_read(r), what="the round's blocking read")
+        publish(r, events, partitions=P)  # one pipeline: the read wakes at its first XADD
+    finally:
+        round_.join()
+    assert consumer.metrics.count("scored") == 1 + P  # all of them in that one round
+    assert_scored_once_as_offline(r, [first, *events], model_path)
+    consumer.close()
