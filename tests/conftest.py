@@ -6,6 +6,7 @@ import inspect
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ settings.load_profile("intentstream")
 # A test that starts redis-server or a subprocess is an integration test: `pytest -m "not
 # integration"` runs the rest in seconds. Marked here from what a test uses, so a new test
 # cannot forget it; a test may also carry the mark itself.
-_SERVER_FIXTURES = {"redis_server", "aof_redis_server"}
+_SERVER_FIXTURES = {"redis_server", "aof_redis_server", "cluster", "own_cluster"}
 _PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "console_script(")
 
 
@@ -76,6 +77,12 @@ def _close_followers(monkeypatch):
     yield
     for follower in made:
         follower.close()
+
+
+# `train` judges its model against two fitted baselines on held-out test users (what
+# tests/test_cli_judging.py checks): 10-20 s of CPU on a few thousand events, eight times the
+# training's. A test of anything else trains without test users.
+NO_TEST_USERS = ("--test-fraction", "0")
 
 
 def console_script() -> str:
@@ -143,14 +150,20 @@ def aof_redis_server():
         server.close()
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Redis Cluster (3 masters, 3 replicas) shared by a module's tests; a test
-    that needs it empty flushes it (see `cluster_url`)."""
+def local_cluster(**options: object) -> Iterator:
+    """The one way the tests make a local Redis Cluster (3 masters, 3 replicas unless
+    `options`, LocalCluster's, say otherwise), stopped when the fixture ends."""
     from worker.common.local_redis import LocalCluster
 
-    with LocalCluster() as c:
+    with LocalCluster(**options) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local cluster shared by a module's tests (a start costs seconds); a test that
+    needs it empty flushes it (see `cluster_url`)."""
+    yield from local_cluster()
 
 
 @pytest.fixture
@@ -167,7 +180,4 @@ def cluster_url(cluster) -> str:
 @pytest.fixture
 def own_cluster():
     """A cluster of the test's own: a kill -9 changes who is master of what."""
-    from worker.common.local_redis import LocalCluster
-
-    with LocalCluster() as c:
-        yield c
+    yield from local_cluster()
