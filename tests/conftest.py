@@ -95,9 +95,10 @@ def console_script() -> str:
 
 
 def run_cli(
-    *args: str, stdin: str | None = None, timeout: float = 120
+    *args: str, stdin: str | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """Run `intentstream ARGS...` and capture its output."""
+    """Run `intentstream ARGS...` and capture its output. The timeout only stops a hung
+    command: at load 9-11 a train that takes 20 s on a quiet machine once took over 120."""
     return subprocess.run(
         [console_script(), *args],
         input=stdin,
