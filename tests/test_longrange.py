@@ -49,7 +49,7 @@ def long_range() -> dict[str, dict[str, float]]:
     return {mode: compare_cells(mode, cells=("rnn", "gru", "lstm")) for mode in ("sparse", "head")}
 
 
-@pytest.mark.integration  # not a server, but it trains six models for ~90 s
+@pytest.mark.integration  # not a server, but its fixture trains six models (~50 s of CPU)
 def test_gru_clearly_beats_elman_on_long_range_evidence(long_range):
     sparse = long_range["sparse"]
     assert sparse["gru"] > sparse["rnn"] + 0.05, sparse
