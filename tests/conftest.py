@@ -98,7 +98,7 @@ def run_cli(
     *args: str, stdin: str | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
     """Run `intentstream ARGS...` and capture its output. The timeout only stops a hung
-    command: at load 9-11 a train that takes 20 s on a quiet machine once took over 120."""
+    command: at load 9-11 a judged train run once took over 120 s."""
     return subprocess.run(
         [console_script(), *args],
         input=stdin,
