@@ -30,13 +30,14 @@ _SERVER_FIXTURES = {"redis_server", "aof_redis_server", "cluster", "own_cluster"
 _PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "console_script(")
 
 
-# Files whose tests take minutes, longest first: run first, so that on the suite's workers
-# (pytest-xdist, scripts/test.sh) they start at once instead of becoming the run's tail.
-_LONG_FILES = ("test_readme.py", "test_longrange.py", "test_deploy_image.py",
-               "test_resize.py", "test_deploy_acl.py", "test_lifecycle.py", "test_cluster.py",
-               "test_worker_faults.py", "test_registry.py", "test_training.py",
-               "test_cli_explain.py", "test_deploy_prometheus.py", "test_cluster_failover.py",
-               "test_calibration.py", "test_bench.py")  # fmt: skip
+# The longest files (30-70 s each at load 1-3, 2026-12-06), longest first: run first, so that
+# on the suite's workers (pytest-xdist, scripts/test.sh) they start at once instead of becoming
+# the run's tail.
+_LONG_FILES = ("test_deploy_image.py", "test_cli_judging.py", "test_readme.py",
+               "test_longrange.py", "test_resize.py", "test_deploy_acl.py", "test_bench.py",
+               "test_lifecycle.py", "test_cluster.py", "test_cluster_failover.py",
+               "test_worker_faults.py", "test_registry.py", "test_cli_explain.py",
+               "test_deploy_prometheus.py", "test_calibration.py")  # fmt: skip
 
 
 def _start_rank(item: pytest.Item) -> int:
