@@ -6,6 +6,7 @@ import inspect
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,17 +26,18 @@ settings.load_profile("intentstream")
 # A test that starts redis-server or a subprocess is an integration test: `pytest -m "not
 # integration"` runs the rest in seconds. Marked here from what a test uses, so a new test
 # cannot forget it; a test may also carry the mark itself.
-_SERVER_FIXTURES = {"redis_server", "aof_redis_server"}
+_SERVER_FIXTURES = {"redis_server", "aof_redis_server", "cluster", "own_cluster"}
 _PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "console_script(")
 
 
-# Files whose tests take minutes, longest first: run first, so that on the suite's workers
-# (pytest-xdist, scripts/test.sh) they start at once instead of becoming the run's tail.
-_LONG_FILES = ("test_readme.py", "test_longrange.py", "test_deploy_image.py",
-               "test_resize.py", "test_deploy_acl.py", "test_lifecycle.py", "test_cluster.py",
-               "test_worker_faults.py", "test_registry.py", "test_training.py",
-               "test_cli_explain.py", "test_deploy_prometheus.py", "test_cluster_failover.py",
-               "test_calibration.py", "test_bench.py")  # fmt: skip
+# The longest files (30-70 s each at load 1-3, 2026-12-06), longest first: run first, so that
+# on the suite's workers (pytest-xdist, scripts/test.sh) they start at once instead of becoming
+# the run's tail.
+_LONG_FILES = ("test_deploy_image.py", "test_cli_judging.py", "test_readme.py",
+               "test_longrange.py", "test_resize.py", "test_deploy_acl.py", "test_bench.py",
+               "test_lifecycle.py", "test_cluster.py", "test_cluster_failover.py",
+               "test_worker_faults.py", "test_registry.py", "test_cli_explain.py",
+               "test_deploy_prometheus.py", "test_calibration.py")  # fmt: skip
 
 
 def _start_rank(item: pytest.Item) -> int:
@@ -78,6 +80,12 @@ def _close_followers(monkeypatch):
         follower.close()
 
 
+# `train` judges its model against two fitted baselines on held-out test users (what
+# tests/test_cli_judging.py checks): 10-20 s of CPU on a few thousand events, eight times the
+# training's. A test of anything else trains without test users.
+NO_TEST_USERS = ("--test-fraction", "0")
+
+
 def console_script() -> str:
     """Path of the installed `intentstream` script (the venv's, beside this interpreter)."""
     beside = Path(sys.executable).parent / "intentstream"
@@ -88,9 +96,10 @@ def console_script() -> str:
 
 
 def run_cli(
-    *args: str, stdin: str | None = None, timeout: float = 120
+    *args: str, stdin: str | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """Run `intentstream ARGS...` and capture its output."""
+    """Run `intentstream ARGS...` and capture its output. The timeout only stops a hung
+    command: at load 9-11 a judged train run once took over 120 s."""
     return subprocess.run(
         [console_script(), *args],
         input=stdin,
@@ -143,14 +152,20 @@ def aof_redis_server():
         server.close()
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Redis Cluster (3 masters, 3 replicas) shared by a module's tests; a test
-    that needs it empty flushes it (see `cluster_url`)."""
+def local_cluster(**options: object) -> Iterator:
+    """The one way the tests make a local Redis Cluster (3 masters, 3 replicas unless
+    `options`, LocalCluster's, say otherwise), stopped when the fixture ends."""
     from worker.common.local_redis import LocalCluster
 
-    with LocalCluster() as c:
+    with LocalCluster(**options) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local cluster shared by a module's tests (a start costs seconds); a test that
+    needs it empty flushes it (see `cluster_url`)."""
+    yield from local_cluster()
 
 
 @pytest.fixture
@@ -167,7 +182,4 @@ def cluster_url(cluster) -> str:
 @pytest.fixture
 def own_cluster():
     """A cluster of the test's own: a kill -9 changes who is master of what."""
-    from worker.common.local_redis import LocalCluster
-
-    with LocalCluster() as c:
-        yield c
+    yield from local_cluster()

@@ -4,8 +4,6 @@ the worker's commit writes them, what a receiver got checked against the spec's 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from collections import defaultdict
 from pathlib import Path
@@ -14,6 +12,7 @@ import redis
 from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import console_script
+from tests.processes import LoggedProcess
 from tests.webhook_receiver import Received
 from worker.common.local_redis import free_port
 
@@ -22,33 +21,14 @@ FAST = ["--block-ms", "100", "--webhook-poll-seconds", "0.2", "--webhook-retry-c
         "1", "--webhook-claim-idle-seconds", "2", "--log-format", "json"]  # fmt: skip
 
 
-class DelivererProcess:
+class DelivererProcess(LoggedProcess):
     """An `intentstream deliver` subprocess with its log in a file and its metrics port."""
 
     def __init__(self, redis_url: str, log: Path, *extra: str) -> None:
-        self.log_path, self.metrics_port = log, free_port()
-        self.args = [console_script(), "deliver", "--redis-url", redis_url,
-                     "--metrics-port", str(self.metrics_port), *FAST, *extra]  # fmt: skip
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> DelivererProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
-        return self
-
-    def terminate(self, timeout: float = 30) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        """kill -9."""
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        self.metrics_port = free_port()
+        args = [console_script(), "deliver", "--redis-url", redis_url,
+                "--metrics-port", str(self.metrics_port), *FAST, *extra]  # fmt: skip
+        super().__init__(args, log)
 
 
 def add_actions(client: redis.Redis, n: int, partitions: int = 1, rule: str = "coupon",

@@ -105,6 +105,7 @@ def shop():
     return train_events, test_events, posterior
 
 
+@pytest.mark.integration  # trains three H = 32 models: most of the unit tests' time
 @pytest.mark.parametrize(
     "overrides", [{}, {"cell": "gru", "epochs": 4}, {"cell": "lstm", "epochs": 4}], ids=str
 )

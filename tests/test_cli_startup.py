@@ -47,6 +47,7 @@ def imported(argv: list[str]) -> tuple[set[str], str]:
     return set(json.loads(result.stderr.strip().splitlines()[-1])), result.stderr
 
 
+@pytest.mark.integration  # a Python subprocess per case (in imported(), so not marked for us)
 @pytest.mark.parametrize(("argv", "allowed"), CASES)
 def test_a_command_that_does_no_work_skips_the_heavy_imports(argv, allowed):
     modules, stderr = imported(argv)

@@ -13,7 +13,7 @@ from model.artifact import load_model
 from model.data.synthetic import synthetic_events
 from model.training.report import write_report
 from model.training.train import TrainConfig, TrainResult, vocabulary
-from tests.conftest import run_cli
+from tests.conftest import NO_TEST_USERS, run_cli
 
 
 def test_vocabulary_leaves_out_types_rarer_than_min_type_count():
@@ -32,7 +32,7 @@ def test_one_stray_event_type_goes_to_the_unknown_row_and_the_report_lists_it(tm
     data.write_text("".join(json.dumps(e) + "\n" for e in events))
     out, report_dir = tmp_path / "m.npz", tmp_path / "report"
     result = run_cli("train", "--data", str(data), "--hidden", "8", "--epochs", "1", "--quiet",
-                     "--out", str(out), "--report", str(report_dir))  # fmt: skip
+                     "--out", str(out), "--report", str(report_dir), *NO_TEST_USERS)  # fmt: skip
     assert result.returncode == 0, result.stderr
     model = load_model(out)
     assert "weird_type" not in model.meta.event_types
@@ -45,7 +45,7 @@ def test_one_stray_event_type_goes_to_the_unknown_row_and_the_report_lists_it(tm
 
     # with --min-type-count 1 it is kept, and nothing is reported left out
     again = run_cli("train", "--data", str(data), "--hidden", "8", "--epochs", "1", "--quiet",
-                    "--min-type-count", "1", "--out", str(out))  # fmt: skip
+                    "--min-type-count", "1", "--out", str(out), *NO_TEST_USERS)  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert "weird_type" in load_model(out).meta.event_types
     assert "left out" not in again.stdout
@@ -80,7 +80,7 @@ def test_off_a_terminal_progress_is_one_line_per_epoch_and_a_bad_report_is_refus
     data = tmp_path / "events.jsonl"
     data.write_text("".join(json.dumps(e) + "\n" for e in synthetic_events(3000, 200, seed=5)))
     result = run_cli("train", "--data", str(data), "--hidden", "8", "--epochs", "3",
-                     "--out", str(tmp_path / "m.npz"))  # fmt: skip
+                     "--out", str(tmp_path / "m.npz"), *NO_TEST_USERS)  # fmt: skip
     assert result.returncode == 0, result.stderr
     epochs = [line for line in result.stderr.splitlines() if line.startswith("epoch ")]
     assert len(epochs) == 3 and all("loss" in line for line in epochs), result.stderr
@@ -131,7 +131,7 @@ def test_train_prints_and_reports_calibration_beside_the_auc(tmp_path):
     data.write_text("".join(json.dumps(e) + "\n" for e in synthetic_events(12000, 600, seed=4)))
     report_dir = tmp_path / "report"
     result = run_cli("train", "--data", str(data), "--hidden", "16", "--epochs", "3", "--quiet",
-                     "--calibration-min-sessions", "50",
+                     "--calibration-min-sessions", "50", *NO_TEST_USERS,
                      "--report", str(report_dir))  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads((report_dir / "report.json").read_text())

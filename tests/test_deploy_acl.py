@@ -19,6 +19,7 @@ import redis
 
 from model.artifact import random_model, save_model
 from model.data.synthetic import synthetic_events
+from tests.conftest import NO_TEST_USERS, local_cluster
 from tests.deploy_tools import DEPLOY, clean_env
 from tests.workers import count_scores, wait_for
 from worker.common.connection import connect
@@ -216,7 +217,8 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
 
         # trainer: reads the retained history, publishes and promotes; the worker swaps
         result = cli("train", "--from-redis", "--epochs", "1", "--hidden", "8", "--quiet",
-                     "--promote", "--force", "--redis-url", url(port, "trainer"))  # fmt: skip
+                     "--promote", "--force", "--redis-url", url(port, "trainer"),
+                     *NO_TEST_USERS)  # fmt: skip
         assert result.returncode == 0, result.stdout + result.stderr
         assert "promoted version 2" in result.stdout
         wait_for(lambda: b"model swapped" in (tmp_path / "worker.log").read_bytes(), 30, "swap")
@@ -373,8 +375,7 @@ CLUSTER_P = 4
 @pytest.fixture(scope="module")
 def acl_cluster():
     """A local cluster (3 masters, 3 replicas) with users.acl loaded on every node."""
-    with LocalCluster(extra=("--aclfile", str(ACL)), auth=ADMIN) as cluster:
-        yield cluster
+    yield from local_cluster(extra=("--aclfile", str(ACL)), auth=ADMIN)
 
 
 def node_url(port: int, user: str) -> str:

@@ -375,14 +375,16 @@ def test_model_evaluate_agrees_with_trains_validation_auc_and_fine_tuning_contin
     import zlib
 
     from model.data.synthetic import synthetic_events
-    from tests.conftest import run_cli
+    from tests.conftest import NO_TEST_USERS, run_cli
 
     r = connect(redis_server.url)
     events = list(synthetic_events(12_000, 600, seed=8))
     publish(r, events)
     url = ["--redis-url", redis_server.url]
+    # without test users (NO_TEST_USERS) the validation side is exactly the users picked below
     trained = run_cli("train", "--from-redis", *url, "--epochs", "3", "--hidden", "16",
-                      "--publish", "--quiet", "--report", str(tmp_path / "rep"))  # fmt: skip
+                      "--publish", "--quiet", "--report", str(tmp_path / "rep"),
+                      *NO_TEST_USERS)  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     report = json.loads((tmp_path / "rep" / "report.json").read_text())
 
@@ -400,7 +402,7 @@ def test_model_evaluate_agrees_with_trains_validation_auc_and_fine_tuning_contin
     assert got["label_type"] == "purchase"  # recorded by training in the meta
 
     tuned = run_cli("train", "--from-redis", *url, "--init-from", "1", "--epochs", "1",
-                    "--publish", "--quiet")  # fmt: skip
+                    "--publish", "--quiet", *NO_TEST_USERS)  # fmt: skip
     assert tuned.returncode == 0, tuned.stderr
     assert "continues state space 1" in tuned.stdout
     meta = Registry(r).meta("2")

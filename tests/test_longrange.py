@@ -42,23 +42,31 @@ def test_generator_puts_the_evidence_far_from_the_end_and_scores_it_exactly():
     assert all(e["type"] in [*EVENT_TYPES, "purchase"] for e in events)
 
 
-@pytest.mark.integration  # not a server, but it trains four models for ~40 s
-def test_gru_clearly_beats_elman_on_long_range_evidence():
-    sparse = compare_cells("sparse", cells=("rnn", "gru"))
+@pytest.fixture(scope="module")
+def long_range() -> dict[str, dict[str, float]]:
+    """The three cells and the Bayes score on both long-range modes: each mode's events are
+    made, split and scored by the Bayes rule once for the tests below (not once per test)."""
+    return {mode: compare_cells(mode, cells=("rnn", "gru", "lstm")) for mode in ("sparse", "head")}
+
+
+@pytest.mark.integration  # not a server, but its fixture trains six models (~50 s of CPU)
+def test_gru_clearly_beats_elman_on_long_range_evidence(long_range):
+    sparse = long_range["sparse"]
     assert sparse["gru"] > sparse["rnn"] + 0.05, sparse
     assert sparse["gru"] > 0.95 * sparse["bayes"], sparse
-    head = compare_cells("head", cells=("rnn", "gru"))
+    head = long_range["head"]
     assert head["gru"] > head["rnn"] + TIE, head
 
 
-@pytest.mark.integration  # trains two models for ~30 s
-def test_lstm_comes_near_the_bayes_optimal_auc_on_long_range_evidence():
+@pytest.mark.integration  # the models of the test above
+def test_lstm_comes_near_the_bayes_optimal_auc_on_long_range_evidence(long_range):
     # measured 0.993 (sparse) and 0.983 (head) of the Bayes-optimal AUC; the Elman 0.87, 0.95
     for mode in ("sparse", "head"):
-        r = compare_cells(mode, cells=("lstm",))
+        r = long_range[mode]
         assert r["lstm"] > 0.96 * r["bayes"], (mode, r)
 
 
+@pytest.mark.integration  # trains two models for ~10 s
 def test_elman_wins_or_ties_on_short_sessions():
     short = compare_cells("short", cells=("rnn", "gru"))
     assert short["rnn"] >= short["gru"] - TIE, short

@@ -22,7 +22,7 @@ from model.data.opencdp import (
     parse_mapping,
     parse_ts,
 )
-from tests.conftest import run_cli
+from tests.conftest import NO_TEST_USERS, run_cli
 
 SAMPLE = Path(__file__).parent / "data" / "rees46_sample.csv"
 HEADER = ",".join(OPENCDP_HEADER)
@@ -143,7 +143,7 @@ def test_train_and_evaluate_read_opencdp_files_gzipped_or_not(tmp_path):
     out = tmp_path / "m.npz"
     result = run_cli("train", "--data", str(gz), "--format", "opencdp", "--hidden", "8",
                      "--epochs", "1", "--validation-fraction", "0.3", "--quiet",
-                     "--out", str(out))  # fmt: skip
+                     "--out", str(out), *NO_TEST_USERS)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"{gz}:102: empty user_id" in result.stderr
     assert f"{gz}:742: 8 fields, expected 9" in result.stderr
@@ -162,7 +162,7 @@ def test_train_and_evaluate_read_opencdp_files_gzipped_or_not(tmp_path):
     mapped = run_cli("train", "--data", str(SAMPLE), "--format", "csv", "--columns",
                      "user_id=user_id,type=event_type,ts=event_time", "--hidden", "8",
                      "--epochs", "1", "--validation-fraction", "0.3", "--quiet",
-                     "--out", str(tmp_path / "mapped.npz"))  # fmt: skip
+                     "--out", str(tmp_path / "mapped.npz"), *NO_TEST_USERS)  # fmt: skip
     assert mapped.returncode == 0, mapped.stderr
     # cart is not renamed without the built-in mapping
     assert "cart" in load_model(tmp_path / "mapped.npz").meta.event_types

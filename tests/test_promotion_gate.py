@@ -9,7 +9,7 @@ import re
 
 from model.artifact import ModelMeta, load_model, validate_model
 from model.data.synthetic import synthetic_events
-from tests.conftest import run_cli
+from tests.conftest import NO_TEST_USERS, run_cli
 from worker.common.connection import connect
 from worker.common.keys import Keys
 from worker.lifecycle.registry import Registry
@@ -31,7 +31,8 @@ def test_the_gate_refuses_a_clearly_worse_calibrated_candidate_and_shows_rule_sh
     registry, keys = Registry(r), Keys()
     publish(r, list(synthetic_events(12_000, 600, seed=8)))
     train = ["train", "--from-redis", "--redis-url", redis_server.url, "--hidden", "16",
-             "--epochs", "3", "--quiet", "--calibration-min-sessions", "50"]  # fmt: skip
+             "--epochs", "3", "--quiet", "--calibration-min-sessions", "50",
+             *NO_TEST_USERS]  # fmt: skip
 
     # the current model: the candidate's very weights with a bad map (every score pushed up)
     made = run_cli(*train, "--out", str(tmp_path / "m.npz"))

@@ -11,7 +11,7 @@ import pytest
 
 from model.artifact import load_model, random_model, save_model
 from tests.actions_check import action_entries
-from tests.conftest import run_cli
+from tests.conftest import NO_TEST_USERS, run_cli
 from tests.test_actions_live import as_entries
 from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
@@ -143,6 +143,7 @@ def test_train_from_redis_reads_the_declared_inputs_the_streams_carry(redis_serv
         "train", "--from-redis", "--redis-url", redis_server.url, "--partitions", str(P),
         "--hidden", "8", "--epochs", "1", "--session-gap", "60", "--item", "product_id",
         "--numeric", "price:log1p", "--buckets", "16", "--input-dim", "2", "--out", str(out),
+        *NO_TEST_USERS,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     prices = [np.log1p(float(e["price"])) for e in events if e.get("price", "n/a") != "n/a"]

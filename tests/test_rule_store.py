@@ -7,7 +7,6 @@ import pytest
 
 from worker.common.connection import connect
 from worker.common.keys import Keys
-from worker.common.local_redis import LocalCluster
 from worker.rules import store as rule_store
 from worker.rules.definition import MAX_RULES, RuleError, RuleSet, make_rule, rule_to_json
 from worker.rules.store import (
@@ -148,16 +147,15 @@ def test_a_change_landing_meanwhile_makes_the_transaction_run_again(redis_server
     assert [x.name for x in read_rules(r, KEYS).rules] == ["mine", "theirs"]
 
 
-def test_on_a_redis_cluster():
-    with LocalCluster(masters=3, replicas=0) as cluster:
-        r = connect(cluster.url, cluster=True)
-        sub = subscribed(r)
-        assert set_rule(r, KEYS, make_rule(name="a", above=0.5)) == 1
-        assert set_rule(r, KEYS, make_rule(name="b", above=0.6)) == 2
-        assert delete_rule(r, KEYS, "a") == 3
-        assert [x.name for x in read_rules(r, KEYS).rules] == ["b"]
-        assert rules_version(r, KEYS) == 3
-        assert announced(sub) == [b"1", b"2", b"3"]
-        r.set("other:rules", "x")
-        with pytest.raises(RuleError, match="holds a string"):
-            set_rule(r, Keys("other"), make_rule(name="a", above=0.5))
+def test_on_a_redis_cluster(cluster_url):
+    r = connect(cluster_url, cluster=True)
+    sub = subscribed(r)
+    assert set_rule(r, KEYS, make_rule(name="a", above=0.5)) == 1
+    assert set_rule(r, KEYS, make_rule(name="b", above=0.6)) == 2
+    assert delete_rule(r, KEYS, "a") == 3
+    assert [x.name for x in read_rules(r, KEYS).rules] == ["b"]
+    assert rules_version(r, KEYS) == 3
+    assert announced(sub) == [b"1", b"2", b"3"]
+    r.set("other:rules", "x")
+    with pytest.raises(RuleError, match="holds a string"):
+        set_rule(r, Keys("other"), make_rule(name="a", above=0.5))

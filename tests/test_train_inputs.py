@@ -16,7 +16,7 @@ from model.training.bptt import loss_and_gradients, predict
 from model.training.evaluate import model_step_scores
 from model.training.sessions import pad, sessionize
 from model.training.train import TrainConfig, train
-from tests.conftest import run_cli
+from tests.conftest import NO_TEST_USERS, run_cli
 from worker.commands.event_files import read_event_files
 from worker.commands.input_flags import absent_inputs_warning, input_coverage
 from worker.commands.train import seconds_warning
@@ -222,6 +222,7 @@ def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
         "train", "--data", str(data), "--numeric", "price:log1p", "--categorical", "brand",
         "--item", "product_id", "--buckets", "64", "--input-dim", "3", "--hidden", "8",
         "--epochs", "1", "--no-calibrate", "--min-type-count", "1", "--quiet", "--out", str(out),
+        *NO_TEST_USERS,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     model = load_model(out)
@@ -233,7 +234,7 @@ def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
     spec.write_text(json.dumps([{"kind": "item", "name": "product_id", "buckets": 32, "dim": 2}]))
     run = run_cli("train", "--data", str(data), "--inputs", str(spec), "--hidden", "4",
                   "--epochs", "1", "--no-calibrate", "--min-type-count", "1", "--quiet",
-                  "--out", str(out))  # fmt: skip
+                  "--out", str(out), *NO_TEST_USERS)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert load_model(out).arrays["input.product_id.embedding"].shape == (32, 2)
     init = tmp_path / "init.npz"
@@ -262,7 +263,7 @@ def test_the_cli_trains_on_numbered_users_and_refuses_an_input_no_event_carries(
                             for e in events))  # fmt: skip
     out = tmp_path / "m.npz"
     flags = ["--item", "product_id", "--hidden", "4", "--epochs", "1", "--no-calibrate",
-             "--min-type-count", "1", "--quiet", "--out", str(out)]  # fmt: skip
+             "--min-type-count", "1", "--quiet", "--out", str(out), *NO_TEST_USERS]  # fmt: skip
     misspelt = run_cli("train", "--data", str(data), "--numeric", "prcie", *flags)
     assert misspelt.returncode == 2, misspelt.stderr
     assert "no event carries input(s) prcie" in misspelt.stderr and "price" in misspelt.stderr

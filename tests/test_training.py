@@ -16,7 +16,7 @@ from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.training.bptt import clip_global_norm, loss_and_gradients, predict
 from model.training.sessions import DataError, Session, pad, sessionize
 from model.training.train import TrainConfig, TrainingDivergedError, train
-from tests.conftest import run_cli
+from tests.conftest import NO_TEST_USERS, run_cli
 from tests.workers import WorkerProcess, wait_for
 from worker.common.connection import connect
 from worker.lifecycle.registry import Registry
@@ -286,7 +286,8 @@ def test_train_cli_reports_bad_lines_and_writes_artifact_and_report(tmp_path):
     args = ["train", "--data", str(data), "--hidden", "8", "--epochs", "2", "--quiet",
             "--cell", "gru", "--patience", "1",
             "--event-types", "view,search,add_to_cart,coupon,checkout,purchase",
-            "--out", str(tmp_path / "m.npz"), "--report", str(tmp_path / "report")]  # fmt: skip
+            "--out", str(tmp_path / "m.npz"), "--report", str(tmp_path / "report"),
+            *NO_TEST_USERS]  # fmt: skip
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr
     assert f"{data}:4: not valid JSON" in result.stderr
@@ -311,7 +312,7 @@ def test_train_cli_trains_an_lstm_whose_scores_the_score_command_reproduces(tmp_
     write_jsonl(data, events)
     out = tmp_path / "lstm.npz"
     result = run_cli("train", "--data", str(data), "--hidden", "8", "--epochs", "2", "--quiet",
-                     "--cell", "lstm", "--out", str(out))  # fmt: skip
+                     "--cell", "lstm", "--out", str(out), *NO_TEST_USERS)  # fmt: skip
     assert result.returncode == 0, result.stderr
     model = load_model(out)
     assert model.meta.cell == "lstm" and model.arrays["layer0.W_hf"].shape == (8, 8)
@@ -366,7 +367,7 @@ def test_train_from_redis_publishes_promotes_and_a_running_worker_switches(redis
         result = run_cli(
             "train", "--from-redis", "--redis-url", redis_server.url, "--hidden", "16",
             "--epochs", "6", "--promote", "--quiet", "--report", str(tmp_path / "rep"),
-            "--pushgateway", f"127.0.0.1:{gateway.server_port}",
+            "--pushgateway", f"127.0.0.1:{gateway.server_port}", *NO_TEST_USERS,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert "published version 2" in result.stdout and "promoted version 2" in result.stdout
@@ -389,14 +390,14 @@ def test_train_from_redis_publishes_promotes_and_a_running_worker_switches(redis
         # a worse model is published but not promoted, unless forced
         worse = run_cli(
             "train", "--from-redis", "--redis-url", redis_server.url, "--hidden", "2",
-            "--epochs", "1", "--lr", "0.00001", "--promote", "--quiet",
+            "--epochs", "1", "--lr", "0.00001", "--promote", "--quiet", *NO_TEST_USERS,
         )  # fmt: skip
         assert worse.returncode == 1, worse.stdout + worse.stderr
         assert "published version 3" in worse.stdout and "not promoted" in worse.stdout
         assert registry.current() == "2"
         forced = run_cli(
             "train", "--from-redis", "--redis-url", redis_server.url, "--hidden", "2",
-            "--epochs", "1", "--lr", "0.00001", "--promote", "--force", "--quiet",
+            "--epochs", "1", "--lr", "0.00001", "--promote", "--force", "--quiet", *NO_TEST_USERS,
         )  # fmt: skip
         assert forced.returncode == 0 and registry.current() == "4"
     finally:

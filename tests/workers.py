@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,14 +10,14 @@ import redis
 from redis.exceptions import RedisClusterException  # not a RedisError
 
 from tests.conftest import console_script
+from tests.processes import LoggedProcess
 
 
-class WorkerProcess:
+class WorkerProcess(LoggedProcess):
     """An `intentstream worker` subprocess with its log in a file."""
 
     def __init__(self, redis_url: str, model: Path, log: Path, *extra: str) -> None:
-        self.log_path = log
-        self.args = [
+        super().__init__([
             console_script(), "worker",
             "--redis-url", redis_url,
             "--model", str(model),
@@ -28,28 +25,7 @@ class WorkerProcess:
             "--log-format", "json",
             "--block-ms", "200",
             *extra,
-        ]  # fmt: skip
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> WorkerProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
-        return self
-
-    def terminate(self, timeout: float = 15) -> int:
-        """SIGTERM, then wait; returns the exit code."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        """kill -9."""
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        ], log)  # fmt: skip
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
