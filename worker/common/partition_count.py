@@ -20,6 +20,10 @@ class PartitionCountError(SettingsError):
     """This process's partition count is not the one in force; the message says both."""
 
 
+class ResizeUnfinishedError(PartitionCountError):
+    """`intentstream partitions resize` has begun and not finished (a producer waits it out)."""
+
+
 def recorded_partitions(client: Client, keys: Keys) -> int | None:
     """The partition count recorded under the prefix, or None before the first process."""
     try:
@@ -45,7 +49,7 @@ def check_partitions(client: Client, keys: Keys, partitions: int, record: bool =
         return  # only a producer gets here: the first worker records its count
     recorded = int(config[b"partitions"])
     if b"resize_to" in config:
-        raise PartitionCountError(
+        raise ResizeUnfinishedError(
             f"a change of the partition count from {recorded} to "
             f"{int(config[b'resize_to'])} is unfinished under prefix {keys.prefix!r}: run "
             "`intentstream partitions resize` again to finish it"

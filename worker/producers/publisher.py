@@ -29,7 +29,7 @@ from worker.common.events import (
     input_text,
 )
 from worker.common.keys import Keys, partition_of
-from worker.common.partition_count import check_partitions
+from worker.common.partition_count import ResizeUnfinishedError, check_partitions
 from worker.producers.append_function import LIBRARY, call_args, install, unavailable
 
 log = logging.getLogger("intentstream.publish")
@@ -259,13 +259,16 @@ def _send(
             elif unavailable(reply):
                 if route.function:
                     loaded = _load_function(client, keys, reply, not route.warned)
-                    if not loaded and client.hget(keys.config, "resize_to") is not None:
-                        resizing = True  # a resize loads the function: wait, then FCALL
-                        todo += rows
-                        continue
                     # no worker has run: the count recorded (or a key of another type) is
                     # checked here, whether the function now holds or not
-                    check_partitions(client, keys, count, record=False)
+                    try:
+                        check_partitions(client, keys, count, record=False)
+                    except ResizeUnfinishedError:
+                        # a resize has begun (it loads the function): wait, then FCALL. One
+                        # read decides, so a resize beginning between two reads is seen too
+                        resizing = True
+                        todo += rows
+                        continue
                     if not loaded:  # this pipeline by XADD; the next tries the function
                         route.function, route.warned = False, True
                         route.no_functions = "unknown command" in message
