@@ -30,7 +30,7 @@ from pydantic import (
 from model.calibration import calibration_of
 from model.feature_names import feature_help, is_stateful, unknown_features
 from model.features import memory_width
-from model.inputs import Inputs, input_width, parse_inputs, spec_width, table_shapes
+from model.inputs import Inputs, input_width, parse_inputs, table_columns, table_shapes
 
 FORMAT = "intentstream.model/1"  # event type and features only
 FORMAT_2 = "intentstream.model/2"  # and declared inputs (meta.inputs, model/inputs.py)
@@ -235,13 +235,9 @@ def expected_shapes(meta: ModelMeta, embedding_dim: int) -> dict[str, tuple[int,
 def table_rows(meta: ModelMeta) -> np.ndarray:
     """The rows of head.W_fq (features, then the inputs' block) that are embedding-table
     columns: the wide part reads only the numeric columns (features, values, flags)."""
-    rows, at = [], len(meta.features)
-    for spec in meta.declared_inputs:
-        width = spec_width(spec)
-        if spec.kind != "numeric":
-            rows += range(at, at + spec.dim)
-        at += width
-    return np.array(rows, np.int64)
+    at = len(meta.features)  # the inputs' block starts after the features
+    columns = table_columns(meta.declared_inputs)
+    return np.array([at + c for col, dim in columns for c in range(col, col + dim)], np.int64)
 
 
 def _undeclared_tables(meta: ModelMeta, names: list[str]) -> None:

@@ -83,6 +83,6 @@ def reference_step(
         below = h_new[layer, :H]
     z = float(below @ params["head.W_hq"][:, 0] + params["head.b_q"][0])
     if WIDE_HEAD in params:  # the wide part: the numeric columns of x straight to the logit
-        z += float(x[len(params["embedding"][type_idx]) :] @ params[WIDE_HEAD][:, 0])
+        z += float(x[params["embedding"].shape[1] :] @ params[WIDE_HEAD][:, 0])
     score = 1.0 / (1.0 + np.exp(-z)) if head == "sigmoid" else z
     return h_new, score
