@@ -126,11 +126,12 @@ def connected(
 
 
 def wait_bound(settings: Settings, max_seconds: float | None, started: float) -> tuple[float, str]:
-    """The start-up wait's deadline and its flag: --wait-for-redis, or --max-seconds when
-    that ends the run first."""
-    deadline, bound = started + settings.wait_for_redis, f"{settings.wait_for_redis:g} s"
-    bound += " (--wait-for-redis / INTENTSTREAM_WAIT_FOR_REDIS)"
-    if max_seconds is not None and max_seconds < settings.wait_for_redis:
+    """The start-up wait's deadline and its flag: --wait-for-redis counted from now (the first
+    try: a start-up slowed by a busy machine does not eat the wait), or --max-seconds (counted
+    from `started`) when that ends the run first."""
+    deadline = time.monotonic() + settings.wait_for_redis
+    bound = f"{settings.wait_for_redis:g} s (--wait-for-redis / INTENTSTREAM_WAIT_FOR_REDIS)"
+    if max_seconds is not None and started + max_seconds < deadline:
         deadline, bound = started + max_seconds, f"{max_seconds:g} s (--max-seconds)"
     return deadline, bound
 
