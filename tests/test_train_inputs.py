@@ -308,7 +308,7 @@ def test_input_coverage_and_the_warnings_of_data_a_model_would_misread():
     assert seconds_warning([]) is None
 
 
-def test_a_wide_head_trains_its_numeric_columns_and_leaves_the_tables_columns_at_zero():
+def test_a_wide_head_is_fitted_on_its_numeric_columns_and_leaves_the_tables_columns_at_zero():
     events, _ = rich_shop(users=200, seed=6)
     result = train(events, shop_config(inputs=SHOP_INPUTS, wide_head=True))
     model = result.model
@@ -316,7 +316,19 @@ def test_a_wide_head_trains_its_numeric_columns_and_leaves_the_tables_columns_at
     fixed = table_rows(model.meta)
     # gap, price (value, missing), brand (3 embedding columns), product (4, then 2 flags)
     assert w.shape == (1 + 2 + 3 + 4 + 2,) and list(fixed) == [3, 4, 5, 6, 7, 8, 9]
-    assert not w[fixed].any()  # through Adam, clipping and the tables' decay
-    # the gap, the price and the item flags learned; every price is there: its missing flag
-    # never moves
+    assert not w[fixed].any()
+    # the gap, the price and the item flags carry weight; every price is there: its missing
+    # flag is a constant column, which the regression leaves at 0
     assert np.abs(w[[0, 1, 10, 11]]).min() > 0 and w[2] == 0
+    wide = result.report["wide_part"]
+    assert wide["columns_used"] == 4 and wide["scale"] > 0
+    assert "averaged with the deep logit" in wide["note"]
+    # fine-tuning trains both parts jointly: the table columns stay exactly 0 through Adam,
+    # clipping and the tables' decay
+    parent = {k: v.copy() for k, v in model.arrays.items()}
+    tuned = train(events, shop_config(inputs=SHOP_INPUTS, epochs=1), init=model).model
+    w_tuned = tuned.arrays["head.W_fq"][:, 0]
+    assert not w_tuned[fixed].any() and not np.array_equal(w_tuned, w)
+    # and the parent's arrays are its own still (fine-tuning trains copies)
+    assert all(np.array_equal(v, parent[k]) for k, v in model.arrays.items())
+    assert train(events, shop_config(inputs=SHOP_INPUTS)).report["wide_part"] is None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -42,6 +42,7 @@ from model.training.sessions import (
     sessionize,
     split_by_user,
 )
+from model.training.wide_fit import with_wide_part
 
 
 class InputDeclaration(BaseModel):
@@ -137,7 +138,8 @@ class TrainConfig(BaseModel):
     # splits it does not report (BENCHMARKS.md, Real shop events); a model without tables is as
     # before.
     # A wide part beside the deep one: the head also reads x's numeric columns (features,
-    # input values and flags) straight into the logit, as a logistic regression on them would.
+    # input values and flags) straight into the logit: a logistic regression on them, fitted
+    # after the deep part and averaged with it (model/training/wide_fit.py).
     wide_head: bool = Field(
         False, description="the head also reads the features and the inputs' numeric "
         "columns directly (a wide part beside the recurrent one)",
@@ -340,9 +342,14 @@ def _train(
         wide_head=config.wide_head,
     )  # fmt: skip
     inputs = model.inputs
-    params = pack(model.arrays, config.cell, np.float32, inputs)
-    if init is None:
-        params.w_f[:] = 0.0  # the wide part starts silent: epoch 1 learns it from the data
+    # copies: pack keeps some arrays as they are, and fine-tuning must not move its parent's
+    params = pack({k: np.array(v) for k, v in model.arrays.items()}, config.cell, np.float32,
+                  inputs)  # fmt: skip
+    # A fresh wide head's wide part is fitted after the deep part (model/training/wide_fit.py);
+    # fine-tuning (init) trains both jointly from the parent's weights.
+    wide_after = config.wide_head and init is None
+    if wide_after:
+        params.w_f[:] = 0.0
     optimizer = make_optimizer(config.optimizer, config.lr)
     rng = np.random.default_rng(config.seed)
     valid_batch = [pad(valid_s[i : i + 512], F) for i in range(0, len(valid_s), 512)]
@@ -356,6 +363,8 @@ def _train(
         total, steps, norms, seen = 0.0, 0, [], 0
         for batch in batches:
             loss, grads = packed_loss_and_gradients(params, batch, config.bptt)
+            if wide_after:
+                grads.w_f[:] = 0.0
             norms.append(clip_global_norm(grads.arrays(), config.clip))
             optimizer.step(params.arrays(), grads.arrays())
             decay_tables(params, config.lr * config.input_weight_decay)
@@ -384,6 +393,10 @@ def _train(
             "training diverged in epoch 1 (the loss is not finite); lower --lr or --clip"
         )
     kept = {k: np.array(v) for k, v in unpack(best.params, inputs).items()}
+    wide = None
+    if wide_after:
+        kept, wide = with_wide_part(kept, pack(kept, config.cell, np.float64, inputs), train_s,
+                                    valid_s, F)  # fmt: skip
     raw_scores = step_scores(pack(kept, config.cell, np.float64, inputs), valid_s, F)
     calibration, rnn_scores, calibration_note = None, raw_scores, "not asked (--no-calibrate)"
     if config.calibrate:
@@ -418,6 +431,7 @@ def _train(
         "metrics_raw": metrics_of(*raw_scores),
         "calibration": calibration.model_dump() if calibration is not None else None,
         "calibration_note": calibration_note,
+        "wide_part": asdict(wide) | {"note": wide.note()} if wide is not None else None,
         "baseline": base_metrics,
         "seconds": time.time() - started,
     }
