@@ -234,9 +234,11 @@ def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
     spec.write_text(json.dumps([{"kind": "item", "name": "product_id", "buckets": 32, "dim": 2}]))
     run = run_cli("train", "--data", str(data), "--inputs", str(spec), "--hidden", "4",
                   "--epochs", "1", "--no-calibrate", "--min-type-count", "1", "--quiet",
-                  "--out", str(out), *NO_TEST_USERS)  # fmt: skip
+                  "--wide-head", "--out", str(out), *NO_TEST_USERS)  # fmt: skip
     assert run.returncode == 0, run.stderr
-    assert load_model(out).arrays["input.product_id.embedding"].shape == (32, 2)
+    wide = load_model(out)
+    assert wide.arrays["input.product_id.embedding"].shape == (32, 2) and wide.meta.wide_head
+    assert "wide part: a logistic regression on 3 numeric columns" in run.stdout
     init = tmp_path / "init.npz"
     run = run_cli("model", "init", "--event-types", "view,add_to_cart", "--hidden", "4",
                   "--features", "gap", "--numeric", "price", "--item", "product_id",

@@ -170,6 +170,8 @@ def _print_metrics(report: dict) -> None:
         print(f"calibration: {report['calibration_note']}")
     if report.get("calibration") is not None:
         print("(fitted on the validation users; its ECE and Brier above are cross-fitted)")
+    if report.get("wide_part"):
+        print(report["wide_part"]["note"])
 
 
 def _print_left_out(report: dict, min_count: int) -> None:
