@@ -1,0 +1,156 @@
+"""Outside check: a worker holding many partitions, at low traffic, killed with SIGKILL again
+and again while a producer writes; afterwards every event is scored exactly once and every
+user's state counts each of its events once.
+
+It drives what a user runs: the installed `intentstream worker` console script, a private
+`redis-server` on a free port and plain redis-py XADDs (producers route by crc32(user) mod P).
+
+    .venv/bin/python scripts/crash_check.py [--partitions 8] [--kills 12] [--rate 400] [--exe PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis(tmp: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(tmp)],
+                            stdout=subprocess.DEVNULL)  # fmt: skip
+    r = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            r.ping()
+            return proc, port
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise SystemExit("redis-server did not start")
+
+
+def start_worker(exe: str, port: int, model: Path, partitions: int, log) -> subprocess.Popen:
+    return subprocess.Popen([exe, "worker", "--redis-url", f"redis://127.0.0.1:{port}/0",
+                             "--model", str(model), "--partitions", str(partitions),
+                             "--metrics-port", "0", "--batch-size", "64",
+                             "--log-format", "json"], stdout=log, stderr=log)  # fmt: skip
+
+
+def produce(port: int, partitions: int, rate: float, stop: threading.Event, sent: Counter):
+    """XADD one event at a time to its user's partition, about `rate` a second."""
+    r = redis.Redis(port=port)
+    users = [f"u{k}" for k in range(300)]
+    k = 0
+    while not stop.is_set():
+        user = random.choice(users)
+        p = zlib.crc32(user.encode()) % partitions
+        r.xadd(f"intentstream:events:{{{p}}}", {"user_id": user, "type": "view",
+                                                "event_id": f"{user}-{k}"})  # fmt: skip
+        sent[user] += 1
+        k += 1
+        time.sleep(1.0 / rate)
+
+
+def state_key(user: str, partitions: int) -> str:
+    return f"intentstream:state:{{{zlib.crc32(user.encode()) % partitions}}}:{user}"
+
+
+def drained(r: redis.Redis, partitions: int) -> bool:
+    for p in range(partitions):
+        last = r.xrevrange(f"intentstream:events:{{{p}}}", count=1)
+        if last and r.get(f"intentstream:acked:{{{p}}}") != last[0][0]:
+            return False
+    return True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--kills", type=int, default=12)
+    ap.add_argument("--rate", type=float, default=400.0)
+    ap.add_argument(
+        "--exe",
+        default=str(ROOT / ".venv" / "bin" / "intentstream"),
+        help="the intentstream console script to drive",
+    )
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    redis_proc, port = start_redis(tmp)
+    r = redis.Redis(port=port, decode_responses=True)
+    model = tmp / "m.npz"
+    subprocess.run([args.exe, "model", "init",
+                    "--event-types", "view,add_to_cart,purchase", "--hidden", "8",
+                    "--out", str(model)], check=True, capture_output=True)  # fmt: skip
+    log = open(tmp / "worker.log", "ab")  # noqa: SIM115 - the workers' log, closed at exit
+    worker = start_worker(args.exe, port, model, args.partitions, log)
+    stop, sent = threading.Event(), Counter()
+    producer = threading.Thread(target=produce, args=(port, args.partitions, args.rate, stop, sent))
+    producer.start()
+    try:
+        for _ in range(args.kills):
+            time.sleep(random.uniform(1.5, 4.0))
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            worker = start_worker(args.exe, port, model, args.partitions, log)
+        time.sleep(2.0)
+        stop.set()
+        producer.join()
+        deadline = time.time() + 120
+        while not drained(r, args.partitions) and time.time() < deadline:
+            time.sleep(0.2)
+        ok_drained = drained(r, args.partitions)
+        scored: Counter = Counter()
+        ids: Counter = Counter()
+        for p in range(args.partitions):
+            for _, fields in r.xrange(f"intentstream:scores:{{{p}}}"):
+                scored[fields["user_id"]] += 1
+                ids[fields["event_id"]] += 1
+        states = {u: int(r.hget(state_key(u, args.partitions), "n") or 0) for u in sent}
+    finally:
+        stop.set()
+        worker.kill()
+        worker.wait()
+        redis_proc.terminate()
+        redis_proc.wait()
+    total = sum(sent.values())
+    twice = sum(1 for c in ids.values() if c > 1)
+    wrong_n = sum(1 for u, n in sent.items() if states[u] != n)
+    missing = total - len(ids)
+    print(
+        f"{args.kills} SIGKILLs, {args.partitions} partitions, {total} events sent; drained: "
+        f"{ok_drained}; scored {sum(ids.values())} ({len(ids)} distinct event ids); scored "
+        f"twice: {twice}; never scored: {missing}; users whose n is wrong: {wrong_n}"
+    )
+    ok = ok_drained and not twice and not missing and not wrong_n
+    if ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"kept {tmp} (worker.log)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
