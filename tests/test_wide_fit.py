@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.training.wide_fit import L2_GRID, averaged, chosen_l2, fit_logistic
+from model.training.wide_fit import (
+    L2_GRID,
+    averaged,
+    chosen_l2,
+    cross_validation_steps,
+    fit_logistic,
+)
 
 
 def _logistic_rows(n: int, w: np.ndarray, b: float, seed: int = 0):
@@ -56,3 +62,13 @@ def test_the_average_of_the_two_logits_is_scaled_and_shifted_to_the_labels():
     assert abs(s - 1.2) < 0.1 and abs(c + 2) < 0.1
     s, c = averaged(-deep, -wide, y)  # an average that ranks backwards keeps the base rate
     assert s == 0.0 and abs(1 / (1 + np.exp(-c)) - y.mean()) < 1e-6
+
+
+def test_a_large_training_set_chooses_its_l2_on_whole_users_steps_about_the_limit():
+    rng = np.random.default_rng(5)
+    hashes = np.repeat(rng.integers(0, 2**32, 5_000), 40)  # 5,000 users of 40 steps
+    assert cross_validation_steps(hashes, limit=300_000).all()
+    kept = cross_validation_steps(hashes, limit=50_000)
+    assert 35_000 < kept.sum() < 65_000
+    by_user = {h: set(kept[hashes == h]) for h in np.unique(hashes)[:200]}
+    assert all(len(v) == 1 for v in by_user.values())  # a user's steps all in or all out
