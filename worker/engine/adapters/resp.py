@@ -97,6 +97,9 @@ class Joined:
         return [blob[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
+_COLUMNS = (list, tuple, np.ndarray, Joined)  # the kinds of a template's columns
+
+
 def resp_column(column: np.ndarray | Joined | Sequence) -> bytes:
     """A column of arguments as RESP bulk strings (see framed)."""
     return framed(column).tobytes()
@@ -144,16 +147,17 @@ def resp_commands(template: Sequence, rows: np.ndarray | None = None) -> memoryv
     the constant parts (hiredis would pack each argument apart, ~0.3 µs each). A few rows
     (at low traffic, a batch of an event or two) are packed by hiredis instead: the
     framers' fixed cost, ~60-80 µs a call on the 2-core VM, is more than theirs."""
-    columns = [x for x in template if _is_column(x)]
+    flags = [isinstance(x, _COLUMNS) for x in template]
+    columns = [x for x, column in zip(template, flags, strict=True) if column]
     n = len(columns[0]) if columns else 0
     order = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
     if not len(order):
         return memoryview(b"")
     if len(order) <= FEW_ROWS and 0 < n <= 4 * FEW_ROWS:  # each column converted whole
-        return memoryview(_few_commands(template, order))
+        return memoryview(_few_commands(template, flags, order))
     between: list[list] = [[]]  # the constants before each column, and after the last
-    for item in template:
-        if _is_column(item):
+    for item, column in zip(template, flags, strict=True):
+        if column:
             between.append([])
         else:
             between[-1].append(item)
@@ -173,18 +177,19 @@ def resp_commands(template: Sequence, rows: np.ndarray | None = None) -> memoryv
     return memoryview(_interleaved(data, starts, seg, seg_at, order))
 
 
-def _few_commands(template: Sequence, order: np.ndarray) -> bytes:
+def _few_commands(template: Sequence, flags: list[bool], order: np.ndarray) -> bytes:
     """resp_commands's bytes for a few rows, each command packed by hiredis from its
-    arguments (as_arguments: the same bytes the framers write)."""
-    items = [(x, as_arguments(x) if _is_column(x) else None) for x in template]
-    return b"".join(
-        hiredis.pack_command(tuple(x if v is None else v[r] for x, v in items))
-        for r in order.tolist()
-    )
-
-
-def _is_column(item: object) -> bool:
-    return isinstance(item, list | tuple | np.ndarray | Joined)
+    arguments (as_arguments: the same bytes the framers write); `flags`: which items are
+    columns."""
+    args = list(template)
+    columns = [(i, as_arguments(x)) for i, (x, column) in enumerate(zip(template, flags,
+               strict=True)) if column]  # fmt: skip
+    out = []
+    for r in order.tolist():
+        for i, values in columns:
+            args[i] = values[r]
+        out.append(hiredis.pack_command(tuple(args)))
+    return b"".join(out)
 
 
 def as_arguments(column: np.ndarray | Joined | Sequence) -> list:
