@@ -82,6 +82,14 @@ def batches(draw):
     return entries
 
 
+def by_columns(*args, **kwargs):
+    """parse_batch with the columns tried at any size (by default a batch below
+    COLUMNS_FROM entries goes one by one)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(batch_module, "COLUMNS_FROM", 0)
+        return parse_batch(*args, **kwargs)
+
+
 def entry_by_entry(*args, **kwargs):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(batch_module, "_parsed_by_columns", lambda *a: None)
@@ -106,7 +114,7 @@ def as_dict(b) -> dict:
 def test_the_columns_give_the_entry_by_entry_batch(entries, where, inputs):
     partition, partitions = where
     names = INPUTS if inputs else ()
-    got = parse_batch(partition, entries, partitions, 600_000, names)
+    got = by_columns(partition, entries, partitions, 600_000, names)
     want = entry_by_entry(partition, entries, partitions, 600_000, names)
     assert as_dict(got) == as_dict(want)
 

@@ -1,6 +1,9 @@
 """At low traffic a node's partitions commit together (engine/adapters/together.py): every
-commit's checks go out before any transaction, and each commit's checks and outcome stay its
-own: a refused, conflicting or lost commit among them leaves the others applied once."""
+commit's checks go out before any transaction, and each commit's checks stay its own: a
+refused commit among them leaves the others applied once. On one Redis the commits that pass
+go in one transaction on one connection (a lost reply leaves them all unsettled, each counted
+once Redis shows it applied); on a cluster each has a connection of its own (a lost one
+leaves the others as they are): both ways run here on one Redis."""
 
 from __future__ import annotations
 
@@ -52,11 +55,13 @@ def monitored(port: int, out: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.parametrize("one_transaction", [True, False])
 def test_a_rounds_partitions_send_every_check_before_any_transaction(
-    redis_server, model_path, tmp_path
+    redis_server, model_path, tmp_path, one_transaction
 ):
     r = connect(redis_server.url)
     consumer = in_process_consumer(redis_server.url, model_path, partitions=P)
+    consumer.together.one_transaction = one_transaction  # False: as on a cluster
     consumer.tick()  # takes the leases; nothing to read
     assert sorted(consumer.ownership.owned) == list(range(P))
     events = one_event_per_partition()
@@ -65,32 +70,39 @@ def test_a_rounds_partitions_send_every_check_before_any_transaction(
     monitor = monitored(redis_server.port, log)
     try:
         consumer.tick()
-        wait_for(lambda: log.read_text().count('"EXEC"') >= P, what="every commit's EXEC")
+        # each commit's INCR of its sequence, the last write of its transaction
+        wait_for(lambda: log.read_text().count('"INCR"') >= P, what="every commit's writes")
     finally:
         monitor.terminate()
         monitor.wait()
     lines = log.read_text().splitlines()
     watches = [i for i, x in enumerate(lines) if '"WATCH"' in x]
     execs = [i for i, x in enumerate(lines) if '"EXEC"' in x]
-    assert len(watches) == len(execs) == P
+    assert len(watches) == P and len(execs) == (1 if one_transaction else P)
     assert max(watches) < min(execs), "a transaction went before every check was sent"
+    # the client (address) of each command: one connection for all, else one per commit
+    clients = {x.split("]")[0].split()[-1] for x in lines if '"WATCH"' in x or '"EXEC"' in x}
+    assert len(clients) == (1 if one_transaction else P)
     assert consumer.metrics.count("scored") == P
     assert_scored_once_as_offline(r, events, model_path)
     consumer.close()
 
 
+@pytest.mark.parametrize("one_transaction", [True, False])
 def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
-    redis_server, model_path
+    redis_server, model_path, one_transaction
 ):
     """Of one round's commits sent together: one meets a conflict (another writer moved its
-    sequence on), one a lease taken by another, one loses its reply after applying. The
-    others apply and count once; the conflicting one is computed and sent again, the lost
-    one counted when Redis shows it applied, the taken one scored once its lease is back."""
+    sequence on), one a lease taken by another, one loses its reply after applying (in one
+    transaction, the replies of those settled after it are lost with it). The others apply
+    and count once; the conflicting one is computed and sent again, the lost ones counted
+    when Redis shows them applied, the taken one scored once its lease is back."""
     r = connect(redis_server.url)
     events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(400, 60, seed=5))]
     publish(r, events, partitions=P)
     consumer = in_process_consumer(redis_server.url, model_path, partitions=P, lease_ms=1000)
-    commit_together, read_writes = consumer.together.commit, consumer.committer.read_writes
+    consumer.together.one_transaction = one_transaction  # False: as on a cluster
+    commit_together, settled = consumer.together.commit, consumer.committer.settled
     outcomes: dict[int, object] = {}
 
     def first_round_meddled(client, commits):
@@ -102,14 +114,14 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
         outcomes.update({c.partition: o for (c, _), o in zip(commits, got, strict=True)})
         return got
 
-    def reply_lost_once(conn, sent):
-        result = read_writes(conn, sent)
-        if sent.commit.partition == 6 and 6 not in outcomes:
+    def reply_lost_once(conn, commit, prepared, replies):
+        result = settled(conn, commit, prepared, replies)
+        if commit.partition == 6 and 6 not in outcomes:
             raise redis.ConnectionError("reply lost")
         return result
 
     consumer.together.commit = first_round_meddled
-    consumer.committer.read_writes = reply_lost_once
+    consumer.committer.settled = reply_lost_once
 
     def tick() -> bool:
         try:
@@ -123,11 +135,48 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     wait_for(tick, what="every event scored")
     assert sorted(outcomes) == list(range(P))  # all eight went together
     assert outcomes[2].reason == "conflict" and outcomes[5].reason == "not_owned"
-    assert isinstance(outcomes[6], redis.ConnectionError)
-    assert all(isinstance(outcomes[p], CommitResult) for p in (0, 1, 3, 4, 7))
+    lost = (6, 7) if one_transaction else (6,)  # settled in partition order
+    assert all(isinstance(outcomes[p], redis.ConnectionError) for p in lost)
+    assert all(isinstance(outcomes[p], CommitResult) for p in {0, 1, 3, 4, 7} - set(lost))
     assert isinstance(outcomes[2], CommitRefusedError)
     assert consumer.metrics.count("scored") == len(events)
     assert consumer.metrics.count("duplicate") == 0
+    assert_scored_once_as_offline(r, events, model_path)
+    consumer.close()
+
+
+def test_a_key_changed_before_their_one_exec_refuses_them_all_and_each_applies_once(
+    redis_server, model_path
+):
+    """On one Redis the commits that passed their checks go in one transaction: a watched
+    key changed between the checks and EXEC (another writer's commit of one partition)
+    refuses them all as a conflict; each is computed and sent again, and every event is
+    scored once."""
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, model_path, partitions=P)
+    consumer.tick()  # takes the leases; nothing to read
+    events = one_event_per_partition()
+    publish(r, events, partitions=P)
+    commit_together, writes = consumer.together.commit, consumer.committer.writes
+    outcomes: list = []
+
+    def changed_before_exec(*args):
+        if not outcomes and not r.get("meddled"):
+            r.set("meddled", 1)
+            r.incr(KEYS.commit_seq(3))  # after the checks, before the transaction
+        return writes(*args)
+
+    def recorded(client, commits):
+        got = commit_together(client, commits)
+        outcomes.append(got)
+        return got
+
+    consumer.committer.writes = changed_before_exec
+    consumer.together.commit = recorded
+    wait_for(lambda: consumer.tick() or consumer.metrics.count("scored") >= P, what="scores")
+    assert len(outcomes[0]) == P  # every partition went together, first
+    assert all(isinstance(o, CommitRefusedError) and o.reason == "conflict" for o in outcomes[0])
+    assert consumer.metrics.count("scored") == P
     assert_scored_once_as_offline(r, events, model_path)
     consumer.close()
 

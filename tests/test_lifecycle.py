@@ -316,6 +316,24 @@ def test_label_samples_are_the_per_event_definitions_on_random_batches():
         assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == want
 
 
+def test_the_rows_with_outcomes_one_by_one_are_numpys(monkeypatch):
+    """A few events find the rows with a label or a session end one by one; more, by numpy:
+    the same rows."""
+    from worker.engine.compute import quality
+
+    rng = np.random.default_rng(8)
+    monkeypatch.setattr(quality, "FEW_EVENTS", 0)  # numpy's way at any size
+    for _ in range(300):
+        users, n = int(rng.integers(1, 6)), int(rng.integers(1, 12))
+        slot = rng.integers(0, users, n)
+        is_label = rng.random(n) < 0.2
+        ts = np.sort(rng.integers(0, 10**6, n))
+        last_ts = np.where(rng.random(users) < 0.3, -1, rng.integers(0, 10**6, users))
+        gap = float(rng.choice([0.0, 1000.0, 50_000.5]))
+        want = quality._rows_with_outcomes(slot, is_label, ts, last_ts, gap)
+        assert quality._rows_one_by_one(slot, is_label, ts, last_ts, gap) == want
+
+
 def test_live_auc_of_the_current_model_is_exported(redis_server):
     from model.training.evaluate import roc_auc
     from tests.test_worker import scrape

@@ -14,7 +14,14 @@ from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, golden_model
 from worker.common.keys import Keys
 from worker.engine.adapters.commit import CommitLimits, Committer, decimals
-from worker.engine.adapters.resp import as_arguments, packed_command, resp_column, resp_commands
+from worker.engine.adapters.resp import (
+    FEW_ROWS,
+    Joined,
+    as_arguments,
+    packed_command,
+    resp_column,
+    resp_commands,
+)
 from worker.engine.compute.batch import parse_batch
 from worker.engine.compute.pipeline import build_commit
 from worker.engine.compute.user_states import UserStates, distinct_users
@@ -134,3 +141,23 @@ def test_a_commit_transaction_is_the_commands_it_means():
 def test_a_script_call_with_its_keys_packs_as_hiredis_does(keys):
     command = ("EVALSHA", "f" * 40, len(keys), *keys)
     assert packed_command(command, 3) == hiredis.pack_command(command)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), st.text(max_size=20),
+                          st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=FEW_ROWS),
+       st.data())  # fmt: skip
+def test_a_few_rows_pack_as_the_framers_do(rows, data):
+    """A few rows go through hiredis, more through the framers: the same bytes, for every
+    kind of column (bytes, strings, int64 to its extremes, float rows, values laid end to
+    end)."""
+    blobs, texts, ints = (list(x) for x in zip(*rows, strict=True))
+    h = np.random.default_rng(len(rows)).standard_normal((len(rows), 3)).astype(np.float32)
+    joined = Joined(np.frombuffer(b"".join(blobs), np.uint8).copy(),
+                    np.asarray(list(map(len, blobs)), np.int64))  # fmt: skip
+    template = ["HSET", texts, "b", blobs, "i", np.asarray(ints, np.int64), "h", h, "j", joined,
+                "m", 7]  # fmt: skip
+    order = data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=FEW_ROWS))
+    few = bytes(resp_commands(template, np.asarray(order, np.int64)))
+    many = resp_commands(template, np.asarray(order * (FEW_ROWS + 1), np.int64))
+    assert many == few * (FEW_ROWS + 1)

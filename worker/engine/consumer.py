@@ -107,7 +107,7 @@ class Consumer:
         self.committer = Committer(client, self.keys, self.holder, limits,
                                    s.layout, self.nodes)  # fmt: skip
         self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
-        self.together = Together(self.states, self.committer)
+        self.together = Together(self.states, self.committer, one_transaction=not self.cluster)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
         self.tally = Tally(self.metrics, self.quality)

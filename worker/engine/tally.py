@@ -28,13 +28,18 @@ class Tally:
         self.quality = quality
         for role in ("current", "shadow"):  # computed at scrape time
             metrics.live_auc.labels(role).set_function(lambda r=role: quality.auc(r))
+        # each label's child found once, not at every batch (a `labels` lookup costs
+        # several µs, a dozen a batch: at low traffic a batch is an event or two)
+        self._events = {outcome: metrics.events.labels(outcome) for outcome in OUTCOMES}
+        self._seconds = {stage: metrics.batch_seconds.labels(stage)
+                         for stage in ("parse", "state", "model", "commit")}  # fmt: skip
 
     def commit(self, commit: Commit) -> None:
         """Count a commit that took effect: every entry once, under its one outcome."""
         m, now = self.metrics, time.time()
-        for outcome in OUTCOMES:
+        for outcome, counter in self._events.items():
             if commit.outcomes[outcome]:
-                m.events.labels(outcome).inc(commit.outcomes[outcome])
+                counter.inc(commit.outcomes[outcome])
         if commit.unknown_types:
             m.unknown_types.inc(commit.unknown_types)
         if commit.resend_overflow:
@@ -58,7 +63,7 @@ class Tally:
         if unseen > 0:
             m.state_resets.labels("wrong_type").inc(unseen)
         self.commit(commit)
-        m.batch_seconds.labels("parse").observe(batch.parse_seconds)
+        self._seconds["parse"].observe(batch.parse_seconds)
         for stage, seconds in stages.items():
-            m.batch_seconds.labels(stage).observe(seconds)
+            (self._seconds.get(stage) or m.batch_seconds.labels(stage)).observe(seconds)
         m.batch_entries.observe(len(batch))

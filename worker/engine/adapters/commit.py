@@ -117,7 +117,7 @@ def token_of(holder: str, commit: Commit) -> bytes:
     return holder.encode() + b" " + commit.ack_ids[-1]
 
 
-_MULTI, _EXEC, _UNWATCH = (hiredis.pack_command((x,)) for x in ("MULTI", "EXEC", "UNWATCH"))
+MULTI, EXEC, UNWATCH = (hiredis.pack_command((x,)) for x in ("MULTI", "EXEC", "UNWATCH"))
 
 
 def _packed(*args: object) -> bytes:
@@ -131,7 +131,7 @@ class PreparedCommit:
     known only once the commit before it replied), and where its replies of interest sit in
     EXEC's."""
 
-    body: list  # MULTI and the writes: bytes-like chunks, sent as they are (resp.chunks)
+    body: list  # the writes: bytes-like chunks, sent as they are (resp.chunks)
     n_writes: int  # commands queued by body
     previous_at: int  # the GET of the partition's last commit token
     states_at: int  # the first state HSET; one per state row from there, in `state_rows`
@@ -139,7 +139,7 @@ class PreparedCommit:
 
 
 @dataclass(frozen=True)
-class _Verdict:
+class Verdict:
     """What the checks decided: go on with the writes (result None), or a result without
     them (`applied`, a refusal, or an error reply to raise)."""
 
@@ -202,57 +202,58 @@ class Committer:
         k, p = self.keys, c.partition
         return [k.scores(p), *(key for part in c.parts for key in part.watched(k, p))]
 
-    def _verdict(self, c: Commit, replies: list) -> _Verdict:
+    def verdict(self, c: Commit, replies: list) -> Verdict:
         """The checks' replies judged in the order of the module's docstring."""
         for reply in replies:
             if isinstance(reply, REDIRECTS):
-                return _Verdict(reply)  # the node does not serve the slot: nothing was read
+                return Verdict(reply)  # the node does not serve the slot: nothing was read
         if isinstance(replies[0], redis.ResponseError):
-            return _Verdict(replies[0])  # no WATCH (an ACL without it): never write unwatched
+            return Verdict(replies[0])  # no WATCH (an ACL without it): never write unwatched
         clock = 1 if c.seq == b"" else 0  # the TIME read last
         lease, at, between, seq = replies[1:5]
         types, token = replies[5 : len(replies) - 2 - clock], replies[-2 - clock]
         entries = replies[-1 - clock]  # the partition's count of entries committed
         if lease != self.holder.encode():
-            return _Verdict(CommitRefusedError("not_owned", ""))
+            return Verdict(CommitRefusedError("not_owned", ""))
         if isinstance(at, redis.ResponseError):
-            return _Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
+            return Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
         at = position_of(at, token)
         if at is None:
-            return _Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
+            return Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
         if at != c.after:
             if at == c.ack_ids[-1] and token == self.token(c):
                 applied = seq if isinstance(seq, bytes) else b""
-                return _Verdict(CommitResult(applied, 0, resent=True))
-            return _Verdict(CommitRefusedError("not_next", at.decode()))
+                return Verdict(CommitResult(applied, 0, resent=True))
+            return Verdict(CommitRefusedError("not_next", at.decode()))
         if entry_id(c.ack_ids[0]) <= entry_id(at):
-            return _Verdict(CommitRefusedError("behind", at.decode()))
+            return Verdict(CommitRefusedError("behind", at.decode()))
         if isinstance(between, redis.ResponseError):
-            return _Verdict(between)  # the events key holds another type
+            return Verdict(between)  # the events key holds another type
         if between:
-            return _Verdict(CommitRefusedError("gap", between[0][0].decode()))
+            return Verdict(CommitRefusedError("gap", between[0][0].decode()))
         seq_key = self.keys.commit_seq(c.partition)
         if isinstance(seq, redis.ResponseError) or (seq is not None and not seq.isdigit()):
-            return _Verdict(CommitRefusedError("bad_key", seq_key))
+            return Verdict(CommitRefusedError("bad_key", seq_key))
         if (seq or b"") != c.seq:
-            return _Verdict(CommitRefusedError("conflict", (seq or b"").decode()))
+            return Verdict(CommitRefusedError("conflict", (seq or b"").decode()))
         for key, kind in zip(self.streams(c), types, strict=True):
             if kind not in (b"stream", b"none"):
-                return _Verdict(CommitRefusedError("bad_key", key))
+                return Verdict(CommitRefusedError("bad_key", key))
         # a count of another kind (an operator's write) restarts from this commit's
         entries = int(entries) if isinstance(entries, bytes) and entries.isdigit() else 0
         if clock:
             seconds, micros = replies[-1]
-            return _Verdict(None, seconds + b"%06d" % int(micros), entries)
-        return _Verdict(None, entries=entries)
+            return Verdict(None, seconds + b"%06d" % int(micros), entries)
+        return Verdict(None, entries=entries)
 
     # ---- 2. the writes ------------------------------------------------------------------
 
     def prepare(self, c: Commit) -> PreparedCommit:
-        """MULTI and the writes of a Commit as RESP, in this order: score entries, each part's
-        stream writes (dead letters, actions), the partition's position, last commit token
-        (GET, then SET), the state keys rewritten whole (DEL), the states (HSET), each
-        part's state writes (the shadow model's), their TTL."""
+        """The writes of a Commit as RESP (`transaction` adds MULTI and the rest), in this
+        order: score entries, each part's stream writes (dead letters, actions), the
+        partition's position, last commit token (GET, then SET), the state keys rewritten
+        whole (DEL), the states (HSET), each part's state writes (the shadow model's), their
+        TTL."""
         k, p, lim = self.keys, c.partition, self.limits
         text = decimals(c.scores)
         # Each stream is trimmed once a commit, not at every XADD (whose MAXLEN option costs
@@ -276,7 +277,7 @@ class Committer:
         ]
         previous_at, n = n + 1, n + 3
         states, n_states, first_hset, rows = self._state_writes(c, text)
-        return PreparedCommit(chunks([_MULTI, *parts, *states]), n + n_states, previous_at,
+        return PreparedCommit(chunks([*parts, *states]), n + n_states, previous_at,
                               n + first_hset, rows)  # fmt: skip
 
     def _scores(self, c: Commit, text: list[str]) -> bytes:
@@ -357,12 +358,21 @@ class Committer:
         the checks, plus the batch's: the sequence, watched, guards it), the sequence's
         first value `seed` when it has none, its INCR, EXEC; and the number of replies it
         gets."""
+        writes, n = self.writes(c, prepared, seed, entries)
+        return [MULTI, *writes[:-1], writes[-1] + EXEC], n + 2
+
+    def writes(
+        self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b"",
+        entries: int = 0,
+    ) -> tuple[list, int]:  # fmt: skip
+        """The transaction's writes (`transaction` without MULTI and EXEC) as RESP chunks,
+        and their number: what a commit queues, alone or beside others (together.py)."""
         prepared = prepared or self.prepare(c)
         seq_key = self.keys.commit_seq(c.partition)
         count = _packed("SET", self.keys.committed(c.partition), entries + len(c.ack_ids))
         start = _packed("SET", seq_key, seed) if seed else b""
-        end = count + start + _packed("INCR", seq_key) + _EXEC
-        return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 3
+        end = count + start + _packed("INCR", seq_key)
+        return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 1
 
     def _outcome(self, c: Commit, prepared: PreparedCommit, replies: list) -> tuple:
         """(result, the state rows whose HSET failed) from MULTI's, the QUEUED and EXEC's
@@ -410,9 +420,9 @@ class Committer:
     ) -> Sent | CommitResult | CommitRefusedError:  # fmt: skip
         """The transaction sent when the checks passed (its replies not read yet), else
         UNWATCH and the verdict's result."""
-        verdict = self._verdict(c, check_replies)
+        verdict = self.verdict(c, check_replies)
         if verdict.result is not None:
-            conn.send_packed_command([_UNWATCH])
+            conn.send_packed_command([UNWATCH])
             conn.read_response()
             if isinstance(verdict.result, redis.ResponseError):
                 raise verdict.result
@@ -428,10 +438,18 @@ class Committer:
         self, conn: redis.connection.Connection, sent: Sent
     ) -> CommitResult | CommitRefusedError:
         """The replies of a transaction sent; state keys of another type replaced."""
-        replies = read_replies(conn, sent.replies)
-        result, failed = self._outcome(sent.commit, sent.prepared, replies)
+        return self.settled(conn, sent.commit, sent.prepared, read_replies(conn, sent.replies))
+
+    def settled(
+        self, conn: redis.connection.Connection, c: Commit, prepared: PreparedCommit,
+        replies: list,
+    ) -> CommitResult | CommitRefusedError:  # fmt: skip
+        """The outcome of a commit's transaction from MULTI's, its QUEUED and EXEC's replies
+        (of its writes only, when it went with others); state keys of another type replaced
+        on `conn`."""
+        result, failed = self._outcome(c, prepared, replies)
         if failed:
-            self._replace(conn, sent.commit, failed, result.seq)
+            self._replace(conn, c, failed, result.seq)
         return result
 
     def _replace(
@@ -445,11 +463,11 @@ class Committer:
         conn.send_packed_command([_packed("WATCH", seq_key), _packed("GET", seq_key)])
         conn.read_response()
         if conn.read_response() != seq:
-            conn.send_packed_command([_UNWATCH])
+            conn.send_packed_command([UNWATCH])
             conn.read_response()
             return
         writes, n, _, _ = self._state_writes(c, decimals(c.scores), np.asarray(rows), True)
-        conn.send_packed_command(chunks([_MULTI, *writes, _EXEC]))
+        conn.send_packed_command(chunks([MULTI, *writes, EXEC]))
         read_replies(conn, n + 2)
 
     def run(self, commit: Commit, node: redis.Redis | None = None) -> CommitResult:

@@ -4,12 +4,22 @@ their commits sent in two for all, where one after another each would cost its o
 At low traffic a round reads a few entries of each partition; sent one partition after
 another, each batch's state read and commit (adapters/commit.py: the checks, then the
 transaction) would make the latency grow with the partitions a worker holds. Here the state
-reads of all go on one connection, and each commit keeps a connection of its own (a WATCH
-is its connection's, and EXEC ends every WATCH of its connection): the checks of every
-commit are sent before any reply is read, then each commit's transaction (or UNWATCH) once
-its checks are judged, then the transactions' replies are read. So each commit's checks,
-refusal and outcome are its own, as when it is sent alone: a refusal, a conflict, an error
-reply or a lost connection of one leaves the others as they are.
+reads of all go on one connection, and the commits go in two round trips for all:
+
+- On one Redis, one connection: every commit's WATCH and checks in one send; then one
+  transaction holding the writes of each commit whose checks passed (a refused one is left
+  out, its verdict its own), each commit's outcome read from its own replies within EXEC's.
+  Each commit stays all or nothing (they all do together); a watched key that changed
+  before EXEC refuses them all as a conflict (each is computed and sent again), and a lost
+  connection leaves them all unsettled (each counted once Redis shows it applied). One
+  send and one reply a round trip, where a connection each cost a system call each on both
+  sides, which grew with the partitions on a loaded 2-core machine.
+- On a cluster (a transaction holds the keys of one slot), a connection per commit (a WATCH
+  is its connection's, and EXEC ends every WATCH of its connection): the checks of every
+  commit are sent before any reply is read, then each commit's transaction (or UNWATCH) once
+  its checks are judged, then the transactions' replies are read. So each commit's checks,
+  refusal and outcome are its own, as when it is sent alone: a refusal, a conflict, an
+  error reply or a lost connection of one leaves the others as they are.
 """
 
 from __future__ import annotations
@@ -20,12 +30,16 @@ import redis
 
 from worker.common.connection import read_replies
 from worker.engine.adapters.commit import (
+    EXEC,
+    MULTI,
+    UNWATCH,
     CommitRefusedError,
     CommitResult,
     Committer,
     PreparedCommit,
     Sent,
 )
+from worker.engine.adapters.resp import chunks
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
@@ -37,9 +51,12 @@ Outcome = CommitResult | CommitRefusedError | redis.RedisError
 class Together:
     """Reads a node's batches' states at once and sends their commits at once."""
 
-    def __init__(self, states: StateReader, committer: Committer) -> None:
+    def __init__(self, states: StateReader, committer: Committer, one_transaction: bool) -> None:
         self.states = states
         self.committer = committer
+        # one Redis: the commits whose checks pass go in one transaction on one connection
+        # (a cluster's transaction holds the keys of one slot: a connection per commit)
+        self.one_transaction = one_transaction
 
     def read_states(
         self, client: redis.Redis, batches: list[Batch], shape: tuple[int, int], space: str,
@@ -79,6 +96,8 @@ class Together:
         docstring): for each, its result, its refusal, or the error it met (an error reply
         with every reply read, or a connection error that leaves it unsettled: it may have
         applied)."""
+        if self.one_transaction:
+            return self._in_one_transaction(client, commits)
         pool = client.connection_pool
         outcomes: list = [None] * len(commits)
         conns: list[redis.connection.Connection] = []
@@ -102,6 +121,65 @@ class Together:
             for conn in conns:
                 pool.release(conn)
         return outcomes
+
+    def _in_one_transaction(
+        self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]]
+    ) -> list[Outcome]:
+        """On one Redis: every commit's WATCH and checks on one connection in one send, then
+        one transaction of the writes of those whose checks passed (MULTI, each one's
+        writes, EXEC), each settled from its own replies. Still all or nothing per commit
+        (and for them all); a refused commit is left out; a watched key changed before EXEC
+        refuses them all (`conflict`: each computed and sent again); a lost connection
+        leaves them all unsettled."""
+        outcomes: list = [None] * len(commits)
+        checks = [self.committer.checks(c) for c, _ in commits]
+        pool = client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([b"".join(packed for packed, _ in checks)])
+            # packed while Redis runs the checks
+            commits = [(c, prepared or self.committer.prepare(c)) for c, prepared in commits]
+            verdicts = [self.committer.verdict(c, read_replies(conn, n)) for (c, _), (_, n)
+                        in zip(commits, checks, strict=True)]  # fmt: skip
+            going = [i for i, v in enumerate(verdicts) if v.result is None]
+            for i, verdict in enumerate(verdicts):
+                outcomes[i] = verdict.result
+            if not going:
+                conn.send_packed_command([UNWATCH])
+                conn.read_response()
+                return outcomes
+            writes = [self.committer.writes(commits[i][0], commits[i][1], verdicts[i].seed,
+                                            verdicts[i].entries) for i in going]  # fmt: skip
+            conn.send_packed_command(
+                chunks([MULTI, *(x for chunk, _ in writes for x in chunk), EXEC])
+            )
+            replies = read_replies(conn, 2 + sum(n for _, n in writes))
+            at = 1
+            for i, (_, n) in zip(going, writes, strict=True):
+                outcomes[i] = self._settled(conn, commits[i], replies, at, n)
+                at += n
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            conn.disconnect()
+            return [exc if o is None else o for o in outcomes]  # unsettled: may have applied
+        except BaseException:
+            conn.disconnect()  # a reply may still be in flight on it
+            raise
+        finally:
+            pool.release(conn)
+        return outcomes
+
+    def _settled(
+        self, conn: redis.connection.Connection, commit: tuple[Commit, PreparedCommit],
+        replies: list, at: int, n: int,
+    ) -> Outcome:  # fmt: skip
+        """One commit's outcome from the shared transaction's replies: MULTI's, its `n`
+        QUEUED from `at`, and its part of EXEC's (EXEC's nil or error as it is)."""
+        done = replies[-1]
+        mine = done[at - 1 : at - 1 + n] if isinstance(done, list) else done
+        try:
+            return self.committer.settled(conn, *commit, [replies[0], *replies[at : at + n], mine])
+        except redis.ResponseError as exc:
+            return exc
 
     def _judged(
         self, conn: redis.connection.Connection, c: Commit, prepared: PreparedCommit | None,

@@ -20,6 +20,8 @@ import numpy as np
 from worker.engine.compute.histories import holding
 
 WINDOW = 10_000  # samples kept per role for the windowed AUC
+# Fewer events find their rows with outcomes one by one: numpy's ten or so calls cost more
+FEW_EVENTS = 8
 
 
 def label_samples(
@@ -87,7 +89,9 @@ def _rows_with_outcomes(
     gap_ms: float,
 ) -> set[int]:  # fmt: skip
     """The rows with a label event or a session end in the batch (the only ones that can
-    give a sample), found without a Python step per event."""
+    give a sample), found without a Python step per event (a few events: one by one)."""
+    if len(k_slot) < FEW_EVENTS:
+        return _rows_one_by_one(k_slot, is_label, ts, last_ts, gap_ms)
     rows = set(k_slot[is_label].tolist())
     if gap_ms > 0 and len(k_slot):
         order = np.argsort(k_slot, kind="stable")
@@ -99,6 +103,23 @@ def _rows_with_outcomes(
         prev[first] = last_ts[slots[first]]
         ended = (prev >= 0) & (times - prev > gap_ms)
         rows.update(np.unique(slots[ended]).tolist())
+    return rows
+
+
+def _rows_one_by_one(
+    k_slot: np.ndarray, is_label: np.ndarray, ts: np.ndarray, last_ts: np.ndarray,
+    gap_ms: float,
+) -> set[int]:  # fmt: skip
+    """_rows_with_outcomes a step per event: each event's time against its row's event
+    before it in the batch (else the row's last time before the batch)."""
+    rows: set[int] = set()
+    before: dict[int, int] = {}
+    for r, label, t in zip(k_slot.tolist(), is_label.tolist(), ts.tolist(), strict=True):
+        prev = before.get(r)
+        prev = int(last_ts[r]) if prev is None else prev
+        if label or (gap_ms > 0 and prev >= 0 and t - prev > gap_ms):
+            rows.add(r)
+        before[r] = t
     return rows
 
 
