@@ -11,11 +11,16 @@ bash scripts/browser_tools.sh  # Debian's chromium for the console's browser tes
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports --no-cache  # the wings' import contracts (pyproject.toml)
 # The Numba kernels, compiled once before pytest's workers (and the commands they run) would
-# each compile them: two sets at a time, one per core.
+# each compile them: three processes of about equal CPU on the two cores (training and scoring
+# 25 s each; evaluation 9, then the gradient checks' float64 kernels 22, tests/kernels.py).
 .venv/bin/python -m worker.commands.kernels training &
-warm=$!
-.venv/bin/python -m worker.commands.kernels scoring evaluation
-wait "$warm"
+training=$!
+.venv/bin/python -m worker.commands.kernels scoring &
+scoring=$!
+.venv/bin/python -m worker.commands.kernels evaluation
+.venv/bin/python -m tests.kernels
+wait "$training"
+wait "$scoring"
 # Four workers on two cores: most integration tests wait on redis-server, workers and
 # commands they start, so two workers per core keep both busy. A file's tests stay on one
 # worker (--dist loadfile), so its module fixtures (a cluster, a trained model) start once.

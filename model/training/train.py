@@ -328,8 +328,9 @@ def _train(
     events: list[dict], config: TrainConfig, progress, init: Model | None, state_space
 ) -> TrainResult:
     started = time.time()
-    held = {e["user_id"] for e in events
-            if is_test_user(e["user_id"], config.test_fraction, config.seed)}  # fmt: skip
+    # hashed once a user, not once an event (1 s of CPU on 500k events of 6,000 users)
+    users = {e["user_id"] for e in events} if config.test_fraction else set()
+    held = {u for u in users if is_test_user(u, config.test_fraction, config.seed)}
     test_events = [e for e in events if e["user_id"] in held]
     used = [e for e in events if e["user_id"] not in held] if held else events
     inputs = (init.inputs or None) if init is not None else fit_inputs(used, config)
