@@ -346,14 +346,18 @@ class ScoringModel:
         return self._work
 
     def warm_up(self) -> None:
-        """Compile (or load from cache) the kernels now, not on the first real batch."""
-        state = np.zeros((1, *self.state_shape), np.float32)
-        one = np.zeros(1, np.int64)
-        if not self.input_names:
-            self.advance(state, np.full(1, -1, np.int64), one, one, one)
-            return
-        absent = dict.fromkeys(self.input_names, (None,))
-        self.advance(state, np.full(1, -1, np.int64), one, one, one, absent, self.empty_memory(1))
+        """Compile (or load from cache) the kernels now, not on the first real batch: for one
+        user and for two (a model with session memory rows slices the state, C-contiguous for
+        one user only, so the kernels see two layouts)."""
+        for users in (1, 2):
+            state = np.zeros((users, *self.state_shape), np.float32)
+            slot, zeros = np.arange(users, dtype=np.int64), np.zeros(users, np.int64)
+            last_ts = np.full(users, -1, np.int64)
+            if not self.input_names:
+                self.advance(state, last_ts, slot, zeros, zeros)
+                continue
+            absent = dict.fromkeys(self.input_names, (None,) * users)
+            self.advance(state, last_ts, slot, zeros, zeros, absent, self.empty_memory(users))
 
 
 class InMemoryScorer:
