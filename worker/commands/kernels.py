@@ -36,10 +36,18 @@ def _tiny_batch():
 
 
 def _compile_scoring() -> None:
+    from model.artifact import random_model
+    from model.inputs import parse_inputs
     from model.scoring import ScoringModel
     from worker.engine.models import warm_up_worker_kernels
 
     ScoringModel(_tiny_model()).warm_up()
+    # session features (the state's memory rows) and an item input compile kernels of
+    # their own: a shop's model with them starts warm too
+    item = parse_inputs([{"kind": "item", "name": "sku", "buckets": 8, "dim": 2}])
+    rich = random_model(["a", "b"], hidden=4, features=["gap", "session_events"],
+                        embedding_dim=2, seed=0, inputs=item)  # fmt: skip
+    ScoringModel(rich).warm_up()
     warm_up_worker_kernels()  # the worker's own kernels beside the model's
 
 
