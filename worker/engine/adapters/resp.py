@@ -211,7 +211,10 @@ def warm_up() -> None:
     framed([b"a"])  # lengths as bytes
     framed([b"a" * 256])  # lengths as int64
     framed(np.zeros(1, np.int64))
-    resp_commands(["HSET", [b"k"], "f", [b"v"]])  # commands laid out from columns
+    # commands laid out from columns: a few rows go through hiredis, more through the kernels
+    resp_commands(["HSET", [b"k"], "f", [b"v"]])
+    many = FEW_ROWS + 1
+    resp_commands(["HSET", [b"k"] * many, "f", [b"v"] * many])
 
 
 # 10**k for k = 0..19: a decimal's width by comparisons, not divisions
