@@ -1,11 +1,13 @@
 """Outside check: a worker holding many partitions, at low traffic, killed with SIGKILL again
-and again while a producer writes; afterwards every event is scored exactly once and every
-user's state counts each of its events once.
+and again (or, with --drop-connections, its Redis connections closed under it by CLIENT
+KILL) while a producer writes; afterwards every event is scored exactly once and every user's
+state counts each of its events once.
 
 It drives what a user runs: the installed `intentstream worker` console script, a private
 `redis-server` on a free port and plain redis-py XADDs (producers route by crc32(user) mod P).
 
     .venv/bin/python scripts/crash_check.py [--partitions 8] [--kills 12] [--rate 400] [--exe PATH]
+        [--drop-connections]
 """
 
 from __future__ import annotations
@@ -58,9 +60,11 @@ def start_worker(exe: str, port: int, model: Path, partitions: int, log) -> subp
                              "--log-format", "json"], stdout=log, stderr=log)  # fmt: skip
 
 
-def produce(port: int, partitions: int, rate: float, stop: threading.Event, sent: Counter):
+def produce(port: int, partitions: int, rate: float, stop: threading.Event, sent: Counter,
+            ours: set) -> None:  # fmt: skip
     """XADD one event at a time to its user's partition, about `rate` a second."""
-    r = redis.Redis(port=port)
+    r = redis.Redis(port=port, single_connection_client=True)
+    ours.add(r.client_id())
     users = [f"u{k}" for k in range(300)]
     k = 0
     while not stop.is_set():
@@ -90,6 +94,8 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--kills", type=int, default=12)
     ap.add_argument("--rate", type=float, default=400.0)
+    ap.add_argument("--drop-connections", action="store_true",
+                    help="close the worker's connections (CLIENT KILL) instead")  # fmt: skip
     ap.add_argument(
         "--exe",
         default=str(ROOT / ".venv" / "bin" / "intentstream"),
@@ -105,12 +111,18 @@ def main() -> int:
                     "--out", str(model)], check=True, capture_output=True)  # fmt: skip
     log = open(tmp / "worker.log", "ab")  # noqa: SIM115 - the workers' log, closed at exit
     worker = start_worker(args.exe, port, model, args.partitions, log)
-    stop, sent = threading.Event(), Counter()
-    producer = threading.Thread(target=produce, args=(port, args.partitions, args.rate, stop, sent))
+    stop, sent, ours, dropped = threading.Event(), Counter(), {r.client_id()}, 0
+    work = (port, args.partitions, args.rate, stop, sent, ours)
+    producer = threading.Thread(target=produce, args=work)
     producer.start()
     try:
         for _ in range(args.kills):
             time.sleep(random.uniform(1.5, 4.0))
+            if args.drop_connections:
+                for client in r.client_list():
+                    if int(client["id"]) not in ours:
+                        dropped += r.client_kill_filter(_id=client["id"])
+                continue
             worker.send_signal(signal.SIGKILL)
             worker.wait()
             worker = start_worker(args.exe, port, model, args.partitions, log)
@@ -138,8 +150,12 @@ def main() -> int:
     twice = sum(1 for c in ids.values() if c > 1)
     wrong_n = sum(1 for u, n in sent.items() if states[u] != n)
     missing = total - len(ids)
+    log.close()
+    warned = (tmp / "worker.log").read_text(errors="replace").count('"level": "warning"')
+    what = f"drops ({dropped} connections closed)" if args.drop_connections else "SIGKILLs"
     print(
-        f"{args.kills} SIGKILLs, {args.partitions} partitions, {total} events sent; drained: "
+        f"{args.kills} {what}, {args.partitions} partitions, {total} events sent; worker "
+        f"warnings logged: {warned}; drained: "
         f"{ok_drained}; scored {sum(ids.values())} ({len(ids)} distinct event ids); scored "
         f"twice: {twice}; never scored: {missing}; users whose n is wrong: {wrong_n}"
     )
