@@ -26,7 +26,7 @@ import redis
 from worker.common.connection import Client
 from worker.common.entry_ids import entry_id, valid_id
 from worker.common.keys import Keys
-from worker.engine.adapters.commit import token_position
+from worker.engine.adapters.commit_token import token_position
 
 
 class RepairRefusedError(Exception):

@@ -54,8 +54,9 @@ import numpy as np
 import redis
 
 from worker.common.connection import is_cluster, read_replies, refresh_topology
-from worker.common.entry_ids import entry_id, valid_id
+from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
+from worker.engine.adapters.commit_token import position_of, token_of
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.resp import Joined, chunks, resp_commands
 from worker.engine.compute.lean_state import packed_states
@@ -63,22 +64,6 @@ from worker.engine.compute.parts.part import Rows, decimals
 from worker.engine.compute.pipeline import Commit
 
 REASONS = ("not_owned", "not_next", "behind", "gap", "conflict", "bad_key")
-
-
-def token_position(token: object) -> bytes | None:
-    """The entry id a last-commit token (`token_of`) records, or None (absent, malformed)."""
-    if not isinstance(token, bytes):
-        return None
-    _, sep, last = token.rpartition(b" ")
-    return last if sep and valid_id(last) else None
-
-
-def position_of(acked: object, token: object) -> bytes | None:
-    """The partition's position: its `acked`, else (deleted) the entry its last commit token
-    records, else the stream's start `0-0`; None when `acked` is not an entry id."""
-    if acked is None:
-        return token_position(token) or b"0-0"
-    return acked if isinstance(acked, bytes) and valid_id(acked) else None
 
 
 class CommitRefusedError(Exception):
@@ -110,11 +95,6 @@ class CommitLimits:
     deadletter_maxlen: int
     deadletter_max_value_bytes: int
     state_ttl_ms: int
-
-
-def token_of(holder: str, commit: Commit) -> bytes:
-    """What the commit records as the partition's last commit: who, and up to which entry."""
-    return holder.encode() + b" " + commit.ack_ids[-1]
 
 
 MULTI, EXEC, UNWATCH = (hiredis.pack_command((x,)) for x in ("MULTI", "EXEC", "UNWATCH"))

@@ -30,7 +30,7 @@ import redis
 
 from worker.common.connection import Client, is_cluster, raw_replies
 from worker.common.events import DEFAULT_MAX_TS_SKEW_MS
-from worker.engine.adapters.commit import position_of
+from worker.engine.adapters.commit_token import position_of
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.states import PartitionDataError
 from worker.engine.compute.batch import Batch, parse_batch
