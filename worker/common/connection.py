@@ -24,6 +24,10 @@ from redis.retry import Retry
 
 from worker.common.settings import Settings
 
+# Errors that say Redis is not there (down, unreachable, still loading): wait and retry,
+# never dead-letter or give up on the data.
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
 log = logging.getLogger("intentstream.worker")
 
 try:  # what redis-py's hiredis reader answers while a reply is incomplete

@@ -34,7 +34,7 @@ import time
 import redis
 
 from model.scoring import ScoringModel
-from worker.common.connection import is_cluster, refresh_topology
+from worker.common.connection import REDIS_DOWN, is_cluster, refresh_topology
 from worker.common.keys import Keys
 from worker.common.partition_count import PartitionCountError, check_partitions
 from worker.common.settings import Settings
@@ -50,7 +50,7 @@ from worker.engine.adapters.together import Together
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.state_cache import StateCache
-from worker.engine.flow import REDIS_DOWN, BatchFlow, FlowIO
+from worker.engine.flow import BatchFlow, FlowIO
 from worker.engine.models import Models, tune_gc
 from worker.engine.models import pin_blas as pin_blas  # the bench tunes as run() does
 from worker.engine.partition import PartitionIO, Partitions

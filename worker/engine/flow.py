@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import redis
 
+from worker.common.connection import REDIS_DOWN
 from worker.common.settings import Settings
 from worker.engine.adapters.commit import (
     CommitRefusedError,
@@ -38,7 +39,6 @@ from worker.engine.tally import Tally
 
 log = logging.getLogger("intentstream.worker")
 
-REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 CONFLICT_RETRIES = 5
 
 

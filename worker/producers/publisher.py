@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import redis
 
+from worker.common.connection import REDIS_DOWN
 from worker.common.events import (
     EVENT_FIELDS,
     MAX_INPUT_BYTES,
@@ -33,8 +34,6 @@ from worker.common.partition_count import ResizeUnfinishedError, check_partition
 from worker.producers.append_function import LIBRARY, call_args, install, unavailable
 
 log = logging.getLogger("intentstream.publish")
-
-RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
 def entry_fields(event: Event, extra: Mapping[str, bytes] | None = None) -> dict:
@@ -228,7 +227,7 @@ def _send(
                     pipe.xadd(keys.events(p), chunk[i][1])
         try:
             replies = pipe.execute(raise_on_error=False)
-        except RETRY_ERRORS as exc:
+        except REDIS_DOWN as exc:
             failures += 1
             if failures > retries:
                 raise
