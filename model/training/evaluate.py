@@ -40,13 +40,17 @@ def log_loss(y: np.ndarray, p: np.ndarray) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-def step_scores(params: dict[str, np.ndarray], sessions: list[Session], n_features: int):
-    """Per-step (labels, scores) over all steps, and per-session at the last step."""
+def step_scores(
+    params: dict[str, np.ndarray], sessions: list[Session], n_features: int,
+    head: str = "sigmoid",
+):  # fmt: skip
+    """Per-step (labels, scores) over all steps, and per-session at the last step (`head`
+    "identity": the logits)."""
     all_y, all_p, last_y, last_p = [], [], [], []
     for start in range(0, len(sessions), 512):
         chunk = sessions[start : start + 512]
         batch = pad(chunk, n_features)
-        P = predict(params, batch)
+        P = predict(params, batch, head)
         for i, s in enumerate(chunk):
             n = len(s.types)
             all_y.append(np.full(n, s.label))

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.training.bptt import predict
-from model.training.sessions import Session, pad
+from model.training.evaluate import step_scores
+from model.training.sessions import Session
 
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1)  # per-step L2 strengths tried, on standardised columns
 CV_FOLDS = 3
@@ -64,6 +64,11 @@ def _loss(Z: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.logaddexp(0.0, Z) - y * Z))
 
 
+def _base_logit(y: np.ndarray) -> float:
+    """The logit of the labels' base rate."""
+    return float(np.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9)))
+
+
 def _newton(A: np.ndarray, y: np.ndarray, l2: float) -> np.ndarray:
     """Weights (last entry the unpenalised intercept) minimising the mean cross-entropy of
     A's rows plus l2/2 of the squared weights; Newton's method with step halving."""
@@ -72,7 +77,7 @@ def _newton(A: np.ndarray, y: np.ndarray, l2: float) -> np.ndarray:
     pen = np.full(k + 1, l2)
     pen[-1] = 0.0
     beta = np.zeros(k + 1)
-    beta[-1] = np.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9))
+    beta[-1] = _base_logit(y)
 
     def objective(b: np.ndarray) -> float:
         return _loss(A1 @ b, y) + 0.5 * float(np.sum(pen * b * b))
@@ -138,21 +143,11 @@ def chosen_l2(X: np.ndarray, y: np.ndarray, folds: np.ndarray) -> float:
     return min(losses, key=losses.get)
 
 
-def deep_logits(params, sessions: list[Session], n_features: int) -> np.ndarray:
-    """The model's head logit at every step, sessions concatenated (each from a zero state)."""
-    out = []
-    for start in range(0, len(sessions), 512):
-        chunk = sessions[start : start + 512]
-        Z = predict(params, pad(chunk, n_features), head="identity")
-        out += [Z[i, : len(s.types)] for i, s in enumerate(chunk)]
-    return np.concatenate(out)
-
-
 def averaged(deep: np.ndarray, wide: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(s, c) of logit = s (deep + wide) / 2 + c fitted on the validation steps (s >= 0)."""
     s, c = _newton(((deep + wide) / 2)[:, None], y, SCALE_L2)
     if s < 0:  # an average that ranks backwards: keep only the base rate
-        return 0.0, float(np.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9)))
+        return 0.0, _base_logit(y)
     return float(s), float(c)
 
 
@@ -160,7 +155,7 @@ def with_wide_part(
     arrays: dict[str, np.ndarray], params, train: list[Session], valid: list[Session],
     n_features: int,
 ) -> tuple[dict[str, np.ndarray], WidePart]:  # fmt: skip
-    """The kept arrays (their wide part at 0) with the wide part fitted and stacked in, and
+    """The kept arrays (their wide part at 0) with the wide part fitted and averaged in, and
     how; `params` are those arrays packed (float64), for the deep logits."""
     X_train, y_train = step_rows(train)
     hashes = user_hashes(train)
@@ -168,7 +163,8 @@ def with_wide_part(
     l2 = chosen_l2(X_train[cv], y_train[cv], hashes[cv] % CV_FOLDS)
     w, w0 = fit_logistic(X_train, y_train, l2)
     X_valid, y_valid = step_rows(valid)
-    scale, c = averaged(deep_logits(params, valid, n_features), X_valid @ w + w0, y_valid)
+    deep = step_scores(params, valid, n_features, head="identity")[1]
+    scale, c = averaged(deep, X_valid @ w + w0, y_valid)
     a = b = scale / 2
     w, w0 = fit_logistic(np.vstack([X_train, X_valid]), np.concatenate([y_train, y_valid]), l2)
     out = dict(arrays)
