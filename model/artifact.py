@@ -30,7 +30,17 @@ from pydantic import (
 from model.calibration import calibration_of
 from model.feature_names import feature_help, is_stateful, unknown_features
 from model.features import memory_width
-from model.inputs import Inputs, input_width, parse_inputs, table_columns, table_shapes
+from model.inputs import (
+    Inputs,
+    input_width,
+    parse_inputs,
+    session_inputs,
+    session_stat_columns,
+    table_columns,
+    table_shapes,
+    without_session_stats,
+)
+from model.session_stats import STATS_FLOATS
 
 FORMAT = "intentstream.model/1"  # event type and features only
 FORMAT_2 = "intentstream.model/2"  # and declared inputs (meta.inputs, model/inputs.py)
@@ -174,17 +184,23 @@ STATE_WIDTH = {"rnn": 1, "gru": 1, "lstm": 2}
 def state_shape(meta: ModelMeta) -> tuple[int, int]:
     """The shape of one user's state: (layers, hidden), (layers, 2 * hidden) for an LSTM
     (each layer's h, then its cell state c), and below them as many rows as the session
-    memory needs when the model declares session features (model/features.py)."""
+    memory needs (memory_floats)."""
     width = STATE_WIDTH[meta.cell] * meta.hidden
     return (meta.layers + memory_rows(meta), width)
 
 
+def memory_floats(meta: ModelMeta) -> tuple[int, int]:
+    """The session memory's floats in a user's state: (those of the session features,
+    model/features.py, 0 without them; those of the numeric inputs' session statistics,
+    model/session_stats.py, after them)."""
+    features = memory_width(meta.event_types) if is_stateful(meta.features) else 0
+    return features, STATS_FLOATS * len(session_inputs(meta.declared_inputs))
+
+
 def memory_rows(meta: ModelMeta) -> int:
-    """State rows that hold the session memory (0 without session features)."""
-    if not is_stateful(meta.features):
-        return 0
+    """State rows that hold the session memory (0 without session features or statistics)."""
     width = STATE_WIDTH[meta.cell] * meta.hidden
-    return -(-memory_width(meta.event_types) // width)
+    return -(-sum(memory_floats(meta)) // width)
 
 
 def layer_array_names(cell: str, layer: int) -> list[str]:
@@ -457,11 +473,37 @@ def random_model(
     D = embedding_dim or min(16, hidden)
     bound = 1.0 / np.sqrt(hidden)
     arrays = {}
-    for name, shape in expected_shapes(meta, D).items():
+    # drawn as for the same model without session statistics, whose rows start at 0: the
+    # statistics change nothing else (a run with and without them differs by them alone)
+    plain = meta.model_copy(update={"inputs": without_session_stats(meta.declared_inputs)})
+    for name, shape in expected_shapes(plain, D).items():
         if name == "embedding" or name.startswith("input."):
             arrays[name] = rng.standard_normal(shape).astype(dtype)
         else:
             arrays[name] = rng.uniform(-bound, bound, shape).astype(dtype)
+    arrays = _with_statistics_rows(meta, arrays, D)
     if wide_head:
         arrays[WIDE_HEAD][table_rows(meta)] = 0.0
     return validate_model(meta, arrays)
+
+
+def statistics_rows(meta: ModelMeta) -> np.ndarray:
+    """The rows of head.W_fq (features, then the inputs' block) that read session statistics
+    (model/session_stats.py); layer 0's input weights hold them after the embedding's D."""
+    at = len(meta.features)
+    return np.array([at + c for c in session_stat_columns(meta.declared_inputs)], np.int64)
+
+
+def _with_statistics_rows(meta: ModelMeta, arrays: dict, D: int) -> dict:
+    """Arrays of the model without session statistics with their rows inserted, zero."""
+    rows = statistics_rows(meta)
+    if not len(rows):
+        return arrays
+    # each row's place in the array without them: the rows before it that are not statistics
+    at = rows - np.arange(len(rows))
+    out = dict(arrays)
+    for name in layer_array_names(meta.cell, 0)[: len(CELL_ARRAYS[meta.cell]["input"])]:
+        out[name] = np.insert(arrays[name], D + at, 0.0, axis=0)
+    if WIDE_HEAD in arrays:
+        out[WIDE_HEAD] = np.insert(arrays[WIDE_HEAD], at, 0.0, axis=0)
+    return out

@@ -19,7 +19,10 @@ training set's mean and scale stored in the declaration. An absent, null or empt
 <= -1, an overflow), is *bad*. Both give value 0 and missing flag 1, and are counted (bad ones
 separately). The missing flag's row of the input weights is the learned default: a missing
 value contributes exactly that row to layer 0's input, as a present value of the mean would
-contribute nothing. No separate default parameter is needed.
+contribute nothing. No separate default parameter is needed. With `session`, three more
+columns follow: the running mean, minimum and maximum of the session's standardised values
+so far, this one included (model/session_stats.py; 0 while the session has none), kept per
+user in the state.
 
 Categorical
 -----------
@@ -60,9 +63,18 @@ from dataclasses import dataclass
 from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from model.item_memory import ItemMemory, item_flags
+from model.session_stats import STATS_COLUMNS, empty_stats, write_session_stats
 from model.value_hash import value_hashes
 
 # Event fields the worker reads itself: an input may not take their names.
@@ -77,7 +89,7 @@ _Name = Annotated[str, Field(min_length=1, max_length=64)]
 
 class NumericInput(BaseModel):
     """A number (price): transformed, standardised with the training set's mean and scale,
-    and a missing flag."""
+    and a missing flag; with `session`, also the session's running mean, min and max."""
 
     model_config = _STRICT
 
@@ -86,9 +98,12 @@ class NumericInput(BaseModel):
     transform: Literal["log1p", "none"]
     mean: float = Field(allow_inf_nan=False)
     scale: float = Field(gt=0, allow_inf_nan=False)
+    session: bool = False
 
     @classmethod
-    def fit(cls, name: str, transform: Literal["log1p", "none"], values: Sequence) -> NumericInput:
+    def fit(
+        cls, name: str, transform: Literal["log1p", "none"], values: Sequence, session: bool = False
+    ) -> NumericInput:
         """The declaration standardising `values` (a training set's): the mean and standard
         deviation of its usable transformed values, from 200 of them on clipped to their
         0.5-99.5 percentiles first, so that a few absurd prices do not set the scale (scale 1
@@ -100,7 +115,16 @@ class NumericInput(BaseModel):
             used = np.clip(used, *np.percentile(used, [0.5, 99.5]))
         mean = float(used.mean()) if used.size else 0.0
         std = float(used.std()) if used.size else 0.0
-        return cls(name=name, transform=transform, mean=mean, scale=std if std > 1e-12 else 1.0)
+        scale = std if std > 1e-12 else 1.0
+        return cls(name=name, transform=transform, mean=mean, scale=scale, session=session)
+
+    @model_serializer(mode="wrap")
+    def _without_default_session(self, handler) -> dict:
+        # an input without session statistics dumps (artifact, registry) as it always has
+        doc = handler(self)
+        if not doc.get("session"):
+            doc.pop("session", None)
+        return doc
 
 
 class CategoricalInput(BaseModel):
@@ -177,14 +201,15 @@ def _specs(inputs: Inputs | Sequence[InputSpec]) -> list[InputSpec]:
 def spec_width(spec: InputSpec) -> int:
     """The number of columns one input adds to x."""
     if spec.kind == "numeric":
-        return 2
+        return 2 + len(STATS_COLUMNS) * spec.session
     if spec.kind == "categorical":
         return spec.dim
     return spec.dim + 2
 
 
 def input_width(inputs: Inputs | Sequence[InputSpec]) -> int:
-    """The width of x's extra block: numeric 2, categorical dim, item dim + 2."""
+    """The width of x's extra block: numeric 2 (5 with `session`), categorical dim, item
+    dim + 2."""
     return sum(spec_width(s) for s in _specs(inputs))
 
 
@@ -194,6 +219,7 @@ def input_columns(inputs: Inputs | Sequence[InputSpec]) -> list[str]:
     for s in _specs(inputs):
         if s.kind == "numeric":
             out += [f"{s.name}.value", f"{s.name}.missing"]
+            out += [f"{s.name}.{c}" for c in STATS_COLUMNS] if s.session else []
         else:
             out += [f"{s.name}.embedding[{j}]" for j in range(s.dim)]
             if s.kind == "item":
@@ -345,13 +371,14 @@ def input_parts(
     new_session: np.ndarray,
     memory: Mapping[str, ItemMemory],
     count_from: int = 0,
+    stats: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, InputCounts]]:
     """x's extra block without the embedding rows, for a batch: (fixed (N, input_width)
     float32, the numeric and flag columns, 0 in every embedding column; buckets (N, K) int64,
     the bucket of each event's value of each categorical and item input, in declaration
     order; each input's counts of the events from `count_from` on). encode_inputs gathers the
     rows into the block; training keeps the buckets, to look the rows up from the parameters
-    it is fitting. Arguments as encode_inputs's (memory updated in place)."""
+    it is fitting. Arguments as encode_inputs's (memory and stats updated in place)."""
     specs = _specs(inputs)
     n = slot.shape[0]
     fixed = np.zeros((n, input_width(specs)), np.float32)
@@ -367,7 +394,9 @@ def input_parts(
             fixed[:, col + 1] = missing
             bad = int(np.count_nonzero(bad_mask[count_from:]))
             counts[spec.name] = InputCounts(int(missing[count_from:].sum()) - bad, bad)
-            col += 2
+            if spec.session:
+                write_session_stats(fixed, col, slot, new_session, _stats_of(spec, stats))
+            col += spec_width(spec)
             continue
         hashes = _hashes(spec.name, values)
         buckets[:, k] = buckets_of(hashes, spec.buckets)
@@ -381,6 +410,44 @@ def input_parts(
             fixed[:, col : col + 2] = item_flags(slot, hashes, new_session, mem.keys, mem.count)
             col += 2
     return fixed, buckets, counts
+
+
+def session_inputs(inputs: Inputs | Sequence[InputSpec]) -> list[str]:
+    """The numeric inputs with session statistics, in declaration order (their four floats
+    each follow the session memory in a user's state, model/artifact.py)."""
+    return [s.name for s in _specs(inputs) if s.kind == "numeric" and s.session]
+
+
+def session_stat_columns(inputs: Inputs | Sequence[InputSpec]) -> list[int]:
+    """The columns of x's extra block that hold session statistics (three after each value
+    and missing flag of a numeric input with `session`)."""
+    out, col = [], 0
+    for spec in _specs(inputs):
+        if spec.kind == "numeric" and spec.session:
+            out += [col + 2 + j for j in range(len(STATS_COLUMNS))]
+        col += spec_width(spec)
+    return out
+
+
+def without_session_stats(inputs: Inputs) -> Inputs:
+    """The same declarations without session statistics."""
+    return Inputs([s.model_copy(update={"session": False}) if s.kind == "numeric" else s
+                   for s in inputs])  # fmt: skip
+
+
+def empty_session_stats(
+    inputs: Inputs | Sequence[InputSpec], n_users: int
+) -> dict[str, np.ndarray]:
+    """Statistics of n_users users with no value yet, for each numeric input with `session`."""
+    return {name: empty_stats(n_users) for name in session_inputs(inputs)}
+
+
+def _stats_of(spec: NumericInput, stats: Mapping[str, np.ndarray] | None) -> np.ndarray:
+    """The users' session statistics of a numeric input with `session` (ValueError if none)."""
+    got = (stats or {}).get(spec.name)
+    if got is None:
+        raise ValueError(f"input {spec.name!r}: no session statistics given")
+    return got
 
 
 def _checked(spec: InputSpec, raw: Mapping[str, Sequence], n: int) -> Sequence | Stored:
@@ -425,6 +492,7 @@ def encode_inputs(
     new_session: np.ndarray,
     memory: Mapping[str, ItemMemory],
     count_from: int = 0,
+    stats: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, dict[str, InputCounts]]:
     """x's extra block (N, input_width) float32 for a batch, and each input's counts of the
     events from `count_from` on (the ones before are replays, counted when first scored).
@@ -433,7 +501,9 @@ def encode_inputs(
     column of them (the same x as their raw values); tables holds each
     categorical and item input's embedding table (`table_name`, (buckets, dim)); slot and
     new_session are the batch's user slots and session starts (as item_flags reads them), and
-    memory[name] the item memory of each item input, updated in place. Embedding rows are
+    memory[name] the item memory of each item input and stats[name] the session statistics
+    (model/session_stats.py) of each numeric input with `session`, both updated in place.
+    Embedding rows are
     gathered with fancy indexing; per-event Python only where value_hashes and numeric_column
     say.
     """
@@ -447,7 +517,7 @@ def encode_inputs(
                 f"input {spec.name!r}: table {table_name(spec)} must be "
                 f"({spec.buckets}, {spec.dim}), got {got}"
             )
-    out, buckets, counts = input_parts(specs, raw, slot, new_session, memory, count_from)
+    out, buckets, counts = input_parts(specs, raw, slot, new_session, memory, count_from, stats)
     for k, (spec, (col, dim)) in enumerate(zip(with_table, table_columns(specs), strict=True)):
         out[:, col : col + dim] = tables[table_name(spec)][buckets[:, k]]
     return out, counts

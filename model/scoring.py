@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from model.artifact import Model, memory_rows, state_shape
+from model.artifact import Model, memory_floats, state_shape
 from model.calibration import calibration_of, with_ends
 from model.cells.ops import (
     HEAD_IDENTITY,
@@ -29,7 +29,6 @@ from model.features import (
     advance_memory,
     event_gaps,
     feature_matrix,
-    memory_width,
     session_resets,
 )
 from model.inputs import (
@@ -37,6 +36,8 @@ from model.inputs import (
     InputSpec,
     Stored,
     encode_inputs,
+    session_inputs,
+    spec_width,
     stored_column,
     table_columns,
     table_name,
@@ -44,6 +45,7 @@ from model.inputs import (
 )
 from model.item_memory import ItemMemory, write_item_flags
 from model.params import Params, pack
+from model.session_stats import STATS_FLOATS, write_session_stats
 
 # A table input's embedding rows reach layer 0 only through W_fh, so each table can be passed
 # through it once, at load: P = table @ W_fh[its rows], (buckets, G·H). A batch then adds one
@@ -94,9 +96,10 @@ def projection(
     for spec in specs:
         if spec.kind == "numeric":
             numeric_at.append(at)
+            at += spec_width(spec)
         else:
             flags_at.append(at if spec.kind == "item" else -1)
-        at += 2 if spec.kind != "categorical" else 0
+            at += 2 if spec.kind == "item" else 0
     return Projection(np.concatenate(projected), offsets, kept,
                       np.ascontiguousarray(weights.W_fh[keep]), np.array(numeric_at, np.int64),
                       np.array(flags_at, np.int64))  # fmt: skip
@@ -191,7 +194,11 @@ class ScoringModel:
         grouped = [s.name for s in self._numeric + self._with_table]
         self._count_rows = np.array([grouped.index(n) for n in self.input_names], np.int64)
         self._event_index = np.arange(0, dtype=np.int64)
-        self._memory_floats = memory_width(meta.event_types) if memory_rows(meta) else 0
+        # the session memory's floats in the state's rows below the layers': the session
+        # features' first, then each session input's statistics (model/artifact.py)
+        self._memory_floats, stats_floats = memory_floats(meta)
+        self._session_inputs = session_inputs(self.inputs)
+        self._has_memory = bool(self._memory_floats or stats_floats)
 
     @property
     def state_shape(self) -> tuple[int, int]:
@@ -232,27 +239,36 @@ class ScoringModel:
         meta = self.model.meta
         gap, has_prev = event_gaps(slot, ts_ms, last_ts)
         reset = session_resets(gap, has_prev, meta.session_gap_seconds)
-        memory_after = None
-        if self._memory_floats:
+        memory_after, stats = None, None
+        if self._has_memory:
             # the session memory sits in the state's rows below the layers'
             rows = state[:, self.layers :, :].reshape(state.shape[0], -1)
             if not np.may_share_memory(rows, state):  # a copy would drop the updates
                 raise ValueError("the state must be C-contiguous (users, *state_shape)")
-            memory_after = advance_memory(slot, type_idx, gap, reset,
-                                          rows[:, : self._memory_floats])  # fmt: skip
+            if self._memory_floats:
+                memory_after = advance_memory(slot, type_idx, gap, reset,
+                                              rows[:, : self._memory_floats])  # fmt: skip
+            stats = self._stats_in(rows)
             state = state[:, : self.layers, :]
         x_feat = feature_matrix(meta.features, gap, memory_after, meta.event_types)
         weights = self.kernel_weights
         projected = bool(self.input_names) and self.projection is not None
         if projected:
             weights, type_idx, x_feat = self._projected(type_idx, x_feat, slot, reset, inputs,
-                                                        memory, replayed)  # fmt: skip
+                                                        memory, replayed, stats)  # fmt: skip
         elif self.input_names:
-            x_feat = self._with_inputs(x_feat, slot, reset, inputs, memory, replayed)
+            x_feat = self._with_inputs(x_feat, slot, reset, inputs, memory, replayed, stats)
         scores = np.empty(slot.shape[0], np.float32)
         work = self.scratch(slot.shape[0])
         step_batch(weights, state, slot, type_idx, x_feat, reset, scores, work)
         return self.calibrated(self.headed(scores, x_feat, projected))
+
+    def _stats_in(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Each session input's statistics (U, 4): views of the users' memory rows, after the
+        session features' floats."""
+        at = self._memory_floats
+        return {name: rows[:, at + STATS_FLOATS * i : at + STATS_FLOATS * (i + 1)]
+                for i, name in enumerate(self._session_inputs)}  # fmt: skip
 
     def headed(self, z: np.ndarray, x_feat: np.ndarray, projected: bool = False) -> np.ndarray:
         """The kernels' scores (N,) in place, with a wide head's part of x_feat added and the
@@ -275,7 +291,9 @@ class ScoringModel:
             w_f = np.concatenate([w_f[:n_features], w_f[n_features + self.projection.kept]])
         return np.ascontiguousarray(w_f, np.float32)
 
-    def _projected(self, type_idx, x_feat, slot, reset, inputs, memory, replayed) -> tuple:
+    def _projected(
+        self, type_idx, x_feat, slot, reset, inputs, memory, replayed, stats=None
+    ) -> tuple:
         """(kernel weights, type rows, x_feat) for a batch through the projected tables: each
         event's layer-0 input row (its type's row plus its tables' projected rows) as the
         kernel's per-type table, indexed by event; x_feat widened by the inputs' numeric and
@@ -305,6 +323,10 @@ class ScoringModel:
                 raise ValueError(f"input {spec.name!r}: no item memory given")
             at = x_feat.shape[1] + proj.flags_at[k]
             write_item_flags(x[:, at : at + 2], slot, hashes[k], reset, mem.keys, mem.count)
+        for i, spec in enumerate(numeric):
+            if spec.session:
+                at = x_feat.shape[1] + proj.numeric_at[i]
+                write_session_stats(x, at, slot, reset, (stats or {})[spec.name])
         rows_counts = counts[self._count_rows].tolist()  # in declaration order
         self.input_counts = dict(zip(self.input_names, map(InputCounts._make, rows_counts),
                                      strict=True))  # fmt: skip
@@ -317,12 +339,12 @@ class ScoringModel:
             self._event_index = np.arange(max(n, 1024), dtype=np.int64)
         return self._event_index[:n]
 
-    def _with_inputs(self, x_feat, slot, reset, inputs, memory, replayed) -> np.ndarray:
+    def _with_inputs(self, x_feat, slot, reset, inputs, memory, replayed, stats=None) -> np.ndarray:
         """x_feat widened by the declared inputs' block (model/inputs.py, encode_inputs)."""
         if inputs is None:
             raise ValueError(f"the model declares inputs {self.input_names}; none were given")
         extra, self.input_counts = encode_inputs(
-            self.inputs, self._tables, inputs, slot, reset, memory or {}, replayed
+            self.inputs, self._tables, inputs, slot, reset, memory or {}, replayed, stats
         )
         return np.ascontiguousarray(np.concatenate([x_feat, extra], axis=1))
 

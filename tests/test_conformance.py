@@ -38,6 +38,7 @@ from model.training.sessions import pad, sessionize
 from model.value_hash import value_hash
 from tests.conftest import run_cli
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
+from tests.statistics_weights import with_statistics_weights
 
 TYPES = ["view", "search", "add_to_cart", "coupon", "checkout"]
 UNKNOWN = ["teleport", "warp"]  # in no model's vocabulary
@@ -166,9 +167,16 @@ PRICES = ["12.5", 3, 0.25, "0", "abc", None, "", "-2", "1e400", 199.99, "7"]  # 
 BRANDS = ["acme", "globex", "initech", None, "", 42]
 
 
-def declared(item_buckets: int) -> list[dict]:
+def declared(item_buckets: int, stats: bool = False) -> list[dict]:
     return [
-        {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 2.0, "scale": 1.5},
+        {
+            "kind": "numeric",
+            "name": "price",
+            "transform": "log1p",
+            "mean": 2.0,
+            "scale": 1.5,
+            "session": stats,
+        },
         {"kind": "categorical", "name": "brand", "buckets": 5, "dim": 3},
         {"kind": "item", "name": "product", "buckets": item_buckets, "dim": 2},
     ]
@@ -176,14 +184,16 @@ def declared(item_buckets: int) -> list[dict]:
 
 def input_case(cell: str, layers: int, hidden: int, head: str, session_gap: float,
                products: int, seed: int, n: int = 48, session: bool = False,
-               wide: bool = False) -> Case:  # fmt: skip
-    """A format 2 model with a numeric, a categorical and an item input, and events whose
-    fields repeat items (a pool of `products`), miss some, and carry bad prices."""
+               wide: bool = False, stats: bool = False) -> Case:  # fmt: skip
+    """A format 2 model with a numeric (with `stats`, its session statistics), a categorical
+    and an item input, and events whose fields repeat items (a pool of `products`), miss
+    some, and carry bad prices."""
     model = random_model(
         TYPES, hidden=hidden, layers=layers, features=SESSION if session else ["gap"],
         embedding_dim=min(8, hidden), head=head, session_gap_seconds=session_gap, seed=seed,
-        cell=cell, inputs=declared(item_buckets=7 if products < 10 else 61), wide_head=wide,
+        cell=cell, inputs=declared(7 if products < 10 else 61, stats), wide_head=wide,
     )  # fmt: skip
+    model = with_statistics_weights(model, seed) if stats else model
     rng = np.random.default_rng(seed)
     ts = T0 + np.cumsum(rng.integers(1_000, 40_000, n))
     events, fields = [], []
@@ -199,6 +209,7 @@ def input_case(cell: str, layers: int, hidden: int, head: str, session_gap: floa
         fields.append(f)
     name = f"inputs-{cell}-L{layers}-H{hidden}-{head}-sg{session_gap:g}-items{products}"
     name += ("-session" if session else "") + ("-wide" if wide else "")
+    name += "-stats" if stats else ""
     return Case(name, model, tuple(events), fields=tuple(fields))
 
 
@@ -207,9 +218,9 @@ def input_cases() -> list[Case]:
         input_case("rnn", 1, 6, "sigmoid", 60, products=4, seed=101),
         input_case("gru", 2, 8, "identity", 90, products=5, seed=102),
         input_case("lstm", 1, 5, "sigmoid", 60, products=3, seed=103),
-        input_case("gru", 1, 6, "sigmoid", 60, products=4, seed=105, session=True),
+        input_case("gru", 1, 6, "sigmoid", 60, products=4, seed=105, session=True, stats=True),
         input_case("rnn", 1, 5, "sigmoid", 60, products=4, seed=106, session=True, wide=True),
-        input_case("lstm", 2, 4, "identity", 90, products=5, seed=107, wide=True),
+        input_case("lstm", 2, 4, "identity", 90, products=5, seed=107, wide=True, stats=True),
         # no session resets and many items: the memory fills and drops its oldest (kept last)
         input_case("gru", 1, 4, "sigmoid", 0, products=40, seed=104, n=90),
     ]
@@ -247,16 +258,29 @@ def oracle_bucket(spec, value) -> int:
 
 def oracle_extra(case: Case, reset: list[bool]) -> np.ndarray:
     """The declared inputs' columns of every event (N, input width) in float64, the item
-    flags from a plain list per user of the session's items (most recent last)."""
+    flags from a plain list per user of the session's items (most recent last), a numeric
+    input's session mean, min and max from a plain list of the session's present values."""
     model = case.model
     rows = []
     session_items: dict[str, list[str]] = {}
+    session_values: dict[str, list[float]] = {}
     for e, (u, _, _) in enumerate(case.events):
         row: list[float] = []
         for spec in model.inputs:
             value = case.fields[e].get(spec.name)
             if spec.kind == "numeric":
-                row += oracle_numeric(spec, value)
+                z, missing = oracle_numeric(spec, value)
+                row += [z, missing]
+                if spec.session:
+                    values = session_values.setdefault(u, [])
+                    if reset[e]:
+                        values.clear()
+                    values += [] if missing else [z]
+                    row += (
+                        [sum(values) / len(values), min(values), max(values)]
+                        if values
+                        else [0.0] * 3
+                    )
                 continue
             table = model.arrays[f"input.{spec.name}.embedding"]
             row += list(np.asarray(table[oracle_bucket(spec, value)], np.float64))
@@ -464,6 +488,9 @@ def test_input_cases_cover_what_they_claim():
     for c in INPUT_CASES:
         assert c.model.meta.format == "intentstream.model/2"
         assert {s.kind for s in c.model.inputs} == {"numeric", "categorical", "item"}
+        if c.model.inputs[0].session:  # a session's minimum, maximum and mean differ
+            stats = inputs_of(c).x64[:, len(c.model.meta.features) + 2 :][:, :3]
+            assert (stats[:, 1] < stats[:, 0]).any() and (stats[:, 0] < stats[:, 2]).any()
         assert len({u for u, _, _ in c.events}) > 1
         prices = [f.get("price") for f in c.fields]
         assert None in prices and "" in prices and any("price" not in f for f in c.fields)
@@ -473,6 +500,7 @@ def test_input_cases_cover_what_they_claim():
         assert (seen > same).any()  # a repeat of an item seen earlier in the session
         if c is not INPUT_CASES[-1]:
             assert same.any()  # a repeat of the item just before
+    assert sum(c.model.inputs[0].session for c in INPUT_CASES) == 2
     resets = [inputs_of(c).reset.any() for c in INPUT_CASES]
     assert any(resets) and not all(resets)
     long = INPUT_CASES[-1]

@@ -17,6 +17,7 @@ from model.judging.protocol import (
     FoldResult,
     StepScores,
     bootstrap_interval,
+    calibrated_ece_over,
     fold_metrics,
     judge,
     judge_trained,
@@ -142,6 +143,28 @@ def test_summary_pairs_the_model_with_the_better_baseline_fold_by_fold() -> None
     assert (p["ahead"], p["of"]) == (2, 3)
     assert s["paired"]["ece_all"]["ahead"] == 0  # ties are not ahead
     assert "better in 2/3" in folds_table(s)
+
+
+def _scored_fold(sessions: int, rate: float, length: int, seed: int) -> FoldResult:
+    """A fold whose sessions of `length` steps the model scored at `rate` at the last event."""
+    rng = np.random.default_rng(seed)
+    p = np.clip(rng.normal(rate, rate / 3, sessions), 0.001, 1.0)
+    scores = {MODEL: StepScores(np.repeat(p, length), p)}
+    lengths = np.full(sessions, length)
+    return FoldResult(Fold(0, seed, frozenset()), sessions, 0, {}, scores,
+                      (p > rate).astype(float), lengths)  # fmt: skip
+
+
+def test_the_ece_a_calibrated_scorer_gets_from_label_noise_alone() -> None:
+    """Few sessions with long runs of shared labels leave a calibrated scorer's ECE above a
+    small bound in many folds (300 sessions of 20 steps at 4%: the observed rate's standard
+    deviation is ~0.011); many short sessions in none; the draws are reproducible."""
+    few = [_scored_fold(300, 0.04, 20, seed) for seed in range(4)]
+    folds_over, none_over = calibrated_ece_over(few, 0.01, draws=50)
+    assert 1.0 < folds_over <= 4.0 and none_over < 0.3
+    assert calibrated_ece_over(few, 0.01, draws=50) == (folds_over, none_over)
+    many = [_scored_fold(20_000, 0.04, 1, seed) for seed in range(4)]
+    assert calibrated_ece_over(many, 0.01, draws=50) == (0.0, 1.0)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ import pytest
 
 from model import scoring
 from model.artifact import random_model
-from model.inputs import input_parts
+from model.inputs import empty_session_stats, input_parts
 from model.scoring import ScoringModel
+from tests.statistics_weights import with_statistics_weights
 
 TYPES = ["view", "add_to_cart", "coupon", "purchase"]
 INPUTS = [
@@ -18,6 +19,8 @@ INPUTS = [
     {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 2.0, "scale": 1.5},
     {"kind": "categorical", "name": "brand", "buckets": 32, "dim": 3},
 ]
+# the same with the price's session statistics (three more columns, kept in the state)
+WITH_STATS = [INPUTS[0], INPUTS[1] | {"session": True}, INPUTS[2]]
 
 
 def batch(n: int, users: int, seed: int) -> tuple:
@@ -43,9 +46,11 @@ def scores_of(model: ScoringModel, users: int, slot, types, ts, inputs) -> tuple
 
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_projected_tables_score_as_the_embedding_columns(cell, layers, monkeypatch):
+@pytest.mark.parametrize("inputs", [INPUTS, WITH_STATS], ids=["plain", "stats"])
+def test_projected_tables_score_as_the_embedding_columns(cell, layers, inputs, monkeypatch):
     m = random_model(TYPES, hidden=8, layers=layers, features=["gap"], seed=3, cell=cell,
-                     inputs=INPUTS, session_gap_seconds=600)  # fmt: skip
+                     inputs=inputs, session_gap_seconds=600)  # fmt: skip
+    m = with_statistics_weights(m)
     projected = ScoringModel(m)
     monkeypatch.setattr(scoring, "PROJECTED_MAX_BYTES", 0)
     columns = ScoringModel(m)
@@ -68,11 +73,12 @@ def test_a_model_with_only_numeric_inputs_has_nothing_to_project():
 
 
 @pytest.mark.parametrize("replayed", [0, 17])
-def test_projected_inputs_are_input_parts_and_numpys_gathers_bit_for_bit(replayed):
+@pytest.mark.parametrize("declared", [INPUTS, WITH_STATS], ids=["plain", "stats"])
+def test_projected_inputs_are_input_parts_and_numpys_gathers_bit_for_bit(replayed, declared):
     """The one-pass kernel against its definition: input_parts's block (its kept columns
     after the features) and each event's type row plus its tables' projected rows, summed
-    in declaration order by numpy; the counts and the item memories the same."""
-    m = random_model(TYPES, hidden=8, features=["gap"], seed=5, inputs=INPUTS,
+    in declaration order by numpy; the counts, item memories and statistics the same."""
+    m = random_model(TYPES, hidden=8, features=["gap"], seed=5, inputs=declared,
                      session_gap_seconds=600)  # fmt: skip
     model = ScoringModel(m)
     proj = model.projection
@@ -84,10 +90,12 @@ def test_projected_inputs_are_input_parts_and_numpys_gathers_bit_for_bit(replaye
         x_feat = np.random.default_rng(seed).normal(size=(200, 1)).astype(np.float32)
         reset = np.random.default_rng(seed + 1).random(200) < 0.1
         got_memory, want_memory = model.empty_memory(users), model.empty_memory(users)
+        got_stats = empty_session_stats(model.inputs, users)
+        want_stats = empty_session_stats(model.inputs, users)
         weights, _, x = model._projected(types, x_feat, slot, reset, inputs, got_memory,
-                                         replayed)  # fmt: skip
+                                         replayed, got_stats)  # fmt: skip
         fixed, buckets, counts = input_parts(model.inputs, inputs, slot, reset, want_memory,
-                                             replayed)  # fmt: skip
+                                             replayed, want_stats)  # fmt: skip
         want_x = np.concatenate([x_feat, fixed[:, proj.kept]], axis=1)
         want_rows = model.weights.type_in[types].copy()
         for k, (start, end) in enumerate(zip(proj.offsets, [*proj.offsets[1:], None], strict=True)):
@@ -98,3 +106,7 @@ def test_projected_inputs_are_input_parts_and_numpys_gathers_bit_for_bit(replaye
         for name in model.item_inputs:
             np.testing.assert_array_equal(got_memory[name].keys, want_memory[name].keys)
             np.testing.assert_array_equal(got_memory[name].count, want_memory[name].count)
+        assert got_stats.keys() == want_stats.keys() == ({"price"} if declared is WITH_STATS
+                                                         else set())  # fmt: skip
+        for name, stats in got_stats.items():
+            np.testing.assert_array_equal(stats, want_stats[name])

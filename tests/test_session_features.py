@@ -127,15 +127,20 @@ import model.scoring as S
 from model.artifact import random_model
 from model.inputs import parse_inputs
 inputs = parse_inputs([{"kind": "item", "name": "sku", "buckets": 8, "dim": 2}])
+stats = parse_inputs([{"kind": "item", "name": "sku", "buckets": 8, "dim": 2},
+                      {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 0.0,
+                       "scale": 1.0, "session": True}])
 for model in (random_model(["view", "cart"], 8, 1, ["gap", "session_events"], 4, seed=1),
               random_model(["view", "cart"], 8, 1, ["gap", "session_events"], 4, seed=1,
-                           inputs=inputs)):
+                           inputs=inputs),
+              random_model(["view", "cart"], 8, 1, ["gap"], 4, seed=1, inputs=stats)):
     sm = S.ScoringModel(model)
     sm.warm_up()
     kernels = [v for v in vars(S).values() if isinstance(v, numba.core.registry.CPUDispatcher)]
     before = {k.__name__: len(k.signatures) for k in kernels}
     state = np.zeros((3, *sm.state_shape), np.float32)
-    extra = (({"sku": ["a", "b", "a", "c"]}, sm.empty_memory(3)) if sm.input_names else ())
+    raw = {"sku": ["a", "b", "a", "c"], "price": ["3", None, "1.5", "2"]}
+    extra = (({n: raw[n] for n in sm.input_names}, sm.empty_memory(3)) if sm.input_names else ())
     sm.advance(state, np.full(3, -1, np.int64), np.array([0, 1, 2, 0]), np.zeros(4, np.int64),
                np.arange(4, dtype=np.int64) * 1000, *extra)
     after = {k.__name__: len(k.signatures) for k in kernels}
@@ -146,9 +151,10 @@ print("ok")
 
 @pytest.mark.integration
 def test_the_warm_up_compiles_what_a_batch_of_several_users_needs():
-    """A model with session memory rows slices the state, C-contiguous for one user only: the
-    warm-up compiles both layouts, so a worker's first batch of several users compiles
-    nothing (a fresh process: the suite's other tests compile kernels too)."""
+    """A model with session memory rows (session features, or a numeric input's session
+    statistics) slices the state, C-contiguous for one user only: the warm-up compiles both
+    layouts, so a worker's first batch of several users compiles nothing (a fresh process:
+    the suite's other tests compile kernels too)."""
     import subprocess
     import sys
 

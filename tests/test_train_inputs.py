@@ -17,6 +17,7 @@ from model.training.evaluate import model_step_scores
 from model.training.sessions import pad, sessionize
 from model.training.train import TrainConfig, train
 from tests.conftest import NO_TEST_USERS, run_cli
+from tests.statistics_weights import with_statistics_weights
 from worker.commands.event_files import read_event_files
 from worker.commands.input_flags import absent_inputs_warning, input_coverage
 from worker.commands.train import seconds_warning
@@ -27,6 +28,8 @@ INPUTS = parse_inputs([
     {"kind": "categorical", "name": "brand", "buckets": 5, "dim": 2},
     {"kind": "item", "name": "product_id", "buckets": 4, "dim": 2},
 ])  # fmt: skip
+# the same with the price's session mean, min and max (three columns after its two)
+WITH_STATS = parse_inputs([INPUTS[0].model_dump() | {"session": True}, INPUTS[1], INPUTS[2]])
 
 
 def shop_events(users: int = 5, per_user: int = 9, seed: int = 0, purchases: bool = True):
@@ -53,10 +56,11 @@ def shop_events(users: int = 5, per_user: int = 9, seed: int = 0, purchases: boo
     return events
 
 
-def float64_model(cell: str, layers: int = 1, seed: int = 1, wide: bool = False):
-    return random_model(TYPES, hidden=3, layers=layers, features=["gap"], embedding_dim=2,
-                        seed=seed, dtype=np.float64, cell=cell, inputs=INPUTS,
-                        wide_head=wide)  # fmt: skip
+def float64_model(cell: str, layers: int = 1, seed: int = 1, wide: bool = False, inputs=INPUTS):
+    model = random_model(TYPES, hidden=3, layers=layers, features=["gap"], embedding_dim=2,
+                         seed=seed, dtype=np.float64, cell=cell, inputs=inputs,
+                         wide_head=wide)  # fmt: skip
+    return with_statistics_weights(model, seed)
 
 
 def test_sessions_hold_the_inputs_columns_and_buckets():
@@ -73,17 +77,21 @@ def test_sessions_hold_the_inputs_columns_and_buckets():
 
 
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
-def test_training_scores_are_the_scoring_paths(cell):
+@pytest.mark.parametrize("inputs", [INPUTS, WITH_STATS], ids=["plain", "stats"])
+def test_training_scores_are_the_scoring_paths(cell, inputs):
     # no purchase: the sessions tile each user's timeline, so each step is one scored event
     events = shop_events(purchases=False, seed=2)
-    model = float64_model(cell)
-    sessions = sessionize(events, TYPES, ["gap"], 1800, "purchase", INPUTS)
-    P = predict(model.arrays, pad(sessions, 1), inputs=INPUTS)
+    model = float64_model(cell, inputs=inputs)
+    sessions = sessionize(events, TYPES, ["gap"], 1800, "purchase", inputs)
+    if inputs is WITH_STATS:  # the session's mean, min and max of the price follow its two
+        stats = np.concatenate([s.features[:, 3:6] for s in sessions])
+        assert (stats[:, 1] < stats[:, 0]).any() and (stats[:, 0] < stats[:, 2]).any()
+    P = predict(model.arrays, pad(sessions, 1), inputs=inputs)
     ours: dict[str, list[float]] = {}
     for i, s in enumerate(sessions):
         ours.setdefault(s.user_id, []).extend(P[i, : len(s.types)])
     scorer = InMemoryScorer(ScoringModel(model))
-    names = [s.name for s in INPUTS]
+    names = [s.name for s in inputs]
     scored = scorer.score(
         [e["user_id"] for e in events], [e["type"] for e in events],
         np.array([e["ts"] for e in events]), {n: [e.get(n) for e in events] for n in names},
@@ -94,15 +102,19 @@ def test_training_scores_are_the_scoring_paths(cell):
 
 
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
-@pytest.mark.parametrize(("layers", "wide"), [(1, False), (2, False), (1, True)])
-def test_input_table_gradients_equal_central_differences(cell, layers, wide):
-    model = float64_model(cell, layers, wide=wide)
+@pytest.mark.parametrize(
+    ("layers", "wide", "inputs"),
+    [(1, False, INPUTS), (2, False, INPUTS), (1, True, INPUTS), (1, True, WITH_STATS)],
+    ids=["1", "2", "1-wide", "1-wide-stats"],
+)
+def test_input_table_gradients_equal_central_differences(cell, layers, wide, inputs):
+    model = float64_model(cell, layers, wide=wide, inputs=inputs)
     fixed = set(map(tuple, table_rows(model.meta)[:, None])) if wide else set()
     params = {k: v.copy() for k, v in model.arrays.items()}
     sessions = sessionize(shop_events(users=4, per_user=6), TYPES, ["gap"], 1800, "purchase",
-                          INPUTS)  # fmt: skip
+                          inputs)  # fmt: skip
     batch = pad(sessions, 1)
-    _, grads = loss_and_gradients(params, batch, bptt=50, inputs=INPUTS)
+    _, grads = loss_and_gradients(params, batch, bptt=50, inputs=inputs)
     assert set(grads) == set(params)
     assert np.abs(grads["input.brand.embedding"]).max() > 0
     assert np.abs(grads["input.product_id.embedding"]).max() > 0
@@ -117,9 +129,9 @@ def test_input_table_gradients_equal_central_differences(cell, layers, wide):
                 continue  # not a parameter: the artifact holds these rows at 0
             old = p[idx]
             p[idx] = old + eps
-            up, _ = loss_and_gradients(params, batch, bptt=50, inputs=INPUTS)
+            up, _ = loss_and_gradients(params, batch, bptt=50, inputs=inputs)
             p[idx] = old - eps
-            down, _ = loss_and_gradients(params, batch, bptt=50, inputs=INPUTS)
+            down, _ = loss_and_gradients(params, batch, bptt=50, inputs=inputs)
             p[idx] = old
             numeric[idx] = (up - down) / (2 * eps)
         scale = max(np.abs(numeric).max(), np.abs(grads[name]).max(), 1e-12)
@@ -219,7 +231,7 @@ def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
     data.write_text("".join(json.dumps(e) + "\n" for e in events))
     out = tmp_path / "m.npz"
     run = run_cli(
-        "train", "--data", str(data), "--numeric", "price:log1p", "--categorical", "brand",
+        "train", "--data", str(data), "--numeric", "price:log1p:session", "--categorical", "brand",
         "--item", "product_id", "--buckets", "64", "--input-dim", "3", "--hidden", "8",
         "--epochs", "1", "--no-calibrate", "--min-type-count", "1", "--quiet", "--out", str(out),
         *NO_TEST_USERS,
@@ -230,6 +242,7 @@ def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
         ("numeric", "price"), ("categorical", "brand"), ("item", "product_id")]  # fmt: skip
     assert model.arrays["input.brand.embedding"].shape == (64, 3)
     assert f"price: numeric, log1p, mean {model.inputs[0].mean:.6g}" in run.stdout
+    assert model.inputs[0].session and "with its session mean, min and max" in run.stdout
     spec = tmp_path / "inputs.json"
     spec.write_text(json.dumps([{"kind": "item", "name": "product_id", "buckets": 32, "dim": 2}]))
     run = run_cli("train", "--data", str(data), "--inputs", str(spec), "--hidden", "4",
@@ -251,7 +264,7 @@ def test_the_cli_trains_and_initialises_models_with_inputs(tmp_path):
     assert scored.returncode == 0, scored.stderr
     bad = run_cli("model", "init", "--event-types", "view", "--numeric", "price:sqrt",
                   "--out", str(init))  # fmt: skip
-    assert bad.returncode == 2 and "log1p or none" in bad.stderr
+    assert bad.returncode == 2 and "':log1p' (or ':none') and ':session'" in bad.stderr
 
 
 def test_the_cli_trains_on_numbered_users_and_refuses_an_input_no_event_carries(tmp_path):

@@ -228,6 +228,27 @@ def summary(results: list[FoldResult]) -> dict:
     return out
 
 
+def calibrated_ece_over(
+    results: list[FoldResult], bound: float, draws: int = 200, seed: int = 0
+) -> tuple[float, float]:
+    """What an ECE bound per fold asks of a perfectly calibrated scorer on these folds: each
+    fold's sessions scored at every step with the model's held-out score at their last
+    event, their labels drawn from it. Returns (the folds above `bound` on average, the
+    chance that none is): the part of the measured ECE that is label noise alone."""
+    rng = np.random.default_rng(seed)
+    shares = []
+    for r in results:
+        p = np.clip(r.scores[MODEL].last, 0.0, 1.0)
+        steps = np.repeat(p, r.lengths)
+        over = sum(
+            expected_calibration_error(np.repeat(rng.random(len(p)) < p, r.lengths), steps) > bound
+            for _ in range(draws)
+        )
+        shares.append(over / draws)
+    q = np.array(shares)
+    return float(q.sum()), float(np.prod(1.0 - q))
+
+
 def reliability_by_quantile(results: list[FoldResult], name: str = MODEL, bins: int = 10):
     """The scorer's held-out step scores pooled over folds, in `bins` score quantiles: (mean
     score, observed positive rate, steps) per bin."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from model.feature_names import is_stateful
 from model.features import advance_memory, event_gaps, feature_matrix, memory_width
-from model.inputs import Inputs, InputSpec, input_parts
+from model.inputs import Inputs, InputSpec, empty_session_stats, input_parts
 from model.item_memory import ItemMemory
 
 
@@ -70,7 +70,8 @@ def sessionize(
     Types not in `event_types` take the reserved unknown row. Gap features are computed on
     each user's whole timeline, as the worker sees it; so are the declared `inputs` (each
     read from the event's field of its name), as scoring encodes them (model/inputs.py,
-    input_parts): each user's item memory starts empty and restarts at each session start.
+    input_parts): each user's item memory and session statistics start empty and restart at
+    each session start.
     """
     index = {t: i for i, t in enumerate(event_types)}
     unknown = len(event_types)
@@ -101,7 +102,8 @@ def sessionize(
         cuts = np.concatenate([c for *_, c in timelines]) if timelines else np.zeros(0, bool)
         raw = {s.name: [e.get(s.name) for e in timeline] for s in specs}
         memory = {s.name: ItemMemory.empty(len(timelines)) for s in specs if s.kind == "item"}
-        fixed, buckets, _ = input_parts(specs, raw, slot, cuts, memory)
+        stats = empty_session_stats(specs, len(timelines))
+        fixed, buckets, _ = input_parts(specs, raw, slot, cuts, memory, stats=stats)
     sessions: list[Session] = []
     at = 0
     for user, evs, x, cut in timelines:

@@ -23,7 +23,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from threadpoolctl import threadpool_limits
 
-from model.artifact import DEFAULT_LABEL_TYPE, Model, ModelMeta, random_model, validate_model
+from model.artifact import (
+    DEFAULT_LABEL_TYPE,
+    Model,
+    ModelMeta,
+    random_model,
+    statistics_rows,
+    validate_model,
+)
 from model.calibration import reliability_record
 from model.feature_names import expand_features, feature_help, unknown_features
 from model.inputs import Inputs, NumericInput, parse_inputs
@@ -48,13 +55,14 @@ from model.training.wide_fit import with_wide_part
 class InputDeclaration(BaseModel):
     """A declared input as training takes it (model/inputs.py): a numeric input's mean and
     scale are fitted on the training users; buckets and dim are a categorical or item
-    input's, transform a numeric one's."""
+    input's, transform and session (its session statistics) a numeric one's."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["numeric", "categorical", "item"]
     name: str = Field(min_length=1, max_length=64)
     transform: Literal["log1p", "none"] = "none"
+    session: bool = False
     buckets: int = Field(1024, ge=2, le=2**20)
     dim: int = Field(8, ge=1, le=64)
 
@@ -62,7 +70,7 @@ class InputDeclaration(BaseModel):
 def declarations_of(inputs: Inputs) -> list[InputDeclaration]:
     """The declarations a fitted model's inputs were trained from."""
     return [
-        InputDeclaration(kind="numeric", name=s.name, transform=s.transform)
+        InputDeclaration(kind="numeric", name=s.name, transform=s.transform, session=s.session)
         if s.kind == "numeric"
         else InputDeclaration(kind=s.kind, name=s.name, buckets=s.buckets, dim=s.dim)
         for s in inputs
@@ -82,7 +90,7 @@ def fit_inputs(events: list[dict], config: TrainConfig) -> Inputs | None:
     for d in config.inputs:
         if d.kind == "numeric":
             values = [e.get(d.name) for e in train_events]
-            specs.append(NumericInput.fit(d.name, d.transform, values).model_dump())
+            specs.append(NumericInput.fit(d.name, d.transform, values, d.session).model_dump())
         else:
             specs.append({"kind": d.kind, "name": d.name, "buckets": d.buckets, "dim": d.dim})
     try:
@@ -351,6 +359,11 @@ def _train(
     wide_after = config.wide_head and init is None
     if wide_after:
         params.w_f[:] = 0.0
+    # With a wide head the session statistics are the wide part's: layer 0 does not read them
+    # (read by both, REES46's held-out users lost, docs/experiments.md)
+    unread = params.E.shape[1] + statistics_rows(model.meta)
+    unread = unread if model.meta.wide_head else unread[:0]
+    params.W_x0[unread] = 0.0
     optimizer = make_optimizer(config.optimizer, config.lr)
     rng = np.random.default_rng(config.seed)
     valid_batch = [pad(valid_s[i : i + 512], F) for i in range(0, len(valid_s), 512)]
@@ -366,6 +379,7 @@ def _train(
             loss, grads = packed_loss_and_gradients(params, batch, config.bptt)
             if wide_after:
                 grads.w_f[:] = 0.0
+            grads.W_x0[unread] = 0.0
             norms.append(clip_global_norm(grads.arrays(), config.clip))
             optimizer.step(params.arrays(), grads.arrays())
             decay_tables(params, config.lr * config.input_weight_decay)

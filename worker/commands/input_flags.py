@@ -19,8 +19,9 @@ def add_input_flags(parser: argparse.ArgumentParser) -> None:
     """The flags declaring a model's inputs (kept in declaration order: the numeric inputs,
     then the categorical ones, then the items)."""
     parser.add_argument(
-        "--numeric", type=csv, default=[], metavar="NAME[:log1p],...",
-        help="numeric input fields (a price), standardised; ':log1p' transforms first",
+        "--numeric", type=csv, default=[], metavar="NAME[:log1p][:session],...",
+        help="numeric input fields (a price), standardised; ':log1p' transforms first, "
+        "':session' adds the session's running mean, min and max",
     )  # fmt: skip
     parser.add_argument(
         "--categorical", type=csv, default=[], metavar="NAME,...",
@@ -41,7 +42,7 @@ def add_input_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--inputs", dest="inputs", metavar="FILE", default=None,
-        help="a JSON list of input declarations ({kind, name, buckets, dim, transform}), "
+        help="a JSON list of input declarations ({kind, name, buckets, dim, transform, session}), "
         "instead of the flags above",
     )  # fmt: skip
 
@@ -63,17 +64,30 @@ def input_declarations(args: argparse.Namespace) -> list[dict]:
         if not isinstance(doc, list) or not all(isinstance(d, dict) for d in doc):
             raise SettingsError(f"--inputs {args.inputs}: a JSON list of objects expected")
         return doc
-    out: list[dict] = []
-    for item in args.numeric:
-        name, _, transform = item.partition(":")
-        if transform not in ("", "log1p", "none"):
-            raise SettingsError(f"--numeric {item}: the transform is log1p or none")
-        out.append({"kind": "numeric", "name": name, "transform": transform or "none"})
+    out: list[dict] = [_numeric_declaration(item) for item in args.numeric]
     for kind, names in (("categorical", args.categorical), ("item", args.item)):
         for name in names:
             out.append({"kind": kind, "name": name, "buckets": args.buckets,
                         "dim": args.input_dim})  # fmt: skip
     return out
+
+
+def _numeric_declaration(flag: str) -> dict:
+    """A numeric input's declaration from its flag, NAME[:log1p|:none][:session]."""
+    name, *options = flag.split(":")
+    transforms = [o for o in options if o in ("log1p", "none")]
+    session = [o for o in options if o == "session"]
+    if (
+        not name
+        or len(transforms) > 1
+        or len(session) > 1
+        or len(options) > len(transforms) + len(session)
+    ):
+        raise SettingsError(
+            f"--numeric {flag}: NAME, then optionally ':log1p' (or ':none') and ':session'"
+        )
+    declaration = {"kind": "numeric", "name": name, "transform": (transforms or ["none"])[0]}
+    return declaration | ({"session": True} if session else {})
 
 
 def describe_inputs(inputs, coverage: dict[str, float] | None = None) -> list[str]:
@@ -83,6 +97,7 @@ def describe_inputs(inputs, coverage: dict[str, float] | None = None) -> list[st
     for s in inputs:
         if s.kind == "numeric":
             line = f"  {s.name}: numeric, {s.transform}, mean {s.mean:.6g}, scale {s.scale:.6g}"
+            line += ", with its session mean, min and max" if s.session else ""
         else:
             line = f"  {s.name}: {s.kind}, {s.buckets} buckets x {s.dim}"
         if coverage is not None and s.name in coverage:

@@ -20,8 +20,9 @@ AUC_MARGIN = 0.01  # the model's AUC at the last event over the better baseline'
 ECE_BOUND = 0.02  # ECE over all steps, in every fold
 
 
-def goal_lines(summary: dict) -> list[str]:
-    """Each goal, met or missed and by how much."""
+def goal_lines(summary: dict, calibrated: tuple[float, float] | None = None) -> list[str]:
+    """Each goal, met or missed and by how much; with `calibrated` (calibrated_ece_over),
+    what the ECE goal would give a perfectly calibrated scorer on the same folds."""
     from model.judging.baselines import BOOSTED
     from model.judging.protocol import MODEL
 
@@ -41,12 +42,17 @@ def goal_lines(summary: dict) -> list[str]:
     over = int(np.sum(ece > ECE_BOUND))
     lines.append(f"goal ECE all <= {ECE_BOUND} in every fold: {'met' if not over else 'missed'} "
                  f"(worst {ece.max():.3f}; {over} of {len(ece)} folds above)")  # fmt: skip
+    if calibrated is not None:
+        folds_over, none_over = calibrated
+        lines.append(f"  a perfectly calibrated scorer on these folds' sessions (labels drawn "
+                     f"from the model's scores): {folds_over:.1f} of {len(ece)} folds above "
+                     f"{ECE_BOUND} on average, none above in {none_over:.0%} of draws")  # fmt: skip
     return lines
 
 
 def run_real_bench(args: argparse.Namespace) -> int:
     """The benchmark; returns its exit code (DataError and bad flags raise: one line, exit 2)."""
-    from model.judging.protocol import judge, outer_folds, summary
+    from model.judging.protocol import calibrated_ece_over, judge, outer_folds, summary
     from model.judging.report import folds_table, reliability_table
     from model.training.sessions import DataError
 
@@ -75,5 +81,5 @@ def run_real_bench(args: argparse.Namespace) -> int:
     print("\nThe model's held-out scores over all steps by score decile, pooled over folds:\n")
     print(reliability_table(results))
     print()
-    print("\n".join(goal_lines(out)))
+    print("\n".join(goal_lines(out, calibrated_ece_over(results, ECE_BOUND))))
     return 0

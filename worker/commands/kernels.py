@@ -42,11 +42,15 @@ def _compile_scoring() -> None:
     from worker.engine.models import warm_up_worker_kernels
 
     ScoringModel(_tiny_model()).warm_up()
-    # session features (the state's memory rows) and an item input compile kernels of
-    # their own: a shop's model with them starts warm too
-    item = parse_inputs([{"kind": "item", "name": "sku", "buckets": 8, "dim": 2}])
+    # session features (the state's memory rows), an item input and a numeric input's
+    # session statistics compile kernels of their own: a shop's model with them starts warm
+    declared = parse_inputs([
+        {"kind": "numeric", "name": "price", "transform": "log1p", "mean": 0.0, "scale": 1.0,
+         "session": True},
+        {"kind": "item", "name": "sku", "buckets": 8, "dim": 2},
+    ])  # fmt: skip
     rich = random_model(["a", "b"], hidden=4, features=["gap", "session_events"],
-                        embedding_dim=2, seed=0, inputs=item)  # fmt: skip
+                        embedding_dim=2, seed=0, inputs=declared)  # fmt: skip
     ScoringModel(rich).warm_up()
     warm_up_worker_kernels()  # the worker's own kernels beside the model's
 
