@@ -174,7 +174,7 @@ def test_a_model_trained_with_inputs_scores_its_validation_sessions_through_the_
     assert price.scale == pytest.approx(np.std(used), rel=1e-6)
     assert result.report["inputs"][0]["mean"] == price.mean
     assert result.report["config"]["inputs"][1] == {"kind": "categorical", "name": "brand",
-        "transform": "none", "buckets": 64, "dim": 3}  # fmt: skip
+        "transform": "none", "session": False, "buckets": 64, "dim": 3}  # fmt: skip
     untrained = random_model(model.meta.event_types, 8, 1, ["gap"], 4, seed=3, inputs=model.inputs)
     assert not np.allclose(model.arrays["input.brand.embedding"],
                            untrained.arrays["input.brand.embedding"])  # fmt: skip

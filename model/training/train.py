@@ -32,6 +32,7 @@ from model.artifact import (
     validate_model,
 )
 from model.calibration import reliability_record
+from model.ensemble import folded
 from model.feature_names import expand_features, feature_help, unknown_features
 from model.inputs import Inputs, NumericInput, parse_inputs
 from model.params import Params, pack, unpack
@@ -151,6 +152,12 @@ class TrainConfig(BaseModel):
     wide_head: bool = Field(
         False, description="the head also reads the features and the inputs' numeric "
         "columns directly (a wide part beside the recurrent one)",
+    )  # fmt: skip
+    # Members trained from seeds seed, seed + 1, ... on the same users and folded into one
+    # model (model/ensemble.py): K times the state and the cell's work.
+    ensemble: int = Field(
+        1, ge=1, le=8, description="train this many models from different seeds on the same "
+        "users and score their mean (one artifact, K times the hidden units)",
     )  # fmt: skip
     input_weight_decay: float = Field(
         3.0, ge=0, description="decoupled weight decay of the declared inputs' embedding "
@@ -318,6 +325,8 @@ def train(
     """
     if init is not None:
         m = init.meta
+        if config.ensemble > 1:
+            raise DataError("--ensemble trains new models; fine-tuning (--init-from) takes 1")
         if m.head != "sigmoid":
             raise DataError("--init-from needs a model with a sigmoid head (training fits one)")
         config = config.model_copy(update={
@@ -332,31 +341,26 @@ def train(
         return _train(list(events), config, progress, init, state_space)
 
 
-def _train(
-    events: list[dict], config: TrainConfig, progress, init: Model | None, state_space
-) -> TrainResult:
-    started = time.time()
-    # hashed once a user, not once an event (1 s of CPU on 500k events of 6,000 users)
-    users = {e["user_id"] for e in events} if config.test_fraction else set()
-    held = {u for u in users if is_test_user(u, config.test_fraction, config.seed)}
-    test_events = [e for e in events if e["user_id"] in held]
-    used = [e for e in events if e["user_id"] not in held] if held else events
-    inputs = (init.inputs or None) if init is not None else fit_inputs(used, config)
-    config = with_features_of(config, used)
-    types, train_s, valid_s = prepare(used, config, inputs)
-    F = len(config.features)
-    model = init or random_model(
+def _fresh_model(types: list[str], config: TrainConfig, inputs, member: int) -> Model:
+    """A seeded random model to train (member k of an ensemble: seed + k)."""
+    return random_model(
         types, config.hidden, config.layers, config.features, config.embedding_dim,
-        "sigmoid", config.session_gap_seconds, config.seed, cell=config.cell, inputs=inputs,
-        wide_head=config.wide_head,
+        "sigmoid", config.session_gap_seconds, config.seed + member, cell=config.cell,
+        inputs=inputs, wide_head=config.wide_head,
     )  # fmt: skip
+
+
+def _fit_member(
+    model: Model, config: TrainConfig, train_s: list[Session], valid_s: list[Session],
+    progress, seed: int, wide_after: bool,
+) -> tuple[dict[str, np.ndarray], BestEpoch, list[dict]]:  # fmt: skip
+    """One model trained by BPTT with early stopping: (the kept epoch's arrays, how that
+    epoch was chosen, the epochs' history)."""
+    F = len(config.features)
     inputs = model.inputs
     # copies: pack keeps some arrays as they are, and fine-tuning must not move its parent's
     params = pack({k: np.array(v) for k, v in model.arrays.items()}, config.cell, np.float32,
                   inputs)  # fmt: skip
-    # A fresh wide head's wide part is fitted after the deep part (model/training/wide_fit.py);
-    # fine-tuning (init) trains both jointly from the parent's weights.
-    wide_after = config.wide_head and init is None
     if wide_after:
         params.w_f[:] = 0.0
     # With a wide head the session statistics are the wide part's: layer 0 does not read them
@@ -365,9 +369,9 @@ def _train(
     unread = unread if model.meta.wide_head else unread[:0]
     params.W_x0[unread] = 0.0
     optimizer = make_optimizer(config.optimizer, config.lr)
-    rng = np.random.default_rng(config.seed)
+    rng = np.random.default_rng(seed)
     valid_batch = [pad(valid_s[i : i + 512], F) for i in range(0, len(valid_s), 512)]
-    history = []
+    history: list[dict] = []
     best = BestEpoch(patience=config.patience)
     for epoch in range(1, config.epochs + 1):
         t0 = time.time()
@@ -407,7 +411,36 @@ def _train(
         raise TrainingDivergedError(
             "training diverged in epoch 1 (the loss is not finite); lower --lr or --clip"
         )
-    kept = {k: np.array(v) for k, v in unpack(best.params, inputs).items()}
+    return {k: np.array(v) for k, v in unpack(best.params, inputs).items()}, best, history
+
+
+def _train(
+    events: list[dict], config: TrainConfig, progress, init: Model | None, state_space
+) -> TrainResult:
+    started = time.time()
+    # hashed once a user, not once an event (1 s of CPU on 500k events of 6,000 users)
+    users = {e["user_id"] for e in events} if config.test_fraction else set()
+    held = {u for u in users if is_test_user(u, config.test_fraction, config.seed)}
+    test_events = [e for e in events if e["user_id"] in held]
+    used = [e for e in events if e["user_id"] not in held] if held else events
+    inputs = (init.inputs or None) if init is not None else fit_inputs(used, config)
+    config = with_features_of(config, used)
+    types, train_s, valid_s = prepare(used, config, inputs)
+    F = len(config.features)
+    # A fresh wide head's wide part is fitted after the deep part (model/training/wide_fit.py);
+    # fine-tuning (init) trains both jointly from the parent's weights.
+    wide_after = config.wide_head and init is None
+    starts = [init] if init is not None else [
+        _fresh_model(types, config, inputs, k) for k in range(config.ensemble)]  # fmt: skip
+    runs = [_fit_member(m, config, train_s, valid_s, progress, config.seed + k, wide_after)
+            for k, m in enumerate(starts)]  # fmt: skip
+    model = starts[0]
+    kept, best, history = runs[0]
+    if len(runs) > 1:  # the members side by side: one model, their mean logit
+        model = folded([validate_model(m.meta, arrays) for m, (arrays, _, _) in
+                        zip(starts, runs, strict=True)])  # fmt: skip
+        kept = {k: np.array(v) for k, v in model.arrays.items()}
+    inputs = model.inputs
     wide = None
     if wide_after:
         kept, wide = with_wide_part(kept, pack(kept, config.cell, np.float64, inputs), train_s,
@@ -430,11 +463,28 @@ def _train(
     data = _summary(events, train_s, valid_s, set(types)) | {
         "test_users": len(held), "test_events": len(test_events)}  # fmt: skip
     kept_epoch = {
+        **(
+            {
+                "members": [
+                    {"epoch": b.epoch, "epochs_run": len(h), "validation_loss": b.validation_loss}
+                    for _, b, h in runs
+                ]
+            }
+            if len(runs) > 1
+            else {}
+        ),
         "epoch": best.epoch,
         "validation_loss": best.validation_loss,
         "epochs_run": len(history),
         "stopped": best.stopped,
-        "reason": best.reason(len(history)),
+        "reason": best.reason(len(history))
+        + (
+            f"; an ensemble of {len(runs)} (kept epochs "
+            f"{', '.join(str(b.epoch) for _, b, _ in runs)}) folded into one model of "
+            f"{model.meta.hidden} units"
+            if len(runs) > 1
+            else ""
+        ),
     }
     report = {
         "config": config.model_dump(),
