@@ -79,7 +79,15 @@ def shop(users: int = 160, seed: int = 3) -> list[dict]:
             ts += 30_000
             kind = "cart" if buyer and k > 1 and rng.random() < 0.5 else "view"
             price = float(rng.uniform(50, 80) if buyer else rng.uniform(5, 60))
-            out.append({"user_id": f"u{u}", "type": kind, "ts": ts, "price": price})
+            out.append(
+                {
+                    "user_id": f"u{u}",
+                    "type": kind,
+                    "ts": ts,
+                    "price": price,
+                    "sku": f"s{int(rng.integers(0, 5 if buyer else 30))}",
+                }
+            )
         if buyer:
             out.append({"user_id": f"u{u}", "type": "purchase", "ts": ts + 1_000})
     return out
@@ -89,8 +97,9 @@ def test_train_folds_an_ensemble_of_members_trained_from_their_seeds():
     """`--ensemble 3`: three members from seeds 0, 1, 2 on the same users, folded; its first
     member is the model `--ensemble 1` trains, and the wide part is fitted on the fold."""
     price = {"kind": "numeric", "name": "price", "transform": "log1p", "session": True}
+    sku = {"kind": "item", "name": "sku", "buckets": 16, "dim": 2}
     config = TrainConfig(hidden=4, epochs=2, test_fraction=0.0, calibrate=False, wide_head=True,
-                         min_type_count=1, inputs=[price])  # fmt: skip
+                         min_type_count=1, inputs=[price, sku])  # fmt: skip
     one = train(shop(), config).model
     three = train(shop(), config.model_copy(update={"ensemble": 3}))
     model = three.model
@@ -102,6 +111,7 @@ def test_train_folds_an_ensemble_of_members_trained_from_their_seeds():
     np.testing.assert_array_equal(model.arrays["layer0.W_hh"][:H, :H], one.arrays["layer0.W_hh"])
     assert (model.arrays["layer0.W_hh"][H : 2 * H, H : 2 * H] != one.arrays["layer0.W_hh"]).any()
     assert not model.arrays["layer0.W_hh"][:H, H:].any()  # the members read only their own
+    assert model.arrays["input.sku.embedding"].shape == (16, 6)
     assert three.report["wide_part"] is not None and model.arrays["head.W_fq"].any()
 
 

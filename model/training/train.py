@@ -440,6 +440,8 @@ def _train(
         model = folded([validate_model(m.meta, arrays) for m, (arrays, _, _) in
                         zip(starts, runs, strict=True)])  # fmt: skip
         kept = {k: np.array(v) for k, v in model.arrays.items()}
+        # its sessions carry the fold's wider table columns (zeros: the tables fill them)
+        types, train_s, valid_s = prepare(used, config, model.inputs or None)
     inputs = model.inputs
     wide = None
     if wide_after:
