@@ -261,10 +261,14 @@ class Consumer:
             self._groups_missing = False
         self.maintenance.ensure_function()
         if self.ownership.due(now):
-            # Batches read ahead are committed first: their commit checks the lease itself,
-            # so after a pause past the lease it is refused (not_owned), never applied;
-            # renewing first would only drop them unseen.
-            self._process_queued()
+            # On time, the leases are renewed with the batches read ahead left queued: they
+            # commit in their turn, each computed beside the commit before it (draining
+            # them first made every renewal round commit them cold and read the next ones
+            # cold). After a pause they are committed first: their commit checks the lease
+            # itself, so a late one is refused (not_owned), never applied; renewing first
+            # would only drop them unseen.
+            if self.ownership.lapsing(now):
+                self._process_queued()
             self._renew_leases()
         self._follow()
         self._settle()

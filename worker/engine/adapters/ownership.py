@@ -69,6 +69,11 @@ class Ownership:
         """Time to renew: every third of a lease."""
         return now - self._last_renewal > self.lease_ms / 3000
 
+    def lapsing(self, now: float) -> bool:
+        """Half a lease or more since the last renewal (a pause, a stalled round): the
+        leases may have lapsed, and another worker may hold them by now."""
+        return now - self._last_renewal >= self.lease_ms / 2000
+
     def fair_share(self) -> int:
         """Partitions per live worker, rounded up (announcing this worker as live)."""
         now_ms = int(time.time() * 1000)
