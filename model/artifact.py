@@ -28,8 +28,7 @@ from pydantic import (
 )
 
 from model.calibration import calibration_of
-from model.feature_names import feature_help, is_stateful, unknown_features
-from model.features import memory_width
+from model.feature_names import feature_help, is_stateful, memory_width, unknown_features
 from model.inputs import Inputs, input_width, parse_inputs, table_columns, table_shapes
 
 FORMAT = "intentstream.model/1"  # event type and features only

@@ -57,13 +57,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
 
-from model.item_memory import ItemMemory, item_flags
-from model.value_hash import value_hashes
+# The kernels (item_flags, value_hashes) are imported where they run: a model is loaded,
+# checked and listed without Numba (`intentstream model list` starts in half the time).
+if TYPE_CHECKING:
+    from model.item_memory import ItemMemory
 
 # Event fields the worker reads itself: an input may not take their names.
 RESERVED_NAMES = ("user_id", "type", "ts", "event_id", "json", "producer")
@@ -223,6 +225,8 @@ def bucket_ids(
     name: str, values: Sequence[bytes | str | int | float | None], buckets: int
 ) -> np.ndarray:
     """Each value's bucket (int64): 0 for missing (None or empty), else 1..buckets-1."""
+    from model.value_hash import value_hashes
+
     if buckets < 2:
         raise ValueError(f"buckets must be at least 2, got {buckets}")
     return buckets_of(value_hashes(name, values), buckets)
@@ -241,6 +245,8 @@ class Stored:
 
 def stored_values(spec: InputSpec, values: Sequence) -> np.ndarray:
     """Raw values of one input in their stored form: `numeric_values` or `value_hashes`."""
+    from model.value_hash import value_hashes
+
     if spec.kind == "numeric":
         return numeric_values(values)
     return value_hashes(spec.name, values)
@@ -352,6 +358,8 @@ def input_parts(
     order; each input's counts of the events from `count_from` on). encode_inputs gathers the
     rows into the block; training keeps the buckets, to look the rows up from the parameters
     it is fitting. Arguments as encode_inputs's (memory updated in place)."""
+    from model.item_memory import item_flags
+
     specs = _specs(inputs)
     n = slot.shape[0]
     fixed = np.zeros((n, input_width(specs)), np.float32)
@@ -401,6 +409,8 @@ def stored_column(spec: InputSpec, raw: Mapping[str, Sequence], n: int) -> np.nd
 
 def _hashes(name: str, values: Sequence | Stored) -> np.ndarray:
     """A categorical or item column's value hashes (given stored, or hashed now)."""
+    from model.value_hash import value_hashes
+
     if isinstance(values, Stored):
         return np.ascontiguousarray(values.values, np.int64)
     return value_hashes(name, values)
