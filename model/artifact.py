@@ -28,9 +28,9 @@ from pydantic import (
 )
 
 from model.calibration import calibration_of
-from model.feature_names import feature_help, is_stateful, unknown_features
-from model.features import memory_width
+from model.feature_names import feature_help, is_stateful, memory_width, unknown_features
 from model.inputs import (
+    STATS_FLOATS,
     Inputs,
     input_width,
     parse_inputs,
@@ -40,7 +40,6 @@ from model.inputs import (
     table_shapes,
     without_session_stats,
 )
-from model.session_stats import STATS_FLOATS
 
 FORMAT = "intentstream.model/1"  # event type and features only
 FORMAT_2 = "intentstream.model/2"  # and declared inputs (meta.inputs, model/inputs.py)

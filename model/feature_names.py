@@ -16,6 +16,8 @@ TYPED_FEATURES = {
     "session_count": "log1p of the session's events of TYPE so far, this one included",
     "earlier_count": "log1p of the user's events of TYPE in earlier sessions",
 }
+# the session memory's first columns, then two blocks of one column per type (model/features.py)
+_FIXED = ("session_events", "session_seconds", "earlier_sessions", "gap_before_session")
 # what `--features session` stands for, the typed ones once per type of the vocabulary
 SESSION_FEATURES = ("gap", "session_events", "session_seconds", "earlier_sessions",
                     "gap_before_session")  # fmt: skip
@@ -57,3 +59,19 @@ def feature_help() -> str:
     return ", ".join([*KNOWN_FEATURES, *(f"{k}:TYPE" for k in TYPED_FEATURES)]) + (
         "; 'session' for all of them"
     )
+
+
+def memory_width(event_types: list[str]) -> int:
+    """Floats of a user's session memory for a vocabulary (its unknown row included)."""
+    return len(_FIXED) + 2 * (len(event_types) + 1)
+
+
+def memory_column(name: str, event_types: list[str]) -> int:
+    """Where a session feature's running value sits in the memory (ValueError if unknown)."""
+    if name in _FIXED:
+        return _FIXED.index(name)
+    kind, _, t = name.partition(":")
+    if kind in TYPED_FEATURES and t in event_types:
+        block = list(TYPED_FEATURES).index(kind)
+        return len(_FIXED) + block * (len(event_types) + 1) + event_types.index(t)
+    raise ValueError(f"unknown feature {name!r}; known: {list(KNOWN_FEATURES)}")

@@ -16,11 +16,11 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-# the names, kept apart from the kernels (the command line lists them without Numba)
+# the names and the memory's layout, kept apart from the kernels (the command line and the
+# artifact's checks use them without Numba)
 from model.feature_names import KNOWN_FEATURES as KNOWN_FEATURES
-from model.feature_names import TYPED_FEATURES
-
-_FIXED = ("session_events", "session_seconds", "earlier_sessions", "gap_before_session")
+from model.feature_names import memory_column as memory_column
+from model.feature_names import memory_width as memory_width
 
 
 @nb.njit(cache=True)
@@ -45,22 +45,6 @@ def event_gaps(slot, ts_ms, last_ts):
         if t > prev:
             last_ts[s] = t
     return gap, has_prev
-
-
-def memory_width(event_types: list[str]) -> int:
-    """Floats of a user's session memory for a vocabulary (its unknown row included)."""
-    return len(_FIXED) + 2 * (len(event_types) + 1)
-
-
-def memory_column(name: str, event_types: list[str]) -> int:
-    """Where a session feature's running value sits in the memory (ValueError if unknown)."""
-    if name in _FIXED:
-        return _FIXED.index(name)
-    kind, _, t = name.partition(":")
-    if kind in TYPED_FEATURES and t in event_types:
-        block = list(TYPED_FEATURES).index(kind)
-        return len(_FIXED) + block * (len(event_types) + 1) + event_types.index(t)
-    raise ValueError(f"unknown feature {name!r}; known: {list(KNOWN_FEATURES)}")
 
 
 @nb.njit(cache=True)

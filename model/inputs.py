@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 import numpy as np
 from pydantic import (
@@ -73,9 +73,16 @@ from pydantic import (
     model_serializer,
 )
 
-from model.item_memory import ItemMemory, item_flags
-from model.session_stats import STATS_COLUMNS, empty_stats, write_session_stats
-from model.value_hash import value_hashes
+# The kernels (item_flags, value_hashes, write_session_stats) are imported where they run: a
+# model is loaded, checked and listed without Numba (`intentstream model list` starts in half
+# the time).
+if TYPE_CHECKING:
+    from model.item_memory import ItemMemory
+
+# A numeric input's session statistics (model/session_stats.py): its columns after the value
+# and missing flag, and the floats each user keeps for them in the state.
+STATS_COLUMNS = ("session_mean", "session_min", "session_max")
+STATS_FLOATS = 4  # count, sum, min, max
 
 # Event fields the worker reads itself: an input may not take their names.
 RESERVED_NAMES = ("user_id", "type", "ts", "event_id", "json", "producer")
@@ -249,6 +256,8 @@ def bucket_ids(
     name: str, values: Sequence[bytes | str | int | float | None], buckets: int
 ) -> np.ndarray:
     """Each value's bucket (int64): 0 for missing (None or empty), else 1..buckets-1."""
+    from model.value_hash import value_hashes
+
     if buckets < 2:
         raise ValueError(f"buckets must be at least 2, got {buckets}")
     return buckets_of(value_hashes(name, values), buckets)
@@ -267,6 +276,8 @@ class Stored:
 
 def stored_values(spec: InputSpec, values: Sequence) -> np.ndarray:
     """Raw values of one input in their stored form: `numeric_values` or `value_hashes`."""
+    from model.value_hash import value_hashes
+
     if spec.kind == "numeric":
         return numeric_values(values)
     return value_hashes(spec.name, values)
@@ -379,6 +390,9 @@ def input_parts(
     order; each input's counts of the events from `count_from` on). encode_inputs gathers the
     rows into the block; training keeps the buckets, to look the rows up from the parameters
     it is fitting. Arguments as encode_inputs's (memory and stats updated in place)."""
+    from model.item_memory import item_flags
+    from model.session_stats import write_session_stats
+
     specs = _specs(inputs)
     n = slot.shape[0]
     fixed = np.zeros((n, input_width(specs)), np.float32)
@@ -439,7 +453,7 @@ def empty_session_stats(
     inputs: Inputs | Sequence[InputSpec], n_users: int
 ) -> dict[str, np.ndarray]:
     """Statistics of n_users users with no value yet, for each numeric input with `session`."""
-    return {name: empty_stats(n_users) for name in session_inputs(inputs)}
+    return {name: np.zeros((n_users, STATS_FLOATS), np.float32) for name in session_inputs(inputs)}
 
 
 def _stats_of(spec: NumericInput, stats: Mapping[str, np.ndarray] | None) -> np.ndarray:
@@ -468,6 +482,8 @@ def stored_column(spec: InputSpec, raw: Mapping[str, Sequence], n: int) -> np.nd
 
 def _hashes(name: str, values: Sequence | Stored) -> np.ndarray:
     """A categorical or item column's value hashes (given stored, or hashed now)."""
+    from model.value_hash import value_hashes
+
     if isinstance(values, Stored):
         return np.ascontiguousarray(values.values, np.int64)
     return value_hashes(name, values)

@@ -32,6 +32,7 @@ from model.features import (
     session_resets,
 )
 from model.inputs import (
+    STATS_FLOATS,
     InputCounts,
     InputSpec,
     Stored,
@@ -45,7 +46,7 @@ from model.inputs import (
 )
 from model.item_memory import ItemMemory, write_item_flags
 from model.params import Params, pack
-from model.session_stats import STATS_FLOATS, write_session_stats
+from model.session_stats import write_session_stats
 
 # A table input's embedding rows reach layer 0 only through W_fh, so each table can be passed
 # through it once, at load: P = table @ W_fh[its rows], (buckets, G·H). A batch then adds one

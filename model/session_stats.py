@@ -16,15 +16,6 @@ training set's mean).
 from __future__ import annotations
 
 import numba as nb
-import numpy as np
-
-STATS_FLOATS = 4  # count, sum, min, max of one input, per user
-STATS_COLUMNS = ("session_mean", "session_min", "session_max")
-
-
-def empty_stats(n_users: int) -> np.ndarray:
-    """Statistics of n_users users with no value yet: (n_users, STATS_FLOATS) float32."""
-    return np.zeros((n_users, STATS_FLOATS), np.float32)
 
 
 @nb.njit(cache=True)

@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
+# One BLAS and one OpenMP thread in every command the tests start (and in this process,
+# below): four pytest workers share two cores, and the idle threads of OpenBLAS and of
+# scikit-learn's OpenMP (the judging's baselines) spin. A judged `train` took 11-20 s of CPU
+# with the defaults, 5-6.5 with one thread (EPYC, load 1-2). test_worker's BLAS probe drops
+# these, to see the worker pin BLAS itself.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import inspect
 import shutil
 import subprocess
@@ -11,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from threadpoolctl import threadpool_limits
 
 from model.artifact import save_model
 from tests.golden import golden_model
@@ -22,6 +33,10 @@ settings.register_profile(
     "intentstream", deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("intentstream")
+
+# NumPy's OpenBLAS may be loaded before this file (a plugin imports NumPy): limited here too,
+# for the tests that train or judge in this process.
+threadpool_limits(limits=1)
 
 # A test that starts redis-server or a subprocess is an integration test: `pytest -m "not
 # integration"` runs the rest in seconds. Marked here from what a test uses, so a new test

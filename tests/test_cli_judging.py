@@ -6,6 +6,7 @@ written."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,16 +25,25 @@ def shop(tmp_path_factory) -> Path:
     return path
 
 
-def test_train_reports_its_test_users_beside_the_baselines(shop, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def judged(shop, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One judged train run with declared inputs (its output and folder: m.npz, r/): a
+    judged run costs 20-25 s of CPU, most of it the baselines, so two tests read this one."""
+    out = tmp_path_factory.mktemp("judged")
     run = run_cli("train", "--data", str(shop), "--numeric", "price:log1p", "--item",
-                  "product_id", *SMALL, "--report", str(tmp_path / "r"),
-                  "--out", str(tmp_path / "m.npz"), timeout=600)  # fmt: skip
+                  "product_id", *SMALL, "--report", str(out / "r"),
+                  "--out", str(out / "m.npz"), timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr
+    return run, out
+
+
+def test_train_reports_its_test_users_beside_the_baselines(judged) -> None:
+    run, out = judged
     assert "test users:" in run.stdout and "held out before every choice" in run.stdout
     table = run.stdout.split("test users:")[1]
     for row in ("intentstream", "logistic regression", "gradient boosting", "AUC @3"):
         assert row in table
-    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    report = json.loads((out / "r" / "report.json").read_text())
     test = report["test"]
     assert set(test["metrics"]) == {"intentstream", "logistic regression", "gradient boosting"}
     assert test["users"] == report["data"]["test_users"] > 0
@@ -87,11 +97,10 @@ def test_bench_real_refuses_a_shop_too_small_for_its_folds(shop) -> None:
     assert run.returncode == 2 and "too few for 400 folds" in run.stderr
 
 
-def test_model_evaluate_judges_a_model_on_the_users_its_training_held_out(shop, tmp_path):
-    trained = tmp_path / "m.npz"
-    run = run_cli("train", "--data", str(shop), *SMALL, "--out", str(trained), "--report",
-                  str(tmp_path / "r"), timeout=600)  # fmt: skip
-    assert run.returncode == 0, run.stderr
+def test_model_evaluate_judges_a_model_on_the_users_its_training_held_out(shop, judged, tmp_path):
+    """The judged run's model (with declared inputs), evaluated again on its held-out users,
+    gives the report's figures."""
+    trained = judged[1] / "m.npz"
     by_hand = tmp_path / "init.npz"
     made = run_cli("model", "init", "--event-types", "view,add_to_cart", "--hidden", "4",
                    "--out", str(by_hand))  # fmt: skip
@@ -101,7 +110,7 @@ def test_model_evaluate_judges_a_model_on_the_users_its_training_held_out(shop, 
     assert ev.returncode == 0, ev.stderr
     results = json.loads(ev.stdout)
     ours = results[str(trained)]["held_out"]
-    report = json.loads((tmp_path / "r" / "report.json").read_text())["test"]
+    report = json.loads((judged[1] / "r" / "report.json").read_text())["test"]
     assert ours["sessions"] == report["sessions"] and ours["users"] == report["users"]
     for scorer in ("intentstream", "logistic regression", "gradient boosting"):
         assert ours["metrics"][scorer]["auc_last"] == pytest.approx(

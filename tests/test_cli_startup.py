@@ -52,3 +52,12 @@ def imported(argv: list[str]) -> tuple[set[str], str]:
 def test_a_command_that_does_no_work_skips_the_heavy_imports(argv, allowed):
     modules, stderr = imported(argv)
     assert modules <= allowed, (argv, modules, stderr)
+
+
+@pytest.mark.integration  # a Python subprocess (in imported())
+def test_a_command_that_needs_no_kernel_starts_without_numba():
+    """`model list` loads the registry's code and the artifact's checks, not Numba: a light
+    command costs 0.3-0.4 s of CPU less, over the hundreds the tests run (Redis is not there:
+    the command fails after its imports)."""
+    modules, stderr = imported(["model", "list", "--redis-url", "redis://127.0.0.1:1/0"])
+    assert "redis" in modules and "numba" not in modules, (modules, stderr)

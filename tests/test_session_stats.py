@@ -19,15 +19,19 @@ from model.artifact import (
     state_shape,
     statistics_rows,
 )
-from model.inputs import input_columns, input_width, parse_inputs
+from model.inputs import STATS_FLOATS, input_columns, input_width, parse_inputs
 from model.scoring import InMemoryScorer, ScoringModel
-from model.session_stats import empty_stats, write_session_stats
+from model.session_stats import write_session_stats
 from model.training.train import TrainConfig, train
 from tests.conftest import run_cli
 from tests.statistics_weights import with_statistics_weights
 
 TYPES = ["view", "cart", "purchase"]
 PRICE = {"kind": "numeric", "name": "price", "transform": "none", "mean": 0.0, "scale": 1.0}
+
+
+def empty_stats(n_users: int) -> np.ndarray:
+    return np.zeros((n_users, STATS_FLOATS), np.float32)
 
 
 def stats_of(values: list[float | None], new: list[bool], slot: list[int] | None = None,

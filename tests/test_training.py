@@ -15,7 +15,7 @@ from model.artifact import load_model, random_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.training.bptt import clip_global_norm, loss_and_gradients, predict
 from model.training.sessions import DataError, Session, pad, sessionize
-from model.training.train import TrainConfig, TrainingDivergedError, train
+from model.training.train import TrainConfig, TrainingDivergedError, prepare_training, train
 from tests.conftest import NO_TEST_USERS, run_cli
 from tests.workers import WorkerProcess, wait_for
 from worker.common.connection import connect
@@ -147,6 +147,25 @@ def test_same_seed_same_data_gives_bit_identical_weights():
         assert a.arrays[name].tobytes() == b.arrays[name].tobytes(), name
     other = train(events, config.model_copy(update={"seed": 4})).model
     assert other.arrays["layer0.W_hh"].tobytes() != a.arrays["layer0.W_hh"].tobytes()
+
+
+def test_prepared_data_train_as_the_events_do_and_serve_only_their_data_config():
+    """prepare_training's result (what long_range shares between cells) gives the same model
+    and report as the events, for another cell too; a config that reads the data otherwise
+    (another seed splits other users) is refused."""
+    events = synthetic(4000, 200, seed=1)
+    config = TrainConfig(hidden=8, epochs=1, seed=3, test_fraction=0.1)
+    data = prepare_training(events, config)
+    for cell in ("rnn", "gru"):
+        asked = config.model_copy(update={"cell": cell})
+        a, b = train(events, asked), train(data, asked)
+        for name in a.model.arrays:
+            assert a.model.arrays[name].tobytes() == b.model.arrays[name].tobytes(), name
+        assert a.report["metrics"] == b.report["metrics"]
+        assert a.report["baseline"] == b.report["baseline"]
+        assert a.report["data"] == b.report["data"] and a.test_events == b.test_events
+    with pytest.raises(ValueError, match="another data config"):
+        train(data, config.model_copy(update={"seed": 4}))
 
 
 def test_training_learns_order_and_beats_the_bag_of_types_baseline():

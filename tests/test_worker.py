@@ -4,6 +4,7 @@ Tests)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -634,9 +635,12 @@ print(json.dumps([(i["internal_api"], i["filepath"], i["num_threads"]) for i in 
 def test_the_running_loop_has_one_blas_thread_in_every_blas_library(redis_server, model_path):
     """A fresh process: the kernels load SciPy's OpenBLAS at their first call (the warm-up),
     so a limit set before it would miss that library, whose spinning thread took a core."""
+    # without the tests' one-thread settings (conftest.py): the worker must pin BLAS itself
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}  # fmt: skip
     result = subprocess.run(
         [sys.executable, "-c", BLAS_PROBE, redis_server.url, str(model_path)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     libraries = json.loads(result.stdout.splitlines()[-1])

@@ -90,7 +90,13 @@ def long_range_events(
     n_sessions: int, mode: Mode, seed: int = 0, start_ms: int = 1_700_000_000_000
 ) -> Iterator[dict]:
     """The sessions as events (one user each, 5 s apart), a buying one closed by `purchase`."""
-    for i, (types, bought, _) in enumerate(long_range_sessions(n_sessions, mode, seed)):
+    return _as_events(long_range_sessions(n_sessions, mode, seed), seed, start_ms)
+
+
+def _as_events(
+    sessions: list[tuple[list[str], bool, float]], seed: int, start_ms: int = 1_700_000_000_000
+) -> Iterator[dict]:
+    for i, (types, bought, _) in enumerate(sessions):
         t0 = start_ms + i * 3_600_000
         names = [*types, LABEL_TYPE] if bought else types
         for k, t in enumerate(names):
@@ -117,21 +123,22 @@ def compare_cells(
     cells: tuple[str, ...] = CELLS,
 ) -> dict[str, float]:
     """Validation AUC (last step) of each cell (Elman, GRU, LSTM) and of the Bayes-optimal
-    score."""
-    from model.training.train import TrainConfig, train  # as roc_auc above
+    score. The cells train on the same sessions, prepared once."""
+    from model.training.train import TrainConfig, prepare_training, train  # as roc_auc above
 
+    config = TrainConfig(
+        hidden=hidden, epochs=epochs, features=[], embedding_dim=8, seed=0,
+        event_types=[*EVENT_TYPES, LABEL_TYPE], patience=epochs,
+        test_fraction=0.0,  # judged on the validation users, beside their Bayes score
+        calibrate=False,  # the AUC compared is the raw scores' (a calibration map keeps it)
+    )  # fmt: skip
     sessions = long_range_sessions(n_sessions, mode, seed)
-    events = list(long_range_events(n_sessions, mode, seed))
+    data = prepare_training(_as_events(sessions, seed), config)
     out = {}
     for cell in cells:
-        config = TrainConfig(
-            cell=cell, hidden=hidden, epochs=epochs, features=[], embedding_dim=8, seed=0,
-            event_types=[*EVENT_TYPES, LABEL_TYPE], patience=epochs,
-            test_fraction=0.0,  # judged on the validation users, beside their Bayes score
-        )  # fmt: skip
-        result = train(events, config)
+        result = train(data, config.model_copy(update={"cell": cell}))
         out[cell] = result.report["metrics"]["auc_last"]
-        users = {s.user_id for s in result.validation_sessions}
+    users = {s.user_id for s in data.valid_s}
     out["bayes"] = bayes_auc(sessions, users, seed)
     return out
 

@@ -308,8 +308,49 @@ def _validation_loss(params: Params, batches: list, bptt: int) -> float:
     return float(total / sum(b.steps for b in batches))
 
 
+@dataclass
+class Prepared:
+    """The events made into training data once: test users held out, inputs fitted, sessions
+    split, the baseline fitted and scored. Trainings that differ only in the model (the cell,
+    its size, the optimiser) can share it (model/benchmarks/long_range.py compares cells)."""
+
+    asked: TrainConfig  # the config it was prepared for (DATA_FIELDS are what it read)
+    config: TrainConfig  # the same, its features expanded for the vocabulary
+    events: list[dict]
+    held: set[str]
+    test_events: list[dict]
+    inputs: Inputs | None
+    types: list[str]
+    train_s: list[Session]
+    valid_s: list[Session]
+    base_scores: tuple  # BagOfTypes's step_scores on valid_s
+
+
+# The config fields preparation reads: a Prepared serves any config that agrees on them.
+DATA_FIELDS = {"event_types", "min_type_count", "features", "session_gap_seconds", "label_type",
+               "validation_fraction", "test_fraction", "seed", "inputs"}  # fmt: skip
+
+
+def prepare_training(
+    events: Iterable[dict], config: TrainConfig, init: Model | None = None
+) -> Prepared:
+    """The events as training data for `config` (and `init`'s inputs when fine-tuning)."""
+    events = list(events)
+    # hashed once a user, not once an event (1 s of CPU on 500k events of 6,000 users)
+    users = {e["user_id"] for e in events} if config.test_fraction else set()
+    held = {u for u in users if is_test_user(u, config.test_fraction, config.seed)}
+    test_events = [e for e in events if e["user_id"] in held]
+    used = [e for e in events if e["user_id"] not in held] if held else events
+    inputs = (init.inputs or None) if init is not None else fit_inputs(used, config)
+    expanded = with_features_of(config, used)
+    types, train_s, valid_s = prepare(used, expanded, inputs)
+    base_scores = BagOfTypes(len(types) + 1).fit(train_s).step_scores(valid_s)
+    return Prepared(config, expanded, events, held, test_events, inputs, types, train_s,
+                    valid_s, base_scores)  # fmt: skip
+
+
 def train(
-    events: Iterable[dict],
+    events: Iterable[dict] | Prepared,
     config: TrainConfig,
     progress: Callable[[int, int], object] | None = None,
     init: Model | None = None,
@@ -317,13 +358,17 @@ def train(
 ) -> TrainResult:
     """Train an RNN on events (dicts: user_id, type, ts); evaluate it beside the baseline.
 
-    progress, when given, is a tqdm-like factory: progress(total=..., desc=...) returning an
+    `events` may be prepare_training's result for a config that agrees with this one on
+    DATA_FIELDS (ValueError otherwise; not with `init`). progress, when given, is a tqdm-like
+    factory: progress(total=..., desc=...) returning an
     object with update(n) and set_postfix(**kw), used once per epoch. With `init`, training
     starts from that model's weights and keeps its architecture, vocabulary, features and
     session gap (fine-tuning); `state_space` is then recorded in the meta: the new model
     continues the parent's hidden states (docs/contract.md, Model artifacts and the registry).
     """
     if init is not None:
+        if isinstance(events, Prepared):
+            raise ValueError("fine-tuning (init) prepares its own data")
         m = init.meta
         if config.ensemble > 1:
             raise DataError("--ensemble trains new models; fine-tuning (--init-from) takes 1")
@@ -338,7 +383,13 @@ def train(
     # Mini-batch products are small: one BLAS thread is as fast on a quiet machine, and
     # OpenBLAS's thread hand-offs cost milliseconds per product on a busy one.
     with threadpool_limits(limits=1, user_api="blas"):
-        return _train(list(events), config, progress, init, state_space)
+        if isinstance(events, Prepared):
+            data = events
+            if config.model_dump(include=DATA_FIELDS) != data.asked.model_dump(include=DATA_FIELDS):
+                raise ValueError("the prepared data were made for another data config")
+        else:
+            data = prepare_training(events, config, init)
+        return _train(data, config, progress, init, state_space)
 
 
 def _fresh_model(types: list[str], config: TrainConfig, inputs, member: int) -> Model:
@@ -415,17 +466,12 @@ def _fit_member(
 
 
 def _train(
-    events: list[dict], config: TrainConfig, progress, init: Model | None, state_space
+    data: Prepared, config: TrainConfig, progress, init: Model | None, state_space
 ) -> TrainResult:
     started = time.time()
-    # hashed once a user, not once an event (1 s of CPU on 500k events of 6,000 users)
-    users = {e["user_id"] for e in events} if config.test_fraction else set()
-    held = {u for u in users if is_test_user(u, config.test_fraction, config.seed)}
-    test_events = [e for e in events if e["user_id"] in held]
-    used = [e for e in events if e["user_id"] not in held] if held else events
-    inputs = (init.inputs or None) if init is not None else fit_inputs(used, config)
-    config = with_features_of(config, used)
-    types, train_s, valid_s = prepare(used, config, inputs)
+    events, held, test_events, inputs = data.events, data.held, data.test_events, data.inputs
+    types, train_s, valid_s, base_scores = data.types, data.train_s, data.valid_s, data.base_scores
+    config = config.model_copy(update={"features": data.config.features})
     F = len(config.features)
     # A fresh wide head's wide part is fitted after the deep part (model/training/wide_fit.py);
     # fine-tuning (init) trains both jointly from the parent's weights.
@@ -441,7 +487,8 @@ def _train(
                         zip(starts, runs, strict=True)])  # fmt: skip
         kept = {k: np.array(v) for k, v in model.arrays.items()}
         # its sessions carry the fold's wider table columns (zeros: the tables fill them)
-        types, train_s, valid_s = prepare(used, config, model.inputs or None)
+        used = [e for e in events if e["user_id"] not in held]
+        types, train_s, valid_s = prepare(used, data.config, model.inputs or None)
     inputs = model.inputs
     wide = None
     if wide_after:
@@ -454,8 +501,6 @@ def _train(
             pack(kept, config.cell, np.float64, inputs), valid_s, F, raw_scores,
             config.calibration_min_sessions, config.calibration_fallback,
         )  # fmt: skip
-    baseline = BagOfTypes(len(types) + 1).fit(train_s)
-    base_scores = baseline.step_scores(valid_s)
     # AUCs of the raw scores: the map is monotone, so they are the calibrated model's too
     # (the cross-fitted scores mix two maps); the rest of the calibrated scores out of fold
     metrics = metrics_of(*rnn_scores) | {

@@ -109,6 +109,13 @@ def not_a_cluster(exc: BaseException) -> bool:
     )
 
 
+def _data_error() -> tuple[type, ...]:
+    """Training's DataError, when its module is loaded: it imports Numba, and an error of its
+    class was raised only if it was (a Redis error of `model list` loads no kernels)."""
+    sessions = sys.modules.get("model.training.sessions")
+    return (sessions.DataError,) if sessions is not None else ()
+
+
 def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     """One line for a failure the user can fix, or None for a bug (keep the traceback)."""
     import redis
@@ -116,7 +123,6 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
     from redis.exceptions import RedisClusterException  # not a RedisError: no cluster reachable
 
     from model.artifact import ArtifactError
-    from model.training.sessions import DataError
     from worker.common.events import EventError
     from worker.common.settings import SettingsError
     from worker.lifecycle.registry import RegistryError
@@ -145,7 +151,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
         return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
     if isinstance(exc, ValidationError):
         return validation_line(exc, parser)
-    if isinstance(exc, (SettingsError, ArtifactError, RegistryError, EventError, DataError)):
+    if isinstance(exc, (SettingsError, ArtifactError, RegistryError, EventError, *_data_error())):
         return str(exc)
     if isinstance(exc, ValueError):  # raised on a value the user gave
         return str(exc)
