@@ -24,7 +24,7 @@ from model.scoring import ScoringModel
 from worker.common.settings import Settings
 from worker.engine.adapters import resp
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.compute import columnar, histories, items, resends
+from worker.engine.compute import columnar, histories, items, lean_state, resends
 from worker.engine.compute import quality as live_quality
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit, build_commit
@@ -37,6 +37,7 @@ from worker.lifecycle.model_source import (
     RegistryModelSource,
 )
 from worker.lifecycle.registry import Registry, RegistryError
+from worker.rules import step as rules_step
 from worker.rules.step import RuleTable
 
 log = logging.getLogger("intentstream.worker")
@@ -78,12 +79,15 @@ def state_space(model: ScoringModel) -> str:
 
 def warm_up_worker_kernels() -> None:
     """Compile (or load from cache) the worker's own kernels, beside the models': the parse's,
-    the resends', the histories', the item memories', live quality's, the inputs' and the
-    commit framing's. The image's build step calls this too (worker/commands/kernels.py)."""
+    the resends', the histories', the item memories', the lean layout's, the rules', live
+    quality's, the inputs' and the commit framing's. The image's build step calls this too
+    (worker/commands/kernels.py)."""
     columnar.warm_up()
     resends.warm_up()
     histories.warm_up()
     items.warm_up()
+    lean_state.warm_up()
+    rules_step.warm_up()
     live_quality.warm_up()
     input_bytes.warm_up()
     resp.warm_up()

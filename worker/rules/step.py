@@ -291,3 +291,12 @@ def reference_step(
             fired.append(rule.name)
         state[rule.name] = (armed, last)
     return fired, state, max(last_ts, ts)
+
+
+def warm_up() -> None:
+    """Compile (or load from cache) the rule kernel now, not at the first batch of a worker
+    with rules."""
+    one = np.zeros(1, np.int64)
+    table = RuleTable(0, ("warm",), np.full(1, 0.5), np.full(1, 0.5), one, one, (None,))
+    step(table, RuleStates.fresh(1, 1), one, 1800.0, one, np.zeros(1, np.float32), one,
+         np.ones((1, 1), np.bool_))  # fmt: skip

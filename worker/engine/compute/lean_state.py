@@ -143,3 +143,9 @@ def _pack(rows, ints, data, lengths):
             starts[j] += m
             at += m
     return out, size
+
+
+def warm_up() -> None:
+    """Compile (or load from cache) the packing kernel now, not at a lean worker's first commit."""
+    one = np.zeros(1, np.int64)
+    packed_states(np.zeros((1, 1, 2), np.float32), one, one, [[b"w"]] * 5)
