@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -34,7 +34,7 @@ from model.artifact import (
 from model.calibration import reliability_record
 from model.ensemble import folded
 from model.feature_names import expand_features, feature_help, unknown_features
-from model.inputs import Inputs, NumericInput, parse_inputs
+from model.inputs import Inputs, NumericInput, parse_inputs, table_columns
 from model.params import Params, pack, unpack
 from model.training.bptt import clip_global_norm, packed_loss_and_gradients
 from model.training.calibration_fit import calibrated_on_validation
@@ -401,6 +401,15 @@ def _fresh_model(types: list[str], config: TrainConfig, inputs, member: int) -> 
     )  # fmt: skip
 
 
+def _widened(sessions: list[Session], F: int, inputs, K: int) -> list[Session]:
+    """The sessions as a fold of K members reads them: each table's columns K times as wide
+    (zeros: the forward pass fills them from the tables)."""
+    at = [F + col + dim for col, dim in table_columns(inputs or []) for _ in range((K - 1) * dim)]
+    if not at:
+        return sessions
+    return [replace(s, features=np.insert(s.features, at, 0.0, axis=1)) for s in sessions]
+
+
 def _fit_member(
     model: Model, config: TrainConfig, train_s: list[Session], valid_s: list[Session],
     progress, seed: int, wide_after: bool,
@@ -486,9 +495,7 @@ def _train(
         model = folded([validate_model(m.meta, arrays) for m, (arrays, _, _) in
                         zip(starts, runs, strict=True)])  # fmt: skip
         kept = {k: np.array(v) for k, v in model.arrays.items()}
-        # its sessions carry the fold's wider table columns (zeros: the tables fill them)
-        used = [e for e in events if e["user_id"] not in held]
-        types, train_s, valid_s = prepare(used, data.config, model.inputs or None)
+        train_s, valid_s = (_widened(s, F, inputs, len(runs)) for s in (train_s, valid_s))
     inputs = model.inputs
     wide = None
     if wide_after:
