@@ -123,3 +123,28 @@ def test_fine_tuning_refuses_an_ensemble():
     parent = train(shop(), config).model
     with pytest.raises(DataError, match="--ensemble"):
         train(shop(), config.model_copy(update={"ensemble": 2}), init=parent)
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_fold_is_computed_block_by_block_to_the_same_bits(cell, layers):
+    # the kernels skip the zeros between members' units (model/cells/ops.py, rows_times):
+    # the same sums in the same order, so the same bits as the dense product
+    members = [
+        random_model(TYPES, hidden=4, layers=layers, features=["gap"], embedding_dim=3,
+                     session_gap_seconds=1800, seed=seed, cell=cell, inputs=INPUTS)
+        for seed in (1, 2, 3)
+    ]  # fmt: skip
+    blocked = ScoringModel(folded(members))
+    assert blocked.weights.block == 4 and blocked.weights.W_h0.shape[0] == 12
+    dense = ScoringModel(folded(members))
+    dense.kernel_weights = tuple(dense.weights._replace(block=12))
+    users, types, ts, raw = events(400, seed=5)
+    got = InMemoryScorer(blocked).score(users, types, ts, raw)
+    want = InMemoryScorer(dense).score(users, types, ts, raw)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_dense_weights_keep_the_dense_product():
+    one = ScoringModel(random_model(TYPES, hidden=12, layers=2, seed=4))
+    assert one.weights.block == 12

@@ -1,14 +1,16 @@
 """Kernel benchmark: microseconds per event of the batched cell, beside baselines in one run.
 
     python -m model.benchmarks.kernels [--cells rnn gru lstm] [--hidden 32 64 128]
-        [--batch 1 64 1024]
+        [--batch 1 64 1024] [--ensemble K]
 
 Columns: the batched Numba kernel alone (`step_batch`), the full batch path the worker uses
 (`ScoringModel.advance`: gaps, features, resets, kernel), the float64 numpy reference one event
 at a time, and PyTorch's `nn.RNNCell`, `nn.GRUCell` or `nn.LSTMCell` (+ embedding and linear
 head) over the same batch when torch is installed. Medians over repeats; ratios are against the
 kernel in the same run, and a last table puts each GRU and LSTM kernel figure beside the Elman
-one.
+one. With `--ensemble K` it times instead a fold of K members of H units each
+(`train --ensemble`): the kernel skipping the zeros between members (blocked), the same
+weights multiplied densely, and one member alone.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 
 from model.artifact import Model, random_model, state_shape
 from model.cells.step import step_batch
+from model.ensemble import folded
 from model.features import feature_matrix
 from model.reference import reference_step
 from model.scoring import ScoringModel
@@ -124,6 +127,33 @@ def torch_cell_us(model: Model, batch: int, repeats: int, rng) -> float | None:
     return median_seconds(run, repeats) / batch * 1e6
 
 
+def ensemble_table(args: argparse.Namespace, rng: np.random.Generator) -> None:
+    """Print the kernel's µs/event for a fold of args.ensemble members: blocked, dense, one."""
+    K = args.ensemble
+    print(f"a fold of {K} members of H units (kernel alone, distinct users); µs per event\n")
+    header = (
+        f"{'cell':>4} {'H':>4} {'batch':>6} {'blocked':>8} {'dense':>8} {'one':>8} {'x dense':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for cell in args.cells:
+        for H in args.hidden:
+            members = [
+                random_model(EVENT_TYPES, hidden=H, layers=args.layers, features=["gap"],
+                             embedding_dim=16, cell=cell, seed=k)
+                for k in range(K)
+            ]  # fmt: skip
+            fold = folded(members)
+            one, blocked, dense = ScoringModel(members[0]), ScoringModel(fold), ScoringModel(fold)
+            dense.kernel_weights = tuple(dense.weights._replace(block=H * K))
+            for batch in args.batch:
+                us = [
+                    kernel_us(sm, batch, batch, args.repeats, rng) for sm in (blocked, dense, one)
+                ]
+                print(f"{cell:>4} {H:>4} {batch:>6} {us[0]:8.3f} {us[1]:8.3f} {us[2]:8.3f} "
+                      f"{us[1] / us[0]:8.2f}")  # fmt: skip
+
+
 def machine_line() -> str:
     """One line naming the machine the figures come from."""
     cpu = platform.processor() or platform.machine()
@@ -150,9 +180,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--ensemble",
+        type=int,
+        default=0,
+        metavar="K",
+        help="time a fold of K members instead (blocked, dense, one member)",
+    )
     args = p.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     print(f"machine: {machine_line()}")
+    if args.ensemble > 1:
+        ensemble_table(args, rng)
+        return
     print(f"layers={args.layers}, embedding 16, features [gap]; µs per event, median\n")
     header = (
         f"{'cell':>4} {'H':>4} {'batch':>6} {'users':>6} {'kernel':>8} {'advance':>8} "

@@ -10,7 +10,7 @@ from model.cells.ops import JIT, rows_times, score, tanh
 
 @nb.njit(**JIT)
 def elman_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start):
-    _, _, type_in, W_fh, W_h0, W_up, b_x, _, _, _ = w
+    _, _, type_in, W_fh, W_h0, W_up, b_x, _, _, _, block, W_h0_blocks, W_up_blocks = w
     n = slot.shape[0]
     _, L, H = state.shape
     F = x_feat.shape[1]
@@ -29,7 +29,7 @@ def elman_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wa
                 state[s, :, :] = 0.0
             for j in range(H):
                 P[i, j] = state[s, 0, j]
-        rows_times(P, W_h0, Z, m)
+        rows_times(P, W_h0, Z, m, H, block, W_h0_blocks)
         for i in range(m):
             e = order[lo + i]
             s = slot[e]
@@ -50,7 +50,7 @@ def elman_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wa
                 for j in range(H):
                     G[i, j] = Z[i, j]
                     G[i, H + j] = state[s, layer, j]
-            rows_times(G, W_up[layer - 1], Z, m)
+            rows_times(G, W_up[layer - 1], Z, m, H, block, W_up_blocks[layer - 1])
             for i in range(m):
                 s = slot[order[lo + i]]
                 for j in range(H):

@@ -10,7 +10,7 @@ from model.cells.ops import JIT, input_row, rows_times, score, sigmoid, tanh
 
 @nb.njit(**JIT)
 def gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave_start):
-    _, _, type_in, W_fh, W_h0, W_up, b_x, b_hn, _, _ = w
+    _, _, type_in, W_fh, W_h0, W_up, b_x, b_hn, _, _, block, W_h0_blocks, W_up_blocks = w
     n = slot.shape[0]
     _, L, H = state.shape
     P = work[: n * H].reshape((n, H))  # a layer's previous states of the wave's users
@@ -32,10 +32,14 @@ def gru_batch(w, state, slot, type_idx, x_feat, reset, scores, work, order, wave
                     P[i, j] = state[s, layer, j]
             # one product per gate group: all three gates' recurrent (and input) terms
             if layer == 0:
-                rows_times(P, W_h0, Zh, m)
+                rows_times(P, W_h0, Zh, m, H, block, W_h0_blocks)
             else:
-                rows_times(B, W_up[layer - 1, :H], Zx, m)
-                rows_times(P, W_up[layer - 1, H:], Zh, m)
+                rows_times(
+                    B, W_up[layer - 1, :H], Zx, m, H, block, W_up_blocks[layer - 1, :, :block]
+                )
+                rows_times(
+                    P, W_up[layer - 1, H:], Zh, m, H, block, W_up_blocks[layer - 1, :, block:]
+                )
                 for i in range(m):
                     for c in range(3 * H):
                         Zx[i, c] += b_x[layer, c]

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from model.cells.blocks import block_rows_times, recurrent_blocks
 from model.params import GATES, Params
 
 # error_model="numpy" lets LLVM vectorise divisions (the Python model adds a zero check per
@@ -54,6 +55,12 @@ class CellWeights(NamedTuple):
     b_hn: np.ndarray  # (L, H)
     w_q: np.ndarray  # (H,)
     b_q: np.ndarray  # (1,)
+    # Block-diagonal recurrent weights (a folded ensemble's members never read each other's
+    # units, model/ensemble.py): units per block (H when dense) and the diagonal blocks,
+    # contiguous (model/cells/blocks.py; empty when dense), which the products read instead
+    block: int
+    W_h0_blocks: np.ndarray  # (H / block, block, G·block)
+    W_up_blocks: np.ndarray  # (L-1, H / block, 2·block, G·block)
 
 
 def cell_weights(params: Params, head: str) -> CellWeights:
@@ -72,6 +79,7 @@ def cell_weights(params: Params, head: str) -> CellWeights:
         b_hn=p.b_hn,
         w_q=p.w_q,
         b_q=p.b_q,
+        **recurrent_blocks(p.W_h0, p.W_up),
     )
 
 
@@ -103,7 +111,7 @@ def sigmoid(x):
 @nb.njit(**JIT)
 def score(w, h_top):
     """head(h_top W_hq + b_q) for one state row."""
-    _, head, _, _, _, _, _, _, w_q, b_q = w
+    _, head, _, _, _, _, _, _, w_q, b_q, _, _, _ = w
     out = b_q[0]
     for j in range(h_top.shape[0]):
         out += h_top[j] * w_q[j]
@@ -127,10 +135,14 @@ def wide_head(z, x_feat, w_f, head):
 
 
 @nb.njit(cache=True, error_model="numpy")  # no fastmath: one rounding per step, as written
-def rows_times(A, W, out, m):
+def rows_times(A, W, out, m, H, block, W_blocks):
     """out[:m] = A[:m] @ W, each row summed in one fixed order. Not BLAS: it picks its
     kernels by the matrix's shape, so a row's last bits would depend on how many other users
-    share its wave, and one event's score (and its reasons) on how the events were batched."""
+    share its wave, and one event's score (and its reasons) on how the events were batched.
+    With `block` < H, W is block diagonal and W_blocks its blocks (model/cells/blocks.py)."""
+    if block < H:
+        block_rows_times(A, out, m, H, block, W_blocks)
+        return
     K, N = W.shape
     for i in range(m):
         for j in range(N):

@@ -43,7 +43,7 @@ from model.params import CELL_GRU, CELL_LSTM
 def step_one(w, h, type_idx, x_feat, reset):
     """Advance one user's state h (L, H), (L, 2H) for an LSTM, by one event in place; return
     the event's score."""
-    cell, _, type_in, W_fh, W_h0, W_up, b_x, b_hn, _, _ = w
+    cell, _, type_in, W_fh, W_h0, W_up, b_x, b_hn, _, _, _, _, _ = w
     L = h.shape[0]
     H = W_h0.shape[0]
     GH = type_in.shape[1]
