@@ -71,3 +71,52 @@ def test_a_lapsing_renewal_commits_the_batches_in_hand_first(redis_server, model
     queued, events, consumer, r = _renewing_every_round(redis_server.url, model_path, 2.0)
     assert len(queued) > 3 and max(queued) == 0
     assert_each_scored_once_as_offline(r, consumer, model_path, events, partitions=PARTITIONS)
+
+
+@pytest.fixture
+def sends(monkeypatch) -> list[int]:
+    """A count of the sends to Redis (a pipeline is one), by any connection of this process."""
+    count = [0]
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        return send(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    return count
+
+
+@pytest.mark.parametrize("where", ["one Redis", "cluster"])
+def test_the_held_leases_renew_in_one_pipeline_per_node(request, where, sends):
+    cluster = where == "cluster"
+    url = request.getfixturevalue("cluster_url" if cluster else "redis_server")
+    r = connect(url if cluster else url.url, cluster=cluster)
+    keys = Keys("intentstream")
+    ownership = Ownership(r, keys, "c1:x", 8, LEASE_MS)
+    assert ownership.renew().gained == list(range(8))
+    ownership.renew()  # loads the script everywhere
+    nodes = {ownership.nodes.name(p) for p in range(8)}
+    assert len(nodes) == (3 if cluster else 1)
+    before = sends[0]
+    ownership.renew()
+    # the live-workers transaction, then one pipeline a node
+    assert sends[0] - before == 1 + len(nodes)
+    assert all(r.pttl(keys.lease(p)) > LEASE_MS - 1000 for p in range(8))
+    r.set(keys.lease(5), "c2:y", px=LEASE_MS)  # taken over meanwhile
+    changes = ownership.renew()
+    assert changes.lost == [5] and sorted(ownership.owned) == [0, 1, 2, 3, 4, 6, 7]
+    assert r.get(keys.lease(5)) == b"c2:y"
+
+
+def test_a_node_without_the_script_renews_through_the_client(redis_server):
+    r = connect(redis_server.url)
+    keys = Keys("intentstream")
+    ownership = Ownership(r, keys, "c1:x", 4, LEASE_MS)
+    ownership.renew()
+    r.script_flush()
+    r.delete(keys.lease(2))  # expired meanwhile: taken again, as a free lease
+    ownership.renew()
+    assert sorted(ownership.owned) == [0, 1, 2, 3]
+    assert all(r.get(keys.lease(p)) == b"c1:x" for p in range(4))
+    assert r.script_exists(ownership._renew.sha) == [True]  # loaded by the client's retry

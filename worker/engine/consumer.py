@@ -89,8 +89,9 @@ class Consumer:
         # The lease value: the consumer name plus a token of this process, so two processes
         # started with the same --consumer never both hold a partition.
         self.holder = f"{s.consumer}:{secrets.token_hex(6)}"
-        self.ownership = Ownership(client, self.keys, self.holder, s.partitions, s.lease_ms)
         self.nodes = PartitionNodes(client, self.keys)
+        self.ownership = Ownership(client, self.keys, self.holder, s.partitions, s.lease_ms,
+                                   self.nodes)  # fmt: skip
         self.reader = StreamReader(client, self.keys, s.group, s.consumer, s.partitions,
                                    s.max_ts_skew_ms, self.nodes)  # fmt: skip
         self.cluster = is_cluster(client)

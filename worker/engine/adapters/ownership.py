@@ -8,7 +8,10 @@ partitions up to its fair share, ceil(partitions / live workers), and hands back
 it when another worker joins. A dead worker's partitions fall free after one lease.
 
 Each lease is its own key in its partition's slot, renewed, taken and released one key per
-command (pipelined), so the same code runs on one Redis and on a Redis Cluster.
+command, so the same code runs on one Redis and on a Redis Cluster. The held leases renew in
+one pipeline per node (adapters/nodes.py): a renewal costs a round trip per node, not per
+partition. A node that answers a lease with a redirect, an unloaded script or a lost
+connection has that lease renewed again through the client, which follows the cluster.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import redis
+
 from worker.common.connection import Client
 from worker.common.keys import Keys
+from worker.engine.adapters.nodes import ONE_REDIS, PartitionNodes
 
 # Renew a lease this holder holds. KEYS: the lease. ARGV: holder token, ttl ms. 1 if held.
 RENEW_SCRIPT = """
@@ -53,9 +59,11 @@ class Ownership:
     """The partition leases of one worker process."""
 
     def __init__(
-        self, client: Client, keys: Keys, holder: str, partitions: int, lease_ms: int
-    ) -> None:
+        self, client: Client, keys: Keys, holder: str, partitions: int, lease_ms: int,
+        nodes: PartitionNodes | None = None,
+    ) -> None:  # fmt: skip
         self.r = client
+        self.nodes = nodes or PartitionNodes(client, keys)
         self.keys = keys
         self.holder = holder
         self.partitions = partitions
@@ -92,12 +100,7 @@ class Ownership:
         fair = self.fair_share()
         if before_taking is not None:
             before_taking()
-        # One call per lease: a cluster client pipelines no scripts, and P is small.
-        held = {
-            p
-            for p in sorted(self.owned)
-            if self._renew(keys=[self.keys.lease(p)], args=[self.holder, self.lease_ms])
-        }
+        held = self._renewed(sorted(self.owned))
         for p in range(self.partitions):
             if len(held) >= fair:
                 break
@@ -117,6 +120,38 @@ class Ownership:
             changes.gained = [p for p in changes.gained if p in held]
         self.owned = held
         return changes
+
+    def _renewed(self, parts: list[int]) -> set[int]:
+        """The partitions of `parts` whose lease this holder still held, now renewed."""
+        by_node: dict[str, list[int]] = {}
+        for p in parts:
+            by_node.setdefault(self.nodes.name(p), []).append(p)
+        held: set[int] = set()
+        for node, on_node in by_node.items():
+            replies = self._renew_on_node(node, on_node)
+            for p, reply in zip(on_node, replies, strict=True):
+                if isinstance(reply, Exception):  # through the client, which follows it
+                    reply = self._renew(
+                        keys=[self.keys.lease(p)], args=[self.holder, self.lease_ms]
+                    )
+                if reply == 1:
+                    held.add(p)
+        return held
+
+    def _renew_on_node(self, node: str, parts: list[int]) -> list:
+        """The renewal script's reply for each lease of `parts`, all held by `node`, sent in
+        one pipeline (EVALSHA: the ACL's worker user may not EVAL); an exception where the
+        node did not run it."""
+        client = self.r if node == ONE_REDIS else self.nodes.node_client(parts[0])
+        if client is None:
+            return [redis.ConnectionError(f"no connection to {node}")] * len(parts)
+        pipe = client.pipeline(transaction=False)
+        for p in parts:
+            pipe.evalsha(self._renew.sha, 1, self.keys.lease(p), self.holder, self.lease_ms)
+        try:
+            return pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            return [e] * len(parts)  # a renewal is idempotent: sending it again is safe
 
     def forget(self, p: int) -> None:
         """This process no longer holds p (a commit found the lease gone)."""
