@@ -11,8 +11,10 @@ import pytest
 
 from model.artifact import load_model
 from model.data.synthetic import synthetic_events
+from model.training.config import TrainConfig
+from model.training.prepare import vocabulary
 from model.training.report import write_report
-from model.training.train import TrainConfig, TrainResult, vocabulary
+from model.training.train import TrainResult
 from tests.conftest import NO_TEST_USERS, run_cli
 
 

@@ -20,8 +20,9 @@ from model.artifact import Model
 from model.calibration import brier_score, expected_calibration_error
 from model.data.posterior import LABEL, posterior_shop
 from model.scoring import InMemoryScorer, ScoringModel
+from model.training.config import TrainConfig
 from model.training.evaluate import roc_auc
-from model.training.train import TrainConfig, train
+from model.training.train import train
 
 SETTINGS = {
     "defaults": {},

@@ -124,7 +124,9 @@ def compare_cells(
 ) -> dict[str, float]:
     """Validation AUC (last step) of each cell (Elman, GRU, LSTM) and of the Bayes-optimal
     score. The cells train on the same sessions, prepared once."""
-    from model.training.train import TrainConfig, prepare_training, train  # as roc_auc above
+    from model.training.config import TrainConfig  # as roc_auc above
+    from model.training.prepare import prepare_training
+    from model.training.train import train
 
     config = TrainConfig(
         hidden=hidden, epochs=epochs, features=[], embedding_dim=8, seed=0,

@@ -40,9 +40,11 @@ import numpy as np
 
 from model.benchmarks.kernels import machine_line
 from model.data.opencdp import opencdp_events
+from model.training.config import TrainConfig
 from model.training.evaluate import BagOfTypes, roc_auc
+from model.training.prepare import vocabulary
 from model.training.sessions import Session, sessionize, split_by_user
-from model.training.train import TrainConfig, train, vocabulary
+from model.training.train import train
 
 CREDIT = ("REES46 Marketing Platform (rees46.com), Kaggle "
           "mkechinov/ecommerce-behavior-data-from-multi-category-store")  # fmt: skip

@@ -26,10 +26,11 @@ from model.data.synthetic import synthetic_events
 from model.data.torch_weights import arrays_from_torch
 from model.params import pack
 from model.training.bptt import clip_global_norm, packed_loss_and_gradients
+from model.training.config import TrainConfig
 from model.training.evaluate import metrics_of, step_scores
 from model.training.optim import Adam
+from model.training.prepare import prepare
 from model.training.sessions import minibatches
-from model.training.train import TrainConfig, prepare
 
 
 def epoch_seconds(config: TrainConfig, train_s, epochs: int, step: Callable) -> list[float]:

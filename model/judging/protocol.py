@@ -21,9 +21,11 @@ from model.calibration import expected_calibration_error
 from model.judging.baselines import BOOSTED, LOGISTIC, StepScores, baseline_scores
 from model.judging.session_features import step_features
 from model.judging.shop_sessions import ShopSession, shop_sessions
+from model.training.config import TrainConfig
 from model.training.evaluate import model_step_scores, roc_auc
+from model.training.prepare import vocabulary
 from model.training.sessions import DataError, is_test_user, sessionize
-from model.training.train import TrainConfig, train, vocabulary
+from model.training.train import train
 
 MODEL = "intentstream"
 EARLY_STEPS = (1, 3, 5)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from model.training.train import TrainConfig, TrainResult, train
+from model.training.config import TrainConfig
+from model.training.train import TrainResult, train
 
 # Around the given configuration, the changes that mattered most on the shops measured
 # (docs/models.md, Choosing hyper-parameters): the cell, the width, the tables' decay, a

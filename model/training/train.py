@@ -4,8 +4,9 @@
     result = train(events, TrainConfig(hidden=64, epochs=10))
     save_model(result.model, "model.npz")
 
-Data are split by user (validation_fraction), the RNN and a bag-of-event-types baseline are
-fitted on the training users and compared on the validation users. After every epoch the
+The settings are model/training/config.py's; the events become sessions split by user
+(validation_fraction) in model/training/prepare.py. The RNN and a bag-of-event-types baseline
+are fitted on the training users and compared on the validation users. After every epoch the
 validation loss is measured; the artifact holds the epoch with the lowest one, training stops
 after `patience` epochs without improvement or when a loss stops being finite, so a diverged
 epoch never ships. Same seed and data give bit-identical weights.
@@ -17,14 +18,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from threadpoolctl import threadpool_limits
 
 from model.artifact import (
-    DEFAULT_LABEL_TYPE,
     Model,
     ModelMeta,
     random_model,
@@ -33,143 +31,23 @@ from model.artifact import (
 )
 from model.calibration import reliability_record
 from model.ensemble import folded
-from model.feature_names import expand_features, feature_help, unknown_features
-from model.inputs import Inputs, NumericInput, parse_inputs, table_columns
+from model.inputs import table_columns
 from model.params import Params, pack, unpack
 from model.training.bptt import clip_global_norm, packed_loss_and_gradients
 from model.training.calibration_fit import calibrated_on_validation
-from model.training.evaluate import BagOfTypes, evaluate_model, metrics_of, roc_curve, step_scores
+from model.training.config import TrainConfig, declarations_of
+from model.training.evaluate import evaluate_model, metrics_of, roc_curve, step_scores
 from model.training.optim import make_optimizer
+from model.training.prepare import DATA_FIELDS, Prepared, prepare_training
 from model.training.sessions import (
     DataError,
     Session,
-    is_test_user,
-    is_validation_user,
     minibatches,
     pad,
     sessionize,
     split_by_user,
 )
 from model.training.wide_fit import with_wide_part
-
-
-class InputDeclaration(BaseModel):
-    """A declared input as training takes it (model/inputs.py): a numeric input's mean and
-    scale are fitted on the training users; buckets and dim are a categorical or item
-    input's, transform and session (its session statistics) a numeric one's."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["numeric", "categorical", "item"]
-    name: str = Field(min_length=1, max_length=64)
-    transform: Literal["log1p", "none"] = "none"
-    session: bool = False
-    buckets: int = Field(1024, ge=2, le=2**20)
-    dim: int = Field(8, ge=1, le=64)
-
-
-def declarations_of(inputs: Inputs) -> list[InputDeclaration]:
-    """The declarations a fitted model's inputs were trained from."""
-    return [
-        InputDeclaration(kind="numeric", name=s.name, transform=s.transform, session=s.session)
-        if s.kind == "numeric"
-        else InputDeclaration(kind=s.kind, name=s.name, buckets=s.buckets, dim=s.dim)
-        for s in inputs
-    ]
-
-
-def fit_inputs(events: list[dict], config: TrainConfig) -> Inputs | None:
-    """The model's inputs (None without any): each numeric input standardised with the mean
-    and scale of its values on the training users (NumericInput.fit)."""
-    if not config.inputs:
-        return None
-    train_events = [
-        e for e in events
-        if not is_validation_user(e["user_id"], config.validation_fraction, config.seed)
-    ]  # fmt: skip
-    specs: list[dict] = []
-    for d in config.inputs:
-        if d.kind == "numeric":
-            values = [e.get(d.name) for e in train_events]
-            specs.append(NumericInput.fit(d.name, d.transform, values, d.session).model_dump())
-        else:
-            specs.append({"kind": d.kind, "name": d.name, "buckets": d.buckets, "dim": d.dim})
-    try:
-        return parse_inputs(specs)
-    except ValueError as exc:
-        raise DataError(str(exc)) from None
-
-
-class TrainConfig(BaseModel):
-    """Hyper-parameters of a training run."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cell: Literal["rnn", "gru", "lstm"] = "rnn"
-    hidden: int = Field(64, ge=1)
-    layers: int = Field(1, ge=1)
-    embedding_dim: int = Field(16, ge=1)
-    features: list[str] = Field(default_factory=lambda: ["gap"])
-    session_gap_seconds: float = Field(1800.0, ge=0)
-    label_type: str = DEFAULT_LABEL_TYPE
-    event_types: list[str] | None = None  # default: every type in the data, by frequency
-    bptt: int = Field(35, ge=1)
-    clip: float = Field(1.0, gt=0)
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = Field(0.005, gt=0)
-    batch_size: int = Field(64, ge=1)
-    epochs: int = Field(10, ge=1)
-    patience: int = Field(3, ge=1)  # epochs without a lower validation loss before stopping
-    validation_fraction: float = Field(0.2, gt=0, lt=1)
-    # Users held out before anything is chosen (early stopping, calibration, inputs' scales):
-    # the model is judged on them beside the baselines (model/judging/); 0 holds none out.
-    test_fraction: float = Field(0.2, ge=0, lt=1)
-    seed: int = 0
-    # Types seen fewer times in the data take the unknown row: one stray XADD must not
-    # become a vocabulary entry with an untrained embedding.
-    min_type_count: int = Field(10, ge=1)
-    # Fit the calibration map (model/calibration.py) on the validation users' scores, so a
-    # score is a probability: 0.7 means about 70% of such sessions buy.
-    calibrate: bool = True
-    # Below this many validation sessions the map is not fitted: measured on
-    # model/data/posterior.py, maps from a few hundred sessions made unseen users' scores worse.
-    calibration_min_sessions: int = Field(1000, ge=2)
-    # Below calibration_min_sessions: no map, or Platt scaling (two numbers) where, cross-
-    # fitted, it lowers both the ECE and the log loss. Off by default: on the REES46 slice's
-    # held-out users it left the mean ECE as it was and the worst fold's worse (BENCHMARKS.md).
-    calibration_fallback: Literal["none", "platt"] = "none"
-    # Declared inputs (model/inputs.py): fields of the events beyond type and ts; a model
-    # with any is artifact format 2.
-    inputs: list[InputDeclaration] = Field(default_factory=list)
-    # Decoupled weight decay of the inputs' embedding tables only (each step multiplies them
-    # by 1 - lr * decay): a rarely seen bucket's random N(0, 1) row fades instead of feeding
-    # noise. 3 was chosen among 0, 1, 3, 10 on model/benchmarks/real_shop.py's two datasets, on
-    # splits it does not report (BENCHMARKS.md, Real shop events); a model without tables is as
-    # before.
-    # A wide part beside the deep one: the head also reads x's numeric columns (features,
-    # input values and flags) straight into the logit: a logistic regression on them, fitted
-    # after the deep part and averaged with it (model/training/wide_fit.py).
-    wide_head: bool = Field(
-        False, description="the head also reads the features and the inputs' numeric "
-        "columns directly (a wide part beside the recurrent one)",
-    )  # fmt: skip
-    # Members trained from seeds seed, seed + 1, ... on the same users and folded into one
-    # model (model/ensemble.py): K times the state and the cell's work.
-    ensemble: int = Field(
-        1, ge=1, le=8, description="train this many models from different seeds on the same "
-        "users and score their mean (one artifact, K times the hidden units)",
-    )  # fmt: skip
-    input_weight_decay: float = Field(
-        3.0, ge=0, description="decoupled weight decay of the declared inputs' embedding "
-        "tables (each step scales them by 1 - lr * this; 0: none)",
-    )  # fmt: skip
-
-    @model_validator(mode="after")
-    def _decay_below_one(self) -> TrainConfig:
-        tables = any(d.kind != "numeric" for d in self.inputs)
-        if tables and self.lr * self.input_weight_decay >= 1:
-            raise ValueError("lr * input_weight_decay must be below 1 (the tables' step factor)")
-        return self
 
 
 @dataclass
@@ -182,16 +60,6 @@ class TrainResult:
     curves: dict = field(default_factory=dict)
     # the held-out test users' events (config.test_fraction), which training never read
     test_events: list[dict] = field(default_factory=list)
-
-
-def vocabulary(events: list[dict], config: TrainConfig) -> list[str]:
-    """The event types of the model: given, or those seen at least `min_type_count` times in
-    the data, most frequent first."""
-    if config.event_types:
-        return list(config.event_types)
-    counts = Counter(e["type"] for e in events)
-    kept = [t for t, n in counts.items() if n >= config.min_type_count]
-    return sorted(kept, key=lambda t: (-counts[t], t))
 
 
 def _summary(events: list[dict], train: list[Session], valid: list[Session], known: set[str]):
@@ -208,50 +76,6 @@ def _summary(events: list[dict], train: list[Session], valid: list[Session], kno
         "left_out_types": dict([(t, n) for t, n in types.most_common() if t not in known][:100]),
         "event_types": dict(types.most_common()),
     }
-
-
-def with_features_of(config: TrainConfig, events: list[dict]) -> TrainConfig:
-    """The config with `session` in its features expanded for the events' vocabulary; a
-    DataError names a feature the vocabulary cannot give."""
-    if not events:
-        return config
-    types = vocabulary(events, config)
-    features = expand_features(config.features, types, config.label_type)
-    unknown = unknown_features(features, types)
-    if unknown:
-        raise DataError(f"unknown features {unknown}; known: {feature_help()} "
-                        f"(TYPE one of {', '.join(types)})")  # fmt: skip
-    return config.model_copy(update={"features": features})
-
-
-def prepare(events: list[dict], config: TrainConfig, inputs: Inputs | None = None):
-    """Vocabulary and train/validation sessions (with the fitted `inputs`' columns);
-    DataError when they cannot train a model."""
-    if not events:
-        raise DataError("no events to train on")
-    types = vocabulary(events, config)
-    sessions = sessionize(events, types, config.features, config.session_gap_seconds,
-                          config.label_type, inputs)  # fmt: skip
-    if not sessions:
-        raise DataError("no sessions with inputs (every session starts with the label event)")
-    labels = {s.label for s in sessions}
-    if labels != {0.0, 1.0}:
-        which = "positive" if labels == {1.0} else "negative"
-        raise DataError(
-            f"all {len(sessions)} sessions are {which} (label type {config.label_type!r}): "
-            "a classifier needs both classes"
-        )
-    train, valid = split_by_user(sessions, config.validation_fraction, config.seed)
-    if not train or not valid:
-        raise DataError(
-            f"too few users to split ({len(sessions)} sessions): "
-            "need users on both sides of --validation-fraction"
-        )
-    if len({s.label for s in valid}) < 2:
-        raise DataError("the validation users hold a single class; use more data")
-    if not types:
-        raise DataError(f"no event type occurs {config.min_type_count} times (--min-type-count)")
-    return types, train, valid
 
 
 class TrainingDivergedError(DataError):
@@ -306,47 +130,6 @@ def decay_tables(params: Params, rate: float) -> None:
 def _validation_loss(params: Params, batches: list, bptt: int) -> float:
     total = sum(packed_loss_and_gradients(params, b, bptt)[0] * b.steps for b in batches)
     return float(total / sum(b.steps for b in batches))
-
-
-@dataclass
-class Prepared:
-    """The events made into training data once: test users held out, inputs fitted, sessions
-    split, the baseline fitted and scored. Trainings that differ only in the model (the cell,
-    its size, the optimiser) can share it (model/benchmarks/long_range.py compares cells)."""
-
-    asked: TrainConfig  # the config it was prepared for (DATA_FIELDS are what it read)
-    config: TrainConfig  # the same, its features expanded for the vocabulary
-    events: list[dict]
-    held: set[str]
-    test_events: list[dict]
-    inputs: Inputs | None
-    types: list[str]
-    train_s: list[Session]
-    valid_s: list[Session]
-    base_scores: tuple  # BagOfTypes's step_scores on valid_s
-
-
-# The config fields preparation reads: a Prepared serves any config that agrees on them.
-DATA_FIELDS = {"event_types", "min_type_count", "features", "session_gap_seconds", "label_type",
-               "validation_fraction", "test_fraction", "seed", "inputs"}  # fmt: skip
-
-
-def prepare_training(
-    events: Iterable[dict], config: TrainConfig, init: Model | None = None
-) -> Prepared:
-    """The events as training data for `config` (and `init`'s inputs when fine-tuning)."""
-    events = list(events)
-    # hashed once a user, not once an event (1 s of CPU on 500k events of 6,000 users)
-    users = {e["user_id"] for e in events} if config.test_fraction else set()
-    held = {u for u in users if is_test_user(u, config.test_fraction, config.seed)}
-    test_events = [e for e in events if e["user_id"] in held]
-    used = [e for e in events if e["user_id"] not in held] if held else events
-    inputs = (init.inputs or None) if init is not None else fit_inputs(used, config)
-    expanded = with_features_of(config, used)
-    types, train_s, valid_s = prepare(used, expanded, inputs)
-    base_scores = BagOfTypes(len(types) + 1).fit(train_s).step_scores(valid_s)
-    return Prepared(config, expanded, events, held, test_events, inputs, types, train_s,
-                    valid_s, base_scores)  # fmt: skip
 
 
 def train(

@@ -185,10 +185,8 @@ def first_model(train_first: bool, out: TextIO) -> Model:
     if not train_first:
         print("using a random model (scores mean nothing until you train one)", file=out)
         return random_model([*EVENT_TYPES, LABEL_TYPE], hidden=32, features=["gap"], seed=0)
-    from model.training.train import (  # about a second (scipy): when training only
-        TrainConfig,
-        train,
-    )
+    from model.training.config import TrainConfig
+    from model.training.train import train  # about a second (scipy): when training only
 
     config = TrainConfig(**FIRST_MODEL_CONFIG)
     print(f"training a first model on {FIRST_MODEL_EVENTS} synthetic events, at most "

@@ -91,7 +91,7 @@ def _flag_type(annotation: object) -> dict:
 
 def add_train_config_flags(parser: argparse.ArgumentParser) -> None:
     """A flag per TrainConfig field, with its default; a flag already defined is kept."""
-    from model.training.train import TrainConfig  # about a second (scipy): when `train` parses only
+    from model.training.config import TrainConfig
 
     for name, field in TrainConfig.model_fields.items():
         if name == "inputs":  # declared by add_input_flags
@@ -107,7 +107,7 @@ def add_train_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def train_config(args: argparse.Namespace):
     """The TrainConfig of the parsed flags (pydantic checks the values)."""
-    from model.training.train import TrainConfig  # see add_train_config_flags
+    from model.training.config import TrainConfig
 
     given = vars(args)
     fields = {k: given[k] for k in TrainConfig.model_fields if k in given and k != "inputs"}
