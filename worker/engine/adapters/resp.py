@@ -211,6 +211,7 @@ def warm_up() -> None:
     framed([b"a"])  # lengths as bytes
     framed([b"a" * 256])  # lengths as int64
     framed(np.zeros(1, np.int64))
+    framed(Joined(np.zeros(2, np.uint8), np.ones(2, np.int64)))  # a kernel's output (lean states)
     # commands laid out from columns: a few rows go through hiredis, more through the kernels
     resp_commands(["HSET", [b"k"], "f", [b"v"]])
     many = FEW_ROWS + 1

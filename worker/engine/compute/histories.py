@@ -26,14 +26,16 @@ def extended_histories(
     ts_ends = np.bincount(slot, minlength=len(old)).cumsum()
     names, name_ends, codes = _name_table(types)
     fields = list((columns or {}).items())
+    # each row gathered in the users' order: values[:, order] of two rows or more is
+    # Fortran-ordered, a layout the warm-up (one row) never compiled
     values = np.empty((len(fields), len(ts)), "<i8")
     for i, (f, v) in enumerate(fields):
-        values[i] = np.frombuffer(column_bytes(f[0], v), "<i8")
+        values[i] = np.frombuffer(column_bytes(f[0], v), "<i8")[order]
     nothing, keys, key_ends = _field_table(tuple(f for f, _ in fields))
     out, out_ends = _extend(
         np.frombuffer(b"".join(old), np.uint8), _ends(old),
         np.asarray(ts, np.int64)[order], ts_ends, codes[order], names, name_ends,
-        values[:, order], nothing, keys, key_ends, keep, *_gap_of(session_gap_ms),
+        values, nothing, keys, key_ends, keep, *_gap_of(session_gap_ms),
     )  # fmt: skip
     data, ends = out.tobytes(), out_ends.tolist()
     return [data[a:b] for a, b in zip([0, *ends][: len(ends)], ends, strict=True)]
