@@ -109,7 +109,7 @@ def test_the_held_leases_renew_in_one_pipeline_per_node(request, where, sends):
     assert r.get(keys.lease(5)) == b"c2:y"
 
 
-def test_a_node_without_the_script_renews_through_the_client(redis_server):
+def test_a_node_without_the_script_has_it_loaded_and_renews(redis_server):
     r = connect(redis_server.url)
     keys = Keys("intentstream")
     ownership = Ownership(r, keys, "c1:x", 4, LEASE_MS)
@@ -119,4 +119,17 @@ def test_a_node_without_the_script_renews_through_the_client(redis_server):
     ownership.renew()
     assert sorted(ownership.owned) == [0, 1, 2, 3]
     assert all(r.get(keys.lease(p)) == b"c1:x" for p in range(4))
-    assert r.script_exists(ownership._renew.sha) == [True]  # loaded by the client's retry
+    assert r.script_exists(ownership._renew.sha) == [True]  # loaded again
+
+
+def test_the_leases_handed_back_are_released_in_one_pipeline(redis_server, sends):
+    r = connect(redis_server.url)
+    keys = Keys("intentstream")
+    ownership = Ownership(r, keys, "c1:x", 8, LEASE_MS)
+    ownership.renew()
+    r.set(keys.lease(3), "c2:y", px=LEASE_MS)  # no longer this holder's: left alone
+    before = sends[0]
+    ownership.release_all()
+    # the releases, the script's load on the node's first (and the releases again), leaving
+    assert sends[0] - before == 4
+    assert [r.get(keys.lease(p)) for p in range(8)] == [None] * 3 + [b"c2:y"] + [None] * 4

@@ -9,9 +9,10 @@ it when another worker joins. A dead worker's partitions fall free after one lea
 
 Each lease is its own key in its partition's slot, renewed, taken and released one key per
 command, so the same code runs on one Redis and on a Redis Cluster. The held leases renew in
-one pipeline per node (adapters/nodes.py): a renewal costs a round trip per node, not per
-partition. A node that answers a lease with a redirect, an unloaded script or a lost
-connection has that lease renewed again through the client, which follows the cluster.
+one pipeline per node (adapters/nodes.py), and the leases handed back are released so: a
+renewal costs a round trip per node, not per partition. A lease its node did not run the
+script on (a redirect, an unloaded script, a lost connection) is sent again through the
+client, which follows the cluster.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
+from redis.commands.core import Script
 
 from worker.common.connection import Client
 from worker.common.keys import Keys
@@ -123,35 +125,44 @@ class Ownership:
 
     def _renewed(self, parts: list[int]) -> set[int]:
         """The partitions of `parts` whose lease this holder still held, now renewed."""
+        replies = self._on_each_lease(self._renew, parts, self.holder, self.lease_ms)
+        return {p for p, reply in replies.items() if reply == 1}
+
+    def _on_each_lease(self, script: Script, parts: list[int], *args: object) -> dict[int, object]:
+        """`script`'s reply for each partition's lease (KEYS[1]; ARGV `args`): one pipeline per
+        node, then through the client, which follows the cluster and loads the script, for
+        each lease a node did not run it on. Both scripts are safe to run twice."""
         by_node: dict[str, list[int]] = {}
         for p in parts:
             by_node.setdefault(self.nodes.name(p), []).append(p)
-        held: set[int] = set()
+        replies: dict[int, object] = {}
         for node, on_node in by_node.items():
-            replies = self._renew_on_node(node, on_node)
-            for p, reply in zip(on_node, replies, strict=True):
-                if isinstance(reply, Exception):  # through the client, which follows it
-                    reply = self._renew(
-                        keys=[self.keys.lease(p)], args=[self.holder, self.lease_ms]
-                    )
-                if reply == 1:
-                    held.add(p)
-        return held
+            for p, reply in zip(on_node, self._sent_to(node, script, on_node, args), strict=True):
+                if isinstance(reply, Exception):
+                    reply = script(keys=[self.keys.lease(p)], args=list(args))
+                replies[p] = reply
+        return replies
 
-    def _renew_on_node(self, node: str, parts: list[int]) -> list:
-        """The renewal script's reply for each lease of `parts`, all held by `node`, sent in
-        one pipeline (EVALSHA: the ACL's worker user may not EVAL); an exception where the
-        node did not run it."""
+    def _sent_to(self, node: str, script: Script, parts: list[int], args: tuple) -> list:
+        """`script` run on each lease of `parts`, all held by `node`, in one pipeline (EVALSHA:
+        the ACL's worker user may not EVAL): its replies, an exception where it did not run."""
         client = self.r if node == ONE_REDIS else self.nodes.node_client(parts[0])
         if client is None:
             return [redis.ConnectionError(f"no connection to {node}")] * len(parts)
+        try:
+            replies = self._pipelined(client, script, parts, args)
+            if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+                client.script_load(script.script)  # this node's first: load it, send again
+                replies = self._pipelined(client, script, parts, args)
+            return replies
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            return [e] * len(parts)
+
+    def _pipelined(self, client: redis.Redis, script: Script, parts: list[int], args: tuple):
         pipe = client.pipeline(transaction=False)
         for p in parts:
-            pipe.evalsha(self._renew.sha, 1, self.keys.lease(p), self.holder, self.lease_ms)
-        try:
-            return pipe.execute(raise_on_error=False)
-        except (redis.ConnectionError, redis.TimeoutError) as e:
-            return [e] * len(parts)  # a renewal is idempotent: sending it again is safe
+            pipe.evalsha(script.sha, 1, self.keys.lease(p), *args)
+        return pipe.execute(raise_on_error=False)
 
     def forget(self, p: int) -> None:
         """This process no longer holds p (a commit found the lease gone)."""
@@ -165,5 +176,4 @@ class Ownership:
         self.owned = set()
 
     def _release_keys(self, partitions: list[int]) -> None:
-        for p in partitions:
-            self._release(keys=[self.keys.lease(p)], args=[self.holder])
+        self._on_each_lease(self._release, partitions, self.holder)
