@@ -23,6 +23,8 @@ from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.engine.adapters.commit import CommitRefusedError, CommitResult
 from worker.producers.publisher import publish
+from worker.rules.definition import make_rule
+from worker.rules.store import set_rule
 
 pytestmark = pytest.mark.integration
 
@@ -102,16 +104,16 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     publish(r, events, partitions=P)
     consumer = in_process_consumer(redis_server.url, model_path, partitions=P, lease_ms=1000)
     consumer.together.one_transaction = one_transaction  # False: as on a cluster
-    commit_together, settled = consumer.together.commit, consumer.committer.settled
+    commit_together, settled = consumer.together.build_and_commit, consumer.committer.settled
     outcomes: dict[int, object] = {}
 
-    def first_round_meddled(client, commits):
+    def first_round_meddled(client, ready, build):
         if outcomes:
-            return commit_together(client, commits)
+            return commit_together(client, ready, build)
         r.incr(KEYS.commit_seq(2))  # another writer's commit
         r.set(KEYS.lease(5), "another-worker")
-        got = commit_together(client, commits)
-        outcomes.update({c.partition: o for (c, _), o in zip(commits, got, strict=True)})
+        got = commit_together(client, ready, build)
+        outcomes.update({b.partition: o for (b, _), o in zip(ready, got, strict=True)})
         return got
 
     def reply_lost_once(conn, commit, prepared, replies):
@@ -120,7 +122,7 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
             raise redis.ConnectionError("reply lost")
         return result
 
-    consumer.together.commit = first_round_meddled
+    consumer.together.build_and_commit = first_round_meddled
     consumer.committer.settled = reply_lost_once
 
     def tick() -> bool:
@@ -157,7 +159,7 @@ def test_a_key_changed_before_their_one_exec_refuses_them_all_and_each_applies_o
     consumer.tick()  # takes the leases; nothing to read
     events = one_event_per_partition()
     publish(r, events, partitions=P)
-    commit_together, writes = consumer.together.commit, consumer.committer.writes
+    commit_together, writes = consumer.together.build_and_commit, consumer.committer.writes
     outcomes: list = []
 
     def changed_before_exec(*args):
@@ -166,17 +168,82 @@ def test_a_key_changed_before_their_one_exec_refuses_them_all_and_each_applies_o
             r.incr(KEYS.commit_seq(3))  # after the checks, before the transaction
         return writes(*args)
 
-    def recorded(client, commits):
-        got = commit_together(client, commits)
+    def recorded(client, ready, build):
+        got = commit_together(client, ready, build)
         outcomes.append(got)
         return got
 
     consumer.committer.writes = changed_before_exec
-    consumer.together.commit = recorded
+    consumer.together.build_and_commit = recorded
     wait_for(lambda: consumer.tick() or consumer.metrics.count("scored") >= P, what="scores")
     assert len(outcomes[0]) == P  # every partition went together, first
     assert all(isinstance(o, CommitRefusedError) and o.reason == "conflict" for o in outcomes[0])
     assert consumer.metrics.count("scored") == P
+    assert_scored_once_as_offline(r, events, model_path)
+    consumer.close()
+
+
+def test_on_one_redis_the_checks_run_while_the_commits_are_built(
+    redis_server, model_path, tmp_path
+):
+    """On one Redis a round's checks go out as soon as the states are read: Redis has them
+    (every WATCH) before the first commit is built, so their round trip overlaps the
+    builds; each event is still scored once."""
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, model_path, partitions=P)
+    consumer.tick()  # takes the leases; nothing to read
+    events = one_event_per_partition()
+    publish(r, events, partitions=P)
+    log = tmp_path / "monitor.txt"
+    build, watched_first = consumer.models.build, []
+
+    def build_once_watched(batch, states):
+        if not watched_first:
+            wait_for(lambda: log.read_text().count('"WATCH"') >= P, what="the checks")
+            watched_first.append(batch.partition)
+        return build(batch, states)
+
+    consumer.models.build = build_once_watched
+    monitor = monitored(redis_server.port, log)
+    try:
+        consumer.tick()
+    finally:
+        monitor.terminate()
+        monitor.wait()
+    assert watched_first and log.read_text().count('"EXEC"') == 1
+    assert consumer.metrics.count("scored") == P
+    assert_scored_once_as_offline(r, events, model_path)
+    consumer.close()
+
+
+def test_a_commit_whose_rules_fire_actions_sends_its_own_checks_and_applies_once(
+    redis_server, model_path, tmp_path
+):
+    """The checks sent before the build watch the streams every commit writes; a commit
+    whose rules fired actions writes the actions stream too, and sends its own checks
+    (which watch and check it) behind them before the one transaction: every action and
+    score once."""
+    r = connect(redis_server.url)
+    set_rule(r, KEYS, make_rule(name="any", above=0.0))
+    consumer = in_process_consumer(redis_server.url, model_path, partitions=P)
+    wait_for(lambda: consumer.tick() or consumer.models.rules is not None, what="the rules")
+    events = one_event_per_partition()
+    publish(r, events, partitions=P)
+    log = tmp_path / "monitor.txt"
+    monitor = monitored(redis_server.port, log)
+    try:
+        consumer.tick()
+    finally:
+        monitor.terminate()
+        monitor.wait()
+    lines = log.read_text().splitlines()
+    actions_watched = [x for x in lines if '"WATCH"' in x and "actions" in x]
+    assert len(actions_watched) == P  # each commit's own checks, behind the first ones
+    assert sum('"WATCH"' in x for x in lines) == 2 * P
+    assert sum('"EXEC"' in x for x in lines) == 1
+    assert consumer.metrics.count("scored") == P
+    acted = [f[b"event_id"].decode() for p in range(P) for _, f in r.xrange(KEYS.actions(p))]
+    assert sorted(acted) == sorted(e["event_id"] for e in events)
     assert_scored_once_as_offline(r, events, model_path)
     consumer.close()
 

@@ -6,7 +6,10 @@ another, each batch's state read and commit (adapters/commit.py: the checks, the
 transaction) would make the latency grow with the partitions a worker holds. Here the state
 reads of all go on one connection, and the commits go in two round trips for all:
 
-- On one Redis, one connection: every commit's WATCH and checks in one send; then one
+- On one Redis, one connection: every commit's WATCH and checks in one send, sent as soon
+  as the states are read (what they read is known before the build, but for an actions
+  stream: a commit whose rules fired actions sends its own checks again behind them), so
+  Redis runs them while this process builds and packs the commits; then one
   transaction holding the writes of each commit whose checks passed (a refused one is left
   out, its verdict its own), each commit's outcome read from its own replies within EXEC's.
   Each commit stays all or nothing (they all do together); a watched key that changed
@@ -24,7 +27,7 @@ reads of all go on one connection, and the commits go in two round trips for all
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -33,6 +36,7 @@ from worker.engine.adapters.commit import (
     EXEC,
     MULTI,
     UNWATCH,
+    CheckKey,
     CommitRefusedError,
     CommitResult,
     Committer,
@@ -46,6 +50,7 @@ from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.user_states import UserStates, distinct_users
 
 Outcome = CommitResult | CommitRefusedError | redis.RedisError
+Built = tuple[Commit, PreparedCommit | None]
 
 
 class Together:
@@ -89,6 +94,18 @@ class Together:
             out.append(self.states.complete(request, flat, shape, space, shadow))
         return out
 
+    def build_and_commit(
+        self, client: redis.Redis, ready: list[tuple[Batch, UserStates]],
+        build: Callable[[Batch, UserStates], Built],
+    ) -> list[Outcome]:  # fmt: skip
+        """Build each batch's Commit from its states (`build`, called once each, in order)
+        and apply them as `commit` does; on one Redis their checks go out first, so Redis
+        runs them while this process builds."""
+        if not self.one_transaction:
+            return self.commit(client, [build(b, st) for b, st in ready])
+        keys = [self.committer.key_before_build(b, st.seq) for b, st in ready]
+        return self._in_one_transaction(client, keys, lambda: [build(b, st) for b, st in ready])
+
     def commit(
         self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]]
     ) -> list[Outcome]:
@@ -97,7 +114,8 @@ class Together:
         with every reply read, or a connection error that leaves it unsettled: it may have
         applied)."""
         if self.one_transaction:
-            return self._in_one_transaction(client, commits)
+            keys = [self.committer.check_key(c) for c, _ in commits]
+            return self._in_one_transaction(client, keys, lambda: commits)
         pool = client.connection_pool
         outcomes: list = [None] * len(commits)
         conns: list[redis.connection.Connection] = []
@@ -123,24 +141,26 @@ class Together:
         return outcomes
 
     def _in_one_transaction(
-        self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]]
+        self, client: redis.Redis, keys: list[CheckKey], made: Callable[[], Sequence[Built]]
     ) -> list[Outcome]:
-        """On one Redis: every commit's WATCH and checks on one connection in one send, then
-        one transaction of the writes of those whose checks passed (MULTI, each one's
-        writes, EXEC), each settled from its own replies. Still all or nothing per commit
-        (and for them all); a refused commit is left out; a watched key changed before EXEC
-        refuses them all (`conflict`: each computed and sent again); a lost connection
-        leaves them all unsettled."""
-        outcomes: list = [None] * len(commits)
-        checks = [self.committer.checks(c) for c, _ in commits]
+        """On one Redis: every commit's WATCH and checks (by their keys) on one connection in
+        one send, the commits `made` meanwhile, then one transaction of the writes of those
+        whose checks passed (MULTI, each one's writes, EXEC), each settled from its own
+        replies. Still all or nothing per commit (and for them all); a refused commit is
+        left out; a watched key changed before EXEC refuses them all (`conflict`: each
+        computed and sent again); a lost connection leaves them all unsettled."""
+        outcomes: list = [None] * len(keys)
+        checks = [self.committer.checks_of(key) for key in keys]
+        commits: list[tuple[Commit, PreparedCommit]] | None = None
         pool = client.connection_pool
         conn = pool.get_connection()
         try:
             conn.send_packed_command([b"".join(packed for packed, _ in checks)])
-            # packed while Redis runs the checks
-            commits = [(c, prepared or self.committer.prepare(c)) for c, prepared in commits]
-            verdicts = [self.committer.verdict(c, read_replies(conn, n)) for (c, _), (_, n)
-                        in zip(commits, checks, strict=True)]  # fmt: skip
+            # built and packed while Redis runs the checks
+            commits = [(c, prepared or self.committer.prepare(c)) for c, prepared in made()]
+            replies = self._check_replies(conn, commits, keys, checks)
+            verdicts = [self.committer.verdict(c, r) for (c, _), r in
+                        zip(commits, replies, strict=True)]  # fmt: skip
             going = [i for i, v in enumerate(verdicts) if v.result is None]
             for i, verdict in enumerate(verdicts):
                 outcomes[i] = verdict.result
@@ -160,6 +180,8 @@ class Together:
                 at += n
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             conn.disconnect()
+            if commits is None:
+                made()  # lost before the build: each is built, to be settled as unsettled
             return [exc if o is None else o for o in outcomes]  # unsettled: may have applied
         except BaseException:
             conn.disconnect()  # a reply may still be in flight on it
@@ -167,6 +189,24 @@ class Together:
         finally:
             pool.release(conn)
         return outcomes
+
+    def _check_replies(
+        self, conn: redis.connection.Connection, commits: list[tuple[Commit, PreparedCommit]],
+        keys: list[CheckKey], checks: list[tuple[bytes, int]],
+    ) -> list[list]:  # fmt: skip
+        """Each commit's checks' replies; a commit that reads other than its checks sent
+        before its build did (the actions stream of the actions its rules fired) sends its
+        own behind them, on the same connection (a WATCH adds to the keys watched), whose
+        replies are its."""
+        replies = [read_replies(conn, n) for _, n in checks]
+        own = [self.committer.check_key(c) for c, _ in commits]
+        again = [i for i, key in enumerate(own) if key != keys[i]]
+        if again:
+            resent = [self.committer.checks_of(own[i]) for i in again]
+            conn.send_packed_command([b"".join(packed for packed, _ in resent)])
+            for i, (_, n) in zip(again, resent, strict=True):
+                replies[i] = read_replies(conn, n)
+        return replies
 
     def _settled(
         self, conn: redis.connection.Connection, commit: tuple[Commit, PreparedCommit],
