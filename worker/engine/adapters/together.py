@@ -28,6 +28,7 @@ reads of all go on one connection, and the commits go in two round trips for all
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import redis
 
@@ -44,13 +45,20 @@ from worker.engine.adapters.commit import (
     Sent,
 )
 from worker.engine.adapters.resp import chunks
-from worker.engine.adapters.states import PartitionDataError, StateReader
+from worker.engine.adapters.states import (
+    PartitionDataError,
+    StateRead,
+    StateReader,
+    StateRequest,
+)
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.user_states import UserStates, distinct_users
 
 Outcome = CommitResult | CommitRefusedError | redis.RedisError
 Built = tuple[Commit, PreparedCommit | None]
+# the states' shape and space a model reads, and the shadow's (Models.spec)
+Spec = tuple[tuple[int, int], str, tuple[tuple[int, int], str] | None]
 
 
 class Together:
@@ -84,27 +92,47 @@ class Together:
             raise
         finally:
             pool.release(conn)
-        out: list[UserStates | None] = []
-        for request, reply in zip(requests, replies, strict=True):
-            try:
-                flat = self.states.flat(request.partition, reply) if reply is not None else None
-            except (redis.ResponseError, PartitionDataError):
-                out.append(None)
-                continue
-            out.append(self.states.complete(request, flat, shape, space, shadow))
-        return out
+        spec = (shape, space, shadow)
+        return [self._states(r, reply, spec) for r, reply in zip(requests, replies, strict=True)]
 
-    def build_and_commit(
-        self, client: redis.Redis, ready: list[tuple[Batch, UserStates]],
+    def _states(self, request: StateRequest, reply: list | None, spec: Spec) -> UserStates | None:
+        """A batch's states from its read's replies (None: nothing was read); None when the
+        read failed or the cached states moved."""
+        try:
+            flat = self.states.flat(request.partition, reply) if reply is not None else None
+        except (redis.ResponseError, PartitionDataError):
+            return None
+        return self.states.complete(request, flat, *spec)
+
+    def read_and_commit(
+        self, client: redis.Redis, batches: list[Batch], spec: Spec,
         build: Callable[[Batch, UserStates], Built],
-    ) -> list[Outcome]:  # fmt: skip
-        """Build each batch's Commit from its states (`build`, called once each, in order)
-        and apply them as `commit` does; on one Redis their checks go out first, so Redis
-        runs them while this process builds."""
+    ) -> list[Outcome | None]:  # fmt: skip
+        """Each batch's states read, its Commit built from them (`build`, once each, in
+        order) and all applied as `commit` does; None for exactly the batches not built (a
+        read that failed, cached states that moved: each goes alone, which says why). On
+        one Redis the reads go behind the checks, in one send."""
         if not self.one_transaction:
-            return self.commit(client, [build(b, st) for b, st in ready])
-        keys = [self.committer.key_before_build(b, st.seq) for b, st in ready]
-        return self._in_one_transaction(client, keys, lambda: [build(b, st) for b, st in ready])
+            states = self.read_states(client, batches, *spec)
+            ready = [i for i, st in enumerate(states) if st is not None]
+            got = self.commit(client, [build(batches[i], states[i]) for i in ready])
+            outcomes: list[Outcome | None] = [None] * len(batches)
+            for i, outcome in zip(ready, got, strict=True):
+                outcomes[i] = outcome
+            return outcomes
+        requests = [self.states.request(b.partition, distinct_users(b)) for b in batches]
+        reads = [self.states.command(request) for request in requests]
+        # a sequence not known before the read may be the partition's first: the clock too
+        keys = [self.committer.key_before_build(b, r.seq or b"") for b, r in
+                zip(batches, requests, strict=True)]  # fmt: skip
+
+        def made(replies: list) -> list[Built | None]:
+            states = [self._states(r, reply, spec) for r, reply in
+                      zip(requests, replies, strict=True)]  # fmt: skip
+            return [build(b, st) if st is not None else None for b, st in
+                    zip(batches, states, strict=True)]  # fmt: skip
+
+        return self._in_one_transaction(client, keys, made, reads)
 
     def commit(
         self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]]
@@ -115,7 +143,7 @@ class Together:
         applied)."""
         if self.one_transaction:
             keys = [self.committer.check_key(c) for c, _ in commits]
-            return self._in_one_transaction(client, keys, lambda: commits)
+            return self._in_one_transaction(client, keys, lambda _: commits)
         pool = client.connection_pool
         outcomes: list = [None] * len(commits)
         conns: list[redis.connection.Connection] = []
@@ -141,35 +169,41 @@ class Together:
         return outcomes
 
     def _in_one_transaction(
-        self, client: redis.Redis, keys: list[CheckKey], made: Callable[[], Sequence[Built]]
-    ) -> list[Outcome]:
-        """On one Redis: every commit's WATCH and checks (by their keys) on one connection in
-        one send, the commits `made` meanwhile, then one transaction of the writes of those
-        whose checks passed (MULTI, each one's writes, EXEC), each settled from its own
-        replies. Still all or nothing per commit (and for them all); a refused commit is
-        left out; a watched key changed before EXEC refuses them all (`conflict`: each
-        computed and sent again); a lost connection leaves them all unsettled."""
+        self, client: redis.Redis, keys: list[CheckKey],
+        made: Callable[[list], Sequence[Built | None]], reads: Sequence[StateRead | None] = (),
+    ) -> list[Outcome | None]:  # fmt: skip
+        """On one Redis, on one connection: every commit's WATCH and checks (by their keys)
+        and behind them the state `reads`, in one send; the commits `made` from the reads'
+        replies (None: one not built, whose outcome is None); then one transaction of the
+        writes of those whose checks passed (MULTI, each one's writes, EXEC), each settled
+        from its own replies. Still all or nothing per commit (and for them all); a refused
+        commit is left out; a watched key changed before EXEC refuses them all (`conflict`:
+        each computed and sent again); a lost connection leaves them all unsettled (before
+        any was built, it is raised: nothing was sent but reads)."""
         outcomes: list = [None] * len(keys)
         checks = [self.committer.checks_of(key) for key in keys]
-        commits: list[tuple[Commit, PreparedCommit]] | None = None
+        commits: list[tuple[Commit, PreparedCommit] | None] | None = None
         pool = client.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([b"".join(packed for packed, _ in checks)])
-            # built and packed while Redis runs the checks
-            commits = [(c, prepared or self.committer.prepare(c)) for c, prepared in made()]
-            replies = self._check_replies(conn, commits, keys, checks)
-            verdicts = [self.committer.verdict(c, r) for (c, _), r in
-                        zip(commits, replies, strict=True)]  # fmt: skip
-            going = [i for i, v in enumerate(verdicts) if v.result is None]
+            packed = [*(x for x, _ in checks), *(r.packed for r in reads if r is not None)]
+            conn.send_packed_command([b"".join(packed)])
+            replies = [read_replies(conn, n) for _, n in checks]
+            read = [read_replies(conn, r.replies) if r is not None else None for r in reads]
+            commits = [(x[0], x[1] or self.committer.prepare(x[0])) if x is not None else None
+                       for x in made(read)]  # fmt: skip
+            replies = self._check_replies(conn, commits, keys, replies)
+            verdicts = [self.committer.verdict(x[0], r) if x is not None else None
+                        for x, r in zip(commits, replies, strict=True)]  # fmt: skip
+            going = [i for i, v in enumerate(verdicts) if v is not None and v.result is None]
             for i, verdict in enumerate(verdicts):
-                outcomes[i] = verdict.result
+                outcomes[i] = verdict.result if verdict is not None else None
             if not going:
                 conn.send_packed_command([UNWATCH])
                 conn.read_response()
                 return outcomes
-            writes = [self.committer.writes(commits[i][0], commits[i][1], verdicts[i].seed,
-                                            verdicts[i].entries) for i in going]  # fmt: skip
+            writes = [self.committer.writes(*commits[i], verdicts[i].seed, verdicts[i].entries)
+                      for i in going]  # fmt: skip
             conn.send_packed_command(
                 chunks([MULTI, *(x for chunk, _ in writes for x in chunk), EXEC])
             )
@@ -181,8 +215,10 @@ class Together:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             conn.disconnect()
             if commits is None:
-                made()  # lost before the build: each is built, to be settled as unsettled
-            return [exc if o is None else o for o in outcomes]  # unsettled: may have applied
+                raise  # nothing built, nothing written: the round rewinds
+            # unsettled: may have applied
+            return [exc if o is None and x is not None else o
+                    for o, x in zip(outcomes, commits, strict=True)]  # fmt: skip
         except BaseException:
             conn.disconnect()  # a reply may still be in flight on it
             raise
@@ -191,20 +227,29 @@ class Together:
         return outcomes
 
     def _check_replies(
-        self, conn: redis.connection.Connection, commits: list[tuple[Commit, PreparedCommit]],
-        keys: list[CheckKey], checks: list[tuple[bytes, int]],
+        self, conn: redis.connection.Connection,
+        commits: list[tuple[Commit, PreparedCommit] | None], keys: list[CheckKey],
+        replies: list[list],
     ) -> list[list]:  # fmt: skip
-        """Each commit's checks' replies; a commit that reads other than its checks sent
-        before its build did (the actions stream of the actions its rules fired) sends its
-        own behind them, on the same connection (a WATCH adds to the keys watched), whose
-        replies are its."""
-        replies = [read_replies(conn, n) for _, n in checks]
-        own = [self.committer.check_key(c) for c, _ in commits]
-        again = [i for i, key in enumerate(own) if key != keys[i]]
+        """Each built commit's checks' replies: those sent before its build, but for the
+        clock's when its sequence turned out not its partition's first; a commit that reads
+        other than they did (the actions stream of the actions its rules fired) sends its
+        own, on the same connection (a WATCH adds to the keys watched), whose replies are
+        its."""
+        again = []
+        for i, x in enumerate(commits):
+            if x is None:
+                continue
+            own = self.committer.check_key(x[0])
+            if own == keys[i]:
+                continue
+            if replace(own, first_seq=True) == keys[i]:
+                replies[i] = replies[i][:-1]  # the TIME read last
+                continue
+            again.append((i, self.committer.checks_of(own)))
         if again:
-            resent = [self.committer.checks_of(own[i]) for i in again]
-            conn.send_packed_command([b"".join(packed for packed, _ in resent)])
-            for i, (_, n) in zip(again, resent, strict=True):
+            conn.send_packed_command([b"".join(packed for _, (packed, _) in again)])
+            for i, (_, n) in again:
                 replies[i] = read_replies(conn, n)
         return replies
 
