@@ -23,8 +23,6 @@ from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.engine.adapters.commit import CommitRefusedError, CommitResult
 from worker.producers.publisher import publish
-from worker.rules.definition import make_rule
-from worker.rules.store import set_rule
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +30,10 @@ P = 8
 KEYS = Keys()
 
 
-def one_event_per_partition(first_user: int = 0) -> list[dict]:
-    """A view by a user of each partition (users from u{first_user} on)."""
+def one_event_per_partition() -> list[dict]:
+    """A view by a user of each partition."""
     users: dict[int, str] = {}
-    i = first_user
+    i = 0
     while len(users) < P:
         users.setdefault(partition_of(f"u{i}", P), f"u{i}")
         i += 1
@@ -95,34 +93,25 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     redis_server, model_path, one_transaction
 ):
     """Of one round's commits sent together: one meets a conflict (another writer moved its
-    sequence on; on one Redis the states are read behind the checks, so at the moved
-    sequence: it applies), one a lease taken by another, one loses its reply after applying
-    (in one transaction, the replies of those settled after it are lost with it). The others
-    apply and count once; the conflicting one is computed and sent again, the lost ones
-    counted when Redis shows them applied, the taken one scored once its lease is back."""
+    sequence on), one a lease taken by another, one loses its reply after applying (in one
+    transaction, the replies of those settled after it are lost with it). The others apply
+    and count once; the conflicting one is computed and sent again, the lost ones counted
+    when Redis shows them applied, the taken one scored once its lease is back."""
     r = connect(redis_server.url)
     events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(400, 60, seed=5))]
     publish(r, events, partitions=P)
     consumer = in_process_consumer(redis_server.url, model_path, partitions=P, lease_ms=1000)
     consumer.together.one_transaction = one_transaction  # False: as on a cluster
-    commit_together, settled = consumer.together.read_and_commit, consumer.committer.settled
+    commit_together, settled = consumer.together.commit, consumer.committer.settled
     outcomes: dict[int, object] = {}
 
-    def first_round_meddled(client, batches, spec, build):
+    def first_round_meddled(client, commits):
         if outcomes:
-            return commit_together(client, batches, spec, build)
+            return commit_together(client, commits)
+        r.incr(KEYS.commit_seq(2))  # another writer's commit
         r.set(KEYS.lease(5), "another-worker")
-        if one_transaction:
-            r.incr(KEYS.commit_seq(2))  # another writer's commit
-
-        def build_meddled(batch, states):
-            if not one_transaction and not r.get("meddled"):  # read, not yet checked
-                r.set("meddled", 1)
-                r.incr(KEYS.commit_seq(2))
-            return build(batch, states)
-
-        got = commit_together(client, batches, spec, build_meddled)
-        outcomes.update({b.partition: o for b, o in zip(batches, got, strict=True)})
+        got = commit_together(client, commits)
+        outcomes.update({c.partition: o for (c, _), o in zip(commits, got, strict=True)})
         return got
 
     def reply_lost_once(conn, commit, prepared, replies):
@@ -131,7 +120,7 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
             raise redis.ConnectionError("reply lost")
         return result
 
-    consumer.together.read_and_commit = first_round_meddled
+    consumer.together.commit = first_round_meddled
     consumer.committer.settled = reply_lost_once
 
     def tick() -> bool:
@@ -145,13 +134,11 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
 
     wait_for(tick, what="every event scored")
     assert sorted(outcomes) == list(range(P))  # all eight went together
-    assert outcomes[5].reason == "not_owned"
+    assert outcomes[2].reason == "conflict" and outcomes[5].reason == "not_owned"
     lost = (6, 7) if one_transaction else (6,)  # settled in partition order
     assert all(isinstance(outcomes[p], redis.ConnectionError) for p in lost)
-    applied = {0, 1, 3, 4, 7} | ({2} if one_transaction else set())
-    assert all(isinstance(outcomes[p], CommitResult) for p in applied - set(lost))
-    if not one_transaction:
-        assert isinstance(outcomes[2], CommitRefusedError) and outcomes[2].reason == "conflict"
+    assert all(isinstance(outcomes[p], CommitResult) for p in {0, 1, 3, 4, 7} - set(lost))
+    assert isinstance(outcomes[2], CommitRefusedError)
     assert consumer.metrics.count("scored") == len(events)
     assert consumer.metrics.count("duplicate") == 0
     assert_scored_once_as_offline(r, events, model_path)
@@ -170,7 +157,7 @@ def test_a_key_changed_before_their_one_exec_refuses_them_all_and_each_applies_o
     consumer.tick()  # takes the leases; nothing to read
     events = one_event_per_partition()
     publish(r, events, partitions=P)
-    commit_together, writes = consumer.together.read_and_commit, consumer.committer.writes
+    commit_together, writes = consumer.together.commit, consumer.committer.writes
     outcomes: list = []
 
     def changed_before_exec(*args):
@@ -179,93 +166,17 @@ def test_a_key_changed_before_their_one_exec_refuses_them_all_and_each_applies_o
             r.incr(KEYS.commit_seq(3))  # after the checks, before the transaction
         return writes(*args)
 
-    def recorded(*args):
-        got = commit_together(*args)
+    def recorded(client, commits):
+        got = commit_together(client, commits)
         outcomes.append(got)
         return got
 
     consumer.committer.writes = changed_before_exec
-    consumer.together.read_and_commit = recorded
+    consumer.together.commit = recorded
     wait_for(lambda: consumer.tick() or consumer.metrics.count("scored") >= P, what="scores")
     assert len(outcomes[0]) == P  # every partition went together, first
     assert all(isinstance(o, CommitRefusedError) and o.reason == "conflict" for o in outcomes[0])
     assert consumer.metrics.count("scored") == P
-    assert_scored_once_as_offline(r, events, model_path)
-    consumer.close()
-
-
-def test_on_one_redis_the_state_reads_go_behind_the_checks_in_one_round_trip(
-    redis_server, model_path, tmp_path
-):
-    """On one Redis a round's state reads ride behind its checks, on the one connection of
-    its transaction, after every WATCH: one round trip before the builds, not two. A
-    partition's first commit reads the clock; the next round's (a sequence known) do not.
-    Each event is scored once."""
-    r = connect(redis_server.url)
-    consumer = in_process_consumer(redis_server.url, model_path, partitions=P)
-    consumer.tick()  # takes the leases; nothing to read
-    log = tmp_path / "monitor.txt"
-    first, then = one_event_per_partition(), one_event_per_partition(first_user=1000)
-    for e in then:
-        e["event_id"] += "-next"
-    monitor = monitored(redis_server.port, log)
-    try:
-        for events in (first, then):
-            publish(r, events, partitions=P)
-            want = consumer.metrics.count("scored") + P
-            wait_for(lambda n=want: consumer.tick() or consumer.metrics.count("scored") >= n,
-                     what="the round's scores")  # fmt: skip
-        # each round's transaction, written out by MONITOR
-        wait_for(lambda: log.read_text().count('"EXEC"') >= 2, what="both transactions")
-    finally:
-        monitor.terminate()
-        monitor.wait()
-    lines = log.read_text().splitlines()
-    execs = [i for i, x in enumerate(lines) if '"EXEC"' in x]
-    assert len(execs) == 2
-    for start, end in ((0, execs[0]), (execs[0], execs[1])):
-        part = lines[start:end]
-        hmgets = [i for i, x in enumerate(part) if '"HMGET"' in x]
-        watches = [i for i, x in enumerate(part) if '"WATCH"' in x]
-        assert len(hmgets) == len(watches) == P and max(watches) < min(hmgets)
-        clients = {part[i].split("]")[0].split()[-1] for i in [*hmgets, *watches]}
-        clients.add(lines[end].split("]")[0].split()[-1])
-        assert len(clients) == 1  # the reads, the checks and the transaction: one connection
-    assert sum('"TIME"' in x for x in lines[: execs[0]]) == P
-    assert sum('"TIME"' in x for x in lines[execs[0] :]) == 0
-    assert consumer.metrics.count("scored") == 2 * P
-    assert_scored_once_as_offline(r, first + then, model_path)
-    consumer.close()
-
-
-def test_a_commit_whose_rules_fire_actions_sends_its_own_checks_and_applies_once(
-    redis_server, model_path, tmp_path
-):
-    """The checks sent before the build watch the streams every commit writes; a commit
-    whose rules fired actions writes the actions stream too, and sends its own checks
-    (which watch and check it) behind them before the one transaction: every action and
-    score once."""
-    r = connect(redis_server.url)
-    set_rule(r, KEYS, make_rule(name="any", above=0.0))
-    consumer = in_process_consumer(redis_server.url, model_path, partitions=P)
-    wait_for(lambda: consumer.tick() or consumer.models.rules is not None, what="the rules")
-    events = one_event_per_partition()
-    publish(r, events, partitions=P)
-    log = tmp_path / "monitor.txt"
-    monitor = monitored(redis_server.port, log)
-    try:
-        consumer.tick()
-    finally:
-        monitor.terminate()
-        monitor.wait()
-    lines = log.read_text().splitlines()
-    actions_watched = [x for x in lines if '"WATCH"' in x and "actions" in x]
-    assert len(actions_watched) == P  # each commit's own checks, behind the first ones
-    assert sum('"WATCH"' in x for x in lines) == 2 * P
-    assert sum('"EXEC"' in x for x in lines) == 1
-    assert consumer.metrics.count("scored") == P
-    acted = [f[b"event_id"].decode() for p in range(P) for _, f in r.xrange(KEYS.actions(p))]
-    assert sorted(acted) == sorted(e["event_id"] for e in events)
     assert_scored_once_as_offline(r, events, model_path)
     consumer.close()
 

@@ -589,26 +589,6 @@ def test_a_batch_read_with_a_commit_is_computed_while_redis_runs_it(redis_server
     assert_each_scored_once_as_offline(r, consumer, model_path, events)
 
 
-@pytest.mark.integration
-def test_a_commit_not_computed_ahead_is_packed_while_redis_runs_its_checks(
-    redis_server, model_path
-):
-    """A lone batch (low traffic: nothing computed ahead of it): its transaction is packed
-    after its checks are sent, before their replies are judged, not after."""
-    r = connect(redis_server.url)
-    consumer = in_process_consumer(redis_server.url, model_path)
-    consumer.tick()  # takes the lease; nothing to read
-    order: list[tuple[str, int]] = []
-    prepare, verdict = consumer.committer.prepare, consumer.committer.verdict
-    consumer.committer.prepare = lambda c: order.append(("packed", id(c))) or prepare(c)
-    consumer.committer.verdict = lambda c, *a: order.append(("judged", id(c))) or verdict(c, *a)
-    publish(r, [{"user_id": "u1", "type": "view", "event_id": "e1"}])
-    wait_for(lambda: consumer.tick() or consumer.metrics.count("scored") == 1, what="the score")
-    first = order[0][1]
-    assert [name for name, c in order if c == first] == ["packed", "judged"]
-    consumer.close()
-
-
 def test_a_batch_computed_ahead_is_dropped_when_the_intent_rules_changed_since():
     """A rule set swapped in between a batch's compute ahead and its turn: the batch is
     computed again with the rules in force, so a rule change takes effect from the next

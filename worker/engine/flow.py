@@ -154,35 +154,23 @@ class BatchFlow:
         return Computed(states, commit, None, (state_s, time.perf_counter() - t2), False)
 
     def together(self, batches: list[Batch]) -> None:
-        """A node's batches at low traffic (Consumer._low_traffic): their states read and
-        their commits sent in two round trips for all (on one Redis the reads go with the
-        checks; adapters/together.py), each then settled as if sent alone; one that could
-        not go with them is processed alone after."""
+        """A node's batches at low traffic (Consumer._low_traffic): their states read in one
+        round trip, their commits sent in two (adapters/together.py), each then settled as
+        if sent alone; one that could not go with them is processed alone after."""
         client = self.io.nodes.node_client(batches[0].partition) if self.cluster else self.r
         alone: list[Batch] = []
         if client is not None:
-            built: list[Computed] = []
             t0 = time.perf_counter()
-            read_s: list[float] = []  # the reads' share of each batch, known at the first build
-
-            def build(batch: Batch, st: UserStates) -> tuple[Commit, PreparedCommit | None]:
-                if not read_s:
-                    read_s.append((time.perf_counter() - t0) / len(batches))
-                built.append(self.compute(batch, (st, read_s[0])))
-                return built[-1].commit, built[-1].prepared
-
-            outcomes = self.io.together.read_and_commit(client, batches, self.io.models.spec(),
-                                                        build)  # fmt: skip
-            # the commits' time: their round trips but the reads', and their packing (the
-            # builds are counted as the model's)
-            took = time.perf_counter() - t0 - sum(c.seconds[1] for c in built)
-            commit_s = took - sum(read_s) * len(batches)
-            done = iter(built)
-            ready = [(b, next(done), o) for b, o in zip(batches, outcomes, strict=True)
-                     if o is not None]  # fmt: skip
-            alone = [b for b, o in zip(batches, outcomes, strict=True) if o is None]
+            states = self.io.together.read_states(client, batches, *self.io.models.spec())
+            state_s = (time.perf_counter() - t0) / len(batches)
+            ready = [(b, self.compute(b, (st, state_s))) for b, st in
+                     zip(batches, states, strict=True) if st is not None]  # fmt: skip
+            alone = [b for b, st in zip(batches, states, strict=True) if st is None]
+            t1 = time.perf_counter()
+            outcomes = self.io.together.commit(client, [(c.commit, c.prepared) for _, c in ready])
+            commit_s = time.perf_counter() - t1
             failed: redis.RedisError | None = None
-            for batch, computed, outcome in ready:
+            for (batch, computed), outcome in zip(ready, outcomes, strict=True):
                 try:  # every applied commit is counted before an error is raised
                     self._guarded(batch.partition, self._settle_together, batch, computed,
                                   outcome, commit_s, alone)  # fmt: skip

@@ -7,10 +7,9 @@ One exchange, in this order on the wire:
      user not known, or a GET of the sequence alone when all are known) and a
      non-blocking XREADGROUP of new entries of the partitions given; and behind them the
      commit's WATCH and checks (adapters/commit.py);
-  2. their replies, read before the commit's writes are sent (packed meanwhile, when the
-     commit was not computed ahead): the writes go only when the checks passed, and Redis
-     sends the replies of commands it read together only after running them all, so reads
-     sent with the writes would come back only after them;
+  2. their replies, read before the commit's writes are sent: the writes go only when the
+     checks passed, and Redis sends the replies of commands it read together only after
+     running them all, so reads sent with the writes would come back only after them;
   3. the commit's transaction; while Redis runs it this process parses the entries read and
      computes the upcoming batch from its states (an `Ahead`);
   4. the transaction's replies (`Exchange.settle`).
@@ -179,10 +178,7 @@ class ReadAhead:
         conn = pool.get_connection()
         try:
             conn.send_packed_command([b"".join(reads), checks])
-            # while Redis runs the reads and the checks: the states the commit writes, and
-            # its transaction packed (at low traffic it was not computed ahead)
-            in_flight = written(commit)
-            prepared = prepared or self.committer.prepare(commit)
+            in_flight = written(commit)  # while Redis runs the reads
             state_replies = read_replies(conn, state_read.replies) if state_read else []
             read_replies_ = [reply_or_error(conn) for _ in groups]
             check_replies = read_replies(conn, n_checks)

@@ -59,7 +59,6 @@ from worker.common.keys import Keys
 from worker.engine.adapters.commit_token import position_of, token_of
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.resp import Joined, chunks, resp_commands
-from worker.engine.compute.batch import Batch
 from worker.engine.compute.lean_state import packed_states
 from worker.engine.compute.parts.part import Rows, decimals
 from worker.engine.compute.pipeline import Commit
@@ -130,19 +129,6 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class CheckKey:
-    """What a commit's checks read (and so their bytes): its partition, the entry its batch
-    follows, the batch's first entry, whether the partition has no sequence yet (the clock
-    is read), the streams it writes. Known before the build but for the streams."""
-
-    partition: int
-    after: bytes
-    first: bytes
-    first_seq: bool
-    streams: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class Sent:
     """A transaction sent whose replies are still to be read."""
 
@@ -178,31 +164,15 @@ class Committer:
 
     def checks(self, c: Commit) -> tuple[bytes, int]:
         """The WATCH and the check reads of a Commit as RESP, and the number of replies."""
-        return self.checks_of(self.check_key(c))
-
-    def check_key(self, c: Commit) -> CheckKey:
-        """What a Commit's checks depend on (see CheckKey)."""
-        return CheckKey(c.partition, c.after, c.ack_ids[0], c.seq == b"", tuple(self.streams(c)))
-
-    def key_before_build(self, batch: Batch, seq: bytes) -> CheckKey:
-        """The check key of the Commit a batch will build from states read at `seq`, as far
-        as it is known before the build: the streams every commit writes (its scores, its
-        dead letters), not the actions stream, watched only when the rules fire actions."""
-        p = batch.partition
-        streams = (self.keys.scores(p), self.keys.deadletter(p))
-        return CheckKey(p, batch.after, batch.ids[0], seq == b"", streams)
-
-    def checks_of(self, key: CheckKey) -> tuple[bytes, int]:
-        """The checks of a check key as RESP, and the number of replies."""
-        k, p = self.keys, key.partition
-        watched = [k.lease(p), k.commit_seq(p), *key.streams]
+        k, p = self.keys, c.partition
+        watched = [k.lease(p), k.commit_seq(p), *self.streams(c)]
         commands = [
             ("WATCH", *watched), ("GET", k.lease(p)), ("GET", k.acked(p)),
-            ("XRANGE", k.events(p), b"(" + key.after, b"(" + key.first, "COUNT", 1),
-            ("GET", k.commit_seq(p)), *(("TYPE", stream) for stream in key.streams),
+            ("XRANGE", k.events(p), b"(" + c.after, b"(" + c.ack_ids[0], "COUNT", 1),
+            ("GET", k.commit_seq(p)), *(("TYPE", key) for key in watched[2:]),
             ("GET", k.last_commit(p)), ("GET", k.committed(p)),
         ]  # fmt: skip
-        if key.first_seq:  # the partition's first commit: its sequence starts from the clock
+        if c.seq == b"":  # the partition's first commit: its sequence starts from the clock
             commands.append(("TIME",))
         return b"".join(_packed(*x) for x in commands), len(commands)
 

@@ -6,10 +6,7 @@ another, each batch's state read and commit (adapters/commit.py: the checks, the
 transaction) would make the latency grow with the partitions a worker holds. Here the state
 reads of all go on one connection, and the commits go in two round trips for all:
 
-- On one Redis, one connection: every commit's WATCH and checks in one send, sent as soon
-  as the states are read (what they read is known before the build, but for an actions
-  stream: a commit whose rules fired actions sends its own checks again behind them), so
-  Redis runs them while this process builds and packs the commits; then one
+- On one Redis, one connection: every commit's WATCH and checks in one send; then one
   transaction holding the writes of each commit whose checks passed (a refused one is left
   out, its verdict its own), each commit's outcome read from its own replies within EXEC's.
   Each commit stays all or nothing (they all do together); a watched key that changed
@@ -27,8 +24,7 @@ reads of all go on one connection, and the commits go in two round trips for all
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable
 
 import redis
 
@@ -37,7 +33,6 @@ from worker.engine.adapters.commit import (
     EXEC,
     MULTI,
     UNWATCH,
-    CheckKey,
     CommitRefusedError,
     CommitResult,
     Committer,
@@ -45,20 +40,12 @@ from worker.engine.adapters.commit import (
     Sent,
 )
 from worker.engine.adapters.resp import chunks
-from worker.engine.adapters.states import (
-    PartitionDataError,
-    StateRead,
-    StateReader,
-    StateRequest,
-)
+from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.user_states import UserStates, distinct_users
 
 Outcome = CommitResult | CommitRefusedError | redis.RedisError
-Built = tuple[Commit, PreparedCommit | None]
-# the states' shape and space a model reads, and the shadow's (Models.spec)
-Spec = tuple[tuple[int, int], str, tuple[tuple[int, int], str] | None]
 
 
 class Together:
@@ -92,47 +79,15 @@ class Together:
             raise
         finally:
             pool.release(conn)
-        spec = (shape, space, shadow)
-        return [self._states(r, reply, spec) for r, reply in zip(requests, replies, strict=True)]
-
-    def _states(self, request: StateRequest, reply: list | None, spec: Spec) -> UserStates | None:
-        """A batch's states from its read's replies (None: nothing was read); None when the
-        read failed or the cached states moved."""
-        try:
-            flat = self.states.flat(request.partition, reply) if reply is not None else None
-        except (redis.ResponseError, PartitionDataError):
-            return None
-        return self.states.complete(request, flat, *spec)
-
-    def read_and_commit(
-        self, client: redis.Redis, batches: list[Batch], spec: Spec,
-        build: Callable[[Batch, UserStates], Built],
-    ) -> list[Outcome | None]:  # fmt: skip
-        """Each batch's states read, its Commit built from them (`build`, once each, in
-        order) and all applied as `commit` does; None for exactly the batches not built (a
-        read that failed, cached states that moved: each goes alone, which says why). On
-        one Redis the reads go behind the checks, in one send."""
-        if not self.one_transaction:
-            states = self.read_states(client, batches, *spec)
-            ready = [i for i, st in enumerate(states) if st is not None]
-            got = self.commit(client, [build(batches[i], states[i]) for i in ready])
-            outcomes: list[Outcome | None] = [None] * len(batches)
-            for i, outcome in zip(ready, got, strict=True):
-                outcomes[i] = outcome
-            return outcomes
-        requests = [self.states.request(b.partition, distinct_users(b)) for b in batches]
-        reads = [self.states.command(request) for request in requests]
-        # a sequence not known before the read may be the partition's first: the clock too
-        keys = [self.committer.key_before_build(b, r.seq or b"") for b, r in
-                zip(batches, requests, strict=True)]  # fmt: skip
-
-        def made(replies: list) -> list[Built | None]:
-            states = [self._states(r, reply, spec) for r, reply in
-                      zip(requests, replies, strict=True)]  # fmt: skip
-            return [build(b, st) if st is not None else None for b, st in
-                    zip(batches, states, strict=True)]  # fmt: skip
-
-        return self._in_one_transaction(client, keys, made, reads)
+        out: list[UserStates | None] = []
+        for request, reply in zip(requests, replies, strict=True):
+            try:
+                flat = self.states.flat(request.partition, reply) if reply is not None else None
+            except (redis.ResponseError, PartitionDataError):
+                out.append(None)
+                continue
+            out.append(self.states.complete(request, flat, shape, space, shadow))
+        return out
 
     def commit(
         self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]]
@@ -142,8 +97,7 @@ class Together:
         with every reply read, or a connection error that leaves it unsettled: it may have
         applied)."""
         if self.one_transaction:
-            keys = [self.committer.check_key(c) for c, _ in commits]
-            return self._in_one_transaction(client, keys, lambda _: commits)
+            return self._in_one_transaction(client, commits)
         pool = client.connection_pool
         outcomes: list = [None] * len(commits)
         conns: list[redis.connection.Connection] = []
@@ -169,41 +123,33 @@ class Together:
         return outcomes
 
     def _in_one_transaction(
-        self, client: redis.Redis, keys: list[CheckKey],
-        made: Callable[[list], Sequence[Built | None]], reads: Sequence[StateRead | None] = (),
-    ) -> list[Outcome | None]:  # fmt: skip
-        """On one Redis, on one connection: every commit's WATCH and checks (by their keys)
-        and behind them the state `reads`, in one send; the commits `made` from the reads'
-        replies (None: one not built, whose outcome is None); then one transaction of the
-        writes of those whose checks passed (MULTI, each one's writes, EXEC), each settled
-        from its own replies. Still all or nothing per commit (and for them all); a refused
-        commit is left out; a watched key changed before EXEC refuses them all (`conflict`:
-        each computed and sent again); a lost connection leaves them all unsettled (before
-        any was built, it is raised: nothing was sent but reads)."""
-        outcomes: list = [None] * len(keys)
-        checks = [self.committer.checks_of(key) for key in keys]
-        commits: list[tuple[Commit, PreparedCommit] | None] | None = None
+        self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]]
+    ) -> list[Outcome]:
+        """On one Redis: every commit's WATCH and checks on one connection in one send, then
+        one transaction of the writes of those whose checks passed (MULTI, each one's
+        writes, EXEC), each settled from its own replies. Still all or nothing per commit
+        (and for them all); a refused commit is left out; a watched key changed before EXEC
+        refuses them all (`conflict`: each computed and sent again); a lost connection
+        leaves them all unsettled."""
+        outcomes: list = [None] * len(commits)
+        checks = [self.committer.checks(c) for c, _ in commits]
         pool = client.connection_pool
         conn = pool.get_connection()
         try:
-            packed = [*(x for x, _ in checks), *(r.packed for r in reads if r is not None)]
-            conn.send_packed_command([b"".join(packed)])
-            replies = [read_replies(conn, n) for _, n in checks]
-            read = [read_replies(conn, r.replies) if r is not None else None for r in reads]
-            commits = [(x[0], x[1] or self.committer.prepare(x[0])) if x is not None else None
-                       for x in made(read)]  # fmt: skip
-            replies = self._check_replies(conn, commits, keys, replies)
-            verdicts = [self.committer.verdict(x[0], r) if x is not None else None
-                        for x, r in zip(commits, replies, strict=True)]  # fmt: skip
-            going = [i for i, v in enumerate(verdicts) if v is not None and v.result is None]
+            conn.send_packed_command([b"".join(packed for packed, _ in checks)])
+            # packed while Redis runs the checks
+            commits = [(c, prepared or self.committer.prepare(c)) for c, prepared in commits]
+            verdicts = [self.committer.verdict(c, read_replies(conn, n)) for (c, _), (_, n)
+                        in zip(commits, checks, strict=True)]  # fmt: skip
+            going = [i for i, v in enumerate(verdicts) if v.result is None]
             for i, verdict in enumerate(verdicts):
-                outcomes[i] = verdict.result if verdict is not None else None
+                outcomes[i] = verdict.result
             if not going:
                 conn.send_packed_command([UNWATCH])
                 conn.read_response()
                 return outcomes
-            writes = [self.committer.writes(*commits[i], verdicts[i].seed, verdicts[i].entries)
-                      for i in going]  # fmt: skip
+            writes = [self.committer.writes(commits[i][0], commits[i][1], verdicts[i].seed,
+                                            verdicts[i].entries) for i in going]  # fmt: skip
             conn.send_packed_command(
                 chunks([MULTI, *(x for chunk, _ in writes for x in chunk), EXEC])
             )
@@ -214,44 +160,13 @@ class Together:
                 at += n
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             conn.disconnect()
-            if commits is None:
-                raise  # nothing built, nothing written: the round rewinds
-            # unsettled: may have applied
-            return [exc if o is None and x is not None else o
-                    for o, x in zip(outcomes, commits, strict=True)]  # fmt: skip
+            return [exc if o is None else o for o in outcomes]  # unsettled: may have applied
         except BaseException:
             conn.disconnect()  # a reply may still be in flight on it
             raise
         finally:
             pool.release(conn)
         return outcomes
-
-    def _check_replies(
-        self, conn: redis.connection.Connection,
-        commits: list[tuple[Commit, PreparedCommit] | None], keys: list[CheckKey],
-        replies: list[list],
-    ) -> list[list]:  # fmt: skip
-        """Each built commit's checks' replies: those sent before its build, but for the
-        clock's when its sequence turned out not its partition's first; a commit that reads
-        other than they did (the actions stream of the actions its rules fired) sends its
-        own, on the same connection (a WATCH adds to the keys watched), whose replies are
-        its."""
-        again = []
-        for i, x in enumerate(commits):
-            if x is None:
-                continue
-            own = self.committer.check_key(x[0])
-            if own == keys[i]:
-                continue
-            if replace(own, first_seq=True) == keys[i]:
-                replies[i] = replies[i][:-1]  # the TIME read last
-                continue
-            again.append((i, self.committer.checks_of(own)))
-        if again:
-            conn.send_packed_command([b"".join(packed for _, (packed, _) in again)])
-            for i, (_, n) in again:
-                replies[i] = read_replies(conn, n)
-        return replies
 
     def _settled(
         self, conn: redis.connection.Connection, commit: tuple[Commit, PreparedCommit],
