@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from tests.conftest import run_cli
+from worker.bench.scaling import whole_ms_percentile
 
 
 def test_scaling_bench_reports_rate_latency_cpu_and_fleet_arithmetic():
@@ -27,3 +30,12 @@ def test_scaling_bench_reports_rate_latency_cpu_and_fleet_arithmetic():
         assert atomic_us > 0  # inside EXEC (the commits) and the scripts
     for target in ("10,000", "100,000", "1,000,000"):
         assert re.search(rf"{target} events/s: +\d+ shard\(s\), +\d+ worker\(s\)", out)
+
+
+def test_latency_percentiles_in_whole_ms_are_read_within_their_ms():
+    """Latencies that are differences of two ids' ms: a percentile says where within its ms
+    it falls, not only which ms (half 2s, half 3s: the median is the boundary, 2.5)."""
+    assert whole_ms_percentile(np.array([2.0] * 50 + [3.0] * 50), 50) == 2.5
+    assert whole_ms_percentile(np.array([2.0] * 4), 50) == 2.0  # the middle of its ms
+    assert abs(whole_ms_percentile(np.array([1.0] * 10 + [2.0] * 30 + [9.0] * 10), 50) - 2.0) < 1e-9
+    assert whole_ms_percentile(np.array([1.0] * 99 + [40.0]), 99) == 1.5
