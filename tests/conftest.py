@@ -47,16 +47,16 @@ _PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "c
                   "getfixturevalue(")  # fmt: skip
 
 
-# The longest files by wall time, longest first (one suite run on 4 workers, EPYC at load 5-7,
-# 2026-12-06: 60-185 s each): run first (scripts/test.sh keeps this order), so that on the
-# suite's workers they start at once instead of becoming the run's tail.
-_LONG_FILES = ("test_longrange.py", "test_readme.py", "test_resize.py", "test_lifecycle.py",
-               "test_cli_errors.py", "test_cluster.py", "test_deploy_image.py",
-               "test_worker_faults.py", "test_cli_train.py", "test_cli_judging.py",
-               "test_promotion_cli.py", "test_deploy_acl.py", "test_bench.py",
-               "test_webhooks_delivery.py", "test_cli_explain.py", "test_registry.py",
-               "test_actions_live.py", "test_cluster_failover.py", "test_training.py",
-               "test_worker.py", "test_calibration.py")  # fmt: skip
+# The longest files, longest first (two suite runs on 4 workers, EPYC at load 5-9, 2026-12-06:
+# 60-250 s of wall time each, by their CPU and their wall): run first (scripts/test.sh keeps
+# this order), so that on the suite's workers they start at once instead of becoming the tail.
+_LONG_FILES = ("test_deploy_image.py", "test_readme.py", "test_longrange.py",
+               "test_cli_errors.py", "test_cli_judging.py", "test_resize.py", "test_cluster.py",
+               "test_deploy_acl.py", "test_lifecycle.py", "test_bench.py", "test_training.py",
+               "test_worker_faults.py", "test_cli_explain.py", "test_cli_train.py",
+               "test_cli_rules.py", "test_promotion_cli.py", "test_cli_model.py",
+               "test_webhooks_delivery.py", "test_registry.py", "test_deploy_prometheus.py",
+               "test_cli_help.py", "test_actions_live.py", "test_worker.py")  # fmt: skip
 
 
 def _start_rank(item: pytest.Item) -> int:
