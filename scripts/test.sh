@@ -24,5 +24,8 @@ wait "$scoring"
 # Four workers on two cores: most integration tests wait on redis-server, workers and
 # commands they start, so two workers per core keep both busy. A file's tests stay on one
 # worker (--dist loadfile), so its module fixtures (a cluster, a trained model) start once.
+# The files go out in tests/conftest.py's order, the longest first (xdist would sort them by
+# their count of tests: test_longrange's 4 tests, 40 s of CPU, went out in the last quarter).
 # INTENTSTREAM_TEST_WORKERS=0 runs them in this process, one after another.
-.venv/bin/python -m pytest -n "${INTENTSTREAM_TEST_WORKERS:-4}" --dist loadfile "$@"
+.venv/bin/python -m pytest -n "${INTENTSTREAM_TEST_WORKERS:-4}" --dist loadfile \
+    --no-loadscope-reorder "$@"

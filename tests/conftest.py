@@ -42,17 +42,21 @@ threadpool_limits(limits=1)
 # integration"` runs the rest in seconds. Marked here from what a test uses, so a new test
 # cannot forget it; a test may also carry the mark itself.
 _SERVER_FIXTURES = {"redis_server", "aof_redis_server", "cluster", "own_cluster"}
-_PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "console_script(")
+# (getfixturevalue: a fixture chosen at run time, a server as a rule)
+_PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "console_script(",
+                  "getfixturevalue(")  # fmt: skip
 
 
-# The longest files (30-70 s each at load 1-3, 2026-12-06), longest first: run first, so that
-# on the suite's workers (pytest-xdist, scripts/test.sh) they start at once instead of becoming
-# the run's tail.
-_LONG_FILES = ("test_deploy_image.py", "test_cli_judging.py", "test_readme.py",
-               "test_longrange.py", "test_resize.py", "test_deploy_acl.py", "test_bench.py",
-               "test_lifecycle.py", "test_cluster.py", "test_cluster_failover.py",
-               "test_worker_faults.py", "test_registry.py", "test_cli_explain.py",
-               "test_deploy_prometheus.py", "test_calibration.py")  # fmt: skip
+# The longest files, longest first (two suite runs on 4 workers, EPYC at load 5-9, 2026-12-06:
+# 60-250 s of wall time each, by their CPU and their wall): run first (scripts/test.sh keeps
+# this order), so that on the suite's workers they start at once instead of becoming the tail.
+_LONG_FILES = ("test_deploy_image.py", "test_readme.py", "test_longrange.py",
+               "test_cli_errors.py", "test_cli_judging.py", "test_resize.py", "test_cluster.py",
+               "test_deploy_acl.py", "test_lifecycle.py", "test_bench.py", "test_training.py",
+               "test_worker_faults.py", "test_cli_explain.py", "test_cli_train.py",
+               "test_cli_rules.py", "test_promotion_cli.py", "test_cli_model.py",
+               "test_webhooks_delivery.py", "test_registry.py", "test_deploy_prometheus.py",
+               "test_cli_help.py", "test_actions_live.py", "test_worker.py")  # fmt: skip
 
 
 def _start_rank(item: pytest.Item) -> int:
@@ -60,15 +64,26 @@ def _start_rank(item: pytest.Item) -> int:
     return _LONG_FILES.index(name) if name in _LONG_FILES else len(_LONG_FILES)
 
 
+def _sources(item: pytest.Item) -> Iterator[str]:
+    """The test's source and its fixtures' (a module fixture may run the command)."""
+    fn = getattr(item, "function", None)
+    if fn is not None:
+        yield inspect.getsource(fn)
+    info = getattr(item, "_fixtureinfo", None)
+    fixtures = info.name2fixturedefs.values() if info is not None else ()
+    for defs in fixtures:
+        func = defs[-1].func
+        if getattr(func, "__module__", "").startswith("tests."):
+            yield inspect.getsource(func)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_start_rank)  # stable: each file's tests keep their order
     for item in items:
         if item.get_closest_marker("integration"):
             continue
-        fn = getattr(item, "function", None)
-        source = inspect.getsource(fn) if fn is not None else ""
         if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or any(
-            call in source for call in _PROCESS_CALLS
+            call in source for source in _sources(item) for call in _PROCESS_CALLS
         ):
             item.add_marker(pytest.mark.integration)
 

@@ -14,7 +14,7 @@ import pytest
 
 from model.data.synthetic import synthetic_events
 from tests.consumers import in_process_consumer
-from tests.test_worker import offline_scores
+from tests.offline import offline_scores
 from tests.workers import score_entries
 from worker.common.connection import connect
 from worker.common.keys import Keys

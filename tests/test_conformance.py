@@ -7,9 +7,10 @@ feature, both heads, session resets and unknown event types, several users inter
 format 2 models declaring inputs (numeric with missing and bad values, categorical, item with
 repeats, session resets and a full memory).
 Paths: the reference, `step_one`, `step_batch`, `ScoringModel.advance` (in two calls, directly
-and through the in-memory scorer), the training forward pass (and its loss), the installed
-`intentstream score`, and the worker end to end on a private Redis. Training and the worker
-do not read declared inputs yet: the format 2 cases go through the other paths.
+and through the in-memory scorer), the training forward pass (and its loss), `intentstream
+score` (its code in this process; the installed script on two cases), and the worker end to
+end on a private Redis (its consumer in this process; a worker process on two cases).
+Training does not read declared inputs yet: the format 2 cases go through the other paths.
 
 The oracle derives each event's inputs (gap, reset, type row, the declared inputs' columns)
 itself from the model's contract (docs/contract.md, The model), so a mistake in
@@ -565,16 +566,38 @@ def event_lines(case: Case) -> list[str]:
     ]
 
 
-@pytest.mark.integration
+def assert_score_lines_are_the_reference(case: Case, stdout: str) -> None:
+    rows = [json.loads(line) for line in stdout.splitlines()]
+    assert [(r["user_id"], r["type"]) for r in rows] == [(u, t) for u, t, _ in case.events]
+    got = np.array([r["score"] for r in rows])
+    np.testing.assert_allclose(got, reference_scores(case), rtol=2e-5, atol=2e-5)
+
+
+# The cases the installed script runs, in a process of its own (~1 s of CPU each: the console
+# script is checked on these); every case runs the command's code in this process.
+SCRIPT_CASES = [CASES[0], INPUT_CASES[0]]  # the golden model; a model declaring inputs
+
+
 @pytest.mark.parametrize("case", ALL_CASES, ids=ALL_IDS)
+def test_the_score_command_equals_the_reference(case, tmp_path, capsys):
+    """`intentstream score`'s code (cli.main, from the parsing on) for every case."""
+    from worker.commands.cli import main
+
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(event_lines(case)))
+    code = main(["score", "--model", str(write_model(case, tmp_path)), str(events)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert_score_lines_are_the_reference(case, out.out)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", SCRIPT_CASES, ids=lambda c: c.name)
 def test_intentstream_score_equals_the_reference(case, tmp_path):
     lines = event_lines(case)
     out = run_cli("score", "--model", str(write_model(case, tmp_path)), stdin="\n".join(lines))
     assert out.returncode == 0, out.stderr
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
-    assert [(r["user_id"], r["type"]) for r in rows] == [(u, t) for u, t, _ in case.events]
-    got = np.array([r["score"] for r in rows])
-    np.testing.assert_allclose(got, reference_scores(case), rtol=2e-5, atol=2e-5)
+    assert_score_lines_are_the_reference(case, out.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -589,32 +612,20 @@ def shared_redis():
         server.close()
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    "case",
-    ALL_CASES,
-    ids=ALL_IDS,
-)
-def test_worker_end_to_end_equals_the_reference(case, shared_redis, tmp_path):
-    from tests.workers import WorkerProcess, score_entries, wait_for
-    from worker.common.connection import connect
-
-    prefix = f"conf-{case.name}"
-    r = connect(shared_redis.url)
-    for e, (u, t, ts) in enumerate(case.events):  # plain XADD, as a producer would send it
+def published(case: Case, client, prefix: str) -> None:
+    """The case's events on partition 0's stream, by plain XADD as a producer sends them."""
+    for e, (u, t, ts) in enumerate(case.events):
         fields = ["user_id", u, "type", t, "ts", ts]
         for name, value in (case.fields[e] if case.fields else {}).items():
             if value is not None:  # a producer omits a null field
                 fields += [name, value if isinstance(value, str) else json.dumps(value)]
-        r.execute_command("XADD", f"{prefix}:events:{{0}}", "*", *fields)
-    worker = WorkerProcess(shared_redis.url, write_model(case, tmp_path), tmp_path / "w.log",
-                           "--prefix", prefix)  # fmt: skip
-    worker.start()
-    try:
-        wait_for(lambda: r.xlen(f"{prefix}:scores:{{0}}") >= len(case.events), what="scores")
-    finally:
-        assert worker.terminate() == 0, worker.log()
-    rows = score_entries(r, prefix=prefix)
+        client.execute_command("XADD", f"{prefix}:events:{{0}}", "*", *fields)
+
+
+def assert_scores_are_the_reference(case: Case, client, prefix: str) -> None:
+    from tests.workers import score_entries
+
+    rows = score_entries(client, prefix=prefix)
     assert len(rows) == len(case.events)
     expected = reference_scores(case)
     # each user's scores come out in that user's order; match them user by user
@@ -622,6 +633,46 @@ def test_worker_end_to_end_equals_the_reference(case, shared_redis, tmp_path):
         mine = [i for i, (u, _, _) in enumerate(case.events) if u == user]
         got = [float(row["score"]) for row in rows if row["user_id"] == user]
         np.testing.assert_allclose(got, expected[mine], rtol=2e-5, atol=2e-5, err_msg=user)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", ALL_CASES, ids=ALL_IDS)
+def test_the_workers_consumer_end_to_end_equals_the_reference(case, shared_redis, tmp_path):
+    """The worker's loop (its Consumer, in this process: a worker process costs ~1.5 s of CPU
+    to start) for every case, through Redis."""
+    from tests.consumers import in_process_consumer
+    from tests.workers import wait_for
+    from worker.common.connection import connect
+
+    prefix = f"conf-in-{case.name}"
+    r = connect(shared_redis.url)
+    published(case, r, prefix)
+    consumer = in_process_consumer(shared_redis.url, write_model(case, tmp_path), prefix=prefix)
+    try:
+        scores = f"{prefix}:scores:{{0}}"
+        wait_for(lambda: consumer.tick() or r.xlen(scores) >= len(case.events), what="scores")
+    finally:
+        consumer.close()
+    assert_scores_are_the_reference(case, r, prefix)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", SCRIPT_CASES, ids=lambda c: c.name)
+def test_worker_end_to_end_equals_the_reference(case, shared_redis, tmp_path):
+    from tests.workers import WorkerProcess, wait_for
+    from worker.common.connection import connect
+
+    prefix = f"conf-{case.name}"
+    r = connect(shared_redis.url)
+    published(case, r, prefix)
+    worker = WorkerProcess(shared_redis.url, write_model(case, tmp_path), tmp_path / "w.log",
+                           "--prefix", prefix)  # fmt: skip
+    worker.start()
+    try:
+        wait_for(lambda: r.xlen(f"{prefix}:scores:{{0}}") >= len(case.events), what="scores")
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    assert_scores_are_the_reference(case, r, prefix)
 
 
 @pytest.mark.integration

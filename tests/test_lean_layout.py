@@ -15,7 +15,7 @@ from model.data.synthetic import EVENT_TYPES, synthetic_events
 from model.scoring import ScoringModel
 from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
-from tests.test_worker import offline_scores
+from tests.offline import offline_scores
 from tests.workers import count_scores, score_entries
 from worker.bench.inputs import INPUTS
 from worker.commands.explain import read_state

@@ -4,7 +4,6 @@ by a second one."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import zlib
 from pathlib import Path
@@ -16,6 +15,7 @@ import redis
 from model.artifact import random_model, save_model
 from model.data.synthetic import synthetic_events
 from tests.conftest import console_script, run_cli
+from tests.offline import offline_scores
 from tests.workers import WorkerProcess, wait_for
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys, parse_state_key, partition_of
@@ -111,14 +111,6 @@ def assert_moved(client: Client, before: dict, to: int) -> None:
     for user, (p, state) in after.items():
         assert p == zlib.crc32(user) % to
         assert state == before[user][1]
-
-
-def offline_scores(model: Path, events: list[dict]) -> list[float]:
-    result = run_cli(
-        "score", "--model", str(model), stdin="".join(json.dumps(e) + "\n" for e in events)
-    )
-    assert result.returncode == 0, result.stderr
-    return [json.loads(line)["score"] for line in result.stdout.splitlines()]
 
 
 def test_resize_moves_every_state_and_workers_continue_them(backend, model_path, tmp_path):

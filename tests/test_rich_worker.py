@@ -12,6 +12,7 @@ import pytest
 from model.artifact import load_model, random_model, save_model
 from tests.actions_check import action_entries
 from tests.conftest import NO_TEST_USERS, run_cli
+from tests.offline import offline_scores
 from tests.test_actions_live import as_entries
 from tests.test_worker import scrape
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
@@ -68,11 +69,8 @@ def publish_raw(r, events: list[dict]) -> None:
 def assert_worker_scored_as_score_does(r, path, events: list[dict]) -> dict[str, float]:
     """The worker's score entries are `intentstream score`'s scores of the same events (as
     JSON lines), matched by event id; returns score's, by event id."""
-    offline = run_cli("score", "--model", str(path),
-                      stdin="\n".join(json.dumps(e) for e in events))  # fmt: skip
-    assert offline.returncode == 0, offline.stderr
-    want = {e["event_id"]: json.loads(line)["score"]
-            for e, line in zip(events, offline.stdout.splitlines(), strict=True)}  # fmt: skip
+    offline = offline_scores(path, events)
+    want = {e["event_id"]: s for e, s in zip(events, offline, strict=True)}
     got = {row["event_id"]: float(row["score"]) for row in score_entries(r, partitions=P)}
     assert set(got) == set(want)
     np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=2e-5)
@@ -200,6 +198,5 @@ def test_events_sent_by_intentstream_publish_carry_their_inputs(redis_server, tm
     assert b"True" in {f.get(b"brand") for f in entries}
     assert not any(b"ctx" in f for f in entries)
     # without the fields the scores would differ: the inputs are read, not defaulted
-    bare = run_cli("score", "--model", str(path), stdin="\n".join(
-        json.dumps({k: e[k] for k in ("user_id", "type", "ts")}) for e in events))  # fmt: skip
-    assert [json.loads(x)["score"] for x in bare.stdout.splitlines()] != list(want.values())
+    bare = offline_scores(path, [{k: e[k] for k in ("user_id", "type", "ts")} for e in events])
+    assert bare != list(want.values())

@@ -17,6 +17,7 @@ from model.training.bptt import clip_global_norm, loss_and_gradients, predict
 from model.training.sessions import DataError, Session, pad, sessionize
 from model.training.train import TrainConfig, TrainingDivergedError, prepare_training, train
 from tests.conftest import NO_TEST_USERS, run_cli
+from tests.offline import offline_scores
 from tests.workers import WorkerProcess, wait_for
 from worker.common.connection import connect
 from worker.lifecycle.registry import Registry
@@ -337,10 +338,8 @@ def test_train_cli_trains_an_lstm_whose_scores_the_score_command_reproduces(tmp_
     assert model.meta.cell == "lstm" and model.arrays["layer0.W_hf"].shape == (8, 8)
     assert model.meta.model_extra["train_config"]["cell"] == "lstm"
     assert model.meta.model_extra["metrics"]["auc_last"] > 0.6
-    lines = "\n".join(json.dumps(e) for e in events[:50])
-    scored = run_cli("score", "--model", str(out), stdin=lines)
-    assert scored.returncode == 0, scored.stderr
-    assert all(0 < json.loads(line)["score"] < 1 for line in scored.stdout.splitlines())
+    scored = offline_scores(out, events[:50])
+    assert len(scored) == 50 and all(0 < s < 1 for s in scored)
 
 
 @pytest.mark.parametrize(

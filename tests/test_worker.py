@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model.artifact import random_model, save_model
 from model.data.synthetic import synthetic_events
-from tests.conftest import run_cli
 from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
+from tests.offline import offline_scores
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
@@ -46,15 +46,6 @@ def model_path(tmp_path: Path) -> Path:
     )
     save_model(model, path)
     return path
-
-
-def offline_scores(model: Path, events: list[dict]) -> list[float]:
-    """`intentstream score` on the same events: the worker must agree with it."""
-    result = run_cli(
-        "score", "--model", str(model), stdin="".join(json.dumps(e) + "\n" for e in events)
-    )
-    assert result.returncode == 0, result.stderr
-    return [json.loads(line)["score"] for line in result.stdout.splitlines()]
 
 
 def scrape(port: int) -> dict[str, float]:

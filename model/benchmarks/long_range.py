@@ -105,7 +105,7 @@ def _as_events(
 
 def bayes_auc(sessions: list[tuple[list[str], bool, float]], users: set[str], seed: int) -> float:
     """ROC AUC of the Bayes-optimal score on the sessions of these users (of seed's data)."""
-    from model.training.evaluate import roc_auc  # scipy.stats: the data generators start without it
+    from model.training.evaluate import roc_auc
 
     picked = [(b, p) for i, (_, b, p) in enumerate(sessions) if f"s{seed}-{i}" in users]
     return roc_auc(np.array([b for b, _ in picked]), np.array([p for _, p in picked]))
