@@ -154,7 +154,7 @@ class LiveQuality:
 
     def auc(self, role: str) -> float:
         """ROC AUC of the role's window; NaN until it holds both outcomes."""
-        from model.training.evaluate import roc_auc  # scipy.stats: loaded at the first scrape only
+        from model.training.evaluate import roc_auc  # training kernels: at the first scrape
 
         with self._lock:
             scores, labels = self._samples.get(role, (np.zeros(0), np.zeros(0, bool)))
