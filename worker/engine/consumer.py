@@ -311,11 +311,8 @@ class Consumer:
         """The queued batches that commit together, by node, taken off the queue: a node's
         when it has two or more queued, all short of a full read, each its partition's only
         one, none computed ahead (a backlog keeps computing ahead, one batch at a time)."""
-        by_node: dict[str, list[int]] = {}
-        for p in sorted(self.parts.busy()):
-            by_node.setdefault(self.nodes.name(p), []).append(p)
         groups = []
-        for numbers in by_node.values():
+        for numbers in self.nodes.grouped(sorted(self.parts.busy())).values():
             parts = [self.parts[p] for p in numbers]
             if len(parts) >= 2 and all(
                 len(part.queued) == 1 and len(part.queued[0][1]) < self.s.batch_size

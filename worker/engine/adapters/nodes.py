@@ -55,6 +55,13 @@ class PartitionNodes:
         except redis.ConnectionError:
             return None
 
+    def grouped(self, parts: list[int]) -> dict[str, list[int]]:
+        """`parts` by the node that holds them, each node's in their order."""
+        out: dict[str, list[int]] = {}
+        for p in parts:
+            out.setdefault(self.name(p), []).append(p)
+        return out
+
     def on_node(self, node: str, parts: list[int]) -> list[int]:
         """The partitions of `parts` held by `node`, in their order."""
         if not self.cluster:

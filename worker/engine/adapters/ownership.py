@@ -26,7 +26,7 @@ from redis.commands.core import Script
 
 from worker.common.connection import Client
 from worker.common.keys import Keys
-from worker.engine.adapters.nodes import ONE_REDIS, PartitionNodes
+from worker.engine.adapters.nodes import PartitionNodes
 
 # Renew a lease this holder holds. KEYS: the lease. ARGV: holder token, ttl ms. 1 if held.
 RENEW_SCRIPT = """
@@ -132,24 +132,20 @@ class Ownership:
         """`script`'s reply for each partition's lease (KEYS[1]; ARGV `args`): one pipeline per
         node, then through the client, which follows the cluster and loads the script, for
         each lease a node did not run it on. Both scripts are safe to run twice."""
-        by_node: dict[str, list[int]] = {}
-        for p in parts:
-            by_node.setdefault(self.nodes.name(p), []).append(p)
         replies: dict[int, object] = {}
-        for node, on_node in by_node.items():
-            for p, reply in zip(on_node, self._sent_to(node, script, on_node, args), strict=True):
+        for on_node in self.nodes.grouped(parts).values():
+            for p, reply in zip(on_node, self._sent_to(script, on_node, args), strict=True):
                 if isinstance(reply, Exception):
                     reply = script(keys=[self.keys.lease(p)], args=list(args))
                 replies[p] = reply
         return replies
 
-    def _sent_to(self, node: str, script: Script, parts: list[int], args: tuple) -> list:
-        """`script` run on each lease of `parts`, all held by `node`, in one pipeline (EVALSHA:
-        the ACL's worker user may not EVAL): its replies, an exception where it did not run."""
-        client = self.r if node == ONE_REDIS else self.nodes.node_client(parts[0])
-        if client is None:
-            return [redis.ConnectionError(f"no connection to {node}")] * len(parts)
+    def _sent_to(self, script: Script, parts: list[int], args: tuple) -> list:
+        """`script` run on each lease of `parts`, all held by one node, in one pipeline
+        (EVALSHA: the ACL's worker user may not EVAL): its replies, an exception where it did
+        not run."""
         try:
+            client = self.nodes.client(parts[0])
             replies = self._pipelined(client, script, parts, args)
             if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
                 client.script_load(script.script)  # this node's first: load it, send again
