@@ -77,11 +77,6 @@ class TrainConfig(BaseModel):
     # Declared inputs (model/inputs.py): fields of the events beyond type and ts; a model
     # with any is artifact format 2.
     inputs: list[InputDeclaration] = Field(default_factory=list)
-    # Decoupled weight decay of the inputs' embedding tables only (each step multiplies them
-    # by 1 - lr * decay): a rarely seen bucket's random N(0, 1) row fades instead of feeding
-    # noise. 3 was chosen among 0, 1, 3, 10 on model/benchmarks/real_shop.py's two datasets, on
-    # splits it does not report (BENCHMARKS.md, Real shop events); a model without tables is as
-    # before.
     # A wide part beside the deep one: the head also reads x's numeric columns (features,
     # input values and flags) straight into the logit: a logistic regression on them, fitted
     # after the deep part and averaged with it (model/training/wide_fit.py).
@@ -95,6 +90,11 @@ class TrainConfig(BaseModel):
         1, ge=1, le=8, description="train this many models from different seeds on the same "
         "users and score their mean (one artifact, K times the hidden units)",
     )  # fmt: skip
+    # Decoupled weight decay of the inputs' embedding tables only (each step multiplies them
+    # by 1 - lr * decay): a rarely seen bucket's random N(0, 1) row fades instead of feeding
+    # noise. 3 was chosen among 0, 1, 3, 10 on model/benchmarks/real_shop.py's two datasets, on
+    # splits it does not report (BENCHMARKS.md, Real shop events); a model without tables is as
+    # before.
     input_weight_decay: float = Field(
         3.0, ge=0, description="decoupled weight decay of the declared inputs' embedding "
         "tables (each step scales them by 1 - lr * this; 0: none)",
