@@ -409,7 +409,7 @@ def input_parts(
             bad = int(np.count_nonzero(bad_mask[count_from:]))
             counts[spec.name] = InputCounts(int(missing[count_from:].sum()) - bad, bad)
             if spec.session:
-                write_session_stats(fixed, col, slot, new_session, _stats_of(spec, stats))
+                write_session_stats(fixed, col, slot, new_session, session_stats_of(spec, stats))
             col += spec_width(spec)
             continue
         hashes = _hashes(spec.name, values)
@@ -456,7 +456,7 @@ def empty_session_stats(
     return {name: np.zeros((n_users, STATS_FLOATS), np.float32) for name in session_inputs(inputs)}
 
 
-def _stats_of(spec: NumericInput, stats: Mapping[str, np.ndarray] | None) -> np.ndarray:
+def session_stats_of(spec: NumericInput, stats: Mapping[str, np.ndarray] | None) -> np.ndarray:
     """The users' session statistics of a numeric input with `session` (ValueError if none)."""
     got = (stats or {}).get(spec.name)
     if got is None:

@@ -38,6 +38,7 @@ from model.inputs import (
     Stored,
     encode_inputs,
     session_inputs,
+    session_stats_of,
     spec_width,
     stored_column,
     table_columns,
@@ -327,7 +328,7 @@ class ScoringModel:
         for i, spec in enumerate(numeric):
             if spec.session:
                 at = x_feat.shape[1] + proj.numeric_at[i]
-                write_session_stats(x, at, slot, reset, (stats or {})[spec.name])
+                write_session_stats(x, at, slot, reset, session_stats_of(spec, stats))
         rows_counts = counts[self._count_rows].tolist()  # in declaration order
         self.input_counts = dict(zip(self.input_names, map(InputCounts._make, rows_counts),
                                      strict=True))  # fmt: skip
