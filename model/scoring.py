@@ -201,13 +201,14 @@ class ScoringModel:
         self._memory_floats, stats_floats = memory_floats(meta)
         self._session_inputs = session_inputs(self.inputs)
         self._has_memory = bool(self._memory_floats or stats_floats)
+        self._state_shape = state_shape(meta)  # asked for every batch: worked out once
 
     @property
     def state_shape(self) -> tuple[int, int]:
         """The shape of one user's state: (layers, hidden); (layers, 2 * hidden) for an LSTM,
         each layer's h then its c, then the session memory's rows, if any (model/artifact.py,
         state_shape)."""
-        return state_shape(self.model.meta)
+        return self._state_shape
 
     def type_indices(self, types: Sequence[str]) -> np.ndarray:
         """Embedding row of each event type; unknown types get the reserved last row."""
