@@ -275,7 +275,7 @@ def _framed(data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     for i in range(lengths.shape[0]):
         length = int(lengths[i])
         at = _head(out, at, length, powers)
-        out[at : at + length] = data[start : start + length]
+        _memcpy(out, at, data, start, length)
         at = _crlf(out, at + length)
         start += length
     return out
