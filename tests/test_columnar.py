@@ -39,7 +39,9 @@ GOOD = {
     b"type": st.sampled_from([b"view", b"purchase", b"add_to_cart"]),
     b"ts": st.integers(NOW - 10**6, NOW + 10**5).map(lambda t: str(t).encode()),
     b"event_id": st.sampled_from([b"e1", b"bench-9", b"~!", b"a" * 128]),
-    b"producer": st.sampled_from([b"p1:1", b"abc:99", b"q:0"]),
+    b"producer": st.sampled_from(
+        [b"p1:1", b"abc:99", b"q:0", b"p" * 64 + b":007", b"~!:123456789012345678"]
+    ),
     b"price": st.sampled_from([b"9.99", b"", b"12"]),
     b"brand": st.sampled_from([b"acme", b"\xff", b"b\x00"]),
     b"json": st.sampled_from([b"{}", b'{"user_id": "z", "type": "v"}']),
@@ -48,6 +50,7 @@ BAD = st.sampled_from([
     b"", b"\x00", b"a\x00b", b"\xff\xfe", b"x" * 257, b"sp ace", b"a" * 129, b"-1", b"1e3",
     b"0001700000000000", b"123456789012345", str(MAX_TS_MS + 1).encode(), b"999999999999",
     str(MIN_TS_MS - 1).encode(), str(NOW + 10**7).encode(), b"p:", b"p1:x", b"0",
+    b"p" * 65 + b":1", b":1", b"p:1234567890123456789", b"p:q:1", b"p :1", b"p:-1",
 ])  # fmt: skip
 IDS = st.one_of(
     st.integers(NOW - 10**5, NOW + 10**5).map(lambda t: f"{t}-0".encode()),

@@ -21,7 +21,8 @@ MAX_EVENT_ID_BYTES = 128
 _EVENT_ID = re.compile(rb"[\x21-\x7e]{1,%d}" % MAX_EVENT_ID_BYTES)
 # A producer stamp `<producer id>:<sequence>` (worker/common/dedup.py): printable ASCII without
 # spaces or colons, then a decimal below 10^18.
-_PRODUCER = re.compile(rb"([\x21-\x39\x3b-\x7e]{1,64}):([0-9]{1,18})")
+MAX_PRODUCER_ID_BYTES = 64
+_PRODUCER = re.compile(rb"([\x21-\x39\x3b-\x7e]{1,%d}):([0-9]{1,18})" % MAX_PRODUCER_ID_BYTES)
 # Epoch milliseconds up to year 9999: rejects seconds-vs-ms mix-ups far in the future only
 # loosely, but keeps every value inside int64 and datetime range.
 MAX_TS_MS = 253_402_300_799_999

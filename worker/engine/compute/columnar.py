@@ -22,11 +22,11 @@ import numpy as np
 from worker.common.dedup import MAX_TIME, Producer
 from worker.common.events import (
     MAX_EVENT_ID_BYTES,
+    MAX_PRODUCER_ID_BYTES,
     MAX_TS_MS,
     MAX_TYPE_BYTES,
     MAX_USER_ID_BYTES,
     MIN_TS_MS,
-    producer_stamp,
 )
 
 _SEP = b"\0"
@@ -173,9 +173,20 @@ def _event_ids(flats: list[list], at: int) -> list[bytes] | None:
 
 
 def _producers(flats: list[list], at: int) -> list[Producer | None] | None:
-    """The values at `at` as producer stamps, every one valid; else None."""
-    stamps = [producer_stamp(f[at]) for f in flats]
-    return None if None in stamps else stamps
+    """The values at `at` as producer stamps (`producer_stamp`'s), every one valid; else
+    None. Their form checked and their sequences read by one kernel call: a regular
+    expression and an int() per event cost about 0.6 µs each, a twentieth of the worker's
+    time an event."""
+    values = [f[at] for f in flats]
+    buf = _SEP.join(values)
+    spans = nul_spans(buf, len(values))
+    if spans is None:
+        return None
+    id_ends, seqs, ok = _stamps(np.frombuffer(buf, np.uint8), *spans, MAX_PRODUCER_ID_BYTES)
+    if not ok:
+        return None
+    ids = list(map(bytes.__getitem__, values, map(slice, (id_ends - spans[0]).tolist())))
+    return list(zip(ids, seqs.tolist(), strict=True))
 
 
 def _entry_ids(ids: Sequence[bytes]) -> tuple[np.ndarray | None, np.ndarray]:
@@ -243,6 +254,34 @@ def _ids(buf, starts, ends, max_digits):
 
 
 @nb.njit(cache=True)
+def _stamps(buf, starts, ends, max_id_bytes):
+    """Each piece `<id>:<sequence>` (events.py's `_PRODUCER`: an id of 1..max_id_bytes
+    printable ASCII bytes but colon and space, a sequence of 1..18 ASCII digits): where its
+    id ends, its sequence, and whether all are so."""
+    n = starts.shape[0]
+    id_ends = np.zeros(n, np.int64)
+    seqs = np.zeros(n, np.int64)
+    for i in range(n):
+        a, b = starts[i], ends[i]
+        colon = a
+        while colon < b and buf[colon] != 58:  # ':'
+            c = buf[colon]
+            if c < 0x21 or c > 0x7E:
+                return id_ends, seqs, False
+            colon += 1
+        if colon == a or colon - a > max_id_bytes or b - colon - 1 < 1 or b - colon - 1 > 18:
+            return id_ends, seqs, False
+        v = 0
+        for j in range(colon + 1, b):
+            d = buf[j] - 48
+            if d < 0 or d > 9:
+                return id_ends, seqs, False
+            v = v * 10 + d
+        id_ends[i], seqs[i] = colon, v
+    return id_ends, seqs, True
+
+
+@nb.njit(cache=True)
 def _printable(buf, starts, ends, max_bytes):
     """Whether every piece is 1..max_bytes bytes of printable ASCII without space."""
     for i in range(starts.shape[0]):
@@ -282,5 +321,6 @@ def _crc32(buf, starts, ends, table):
 
 def warm_up() -> None:
     """Compile (or load from cache) the kernels now, not on the first batch."""
-    flats = [[b"user_id", b"u", b"type", b"view", b"ts", b"1700000000000", b"event_id", b"e"]]
+    flats = [[b"user_id", b"u", b"type", b"view", b"ts", b"1700000000000", b"event_id", b"e",
+              b"producer", b"p:1"]]  # fmt: skip
     parsed_columns([b"1700000000000-0"], flats, 0, 2, 600_000)
