@@ -289,23 +289,9 @@ class Consumer:
         unfed = self.reads.unfed([p for p in parts if p not in self.parked])
         if unfed:
             batches = self.reads.read(unfed, self._guarded, self._block)
-            batches += self._rest_of_a_wake(unfed, batches)
             self.parts.enqueue(self.reads.by_node(batches))
             self.reads.park(unfed, batches)
         self.reads.collect_parked(parts, self._stop.is_set())
-
-    def _rest_of_a_wake(self, read: list[int], batches: list[Batch]) -> list[Batch]:
-        """On one Redis, after a read that brought short batches of some of the partitions
-        `read` and none of the others: those others read again at once, without blocking.
-        Redis answers a blocked read at a producer's first XADD, so what it sent with that
-        entry comes now and commits together with it, not a round later."""
-        got = {b.partition for b in batches}
-        rest = [p for p in read if p not in got and not self.parts[p].cursor.seeking]
-        if self.cluster or not got or not rest:
-            return []
-        if any(len(b) >= self.s.batch_size for b in batches):
-            return []  # not low traffic: the commits read ahead
-        return self.reads.read(rest, self._guarded, self._block, wait=False)
 
     def _low_traffic(self) -> list[list[Batch]]:
         """The queued batches that commit together, by node, taken off the queue: a node's

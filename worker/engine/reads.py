@@ -54,10 +54,9 @@ class Reads:
         return sorted(batches, key=lambda b: self.nodes.name(b.partition))
 
     def read(
-        self, parts: list[int], guarded: Guarded, block: Callable[[int, str], None],
-        wait: bool = True,
-    ) -> list[Batch]:  # fmt: skip
-        """One XREADGROUP over the partitions, blocking up to block-ms when `wait` (those
+        self, parts: list[int], guarded: Guarded, block: Callable[[int, str], None]
+    ) -> list[Batch]:
+        """One XREADGROUP over the partitions, blocking up to block-ms (those
         seeking back to their position seek first, each alone: an impossible position stops
         its partition only); a partition whose stream key holds another type is found and
         stopped alone."""
@@ -68,7 +67,7 @@ class Reads:
         parts = [p for p in parts if not self.parts[p].cursor.seeking]
         if not parts:
             return []
-        block_ms = None if seeking or not wait else self.s.block_ms
+        block_ms = None if seeking else self.s.block_ms
         try:
             batches = self.reader.read([self.parts[p].cursor for p in parts], self.s.batch_size,
                                        block_ms)  # fmt: skip
