@@ -13,6 +13,7 @@ import platform
 import sys
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,6 +74,10 @@ def build_labels() -> dict[str, str]:
     return labels
 
 
+# Up to this many values a batch, BatchHistogram counts them one by one
+FEW_VALUES = 8
+
+
 class BatchHistogram(Collector):
     """A label-less histogram fed whole numpy arrays at a time."""
 
@@ -80,6 +85,7 @@ class BatchHistogram(Collector):
         self.name = name
         self.documentation = documentation
         self.bounds = np.asarray(buckets, np.float64)
+        self._bound_list = self.bounds.tolist()
         self._counts = np.zeros(len(buckets) + 1, np.int64)  # last: above the top bound
         self._sum = 0.0
         self._lock = threading.Lock()
@@ -88,12 +94,25 @@ class BatchHistogram(Collector):
         """Add every value of `values` to the histogram."""
         if values.size == 0:
             return
+        if values.size <= FEW_VALUES:
+            self._observe_few(values.tolist())
+            return
         # le semantics: a value equal to a bound falls in that bound's bucket
         idx = np.searchsorted(self.bounds, values, side="left")
         counts = np.bincount(idx, minlength=self._counts.size)
         with self._lock:
             self._counts += counts
             self._sum += float(values.sum())
+
+    def _observe_few(self, values: list[float]) -> None:
+        """observe_many's counts for a few values, a bisect each: numpy's calls cost ~10 µs
+        a batch, most of its cost at low traffic (a batch of an event or two)."""
+        top = len(self._bound_list)
+        with self._lock:
+            for v in values:
+                # as searchsorted: le semantics, NaN above every bound
+                self._counts[bisect_left(self._bound_list, v) if v == v else top] += 1
+                self._sum += v
 
     def bucket_counts(self) -> np.ndarray:
         """A copy of the per-bucket (not cumulative) counts, the last one above the top."""

@@ -1,0 +1,30 @@
+"""BatchHistogram (worker/engine/adapters/metrics.py): a few values counted one by one land in
+the buckets numpy's path gives them, le semantics included."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from worker.engine.adapters.metrics import FEW_VALUES, BatchHistogram
+
+BOUNDS = (0.001, 0.005, 0.01, 0.1, 1.0)
+VALUES = st.one_of(st.sampled_from([0.0, *BOUNDS, 2.0, -1.0]), st.floats(-1, 5))
+
+
+@given(st.lists(st.lists(VALUES, min_size=1, max_size=FEW_VALUES), min_size=1, max_size=6))
+def test_few_values_count_as_the_array_path_does(batches):
+    h = BatchHistogram("a", "a", BOUNDS)
+    for values in batches:
+        h.observe_many(np.asarray(values))
+    every = np.concatenate([np.asarray(v) for v in batches])
+    want = np.bincount(np.searchsorted(np.asarray(BOUNDS), every, side="left"), minlength=6)
+    assert h.bucket_counts().tolist() == want.tolist()
+    assert np.isclose(h._sum, every.sum())
+
+
+def test_a_value_on_a_bound_is_in_that_bound_s_bucket_and_nan_above_all():
+    h = BatchHistogram("a", "a", BOUNDS)
+    h.observe_many(np.asarray([0.005, 1.0, 1.5, float("nan")]))
+    assert h.bucket_counts().tolist() == [0, 1, 0, 0, 1, 2]
