@@ -47,14 +47,16 @@ CachedState = tuple[
 
 
 class StateCache:
-    """LRU of committed user states, one region per partition, each tied to a sequence."""
+    """Committed user states, one region per partition, each tied to a sequence; at its bound
+    the least recently stored go (see `store`)."""
 
     def __init__(self, max_users: int, ttl_seconds: float = 0.0) -> None:
         self.max_users = max_users
         self.max_age = ttl_seconds / 2 if ttl_seconds else float("inf")
         self._seq: dict[int, bytes] = {}
-        # Plain dicts in least recently stored order: a store takes its users out and puts
-        # them back at the end (2.4x cheaper than OrderedDict's update and move_to_end).
+        # Plain dicts in least recently stored order (near the bound, see `store`): a store
+        # takes its users out and puts them back at the end (2.4x cheaper than OrderedDict's
+        # update and move_to_end).
         self._users: dict[int, dict[str, CachedState]] = {}
 
     def seq(self, p: int) -> bytes | None:
