@@ -26,15 +26,6 @@ def test_the_least_recently_stored_users_are_evicted_first():
     assert cache.lookup(0, ["a"])[0][1] == 2 and cache.seq(0) == b"3"
 
 
-def test_below_the_bound_a_user_stored_again_keeps_its_place():
-    # the move to the end costs a pop per user, and only matters once users go
-    cache = StateCache(max_users=5)
-    cache.store(0, b"1", {u: state(1) for u in "abcd"})
-    cache.store(0, b"2", {"a": state(2)})  # 5 at most: a keeps its first place
-    cache.store(0, b"3", {"e": state(3), "f": state(3)})  # one over: a goes, with its state 2
-    assert cached(cache, 0, list("abcdef")) == ["b", "c", "d", "e", "f"]
-
-
 def test_the_bound_counts_every_partition_and_evicts_from_the_one_storing():
     cache = StateCache(max_users=3)
     cache.store(0, b"1", {"a": state(1), "b": state(1)})

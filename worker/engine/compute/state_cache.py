@@ -47,16 +47,14 @@ CachedState = tuple[
 
 
 class StateCache:
-    """Committed user states, one region per partition, each tied to a sequence; at its bound
-    the least recently stored go (see `store`)."""
+    """LRU of committed user states, one region per partition, each tied to a sequence."""
 
     def __init__(self, max_users: int, ttl_seconds: float = 0.0) -> None:
         self.max_users = max_users
         self.max_age = ttl_seconds / 2 if ttl_seconds else float("inf")
         self._seq: dict[int, bytes] = {}
-        # Plain dicts in least recently stored order (near the bound, see `store`): a store
-        # takes its users out and puts them back at the end (2.4x cheaper than OrderedDict's
-        # update and move_to_end).
+        # Plain dicts in least recently stored order: a store takes its users out and puts
+        # them back at the end (2.4x cheaper than OrderedDict's update and move_to_end).
         self._users: dict[int, dict[str, CachedState]] = {}
 
     def seq(self, p: int) -> bytes | None:
@@ -82,16 +80,10 @@ class StateCache:
             return
         region = self._users.setdefault(p, {})
         self._seq[p] = seq
-        if sum(map(len, self._users.values())) + len(entries) > self.max_users:
-            # Near the bound the order decides who goes: the users stored move to the end.
-            # Below it nobody goes, and the move (a pop per user, ~4% of the worker's time at
-            # 50,000 users) is skipped: a user stored again then keeps its first place, so
-            # once the bound is reached it may go before users stored after it (it costs one
-            # state read, never a wrong state: the sequence vouches for what is kept).
-            for u in entries:
-                region.pop(u, None)
+        for u in entries:
+            region.pop(u, None)
         region.update(entries)
-        over = sum(map(len, self._users.values())) - self.max_users
+        over = sum(len(r) for r in self._users.values()) - self.max_users
         if over > 0:  # the least recently stored users of this partition go
             for u in list(islice(region, min(over, len(region)))):
                 del region[u]
