@@ -3,6 +3,10 @@
 # test extra, lints, and runs the suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Bytecode cached for the suite's hundreds of Python processes (an image may set this off):
+# without it every process compiles the project's modules again (a worker's ~0.08 s of CPU)
+# and every pytest worker rewrites the tests' asserts again (collection 5.1 -> 2.7 s of CPU).
+unset PYTHONDONTWRITEBYTECODE
 source scripts/venv.sh
 ensure_venv test
 bash scripts/deploy_tools.sh  # promtool and prometheus for the deploy tests (cached)

@@ -48,15 +48,17 @@ _PROCESS_CALLS = ("run_cli(", "WorkerProcess(", "subprocess.", "LocalRedis(", "c
 
 
 # The longest files, longest first (two suite runs on 4 workers, EPYC at load 5-9, 2026-12-06:
-# 60-250 s of wall time each, by their CPU and their wall): run first (scripts/test.sh keeps
-# this order), so that on the suite's workers they start at once instead of becoming the tail.
+# 60-250 s of wall time each, by their CPU and their wall; test_cluster_failover, 24-34 s of wall
+# in a 2-worker run, mostly waiting, added after it): run first (scripts/test.sh keeps this
+# order), so that on the suite's workers they start at once instead of becoming the tail.
 _LONG_FILES = ("test_deploy_image.py", "test_readme.py", "test_longrange.py",
                "test_cli_errors.py", "test_cli_judging.py", "test_resize.py", "test_cluster.py",
                "test_deploy_acl.py", "test_lifecycle.py", "test_bench.py", "test_training.py",
                "test_worker_faults.py", "test_cli_explain.py", "test_cli_train.py",
                "test_cli_rules.py", "test_promotion_cli.py", "test_cli_model.py",
-               "test_webhooks_delivery.py", "test_registry.py", "test_deploy_prometheus.py",
-               "test_cli_help.py", "test_actions_live.py", "test_worker.py")  # fmt: skip
+               "test_webhooks_delivery.py", "test_cluster_failover.py", "test_registry.py",
+               "test_deploy_prometheus.py", "test_cli_help.py", "test_actions_live.py",
+               "test_worker.py")  # fmt: skip
 
 
 def _start_rank(item: pytest.Item) -> int:

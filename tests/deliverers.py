@@ -18,7 +18,8 @@ from worker.common.local_redis import free_port
 
 # short waits, so the faults' retries and take-overs happen within a test
 FAST = ["--block-ms", "100", "--webhook-poll-seconds", "0.2", "--webhook-retry-cap-seconds",
-        "1", "--webhook-claim-idle-seconds", "2", "--log-format", "json"]  # fmt: skip
+        "1", "--webhook-claim-idle-seconds", "2", "--webhook-measure-seconds", "0.5",
+        "--log-format", "json"]  # fmt: skip
 
 
 class DelivererProcess(LoggedProcess):

@@ -109,6 +109,14 @@ def sign_in(page, stack: Stack, token: str = EDITOR_TOKEN) -> None:
     page.wait_for_url(f"{stack.url}/")
 
 
+def took_rule(stack: Stack, name: str) -> bool:
+    """Whether the worker has logged taking a rule set that holds `name`."""
+    return any(
+        "intent rules changed" in line and f'"{name}"' in line
+        for line in stack.worker.log().splitlines()
+    )
+
+
 def shot(page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -148,6 +156,8 @@ def test_a_rule_made_in_the_form_is_backtested_saved_and_acted_on(page, stack):
     page.wait_for_url(f"{stack.url}/rules?saved=from-browser")
     expect(page.locator("tr[data-rule=from-browser]")).to_be_visible()
     assert read_rule(stack.r, KEYS, "from-browser").above == 0.0
+    # events scored before the worker takes the rule fire nothing, and no more come
+    wait_for(lambda: took_rule(stack, "from-browser"), WAIT_MS / 1000, "the worker's new rule")
     page.goto(f"{stack.url}/actions")
     publish_events(stack.r, 200, 10, seed=13)
     row = page.locator("#actions tr", has_text="from-browser").first

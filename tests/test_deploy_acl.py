@@ -11,16 +11,16 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from model.artifact import random_model, save_model
 from model.data.synthetic import synthetic_events
 from tests.conftest import NO_TEST_USERS, local_cluster
-from tests.deploy_tools import DEPLOY, clean_env
+from tests.deploy_tools import DEPLOY, clean_env, scrape_text
 from tests.workers import count_scores, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys
@@ -147,6 +147,32 @@ def shadow_scored(admin: redis.Redis) -> int:
     return sum(f.get(b"shadow_model") == b"1" for _, f in admin.xrange("intentstream:scores:{0}"))
 
 
+def worker_gauges(metrics_port: int) -> dict[str, float]:
+    """The worker's gauges and counters by sample name (labels dropped: the last wins)."""
+    text = scrape_text(metrics_port)
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def shadow_version(metrics_port: int) -> float:
+    return worker_gauges(metrics_port)["intentstream_shadow_model_version"]
+
+
+def maintained(metrics_port: int) -> bool:
+    """Whether the worker's maintenance tick has run (every 10 s, the first at its first
+    round): only the tick sets the Redis memory and lag gauges."""
+    gauges = worker_gauges(metrics_port)
+    return gauges.get("intentstream_redis_memory_used_bytes", 0) > 0 and (
+        "intentstream_lag_entries" in gauges
+    )
+
+
+def measured_oldest(admin: redis.Redis) -> bool:
+    """Whether the deliverer's measure of the oldest undelivered action has reached its last
+    step: the trimmed actions' script, the only EVALSHA in that test (refused or not)."""
+    stats = admin.info("commandstats").get("cmdstat_evalsha", {})
+    return sum(stats.get(k, 0) for k in ("calls", "rejected_calls", "failed_calls")) > 0
+
+
 def scored_by(admin: redis.Redis, version: str) -> int:
     return sum(
         f.get(b"model") == version.encode() for _, f in admin.xrange("intentstream:scores:{0}")
@@ -237,7 +263,10 @@ def test_each_user_does_its_job_and_nothing_else(acl_redis, tmp_path):
         wait_for(lambda: shadow_scored(admin) == 50, 60, "shadow scores")
         result = cli("model", "shadow", "--off", "--redis-url", url(port, "trainer"))
         assert result.returncode == 0, result.stderr
-        time.sleep(1)  # a maintenance tick or two (trim, gauges) under the worker's user
+        wait_for(lambda: shadow_version(metrics_port) == 0 or admin.acl_log(), 30,
+                 "the worker following the shadow's end")  # fmt: skip
+        wait_for(lambda: maintained(metrics_port) or admin.acl_log(), 30,
+                 "a maintenance tick (trim, gauges) under the worker's user")  # fmt: skip
     finally:
         worker.terminate()
         code = worker.wait(30)
@@ -416,11 +445,12 @@ def test_the_users_do_their_jobs_on_a_cluster(acl_cluster, tmp_path):
 
     # worker: follows the registry, consumes and commits on every master
     log_path = tmp_path / "worker.log"
+    metrics_port = free_port()
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
             [str(Path(sys.executable).parent / "intentstream"), "worker", "--cluster",
              "--redis-url", node_url(port, "worker"), "--partitions", str(CLUSTER_P),
-             "--metrics-port", "0", "--block-ms", "200", "--consumer", "w1"],
+             "--metrics-port", str(metrics_port), "--block-ms", "200", "--consumer", "w1"],
             stdout=log, stderr=log, env=clean_env(),
         )  # fmt: skip
     try:
@@ -436,7 +466,8 @@ def test_the_users_do_their_jobs_on_a_cluster(acl_cluster, tmp_path):
         assert "falls back" not in result.stderr
         wait_for(lambda: count_scores(admin, partitions=CLUSTER_P) == len(events) + 300, 120,
                  "the events sent through the function scored")  # fmt: skip
-        time.sleep(1)  # a maintenance tick (gauges, trim) under the worker's user
+        wait_for(lambda: maintained(metrics_port) or acl_denials(acl_cluster), 30,
+                 "a maintenance tick (trim, gauges) under the worker's user")  # fmt: skip
     finally:
         worker.terminate()
         code = worker.wait(30)
@@ -507,7 +538,8 @@ def test_the_deliverer_delivers_under_its_user(acl_redis, tmp_path):
                      ["webhooks", "replay", "crm"]):  # fmt: skip
             result = cli(*args, "--redis-url", url(port, "deliverer"))
             assert result.returncode == 0, f"{args}: {result.stdout}{result.stderr}"
-        time.sleep(6)  # a measure of the oldest undelivered action (every 5 s) under its user
+        measure = "a measure of the oldest undelivered action (every 5 s) under its user"
+        wait_for(lambda: measured_oldest(admin) or admin.acl_log(), 30, measure)
         assert deliverer.terminate() == 0
     finally:
         deliverer.kill()

@@ -41,8 +41,9 @@ ELSEWHERE = {
 SAMPLE = ROOT / "tests" / "data" / "rees46_sample.csv"
 # Long-running commands get a bound; the rest of each line runs unchanged.
 BOUNDED = {
-    # a guard only: the test stops the worker once it has committed every entry (run_worker)
-    "intentstream worker": " --max-seconds 300 --metrics-port 0",
+    # a guard only: the test stops the worker once it has committed every entry (run_worker);
+    # a SIGTERM waits for the blocking read in hand (1 s by default: a second per run here)
+    "intentstream worker": " --max-seconds 300 --metrics-port 0 --block-ms 200",
     "intentstream bench": " --events 3000 --users 300 --subset 300 --repeat 1 --latency-seconds 1",
     # train judges its model against two fitted baselines on the held-out users: on the 60,000
     # events the models guide publishes that took two of this test's 2.2 minutes. A tenth of

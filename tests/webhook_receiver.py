@@ -34,6 +34,9 @@ class Received:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's backlog of 5: reconnects after resets and stalls could fill it, and a
+    # dropped SYN costs its client a 1-s retransmit
+    request_queue_size = 128
 
     def handle_error(self, request, client_address) -> None:
         pass  # a client that gave up (a stall) or a reset: expected here
@@ -56,7 +59,8 @@ class Receiver:
 
     def start(self) -> Receiver:
         self._server = _Server(("127.0.0.1", self.port), self._handler())
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        # a short poll: stop() (shutdown) waits for the loop to see it, 0.5 s by default
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
     def stop(self) -> None:

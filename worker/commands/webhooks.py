@@ -37,6 +37,7 @@ DELIVER_FLAGS = [
     "webhook_max_held",
     "webhook_claim_idle_seconds",
     "webhook_poll_seconds",
+    "webhook_measure_seconds",
 ]
 
 _EXAMPLES = """\

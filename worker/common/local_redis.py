@@ -276,13 +276,16 @@ class LocalCluster:
         """Start the nodes, create the cluster and wait until every node says it is ok."""
         cli = redis_cli_binary()
         login = ("--masteruser", self.auth[0], "--masterauth", self.auth[1]) if self.auth else ()
+        # Redis 7 waits 5 s (repl-diskless-sync-delay) before a full sync, for more replicas
+        # to share it: a master here has one, so each start waited 5 of its 7 s for it.
         for _ in range(self.masters * (1 + self.replicas)):
             node = LocalRedis(
                 port=free_cluster_port(),
                 appendonly=self.appendonly,
                 extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                        "--cluster-node-timeout", str(self.node_timeout_ms),
-                       "--appendfsync", "everysec", *login, *self.extra),
+                       "--appendfsync", "everysec", "--repl-diskless-sync-delay", "0",
+                       *login, *self.extra),
                 auth=self.auth,
             )  # fmt: skip
             self.nodes.append(node.start())

@@ -214,6 +214,12 @@ class DeliverySettings(Settings):
     webhook_poll_seconds: float = Field(
         2.0, gt=0, description="how often to re-read the endpoints (webhooks add|remove)"
     )
+    webhook_measure_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="how often to measure each endpoint's oldest undelivered action and "
+        "count the actions trimmed before it read them",
+    )
 
 
 class SettingsError(ValueError):

@@ -67,6 +67,7 @@ class Deliverer:
             max_held=settings.webhook_max_held,
             claim_idle_ms=int(settings.webhook_claim_idle_seconds * 1000),
             block_ms=settings.block_ms,
+            measure_seconds=settings.webhook_measure_seconds,
         )
 
     def run(self) -> None:

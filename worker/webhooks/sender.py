@@ -33,7 +33,6 @@ from worker.webhooks.trimmed import TrimmedCount
 log = logging.getLogger("intentstream.webhooks")
 
 READ_COUNT = 100  # entries per read
-OLDEST_EVERY = 5.0  # seconds between two measures of the oldest undelivered action
 
 
 @dataclass(frozen=True)
@@ -44,6 +43,7 @@ class SenderConfig:
     max_held: int
     claim_idle_ms: int
     block_ms: int
+    measure_seconds: float  # between two measures of the oldest undelivered action
 
 
 @dataclass(order=True)
@@ -125,7 +125,7 @@ class Sender:
             # a full step: more may wait (a dead deliverer's backlog), take them next round
             self._claimed = now if len(claimed) < READ_COUNT else 0.0
             self._deliver_all(claimed, pending=True)
-        if self.measures_oldest and now - self._measured > OLDEST_EVERY:
+        if self.measures_oldest and now - self._measured > self.config.measure_seconds:
             self._measured = now
             self._measure_oldest()
         room = self.config.max_held - len(self.held)
