@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.engine.compute.state_cache import StateCache
+from worker.engine.compute.state_cache import StateCache, copy_known
+from worker.engine.compute.user_states import UserStates
 
 
 def state(n: int) -> tuple:
@@ -39,3 +40,26 @@ def test_a_cache_of_no_users_keeps_nothing():
     cache = StateCache(max_users=0)
     cache.store(0, b"1", {"a": state(1)})
     assert cache.lookup(0, ["a"]) == [None] and cache.seq(0) is None
+
+
+def known_state(k: int) -> tuple:
+    """A cached state whose every field says k."""
+    h = np.full((1, 2), k, np.float32).tobytes()
+    return (h, k, (k, k), k, b"e%d" % k, b"r%d" % k, float(k), None, float("nan"), b"u%d" % k,
+            b"", b"i%d" % k, 0.0)  # fmt: skip
+
+
+def test_known_states_land_in_their_rows_whether_every_row_or_some_are_known():
+    for rows in ([0, 1, 2], [2, 0], [1], [0, 2, 1]):
+        states = UserStates.empty(["a", "b", "c"], (1, 2))
+        copy_known(states, rows, [known_state(10 + r) for r in rows])
+        for r in range(3):
+            k = 10 + r if r in rows else None
+            assert states.last_id[r] == ((k, k) if k else (-1, -1))
+            assert states.event_ids[r] == (b"e%d" % k if k else b"")
+            assert states.recent[r] == (b"r%d" % k if k else b"")
+            assert states.rules[r] == (b"u%d" % k if k else b"")
+            assert states.items[r] == (b"i%d" % k if k else b"")
+            assert states.h[r].tolist() == ([[k, k]] if k else [[0, 0]])
+            assert states.n[r] == (k or 0) and states.last_ts[r] == (k or -1)
+        assert len(states.last_id) == len(states.recent) == 3
