@@ -147,14 +147,19 @@ def resp_commands(template: Sequence, rows: np.ndarray | None = None) -> memoryv
     the constant parts (hiredis would pack each argument apart, ~0.3 µs each). A few rows
     (at low traffic, a batch of an event or two) are packed by hiredis instead: the
     framers' fixed cost, ~60-80 µs a call on the 2-core VM, is more than theirs."""
-    flags = [isinstance(x, _COLUMNS) for x in template]
-    columns = [x for x, column in zip(template, flags, strict=True) if column]
-    n = len(columns[0]) if columns else 0
-    order = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
-    if not len(order):
+    at = [i for i, x in enumerate(template) if isinstance(x, _COLUMNS)]
+    n = len(template[at[0]]) if at else 0
+    count = n if rows is None else len(rows)
+    if not count:
         return memoryview(b"")
-    if len(order) <= FEW_ROWS and 0 < n <= 4 * FEW_ROWS:  # each column converted whole
-        return memoryview(_few_commands(template, flags, order))
+    if count <= FEW_ROWS and 0 < n <= 4 * FEW_ROWS:  # each column converted whole
+        picked = range(n) if rows is None else np.asarray(rows, np.int64).tolist()
+        return memoryview(_few_commands(template, at, picked))
+    flags = [False] * len(template)
+    for i in at:
+        flags[i] = True
+    columns = [template[i] for i in at]
+    order = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
     between: list[list] = [[]]  # the constants before each column, and after the last
     for item, column in zip(template, flags, strict=True):
         if column:
@@ -177,15 +182,14 @@ def resp_commands(template: Sequence, rows: np.ndarray | None = None) -> memoryv
     return memoryview(_interleaved(data, starts, seg, seg_at, order))
 
 
-def _few_commands(template: Sequence, flags: list[bool], order: np.ndarray) -> bytes:
+def _few_commands(template: Sequence, at: list[int], rows: Sequence[int]) -> bytes:
     """resp_commands's bytes for a few rows, each command packed by hiredis from its
-    arguments (as_arguments: the same bytes the framers write); `flags`: which items are
-    columns."""
+    arguments (as_arguments: the same bytes the framers write); `at`: where the columns
+    are. No numpy on the way: at low traffic its calls' fixed cost was most of this."""
     args = list(template)
-    columns = [(i, as_arguments(x)) for i, (x, column) in enumerate(zip(template, flags,
-               strict=True)) if column]  # fmt: skip
+    columns = [(i, as_arguments(template[i])) for i in at]
     out = []
-    for r in order.tolist():
+    for r in rows:
         for i, values in columns:
             args[i] = values[r]
         out.append(hiredis.pack_command(tuple(args)))
