@@ -56,7 +56,7 @@ def test_help_shows_defaults():
     assert "(default: 0.005)" in flat and "(default: adam)" in flat
     assert "--min-type-count" in flat and "(default: 10)" in flat
     worker = " ".join(run_cli("worker", "--help").stdout.split())
-    assert "env INTENTSTREAM_BATCH_SIZE; default: 512" in worker
+    assert "env INTENTSTREAM_BATCH_SIZE; default: 1024" in worker
     assert "unix://" in worker  # the URL forms a user may give
     assert "--log-level" in worker and "log level: DEBUG, INFO" in worker
     demo = " ".join(run_cli("demo", "--help").stdout.split())

@@ -41,6 +41,7 @@ from worker.common.cli_help import HelpFormatter
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalCluster, LocalRedis
+from worker.common.settings import DEFAULT_BATCH_SIZE
 from worker.producers.publisher import publish
 
 KEYS = Keys()
@@ -332,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=200_000, help="backlog size")
     p.add_argument("--users", type=int, default=50_000, help="distinct users in the backlog")
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the random model")
-    p.add_argument("--batch-size", type=int, default=512, help="entries per read")
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                   help="entries per read (the worker's default)")  # fmt: skip
     p.add_argument("--latency-seconds", type=float, default=5.0, help="the latency phase")
     p.add_argument("--blas-threads", type=int, default=None,
                    help="OPENBLAS_NUM_THREADS for the workers (default: inherited)")  # fmt: skip

@@ -63,6 +63,7 @@ from worker.common.cli_help import HelpFormatter
 from worker.common.connection import connect
 from worker.common.dedup import DEFAULT_WINDOW, DEFAULT_WINDOW_SECONDS, packed_times, parse_times
 from worker.common.local_redis import LocalRedis
+from worker.common.settings import DEFAULT_BATCH_SIZE
 from worker.engine.compute.recent import extended, pack, unpack
 from worker.lifecycle.model_source import FileModelSource
 
@@ -318,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--users", type=int, default=50_000, help="distinct users in the backlog")
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the random model")
     p.add_argument("--cell", choices=["rnn", "gru", "lstm"], default="rnn", help="the model's cell")
-    p.add_argument("--batch-size", type=int, default=512, help="entries per read")
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                   help="entries per read (the worker's default)")  # fmt: skip
     p.add_argument("--subset", type=int, default=20_000, help="events for the slow variants d, e")
     p.add_argument("--variants", default="afbcde", help="run in this order, each repeat")
     p.add_argument("--repeat", type=int, default=1, help="rounds over the variants (medians)")

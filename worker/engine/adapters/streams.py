@@ -178,7 +178,7 @@ return redis.error_reply('NOGROUP ' .. group .. ' of ' .. stream)
 )
 
 # Entries a seek counts at most inside Redis (about 1 µs each): a worker's reads in flight
-# (two batches of the default 512) fit, with room.
+# (two batches of the default 1024) fit.
 SEEK_WALK_CAP = 2048
 
 # Why a seek refused the partition's position (SEEK_SCRIPT): `intentstream_partition_stopped`.
