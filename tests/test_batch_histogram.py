@@ -1,4 +1,4 @@
-"""BatchHistogram (worker/engine/adapters/metrics.py): a few values counted one by one land in
+"""BatchHistogram (worker/engine/adapters/histograms.py): a few values counted one by one land in
 the buckets numpy's path gives them, le semantics included."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine.adapters.metrics import FEW_VALUES, BatchHistogram
+from worker.engine.adapters.histograms import FEW_VALUES, BatchHistogram
 
 BOUNDS = (0.001, 0.005, 0.01, 0.1, 1.0)
 VALUES = st.one_of(st.sampled_from([0.0, *BOUNDS, 2.0, -1.0]), st.floats(-1, 5))
