@@ -29,7 +29,7 @@ import hiredis
 import numpy as np
 import redis
 
-from worker.bench.scaling import process_cpu
+from worker.bench.scaling import id_ms, process_cpu
 from worker.bench.workload import SCORES, STREAM, preload, sampled_state_keys
 from worker.engine.compute.lean_state import as_fields
 
@@ -62,10 +62,6 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float, what: str) -> No
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.01)
-
-
-def id_ms(entry_id: bytes) -> int:
-    return int(entry_id.split(b"-")[0])
 
 
 def redis_cpu(r: redis.Redis) -> float:

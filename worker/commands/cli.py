@@ -159,9 +159,7 @@ def _add_train_flags(tr: argparse.ArgumentParser) -> None:
     add_data_format_flags(tr)
     add_setting_flags(tr, ["redis_url", "cluster", "prefix", "partitions", "socket_timeout"])
     add_input_flags(tr)
-    from worker.commands.train import (
-        add_train_config_flags,  # TrainConfig: model/training/config.py
-    )
+    from worker.commands.train import add_train_config_flags
 
     add_train_config_flags(tr)
     tr.add_argument(
