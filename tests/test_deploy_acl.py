@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from model.artifact import random_model, save_model
 from model.data.synthetic import synthetic_events
 from tests.conftest import NO_TEST_USERS, local_cluster
-from tests.deploy_tools import DEPLOY, clean_env, scrape_text
+from tests.deploy_tools import DEPLOY, clean_env
+from tests.test_worker import scrape
 from tests.workers import count_scores, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys
@@ -147,22 +147,16 @@ def shadow_scored(admin: redis.Redis) -> int:
     return sum(f.get(b"shadow_model") == b"1" for _, f in admin.xrange("intentstream:scores:{0}"))
 
 
-def worker_gauges(metrics_port: int) -> dict[str, float]:
-    """The worker's gauges and counters by sample name (labels dropped: the last wins)."""
-    text = scrape_text(metrics_port)
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-
-
 def shadow_version(metrics_port: int) -> float:
-    return worker_gauges(metrics_port)["intentstream_shadow_model_version"]
+    return scrape(metrics_port)["intentstream_shadow_model_version"]
 
 
 def maintained(metrics_port: int) -> bool:
     """Whether the worker's maintenance tick has run (every 10 s, the first at its first
     round): only the tick sets the Redis memory and lag gauges."""
-    gauges = worker_gauges(metrics_port)
-    return gauges.get("intentstream_redis_memory_used_bytes", 0) > 0 and (
-        "intentstream_lag_entries" in gauges
+    gauges = scrape(metrics_port)
+    return gauges.get("intentstream_redis_memory_used_bytes", 0) > 0 and any(
+        name.startswith("intentstream_lag_entries{") for name in gauges
     )
 
 
