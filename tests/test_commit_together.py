@@ -1,9 +1,11 @@
 """At low traffic a node's partitions commit together (engine/adapters/together.py): every
-commit's checks go out before any transaction, and each commit's checks stay its own: a
-refused commit among them leaves the others applied once. On one Redis the commits that pass
-go in one transaction on one connection (a lost reply leaves them all unsettled, each counted
-once Redis shows it applied); on a cluster each has a connection of its own (a lost one
-leaves the others as they are): both ways run here on one Redis."""
+commit's checks go out before any transaction, and each commit's checks stay its own. On one
+Redis the batches are built as one (compute/joint.py) and their commits go in one
+transaction on one connection, all or none: a refused one withholds the others, each sent
+again alone; a lost reply leaves them all unsettled, each counted once Redis shows it
+applied; what they count is what the batches count alone. On a cluster each has a
+connection of its own: a refused or lost one leaves the others applied once. Both ways run
+here on one Redis."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tests.workers import score_entries, wait_for
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
 from worker.engine.adapters.commit import CommitRefusedError, CommitResult
+from worker.engine.adapters.together import WITHHELD
 from worker.producers.publisher import publish
 
 pytestmark = pytest.mark.integration
@@ -93,10 +96,10 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     redis_server, model_path, one_transaction
 ):
     """Of one round's commits sent together: one meets a conflict (another writer moved its
-    sequence on), one a lease taken by another, one loses its reply after applying (in one
-    transaction, the replies of those settled after it are lost with it). The others apply
-    and count once; the conflicting one is computed and sent again, the lost ones counted
-    when Redis shows them applied, the taken one scored once its lease is back."""
+    sequence on), one a lease taken by another, one loses its reply after applying. On a
+    cluster the others apply and count once; on one Redis (built as one) they are withheld
+    and each sent again alone. The conflicting one is computed and sent again, the lost one
+    counted when Redis shows it applied, the taken one scored once its lease is back."""
     r = connect(redis_server.url)
     events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(400, 60, seed=5))]
     publish(r, events, partitions=P)
@@ -104,19 +107,21 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     consumer.together.one_transaction = one_transaction  # False: as on a cluster
     commit_together, settled = consumer.together.commit, consumer.committer.settled
     outcomes: dict[int, object] = {}
+    lost: list[int] = []
 
-    def first_round_meddled(client, commits):
+    def first_round_meddled(client, commits, *whole):
         if outcomes:
-            return commit_together(client, commits)
+            return commit_together(client, commits, *whole)
         r.incr(KEYS.commit_seq(2))  # another writer's commit
         r.set(KEYS.lease(5), "another-worker")
-        got = commit_together(client, commits)
+        got = commit_together(client, commits, *whole)
         outcomes.update({c.partition: o for (c, _), o in zip(commits, got, strict=True)})
         return got
 
     def reply_lost_once(conn, commit, prepared, replies):
         result = settled(conn, commit, prepared, replies)
-        if commit.partition == 6 and 6 not in outcomes:
+        if commit.partition == 6 and not lost:
+            lost.append(6)
             raise redis.ConnectionError("reply lost")
         return result
 
@@ -135,14 +140,101 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     wait_for(tick, what="every event scored")
     assert sorted(outcomes) == list(range(P))  # all eight went together
     assert outcomes[2].reason == "conflict" and outcomes[5].reason == "not_owned"
-    lost = (6, 7) if one_transaction else (6,)  # settled in partition order
-    assert all(isinstance(outcomes[p], redis.ConnectionError) for p in lost)
-    assert all(isinstance(outcomes[p], CommitResult) for p in {0, 1, 3, 4, 7} - set(lost))
-    assert isinstance(outcomes[2], CommitRefusedError)
+    others = {0, 1, 3, 4, 6, 7}
+    if one_transaction:  # built as one: all or none
+        assert all(outcomes[p] is WITHHELD for p in others)
+    else:
+        assert isinstance(outcomes[6], redis.ConnectionError)
+        assert all(isinstance(outcomes[p], CommitResult) for p in others - {6})
+    assert lost == [6]
     assert consumer.metrics.count("scored") == len(events)
     assert consumer.metrics.count("duplicate") == 0
     assert_scored_once_as_offline(r, events, model_path)
     consumer.close()
+
+
+def counted(consumer) -> dict[tuple, float]:
+    """The worker's counters of what applied: outcomes, labelled sessions, resends
+    forgotten early, unknown types, state resets (0 left out)."""
+    names = ("intentstream_events_total", "intentstream_labelled_sessions_total",
+             "intentstream_resend_window_overflow_total", "intentstream_unknown_type_events_total",
+             "intentstream_state_resets_total")  # fmt: skip
+    out = {}
+    for metric in consumer.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name in names and sample.value:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def add_unstamped(r, events: list[dict], keys: Keys) -> None:
+    """XADD each event to its user's partition as a producer without publish()'s stamps
+    would: resends are known by their event_id alone, which the bound may forget."""
+    pipe = r.pipeline(transaction=False)
+    for e in events:
+        fields = {k: str(v) for k, v in e.items()}
+        pipe.xadd(keys.events(partition_of(e["user_id"], P)), fields)  # type: ignore[arg-type]
+    pipe.execute()
+
+
+def test_a_round_built_as_one_counts_what_its_batches_count_alone(redis_server, model_path):
+    """The same events under two prefixes: one worker builds each round's batches as one
+    (with a refusal that withholds a group and a lost reply that leaves one unsettled), the
+    other builds and sends every batch alone. Their scores and every count are the same:
+    the group's sums (labelled sessions, resends forgotten early) counted once."""
+    r = connect(redis_server.url)
+    events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(600, 40, seed=8))]
+    rounds = [events[i : i + 60] for i in range(0, len(events), 60)]
+    rounds[3] = rounds[3] + rounds[1][:20]  # a producer's resends
+    workers = {}
+    for prefix in ("joint", "alone"):
+        workers[prefix] = in_process_consumer(redis_server.url, model_path, partitions=P,
+                                              prefix=prefix, event_id_window=2)  # fmt: skip
+    workers["alone"]._low_traffic = list  # every batch built and sent alone
+    joint = workers["joint"]
+    commit_together, settled = joint.together.commit, joint.committer.settled
+    meddled: list[str] = []
+
+    def refused_then_lost(client, commits, *whole):
+        if not meddled:
+            meddled.append("refused")
+            r.incr(Keys("joint").commit_seq(commits[-1][0].partition))  # another writer
+        return commit_together(client, commits, *whole)
+
+    def reply_lost(conn, commit, prepared, replies):
+        result = settled(conn, commit, prepared, replies)
+        if meddled == ["refused"]:
+            meddled.append("lost")
+            raise redis.ConnectionError("reply lost")
+        return result
+
+    joint.together.commit = refused_then_lost
+    joint.committer.settled = reply_lost
+    sent = 0
+    for batch in rounds:
+        sent += len(batch)
+        for prefix, consumer in workers.items():
+            add_unstamped(r, batch, Keys(prefix))
+
+            def tick(consumer=consumer, sent=sent) -> bool:
+                try:
+                    consumer.tick()
+                except redis.ConnectionError as exc:
+                    consumer.recover(exc)
+                applied = sum(consumer.metrics.count(o) for o in ("scored", "duplicate"))
+                return applied >= sent
+
+            wait_for(tick, what=f"the round scored by {prefix}")
+    assert meddled == ["refused", "lost"]
+    assert counted(joint) == counted(workers["alone"])
+    assert joint.metrics.count("duplicate") >= 1  # most resends: forgotten early (a bound of 2)
+    assert any(k[0] == "intentstream_labelled_sessions_total" for k in counted(joint))
+    assert any(k[0] == "intentstream_resend_window_overflow_total" for k in counted(joint))
+    scores = {p: {e["event_id"]: e["score"] for e in score_entries(r, p, partitions=P)}
+              for p in workers}  # fmt: skip
+    assert scores["joint"] == scores["alone"] and len(scores["joint"]) == len(events)
+    for consumer in workers.values():
+        consumer.close()
 
 
 def test_a_key_changed_before_their_one_exec_refuses_them_all_and_each_applies_once(
@@ -166,8 +258,8 @@ def test_a_key_changed_before_their_one_exec_refuses_them_all_and_each_applies_o
             r.incr(KEYS.commit_seq(3))  # after the checks, before the transaction
         return writes(*args)
 
-    def recorded(client, commits):
-        got = commit_together(client, commits)
+    def recorded(client, commits, *whole):
+        got = commit_together(client, commits, *whole)
         outcomes.append(got)
         return got
 

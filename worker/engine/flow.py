@@ -27,7 +27,7 @@ from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.states import PartitionDataError, StateReader
-from worker.engine.adapters.together import Outcome, Together
+from worker.engine.adapters.together import WITHHELD, Outcome, Together
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.state_cache import CachedState, written
@@ -155,19 +155,26 @@ class BatchFlow:
 
     def together(self, batches: list[Batch]) -> None:
         """A node's batches at low traffic (Consumer._low_traffic): their states read in one
-        round trip, their commits sent in two (adapters/together.py), each then settled as
-        if sent alone; one that could not go with them is processed alone after."""
+        round trip, built as one on one Redis (compute/joint.py), their commits sent in two
+        (adapters/together.py), each then settled as if sent alone; one that could not go
+        with them is processed alone after."""
         client = self.io.nodes.node_client(batches[0].partition) if self.cluster else self.r
         alone: list[Batch] = []
         if client is not None:
             t0 = time.perf_counter()
             states = self.io.together.read_states(client, batches, *self.io.models.spec())
             state_s = (time.perf_counter() - t0) / len(batches)
-            ready = [(b, self.compute(b, (st, state_s))) for b, st in
-                     zip(batches, states, strict=True) if st is not None]  # fmt: skip
+            read = [(b, st) for b, st in zip(batches, states, strict=True) if st is not None]
             alone = [b for b, st in zip(batches, states, strict=True) if st is None]
+            # on one Redis the group commits all or none, so it is built as one
+            whole = self.io.together.one_transaction and len(read) > 1
+            if whole:
+                ready = self._built_together(read, state_s)
+            else:
+                ready = [(b, self.compute(b, (st, state_s))) for b, st in read]
             t1 = time.perf_counter()
-            outcomes = self.io.together.commit(client, [(c.commit, c.prepared) for _, c in ready])
+            pairs = [(c.commit, c.prepared) for _, c in ready]
+            outcomes = self.io.together.commit(client, pairs, whole)
             commit_s = time.perf_counter() - t1
             failed: redis.RedisError | None = None
             for (batch, computed), outcome in zip(ready, outcomes, strict=True):
@@ -180,6 +187,16 @@ class BatchFlow:
                 raise failed
         for batch in batches if client is None else alone:
             self._guarded(batch.partition, self.process, batch)
+
+    def _built_together(
+        self, read: list[tuple[Batch, UserStates]], state_s: float
+    ) -> list[tuple[Batch, Computed]]:
+        """The batches' Commits built as one (compute/joint.py), each with its states."""
+        t0 = time.perf_counter()
+        commits = self.io.models.build_group([b for b, _ in read], [st for _, st in read])
+        model_s = (time.perf_counter() - t0) / len(read)
+        return [(b, Computed(st, c, None, (state_s, model_s), False))
+                for (b, st), c in zip(read, commits, strict=True)]  # fmt: skip
 
     def _settle_together(
         self, batch: Batch, computed: Computed, outcome: Outcome, commit_s: float,
@@ -196,6 +213,8 @@ class BatchFlow:
                 alone.append(batch)
         elif isinstance(outcome, REDIRECTS):
             alone.append(batch)  # sent alone, to the slot's node by a fresh slot map
+        elif outcome is WITHHELD:
+            alone.append(batch)  # another of its group was refused
         else:
             if isinstance(outcome, REDIS_DOWN):
                 self.io.parts[p].lost_reply(self.io.committer.token(commit), commit)

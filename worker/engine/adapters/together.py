@@ -9,6 +9,8 @@ reads of all go on one connection, and the commits go in two round trips for all
 - On one Redis, one connection: every commit's WATCH and checks in one send; then one
   transaction holding the writes of each commit whose checks passed (a refused one is left
   out, its verdict its own), each commit's outcome read from its own replies within EXEC's.
+  Commits built as one group (`whole`: compute/joint.py, the group's sums on its first)
+  go all or none: when one is refused, the others are withheld and sent again alone.
   Each commit stays all or nothing (they all do together); a watched key that changed
   before EXEC refuses them all as a conflict (each is computed and sent again), and a lost
   connection leaves them all unsettled (each counted once Redis shows it applied). One
@@ -45,7 +47,14 @@ from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.user_states import UserStates, distinct_users
 
-Outcome = CommitResult | CommitRefusedError | redis.RedisError
+
+class Withheld:
+    """A commit not sent: its group goes all or none, and another of it was refused."""
+
+
+WITHHELD = Withheld()
+
+Outcome = CommitResult | CommitRefusedError | redis.RedisError | Withheld
 
 
 class Together:
@@ -90,14 +99,15 @@ class Together:
         return out
 
     def commit(
-        self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]]
-    ) -> list[Outcome]:
+        self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]],
+        whole: bool = False,
+    ) -> list[Outcome]:  # fmt: skip
         """Apply commits of distinct partitions of `client`'s node (see the module's
-        docstring): for each, its result, its refusal, or the error it met (an error reply
+        docstring): for each, its result, its refusal, the error it met (an error reply
         with every reply read, or a connection error that leaves it unsettled: it may have
-        applied)."""
+        applied), or WITHHELD (`whole`, one Redis: all or none go)."""
         if self.one_transaction:
-            return self._in_one_transaction(client, commits)
+            return self._in_one_transaction(client, commits, whole)
         pool = client.connection_pool
         outcomes: list = [None] * len(commits)
         conns: list[redis.connection.Connection] = []
@@ -123,14 +133,15 @@ class Together:
         return outcomes
 
     def _in_one_transaction(
-        self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]]
-    ) -> list[Outcome]:
+        self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]],
+        whole: bool = False,
+    ) -> list[Outcome]:  # fmt: skip
         """On one Redis: every commit's WATCH and checks on one connection in one send, then
         one transaction of the writes of those whose checks passed (MULTI, each one's
         writes, EXEC), each settled from its own replies. Still all or nothing per commit
-        (and for them all); a refused commit is left out; a watched key changed before EXEC
-        refuses them all (`conflict`: each computed and sent again); a lost connection
-        leaves them all unsettled."""
+        (and for them all); a refused commit is left out (`whole`: the others are WITHHELD,
+        none goes); a watched key changed before EXEC refuses them all (`conflict`: each
+        computed and sent again); a lost connection leaves them all unsettled."""
         outcomes: list = [None] * len(commits)
         checks = [self.committer.checks(c) for c, _ in commits]
         pool = client.connection_pool
@@ -144,6 +155,11 @@ class Together:
             going = [i for i, v in enumerate(verdicts) if v.result is None]
             for i, verdict in enumerate(verdicts):
                 outcomes[i] = verdict.result
+            if whole and len(going) < len(commits):
+                # a resend found applied is withheld too: settled alone, by its own commit
+                outcomes = [WITHHELD if v.result is None or isinstance(v.result, CommitResult)
+                            else v.result for v in verdicts]  # fmt: skip
+                going = []
             if not going:
                 conn.send_packed_command([UNWATCH])
                 conn.read_response()

@@ -196,6 +196,15 @@ def build_commit(
     same events from its own states. With `rules` (not empty), the rules step over the
     scores and the Commit carries the actions they fire and the users' rule states.
     """
+    run, runs, parts = run_stages(batch, states, model, history_events, shadow, resends, rules)
+    return commit_of(run, runs[0], parts)
+
+
+def run_stages(
+    batch: Batch, states: UserStates, model: ScoringModel, history_events: int,
+    shadow: ScoringModel | None, resends: ResendWindow, rules: RuleTable | None,
+) -> tuple[Run, list[ModelRun], list[Part]]:  # fmt: skip
+    """`build_commit`'s stages: the Run, the models' runs (the current first) and the parts."""
     run = Run(batch, states, history_events, rules)
     runs = [model_run("current", model, states)]
     if shadow is not None and states.shadow is not None:
@@ -205,10 +214,10 @@ def build_commit(
         cell_stage(run, m)
     rows_stage(run)
     parts = [part for stage in STAGES if (part := stage(run, runs)) is not None]
-    return _core(run, runs[0], parts)
+    return run, runs, parts
 
 
-def _core(run: Run, current: ModelRun, parts: list[Part]) -> Commit:
+def commit_of(run: Run, current: ModelRun, parts: list[Part]) -> Commit:
     """The Commit: what every batch writes, from the core stages, and the parts."""
     batch, states, touched, picked = run.batch, run.states, run.touched, run.picked
     last = run.last_event[touched]

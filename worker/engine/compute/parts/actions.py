@@ -4,7 +4,7 @@ partition's actions stream, and each written user's rule states, in their state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,7 @@ import numpy as np
 from worker.common.keys import Keys
 from worker.engine.compute import actions as act
 from worker.engine.compute.actions import Action, ScoredEvents
-from worker.engine.compute.parts.part import Command, Part, Rows, decimals
+from worker.engine.compute.parts.part import Command, Part, Rows, Share, decimals
 from worker.engine.compute.stages import ModelRun, Run, gap_ms
 from worker.rules.step import Firings, RuleStates
 
@@ -49,6 +49,11 @@ class Actions(Part):
     def count(self, metrics: Any, quality: Any) -> None:
         for action in self.actions:
             metrics.actions.labels(action.rule).inc()
+
+    def share(self, s: Share) -> Actions:
+        first, end = s.scores.start, s.scores.stop
+        mine = [replace(a, row=a.row - first) for a in self.actions if first <= a.row < end]
+        return Actions(self.model, self.rules[s.rows], mine)
 
 
 def fired(run: Run, m: ModelRun) -> tuple[RuleStates, Firings, ScoredEvents]:

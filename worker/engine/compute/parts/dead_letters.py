@@ -9,7 +9,7 @@ from typing import Any
 
 from worker.common.keys import Keys
 from worker.engine.compute.batch import DeadLetter
-from worker.engine.compute.parts.part import Command, Part
+from worker.engine.compute.parts.part import Command, Part, Share
 from worker.engine.compute.stages import ModelRun, Run
 
 log = logging.getLogger("intentstream.worker")
@@ -66,6 +66,9 @@ class DeadLetters(Part):
         if self.letters:
             log.info("dead-lettered entries",
                      extra={"partition": self.partition, "count": len(self.letters)})  # fmt: skip
+
+    def share(self, s: Share) -> DeadLetters:
+        return DeadLetters(s.batch.partition, s.batch.dead)  # a group's batch has none
 
 
 def dead_letters_stage(run: Run, runs: list[ModelRun]) -> DeadLetters:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from worker.engine.compute.parts.part import Part
+from worker.engine.compute.parts.part import Part, Share
 from worker.engine.compute.stages import ModelRun, Run
 
 
@@ -22,6 +22,9 @@ class InputCounts(Part):
                 metrics.input_values.labels(name, "missing").inc(missing)
             if bad:
                 metrics.input_values.labels(name, "bad").inc(bad)
+
+    def share(self, s: Share) -> InputCounts:
+        return self if s.first else InputCounts(dict.fromkeys(self.counts, (0, 0)))
 
 
 def input_counts_stage(run: Run, runs: list[ModelRun]) -> InputCounts:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.engine.compute.items import packed_items
-from worker.engine.compute.parts.part import Part
+from worker.engine.compute.parts.part import Part, Share
 from worker.engine.compute.stages import ModelRun, Run
 
 
@@ -22,6 +22,9 @@ class ItemMemories(Part):
         """The field when the models declare item inputs, and when a state is rewritten
         whole (its memories, carried as read, would go with the key)."""
         return ["items", self.items] if self.write or rewrite else []
+
+    def share(self, s: Share) -> ItemMemories:
+        return ItemMemories(self.items[s.rows], self.write)
 
 
 def item_memories_stage(run: Run, runs: list[ModelRun]) -> ItemMemories:

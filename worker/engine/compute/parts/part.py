@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from worker.common.keys import Keys
+from worker.engine.compute.batch import Batch
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,18 @@ class Rows:
 
 # One command: its arguments, packed as they are.
 Command = tuple
+
+
+@dataclass(frozen=True)
+class Share:
+    """One batch's share of a Commit computed for a group of batches (compute/joint.py): its
+    batch, its state rows and score rows in the group's, and whether it is the group's first,
+    which carries the counts that are the group's sums."""
+
+    batch: Batch
+    rows: slice
+    scores: slice
+    first: bool
 
 
 class Part:
@@ -58,6 +71,11 @@ class Part:
 
     def count(self, metrics: Any, quality: Any) -> None:
         """Count what it wrote, once the commit applied (WorkerMetrics, LiveQuality)."""
+
+    def share(self, s: Share) -> Part:
+        """Its part of one batch's Commit, from a group's (compute/joint.py): its rows'
+        writes exactly, counts that are sums on the group's first batch alone."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how a group's splits")
 
 
 def decimals(values: np.ndarray) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact import label_type_of
-from worker.engine.compute.parts.part import Part
+from worker.engine.compute.parts.part import Part, Share
 from worker.engine.compute.quality import label_samples
 from worker.engine.compute.stages import ModelRun, Run, gap_ms
 
@@ -27,6 +27,12 @@ class Quality(Part):
                 quality.add(role, scores, labels)
                 metrics.labelled_sessions.labels(role, "positive").inc(int(labels.sum()))
                 metrics.labelled_sessions.labels(role, "negative").inc(int((~labels).sum()))
+
+    def share(self, s: Share) -> Quality:
+        if s.first:
+            return self
+        return Quality({role: (scores[:0], labels[:0]) for role, (scores, labels)
+                        in self.samples.items()})  # fmt: skip
 
 
 def samples_of(run: Run, m: ModelRun) -> tuple[np.ndarray, np.ndarray]:

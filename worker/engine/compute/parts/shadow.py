@@ -15,7 +15,7 @@ from model.scoring import ScoringModel
 from worker.engine.compute import actions as act
 from worker.engine.compute.items import memories_of
 from worker.engine.compute.parts.actions import fired
-from worker.engine.compute.parts.part import Part, decimals
+from worker.engine.compute.parts.part import Part, Share, decimals
 from worker.engine.compute.stages import ModelRun, Run
 from worker.engine.compute.user_states import UserStates
 
@@ -43,6 +43,11 @@ class Shadow(Part):
     def count(self, metrics: Any, quality: Any) -> None:
         for rule, n in self.fired.items():
             metrics.shadow_actions.labels(rule).inc(n)
+
+    def share(self, s: Share) -> Shadow:
+        rules = self.rules[s.rows] if self.rules is not None else None
+        return Shadow(self.model, self.h[s.rows], self.scores[s.scores], self.user_scores[s.rows],
+                      rules, self.fired if s.first else Counter())  # fmt: skip
 
 
 def shadow_run(model: ScoringModel, states: UserStates) -> ModelRun:

@@ -1,0 +1,184 @@
+"""A group's batches built as one: a node's batches at low traffic (each an event or two of
+its own partition) go through the pipeline's stages once, then the Commit is shared out.
+
+Each stage's fixed cost (its kernel calls, its numpy calls) was paid once a batch: at low
+traffic a round brings a few one-event batches, and building them one by one cost several
+times building them together. The users of distinct partitions are distinct and every stage
+works user by user, so each batch's share of the group's Commit is what `build_commit` gives
+it alone: its state rows, its score entries, its actions (the conformance test compares
+them). The counts that are the group's sums (resends forgotten early, live quality's
+samples, the inputs' counts, the shadow's firings) ride on the first batch's commit alone:
+the group commits all or nothing (adapters/together.py), so each is counted once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from model.input_bytes import RawInputs
+from model.scoring import ScoringModel
+from worker.common.dedup import ResendWindow
+from worker.engine.compute.batch import Batch, seconds_of
+from worker.engine.compute.parts.part import Share
+from worker.engine.compute.pipeline import Commit, build_commit, commit_of, run_stages
+from worker.engine.compute.user_states import ShadowStates, UserStates
+from worker.rules.step import RuleTable
+
+
+def build_commits(
+    batches: list[Batch], states: list[UserStates], model: ScoringModel, history_events: int,
+    shadow: ScoringModel | None, resends: ResendWindow, rules: RuleTable | None,
+) -> list[Commit]:  # fmt: skip
+    """Each batch's Commit (of distinct partitions, `states` each one's users'), computed
+    together when they can be joined, else one by one; the group's sums on the first."""
+    joined = _joined(batches, states)
+    if joined is None:
+        return [build_commit(b, s, model, history_events, shadow, resends, rules)
+                for b, s in zip(batches, states, strict=True)]  # fmt: skip
+    batch, together = joined
+    run, runs, parts = run_stages(batch, together, model, history_events, shadow, resends, rules)
+    whole = commit_of(run, runs[0], parts)
+    user_ends = np.cumsum([len(s.users) for s in states])
+    event_ends = np.cumsum([len(b.users) for b in batches])
+    row_ends = np.searchsorted(run.touched, user_ends).tolist()
+    score_ends = np.searchsorted(run.idx, event_ends).tolist()
+    unknown = runs[0].type_idx == model.unknown_index
+    out, row, score = [], 0, 0
+    for i, (b, s) in enumerate(zip(batches, states, strict=True)):
+        share = Share(b, slice(row, row_ends[i]), slice(score, score_ends[i]), i == 0)
+        out.append(_shared(whole, share, s, int(unknown[share.scores].sum())))
+        row, score = row_ends[i], score_ends[i]
+    return out
+
+
+def _shared(whole: Commit, s: Share, states: UserStates, unknown_types: int) -> Commit:
+    """One batch's Commit from the group's: its rows and score entries, renumbered."""
+    b, rows, scores = s.batch, s.rows, s.scores
+    scored = scores.stop - scores.start
+    return Commit(
+        partition=b.partition,
+        model=whole.model,
+        seq=states.seq,
+        ack_ids=b.ids,
+        users=whole.users[rows],
+        h=whole.h[rows],
+        user_scores=whole.user_scores[rows],
+        last_scored=whole.last_scored[rows] - scores.start,
+        last_ids=whole.last_ids[rows],
+        last_keys=whole.last_keys[rows],
+        last_ts=whole.last_ts[rows],
+        n=whole.n[rows],
+        event_ids=whole.event_ids[rows],
+        recent=whole.recent[rows],
+        score_user=whole.score_user[scores] - rows.start,
+        score_types=whole.score_types[scores],
+        scores=whole.scores[scores],
+        score_ts=whole.score_ts[scores],
+        score_event_ids=whole.score_event_ids[scores],
+        arrival_ms=whole.arrival_ms[scores],
+        outcomes={
+            "scored": scored,
+            "duplicate": len(b.users) - scored,
+            "deadletter": len(b.dead) - b.misrouted,
+            "misrouted": b.misrouted,
+            "lost": b.lost,
+        },
+        unknown_types=unknown_types,
+        resend_overflow=whole.resend_overflow if s.first else 0,
+        parts=[part.share(s) for part in whole.parts],
+        rewrite=[r - rows.start for r in whole.rewrite if rows.start <= r < rows.stop],
+        after=b.after,
+    )
+
+
+def _joined(batches: list[Batch], states: list[UserStates]) -> tuple[Batch, UserStates] | None:
+    """The batches' valid events as one batch and their users' states as one, in order;
+    None when they cannot be joined (a user in two, inputs of other names, a shadow's
+    states beside some only)."""
+    users = [u for s in states for u in s.users]
+    if len(batches) < 2 or len(set(users)) != len(users):
+        return None
+    inputs = _joined_inputs([b.inputs for b in batches])
+    if inputs is False or not all(map(_whole, states)):
+        return None
+    shadows = [s.shadow for s in states if s.shadow is not None]
+    if 0 < len(shadows) < len(states):
+        return None
+    batch = Batch(
+        batches[0].partition,
+        ids=[i for b in batches for i in b.ids],
+        users=[u for b in batches for u in b.users],
+        types=[t for b in batches for t in b.types],
+        ts=[t for b in batches for t in b.ts],
+        entry_ids=[i for b in batches for i in b.entry_ids],
+        entry_keys=[k for b in batches for k in b.entry_keys],
+        entry_seconds=np.concatenate([_seconds(b) for b in batches]),
+        event_ids=[i for b in batches for i in b.event_ids],
+        producers=[p for b in batches for p in b.producers],
+        inputs=inputs,
+    )
+    starts = np.cumsum([0, *(len(s.users) for s in states)]).tolist()
+    together = UserStates(
+        users=users,
+        h=np.concatenate([s.h for s in states]),
+        last_ts=np.concatenate([s.last_ts for s in states]),
+        last_id=[x for s in states for x in s.last_id],
+        n=np.concatenate([s.n for s in states]),
+        event_ids=[x for s in states for x in s.event_ids],
+        seq=b"",
+        score=np.concatenate([s.score for s in states]),
+        recent=[x for s in states for x in s.recent],
+        rules=[x for s in states for x in s.rules],
+        items=[x for s in states for x in s.items],
+        replay=_moved([s.replay for s in states], starts),
+        rewrite=_moved([s.rewrite for s in states], starts),
+        shadow=_joined_shadows(shadows, starts) if shadows else None,
+    )
+    return batch, together
+
+
+def _whole(s: UserStates) -> bool:
+    """Whether every per-user field of the states has a row per user (as read)."""
+    n = len(s.users)
+    return all(len(x) == n for x in (s.h, s.last_ts, s.last_id, s.n, s.event_ids, s.score,
+                                      s.recent, s.rules, s.items))  # fmt: skip
+
+
+def _seconds(b: Batch) -> np.ndarray:
+    """The batch's events' entry times in seconds, as the resends stage reads them."""
+    return b.entry_seconds if b.entry_seconds is not None else seconds_of(b.entry_keys)
+
+
+def _moved(rows: list[list[int]], starts: list[int]) -> list[int]:
+    """Each states' row numbers moved to their place in the joined states."""
+    return [r + start for part, start in zip(rows, starts, strict=False) for r in part]
+
+
+def _joined_shadows(shadows: list[ShadowStates], starts: list[int]) -> ShadowStates:
+    """The shadow model's states of every batch as one (a batch's missing scores and rule
+    states as shadow_run reads them: none yet)."""
+    scores = [s.score if s.score is not None else np.full(len(s.last_ts), np.nan) for s in shadows]
+    return ShadowStates(
+        h=np.concatenate([s.h for s in shadows]),
+        last_ts=np.concatenate([s.last_ts for s in shadows]),
+        replay=_moved([s.replay for s in shadows], starts),
+        score=np.concatenate(scores),
+        rules=[x for s in shadows for x in (s.rules or [b""] * len(s.last_ts))],
+    )
+
+
+def _joined_inputs(inputs: list[RawInputs | None]) -> RawInputs | bool | None:
+    """The batches' raw input values as one (their offsets moved into the joined data);
+    None when none has any, False when they cannot be joined (some without, other names)."""
+    present = [x for x in inputs if x is not None]
+    if not present:
+        return None
+    if len(present) < len(inputs) or len({x.names for x in present}) != 1:
+        return False
+    offsets = np.cumsum([0, *(len(x.data) for x in present)]).tolist()
+    return RawInputs(
+        present[0].names,
+        b"".join(x.data for x in present),
+        np.hstack([x.starts + at for x, at in zip(present, offsets, strict=False)]),
+        np.hstack([x.ends + at for x, at in zip(present, offsets, strict=False)]),
+    )
