@@ -13,11 +13,20 @@ import time
 import numpy as np
 
 from worker.engine.adapters.commit import CommitResult
+from worker.engine.adapters.histograms import FEW_VALUES
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import OUTCOMES, Commit
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.user_states import UserStates
+
+
+def ages(now: float, arrival_ms: np.ndarray) -> np.ndarray | list[float]:
+    """Seconds from each arrival to `now`, 0 at least; a list for a few (at low traffic
+    numpy's calls cost more than the values)."""
+    if len(arrival_ms) <= FEW_VALUES:
+        return [max(0.0, now - ms / 1000.0) for ms in arrival_ms.tolist()]
+    return np.maximum(0.0, now - arrival_ms / 1000.0)
 
 
 class Tally:
@@ -46,7 +55,7 @@ class Tally:
             m.resend_overflow.inc(commit.resend_overflow)
         for part in commit.parts:  # dead letters, actions, the shadow's, live quality, ...
             part.count(m, self.quality)
-        m.latency.observe_many(np.maximum(0.0, now - commit.arrival_ms / 1000.0))
+        m.latency.observe_many(ages(now, commit.arrival_ms))
         m.last_processed.set(now)
 
     def batch(

@@ -98,11 +98,40 @@ class CommitLimits:
 
 
 MULTI, EXEC, UNWATCH = (hiredis.pack_command((x,)) for x in ("MULTI", "EXEC", "UNWATCH"))
+_TIME = hiredis.pack_command(("TIME",))
 
 
 def _packed(*args: object) -> bytes:
     """A command as RESP (hiredis packs it in C)."""
     return hiredis.pack_command(args)
+
+
+@dataclass(frozen=True)
+class _Constant:
+    """A partition's commands that every commit (writing these streams) sends as they are:
+    packed once, not once a commit (at low traffic a round packs a commit per partition)."""
+
+    checks_head: bytes  # WATCH, GET the lease, GET the position
+    checks_tail: bytes  # GET the sequence, TYPE each stream, GET the token, GET the count
+    checks: int  # the checks' replies, the XRANGE between head and tail included
+    trim_scores: bytes
+    get_last_commit: bytes
+    incr_seq: bytes
+
+    @classmethod
+    def of(cls, k: Keys, p: int, streams: tuple[str, ...], lim: CommitLimits) -> _Constant:
+        head = [("WATCH", k.lease(p), k.commit_seq(p), *streams), ("GET", k.lease(p)),
+                ("GET", k.acked(p))]  # fmt: skip
+        tail = [("GET", k.commit_seq(p)), *(("TYPE", key) for key in streams),
+                ("GET", k.last_commit(p)), ("GET", k.committed(p))]  # fmt: skip
+        return cls(
+            b"".join(_packed(*x) for x in head),
+            b"".join(_packed(*x) for x in tail),
+            len(head) + 1 + len(tail),
+            _packed("XTRIM", k.scores(p), "MAXLEN", "~", lim.scores_maxlen),
+            _packed("GET", k.last_commit(p)),
+            _packed("INCR", k.commit_seq(p)),
+        )
 
 
 @dataclass(frozen=True)
@@ -150,6 +179,9 @@ class Committer:
         self.holder = holder
         self.limits = limits
         self.nodes = nodes or PartitionNodes(client, keys)
+        # the commands a partition's every commit sends as they are, packed once
+        self._constant: dict[tuple[int, tuple[str, ...]], _Constant] = {}
+        self._constant_limits = limits
 
     def token(self, commit: Commit) -> bytes:
         """The token this commit records as the partition's last commit."""
@@ -163,18 +195,26 @@ class Committer:
     # ---- 1. the checks ------------------------------------------------------------------
 
     def checks(self, c: Commit) -> tuple[bytes, int]:
-        """The WATCH and the check reads of a Commit as RESP, and the number of replies."""
+        """The WATCH and the check reads of a Commit as RESP, and the number of replies: WATCH
+        (the lease, the sequence, the streams written), GET the lease and the position, the
+        XRANGE of entries between, GET the sequence, TYPE of each stream, GET the last commit
+        token and the count of entries committed, TIME on the partition's first commit."""
         k, p = self.keys, c.partition
-        watched = [k.lease(p), k.commit_seq(p), *self.streams(c)]
-        commands = [
-            ("WATCH", *watched), ("GET", k.lease(p)), ("GET", k.acked(p)),
-            ("XRANGE", k.events(p), b"(" + c.after, b"(" + c.ack_ids[0], "COUNT", 1),
-            ("GET", k.commit_seq(p)), *(("TYPE", key) for key in watched[2:]),
-            ("GET", k.last_commit(p)), ("GET", k.committed(p)),
-        ]  # fmt: skip
+        constant = self._constant_of(p, tuple(self.streams(c)))
+        between = _packed("XRANGE", k.events(p), b"(" + c.after, b"(" + c.ack_ids[0], "COUNT", 1)
+        packed = constant.checks_head + between + constant.checks_tail
         if c.seq == b"":  # the partition's first commit: its sequence starts from the clock
-            commands.append(("TIME",))
-        return b"".join(_packed(*x) for x in commands), len(commands)
+            return packed + _TIME, constant.checks + 1
+        return packed, constant.checks
+
+    def _constant_of(self, p: int, streams: tuple[str, ...]) -> _Constant:
+        """The partition's commands that every commit writing `streams` sends as they are."""
+        if self._constant_limits is not self.limits:  # packed with other limits
+            self._constant, self._constant_limits = {}, self.limits
+        found = self._constant.get((p, streams))
+        if found is None:
+            found = self._constant[(p, streams)] = _Constant.of(self.keys, p, streams, self.limits)
+        return found
 
     def streams(self, c: Commit) -> list[str]:
         """The streams the commit writes: its scores', then each part's (dead letters,
@@ -238,9 +278,10 @@ class Committer:
         text = decimals(c.scores)
         # Each stream is trimmed once a commit, not at every XADD (whose MAXLEN option costs
         # about a quarter of the XADD): the same bound, seen from outside the transaction.
+        constant = self._constant_of(p, ())
         parts, n = [self._scores(c, text)], len(c.scores)
         if n:
-            parts.append(_packed("XTRIM", k.scores(p), "MAXLEN", "~", lim.scores_maxlen))
+            parts.append(constant.trim_scores)
             n += 1
         for part in c.parts:
             for command in part.writes(k, p, lim):
@@ -252,7 +293,7 @@ class Committer:
                     n += 1
         parts += [
             _packed("SET", k.acked(p), c.ack_ids[-1]),
-            _packed("GET", k.last_commit(p)),
+            constant.get_last_commit,
             _packed("SET", k.last_commit(p), self.token(c)),
         ]
         previous_at, n = n + 1, n + 3
@@ -351,7 +392,7 @@ class Committer:
         seq_key = self.keys.commit_seq(c.partition)
         count = _packed("SET", self.keys.committed(c.partition), entries + len(c.ack_ids))
         start = _packed("SET", seq_key, seed) if seed else b""
-        end = count + start + _packed("INCR", seq_key)
+        end = count + start + self._constant_of(c.partition, ()).incr_seq
         return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 1
 
     def _outcome(self, c: Commit, prepared: PreparedCommit, replies: list) -> tuple:

@@ -29,12 +29,11 @@ class BatchHistogram(Collector):
         self._sum = 0.0
         self._lock = threading.Lock()
 
-    def observe_many(self, values: np.ndarray) -> None:
+    def observe_many(self, values: np.ndarray | list[float]) -> None:
         """Add every value of `values` to the histogram."""
-        if values.size == 0:
-            return
-        if values.size <= FEW_VALUES:
-            self._observe_few(values.tolist())
+        if isinstance(values, list) or values.size <= FEW_VALUES:
+            if len(values):
+                self._observe_few(values if isinstance(values, list) else values.tolist())
             return
         # le semantics: a value equal to a bound falls in that bound's bucket
         idx = np.searchsorted(self.bounds, values, side="left")

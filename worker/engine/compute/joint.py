@@ -13,6 +13,8 @@ the group commits all or nothing (adapters/together.py), so each is counted once
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 
 from model.input_bytes import RawInputs
@@ -38,16 +40,15 @@ def build_commits(
     batch, together = joined
     run, runs, parts = run_stages(batch, together, model, history_events, shadow, resends, rules)
     whole = commit_of(run, runs[0], parts)
-    user_ends = np.cumsum([len(s.users) for s in states])
-    event_ends = np.cumsum([len(b.users) for b in batches])
-    row_ends = np.searchsorted(run.touched, user_ends).tolist()
-    score_ends = np.searchsorted(run.idx, event_ends).tolist()
-    unknown = runs[0].type_idx == model.unknown_index
-    out, row, score = [], 0, 0
+    # each batch's state rows and score entries: ranges of the group's, in the batches' order
+    row_ends = np.searchsorted(run.touched, list(accumulate(len(s.users) for s in states)))
+    score_ends = np.searchsorted(run.idx, list(accumulate(len(b.users) for b in batches)))
+    rows, scores = [0, *row_ends.tolist()], [0, *score_ends.tolist()]
+    unknown = [0, *accumulate((runs[0].type_idx == model.unknown_index).tolist())]
+    out = []
     for i, (b, s) in enumerate(zip(batches, states, strict=True)):
-        share = Share(b, slice(row, row_ends[i]), slice(score, score_ends[i]), i == 0)
-        out.append(_shared(whole, share, s, int(unknown[share.scores].sum())))
-        row, score = row_ends[i], score_ends[i]
+        share = Share(b, slice(rows[i], rows[i + 1]), slice(scores[i], scores[i + 1]), i == 0)
+        out.append(_shared(whole, share, s, unknown[scores[i + 1]] - unknown[scores[i]]))
     return out
 
 
@@ -117,7 +118,7 @@ def _joined(batches: list[Batch], states: list[UserStates]) -> tuple[Batch, User
         producers=[p for b in batches for p in b.producers],
         inputs=inputs,
     )
-    starts = np.cumsum([0, *(len(s.users) for s in states)]).tolist()
+    starts = list(accumulate((len(s.users) for s in states), initial=0))
     together = UserStates(
         users=users,
         h=np.concatenate([s.h for s in states]),
