@@ -32,6 +32,7 @@ from worker.rules.step import RuleTable
 P = 4
 TYPES = ["view", "add_to_cart", "checkout", "purchase"]
 USERS = [f"u{i}" for i in range(14)]
+UNSTAMPED = set(USERS[10:])
 RESENDS = ResendWindow(3600, 3)  # a small bound: ids are forgotten early, and counted
 RULES = RuleTable.of([Rule(name="hot", above=0.3, rearm_below=0.2),
                       Rule(name="warm", above=0.05, cooldown_ms=3000, types=("view",))],
@@ -73,17 +74,20 @@ class Stream:
              "event_id": event_id, "price": ["12.5", "abc", "", "3"][int(rng.integers(4))],
              "brand": ["acme", "globex", ""][int(rng.integers(3))],
              "product": f"p{rng.integers(4)}"}  # fmt: skip
+        if user in UNSTAMPED:  # a producer without event ids: the state keeps none
+            del e["event_id"]
         if rng.random() < 0.2:
             del e["price"]
         if rng.random() < 0.05:
             del e["type"]  # a dead letter
         return [x for k, v in e.items() for x in (k.encode(), str(v).encode())]
 
-    def round(self, names: tuple[str, ...]) -> list[Batch]:
-        """A round's batches: a few events of random users, each on its user's partition
-        (now and then one on another: misrouted)."""
+    def round(self, names: tuple[str, ...], events: int = 0) -> list[Batch]:
+        """A round's batches: a few events (or `events`) of random users, each on its user's
+        partition (now and then one on another: misrouted)."""
         entries: dict[int, list] = {}
-        for _ in range(int(self.rng.integers(2, 9))):
+        self.rewriting = self.rng.random() < 0.2  # the round's states: some rewritten whole
+        for _ in range(events or int(self.rng.integers(2, 9))):
             user = USERS[int(self.rng.integers(len(USERS)))]
             p = partition_of(user, P)
             if self.rng.random() < 0.04:
@@ -109,7 +113,7 @@ class Stream:
         states.seq = f"{batch.partition}-{self.n}".encode()
         if self.rng.random() < 0.2:
             states.replay = [i for i in rows if states.recent[i]]
-        if self.rng.random() < 0.2:
+        if self.rewriting:
             states.rewrite = [i for i in range(n) if self.rng.random() < 0.5]
         return states
 

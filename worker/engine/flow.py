@@ -23,6 +23,7 @@ from worker.engine.adapters.commit import (
     Committer,
     PreparedCommit,
 )
+from worker.engine.adapters.group_packing import prepared_group
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
@@ -191,12 +192,16 @@ class BatchFlow:
     def _built_together(
         self, read: list[tuple[Batch, UserStates]], state_s: float
     ) -> list[tuple[Batch, Computed]]:
-        """The batches' Commits built as one (compute/joint.py), each with its states."""
+        """The batches' Commits built as one (compute/joint.py), each with its states, and
+        packed at once (adapters/group_packing.py); one by one when they cannot be joined."""
         t0 = time.perf_counter()
-        commits = self.io.models.build_group([b for b, _ in read], [st for _, st in read])
+        group = self.io.models.build_group([b for b, _ in read], [st for _, st in read])
+        if group is None:
+            return [(b, self.compute(b, (st, state_s))) for b, st in read]
         model_s = (time.perf_counter() - t0) / len(read)
-        return [(b, Computed(st, c, None, (state_s, model_s), False))
-                for (b, st), c in zip(read, commits, strict=True)]  # fmt: skip
+        prepared = prepared_group(self.io.committer, group) or [None] * len(read)
+        return [(b, Computed(st, c, p, (state_s, model_s), False))
+                for (b, st), c, p in zip(read, group.commits, prepared, strict=True)]  # fmt: skip
 
     def _settle_together(
         self, batch: Batch, computed: Computed, outcome: Outcome, commit_s: float,

@@ -27,7 +27,7 @@ from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.compute import columnar, histories, items, lean_state, resends
 from worker.engine.compute import quality as live_quality
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.joint import build_commits
+from worker.engine.compute.joint import Group, build_group
 from worker.engine.compute.pipeline import Commit, build_commit
 from worker.engine.compute.quality import LiveQuality
 from worker.engine.compute.state_cache import StateCache
@@ -133,12 +133,13 @@ class Models:
         return build_commit(batch, states, self.current, s.history_events, self.shadow,
                             s.resend_window(), self.rules)  # fmt: skip
 
-    def build_group(self, batches: list[Batch], states: list[UserStates]) -> list[Commit]:
+    def build_group(self, batches: list[Batch], states: list[UserStates]) -> Group | None:
         """Batches of distinct partitions built as one (compute/joint.py): each one's Commit,
-        the group's sums on the first's (the group commits all or nothing)."""
+        the group's sums on the first's (the group commits all or nothing); None when they
+        cannot be joined."""
         s = self.s
-        return build_commits(batches, states, self.current, s.history_events, self.shadow,
-                             s.resend_window(), self.rules)  # fmt: skip
+        return build_group(batches, states, self.current, s.history_events, self.shadow,
+                           s.resend_window(), self.rules)  # fmt: skip
 
     def follow(self) -> None:
         """Take a newer model or a changed shadow from the source, if there is one; a model

@@ -274,46 +274,61 @@ class Committer:
         partition's position, last commit token (GET, then SET), the state keys rewritten
         whole (DEL), the states (HSET), each part's state writes (the shadow model's), their
         TTL."""
-        k, p, lim = self.keys, c.partition, self.limits
         text = decimals(c.scores)
-        # Each stream is trimmed once a commit, not at every XADD (whose MAXLEN option costs
-        # about a quarter of the XADD): the same bound, seen from outside the transaction.
-        constant = self._constant_of(p, ())
         parts, n = [self._scores(c, text)], len(c.scores)
         if n:
-            parts.append(constant.trim_scores)
+            parts.append(self.scores_trim(c.partition))
             n += 1
-        for part in c.parts:
-            for command in part.writes(k, p, lim):
-                if isinstance(command, Rows):
-                    parts.append(resp_commands(command.template))
-                    n += command.n
-                else:
-                    parts.append(_packed(*command))
-                    n += 1
-        parts += [
-            _packed("SET", k.acked(p), c.ack_ids[-1]),
-            constant.get_last_commit,
-            _packed("SET", k.last_commit(p), self.token(c)),
-        ]
-        previous_at, n = n + 1, n + 3
+        written, n_written = self.stream_writes(c)
+        parts += [*written, *self.position_writes(c)]
+        previous_at, n = n + n_written + 1, n + n_written + 3
         states, n_states, first_hset, rows = self._state_writes(c, text)
         return PreparedCommit(chunks([*parts, *states]), n + n_states, previous_at,
                               n + first_hset, rows)  # fmt: skip
 
+    def scores_trim(self, p: int) -> bytes:
+        """The scores stream's XTRIM. Each stream is trimmed once a commit, not at every XADD
+        (whose MAXLEN option costs about a quarter of the XADD): the same bound, seen from
+        outside the transaction."""
+        return self._constant_of(p, ()).trim_scores
+
+    def stream_writes(self, c: Commit) -> tuple[list, int]:
+        """Each part's stream writes (dead letters, actions) and their number of commands."""
+        k, p, lim = self.keys, c.partition, self.limits
+        out, n = [], 0
+        for part in c.parts:
+            for command in part.writes(k, p, lim):
+                if isinstance(command, Rows):
+                    out.append(resp_commands(command.template))
+                    n += command.n
+                else:
+                    out.append(_packed(*command))
+                    n += 1
+        return out, n
+
+    def position_writes(self, c: Commit) -> list[bytes]:
+        """The partition's position, and its last commit token (GET, then SET)."""
+        k, p = self.keys, c.partition
+        return [_packed("SET", k.acked(p), c.ack_ids[-1]), self._constant_of(p, ()).get_last_commit,
+                _packed("SET", k.last_commit(p), self.token(c))]  # fmt: skip
+
     def _scores(self, c: Commit, text: list[str]) -> bytes:
-        """The score entries' XADDs: user_id, score, event_id[, type, ts], model, and the
-        parts' fields (the shadow model's score and version); the lean layout without type
-        and ts."""
+        """The score entries' XADDs (`scores_template`)."""
+        return resp_commands(self.scores_template(c, text, self.keys.scores(c.partition)))
+
+    def scores_template(self, c: Commit, text: list[str], stream: object) -> list:
+        """The score entries' XADD template: to `stream` (a key, or a key per entry),
+        user_id, score, event_id[, type, ts], model, and the parts' fields (the shadow
+        model's score and version); the lean layout without type and ts."""
         users = [c.users[i] for i in c.score_user.tolist()]
-        template = ["XADD", self.keys.scores(c.partition), "*", "user_id", users, "score", text,
-                    "event_id", c.score_event_ids]  # fmt: skip
+        template = ["XADD", stream, "*", "user_id", users, "score", text, "event_id",
+                    c.score_event_ids]  # fmt: skip
         if not self.lean:
             template += ["type", c.score_types, "ts", c.score_ts]
         template += ["model", c.model]
         for part in c.parts:
             template += part.score_fields()
-        return resp_commands(template)
+        return template
 
     def _state_writes(
         self, c: Commit, text: list[str], rows: np.ndarray | None = None, replace: bool = False
@@ -348,6 +363,23 @@ class Committer:
         layout writes h, score, last_id, last_ts, model, n, recent, event_ids (when there
         are any) and the parts' fields (rules when rules are set, items when written); the
         lean one score, model and s (compute/lean_state.py)."""
+        with_ids, without = self.state_templates(c, keys, text, bool(c.rewrite))
+        if without is None:  # lean: one template
+            return [resp_commands(with_ids, rows)], rows
+        # a state with no producer event ids has no event_ids field
+        stamped = np.fromiter(map(bool, c.event_ids), bool, len(c.event_ids))[rows]
+        rows_with, rows_without = rows[stamped], rows[~stamped]
+        return (
+            [resp_commands(with_ids, rows_with), resp_commands(without, rows_without)],
+            np.concatenate([rows_with, rows_without]),
+        )  # fmt: skip
+
+    def state_templates(
+        self, c: Commit, keys: list[str], text: list[str], rewrite: bool
+    ) -> tuple[list, list | None]:  # fmt: skip
+        """The states' HSET templates over `keys` (one per state row): the full layout's for
+        the states with producer event ids and for those without; the lean layout's one
+        (and None). `rewrite`: some keys are rewritten whole (the parts' fields say)."""
         scores = [text[i] for i in c.last_scored.tolist()]  # each user's last score
         if self.lean:
             k = len(c.users)
@@ -355,20 +387,11 @@ class Committer:
             items = c.items if c.items is not None else [b""] * k
             packed = packed_states(c.h, c.last_ts, c.n,
                                    [c.last_ids, c.event_ids, c.recent, rules, items])  # fmt: skip
-            template = ["HSET", keys, "score", scores, "model", c.model, "s", Joined(*packed)]
-            return [resp_commands(template, rows)], rows
+            return ["HSET", keys, "score", scores, "model", c.model, "s", Joined(*packed)], None
         head = ["HSET", keys, "h", c.h, "score", scores, "last_id", c.last_ids, "last_ts",
                 c.last_ts, "model", c.model, "n", c.n, "recent", c.recent]  # fmt: skip
-        rewrite = bool(c.rewrite)
         tail = [x for part in c.parts for x in part.state_fields(rewrite)]
-        # a state with no producer event ids has no event_ids field
-        stamped = np.fromiter(map(bool, c.event_ids), bool, len(c.event_ids))[rows]
-        with_ids, without = rows[stamped], rows[~stamped]
-        return (
-            [resp_commands([*head, "event_ids", c.event_ids, *tail], with_ids),
-             resp_commands([*head, *tail], without)],
-            np.concatenate([with_ids, without]),
-        )  # fmt: skip
+        return [*head, "event_ids", c.event_ids, *tail], [*head, *tail]
 
     def transaction(
         self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b"",

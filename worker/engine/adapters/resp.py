@@ -186,6 +186,19 @@ def _few_commands(template: Sequence, at: list[int], rows: Sequence[int]) -> byt
     """resp_commands's bytes for a few rows, each command packed by hiredis from its
     arguments (as_arguments: the same bytes the framers write); `at`: where the columns
     are. No numpy on the way: at low traffic its calls' fixed cost was most of this."""
+    return b"".join(_each_command(template, at, rows))
+
+
+def packed_rows(template: Sequence, rows: Sequence[int] | None = None) -> list[bytes]:
+    """resp_commands's commands one by one (the same bytes), each packed by hiredis: a
+    group's commands to share out among its commits (adapters/group_packing.py)."""
+    at = [i for i, x in enumerate(template) if isinstance(x, _COLUMNS)]
+    n = len(template[at[0]]) if at else 0
+    return _each_command(template, at, range(n) if rows is None else rows)
+
+
+def _each_command(template: Sequence, at: list[int], rows: Sequence[int]) -> list[bytes]:
+    """The command of each row, packed by hiredis (see _few_commands)."""
     args = list(template)
     columns = [(i, as_arguments(template[i])) for i in at]
     out = []
@@ -193,7 +206,7 @@ def _few_commands(template: Sequence, at: list[int], rows: Sequence[int]) -> byt
         for i, values in columns:
             args[i] = values[r]
         out.append(hiredis.pack_command(tuple(args)))
-    return b"".join(out)
+    return out
 
 
 def as_arguments(column: np.ndarray | Joined | Sequence) -> list:
@@ -205,8 +218,10 @@ def as_arguments(column: np.ndarray | Joined | Sequence) -> list:
         return list(column)
     if column.dtype.kind != "f":
         return column.tolist()
+    if not len(column):
+        return []
     blob = np.ascontiguousarray(column, "<f4").tobytes()
-    size = len(blob) // len(column) if len(column) else 0
+    size = len(blob) // len(column)
     return [blob[i : i + size] for i in range(0, len(blob), size)]
 
 

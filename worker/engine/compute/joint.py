@@ -13,6 +13,7 @@ the group commits all or nothing (adapters/together.py), so each is counted once
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import accumulate
 
 import numpy as np
@@ -27,16 +28,37 @@ from worker.engine.compute.user_states import ShadowStates, UserStates
 from worker.rules.step import RuleTable
 
 
+@dataclass(frozen=True)
+class Group:
+    """A group's Commit, each batch's Commit (its share) and where its share sits in it."""
+
+    whole: Commit
+    commits: list[Commit]
+    ranges: list[Share]
+
+
 def build_commits(
     batches: list[Batch], states: list[UserStates], model: ScoringModel, history_events: int,
     shadow: ScoringModel | None, resends: ResendWindow, rules: RuleTable | None,
 ) -> list[Commit]:  # fmt: skip
     """Each batch's Commit (of distinct partitions, `states` each one's users'), computed
     together when they can be joined, else one by one; the group's sums on the first."""
-    joined = _joined(batches, states)
-    if joined is None:
+    group = build_group(batches, states, model, history_events, shadow, resends, rules)
+    if group is None:
         return [build_commit(b, s, model, history_events, shadow, resends, rules)
                 for b, s in zip(batches, states, strict=True)]  # fmt: skip
+    return group.commits
+
+
+def build_group(
+    batches: list[Batch], states: list[UserStates], model: ScoringModel, history_events: int,
+    shadow: ScoringModel | None, resends: ResendWindow, rules: RuleTable | None,
+) -> Group | None:  # fmt: skip
+    """The batches built as one and the Commit shared out (`build_commits`); None when they
+    cannot be joined (a user in two, inputs of other names, a shadow's states beside some)."""
+    joined = _joined(batches, states)
+    if joined is None:
+        return None
     batch, together = joined
     run, runs, parts = run_stages(batch, together, model, history_events, shadow, resends, rules)
     whole = commit_of(run, runs[0], parts)
@@ -45,11 +67,12 @@ def build_commits(
     score_ends = np.searchsorted(run.idx, list(accumulate(len(b.users) for b in batches)))
     rows, scores = [0, *row_ends.tolist()], [0, *score_ends.tolist()]
     unknown = [0, *accumulate((runs[0].type_idx == model.unknown_index).tolist())]
-    out = []
+    commits, ranges = [], []
     for i, (b, s) in enumerate(zip(batches, states, strict=True)):
         share = Share(b, slice(rows[i], rows[i + 1]), slice(scores[i], scores[i + 1]), i == 0)
-        out.append(_shared(whole, share, s, unknown[scores[i + 1]] - unknown[scores[i]]))
-    return out
+        commits.append(_shared(whole, share, s, unknown[scores[i + 1]] - unknown[scores[i]]))
+        ranges.append(share)
+    return Group(whole, commits, ranges)
 
 
 def _shared(whole: Commit, s: Share, states: UserStates, unknown_types: int) -> Commit:

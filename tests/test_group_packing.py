@@ -1,0 +1,58 @@
+"""A group's commits packed at once (adapters/group_packing.py): each commit's writes are byte
+for byte, count for count, what Committer.prepare gives it alone, in both state layouts, with
+and without a state TTL, through the groups of test_joint_build's streams."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import redis
+
+from tests.test_joint_build import RESENDS, RULES, Stream, models  # noqa: F401 (a fixture)
+from worker.common.keys import Keys
+from worker.engine.adapters.commit import CommitLimits, Committer, PreparedCommit
+from worker.engine.adapters.group_packing import GROUP_ROWS, prepared_group
+from worker.engine.compute.joint import build_group
+
+
+def same(a: PreparedCommit, b: PreparedCommit) -> bool:
+    return (b"".join(map(bytes, a.body)) == b"".join(map(bytes, b.body))
+            and (a.n_writes, a.previous_at, a.states_at) == (b.n_writes, b.previous_at, b.states_at)
+            and a.state_rows.tolist() == b.state_rows.tolist())  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["full", "lean"])
+@pytest.mark.parametrize("ttl_ms", [0, 60_000])
+def test_a_groups_commits_packed_at_once_are_each_packed_alone(models, layout, ttl_ms):  # noqa: F811
+    model, shadow = models
+    committer = Committer(redis.Redis(), Keys(), "w1", CommitLimits(1000, 100, 64, ttl_ms), layout)
+    stream = Stream(seed=11)
+    names = tuple(dict.fromkeys([*model.input_names, *shadow.input_names]))
+    packed = 0
+    for _ in range(60):
+        batches = stream.round(names)
+        states = [stream.states(b, model, shadow) for b in batches]
+        group = build_group(batches, copy.deepcopy(states), model, 8, shadow, RESENDS, RULES)
+        if group is None:  # one batch
+            stream.keep([])
+            continue
+        together = prepared_group(committer, group)
+        if together is not None:
+            alone = [committer.prepare(c) for c in group.commits]
+            assert all(same(a, b) for a, b in zip(alone, together, strict=True))
+            packed += 1
+        stream.keep(group.commits)
+    assert packed > 30
+
+
+def test_a_group_of_more_rows_is_packed_commit_by_commit(models):  # noqa: F811
+    model, shadow = models
+    committer = Committer(redis.Redis(), Keys(), "w1", CommitLimits(1000, 100, 64, 0))
+    stream = Stream(seed=12)
+    names = tuple(dict.fromkeys([*model.input_names, *shadow.input_names]))
+    batches = stream.round(names, events=4 * GROUP_ROWS)
+    states = [stream.states(b, model, shadow) for b in batches]
+    group = build_group(batches, states, model, 8, shadow, RESENDS, RULES)
+    assert group is not None and len(group.whole.scores) > GROUP_ROWS
+    assert prepared_group(committer, group) is None
