@@ -1,19 +1,36 @@
 """A group's commits packed at once (adapters/group_packing.py): each commit's writes are byte
 for byte, count for count, what Committer.prepare gives it alone, in both state layouts, with
-and without a state TTL, through the groups of test_joint_build's streams."""
+and without a state TTL, through the groups of test_joint_build's streams; and a round's state
+reads packed at once are each request's read alone."""
 
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import redis
 
+from model.artifact import random_model
+from model.scoring import ScoringModel
 from tests.test_joint_build import RESENDS, RULES, Stream, models  # noqa: F401 (a fixture)
 from worker.common.keys import Keys
 from worker.engine.adapters.commit import CommitLimits, Committer, PreparedCommit
 from worker.engine.adapters.group_packing import GROUP_ROWS, prepared_group
+from worker.engine.adapters.states import FEW_READS, StateReader
+from worker.engine.compute.batch import parse_batch
 from worker.engine.compute.joint import build_group
+from worker.engine.compute.pipeline import Commit, build_commit
+from worker.engine.compute.state_cache import StateCache, written
+from worker.engine.compute.user_states import UserStates
+
+
+def cached_commit(p: int) -> Commit:
+    """A commit of one user, cached-{p}, for the cache to hold."""
+    model = ScoringModel(random_model(["view"], hidden=4, seed=1))
+    raw = [[b"1700000000000-0", [b"user_id", f"cached-{p}".encode(), b"type", b"view"]]]
+    batch = parse_batch(p, raw, 1, max_skew_ms=2**62)
+    return build_commit(batch, UserStates.empty([f"cached-{p}"], model.state_shape, b"7"), model)
 
 
 def same(a: PreparedCommit, b: PreparedCommit) -> bool:
@@ -56,3 +73,23 @@ def test_a_group_of_more_rows_is_packed_commit_by_commit(models):  # noqa: F811
     group = build_group(batches, states, model, 8, shadow, RESENDS, RULES)
     assert group is not None and len(group.whole.scores) > GROUP_ROWS
     assert prepared_group(committer, group) is None
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_rounds_state_reads_packed_at_once_are_each_packed_alone(seed):
+    """StateReader.commands: each request's read as `command` gives it, for rounds of a few
+    partitions' requests, some users cached (no read, or one without the sequence), and for
+    more keys than FEW_READS (each packed alone)."""
+    rng = np.random.default_rng(seed)
+    cache = StateCache(10**6)
+    reader = StateReader(redis.Redis(), Keys(), cache, lambda version: version)
+    for p in (1, 3):  # partitions 1 and 3 have a sequence and a cached user
+        cache.store(p, b"7", written(cached_commit(p)))
+    for _ in range(50):
+        many = int(rng.integers(1, 3 * FEW_READS // 4))
+        parts = sorted(set(rng.integers(0, 5, 4).tolist()))
+        users = {p: sorted({f"u{p}-{i}" for i in rng.integers(0, 40, many)}) for p in parts}
+        requests = [reader.request(p, [*users[p], *([f"cached-{p}"] if p == 3 else [])])
+                    for p in parts]  # fmt: skip
+        requests.append(reader.request(1, ["cached-1"]))  # known: no read
+        assert reader.commands(requests) == [reader.command(r) for r in requests]

@@ -27,7 +27,7 @@ from worker.common.dedup import bounded
 from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
-from worker.engine.adapters.resp import resp_commands
+from worker.engine.adapters.resp import packed_rows, resp_commands
 from worker.engine.compute.histories import valid_histories
 from worker.engine.compute.lean_state import later_id, unpack_state
 from worker.engine.compute.state_cache import CachedState, StateCache, copy_known
@@ -47,6 +47,10 @@ MAX_RULES_BYTES = 8192
 # Why not a Lua script reading them all: it cost Redis about 5 µs a state against 2 for the
 # HMGET (BENCHMARKS.md, The commit's Redis CPU).
 WRONG_TYPE = -1  # h of a state key that holds another type, the other fields None
+
+
+# Up to this many state keys a round, its reads' HMGETs are laid out at once (StateReader.commands)
+FEW_READS = 32
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,24 @@ class StateReader:
             _packed("GET", self.keys.commit_seq(p)) + resp_commands(["HMGET", keys, *FIELDS]),
             len(keys) + 1,
         )
+
+    def commands(self, requests: list[StateRequest]) -> list[StateRead | None]:
+        """Each request's read, as `command` gives it: a few requests' HMGETs (at low traffic,
+        a node's round) laid out at once, not a template's fixed cost a request."""
+        needed = [r for r in requests if r.misses or r.seq is None]
+        if sum(len(r.misses) for r in needed) > FEW_READS:
+            return [self.command(r) for r in requests]
+        keys = [self.keys.state_prefix(r.partition) + r.users[i] for r in needed for i in r.misses]
+        hmgets = iter(packed_rows(["HMGET", keys, *FIELDS]))
+        out: list[StateRead | None] = []
+        for r in requests:
+            if not r.misses and r.seq is not None:
+                out.append(None)
+                continue
+            mine = [next(hmgets) for _ in r.misses]
+            packed = b"".join([_packed("GET", self.keys.commit_seq(r.partition)), *mine])
+            out.append(StateRead(packed, len(mine) + 1))
+        return out
 
     def flat(self, p: int, replies: list) -> list:
         """The replies of a read as one list: the sequence (None before the first commit),

@@ -75,7 +75,7 @@ class Together:
         one connection of `client`; None for a batch whose read failed (a redirect, bad
         data) or whose cached states moved: it is read again alone, which says why."""
         requests = [self.states.request(b.partition, distinct_users(b)) for b in batches]
-        reads = [self.states.command(request) for request in requests]
+        reads = self.states.commands(requests)
         pool = client.connection_pool
         conn = pool.get_connection()
         try:

@@ -163,9 +163,9 @@ def _joined(batches: list[Batch], states: list[UserStates]) -> tuple[Batch, User
 
 def _whole(s: UserStates) -> bool:
     """Whether every per-user field of the states has a row per user (as read)."""
-    n = len(s.users)
-    return all(len(x) == n for x in (s.h, s.last_ts, s.last_id, s.n, s.event_ids, s.score,
-                                      s.recent, s.rules, s.items))  # fmt: skip
+    return (len(s.users) == len(s.h) == len(s.last_ts) == len(s.last_id) == len(s.n)
+            == len(s.event_ids) == len(s.score) == len(s.recent) == len(s.rules)
+            == len(s.items))  # fmt: skip
 
 
 def _seconds(b: Batch) -> np.ndarray:
