@@ -1,13 +1,17 @@
 """`intentstream bench --workers`: runs real workers and reports every column (a smoke run;
-its figures are measured by hand, never asserted)."""
+its figures are measured by hand, never asserted); the score observer reads every latency
+event's score once."""
 
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
+import redis
 
 from tests.conftest import run_cli
+from worker.bench.observer import Observer, sent_id
 from worker.bench.scaling import whole_ms_percentile
 
 
@@ -21,13 +25,14 @@ def test_scaling_bench_reports_rate_latency_cpu_and_fleet_arithmetic():
     assert re.search(r"\d+ cores", out.splitlines()[0])
     rows = {}
     for line in out.splitlines():
-        m = re.match(r"\s+(\d+)\s+([\d,]+)" + r"\s+([\d.]+)" * 5 + r"\s*$", line)
+        m = re.match(r"\s+(\d+)\s+([\d,]+)" + r"\s+([\d.]+)" * 7 + r"\s*$", line)
         if m:
             rows[int(m[1])] = [float(x.replace(",", "")) for x in m.groups()[1:]]
     assert set(rows) == {1, 2}
-    for rate, p50, p99, worker_us, redis_us, atomic_us in rows.values():
+    for rate, p50, p99, worker_us, redis_us, atomic_us, seen50, seen99 in rows.values():
         assert rate > 0 and 0 <= p50 <= p99 and worker_us > 0 and redis_us > 0
         assert atomic_us > 0  # inside EXEC (the commits) and the scripts
+        assert 0 < seen50 <= seen99  # as the score observer read them, to the µs
     for target in ("10,000", "100,000", "1,000,000"):
         assert re.search(rf"{target} events/s: +\d+ shard\(s\), +\d+ worker\(s\)", out)
 
@@ -39,3 +44,17 @@ def test_latency_percentiles_in_whole_ms_are_read_within_their_ms():
     assert whole_ms_percentile(np.array([2.0] * 4), 50) == 2.0  # the middle of its ms
     assert abs(whole_ms_percentile(np.array([1.0] * 10 + [2.0] * 30 + [9.0] * 10), 50) - 2.0) < 1e-9
     assert whole_ms_percentile(np.array([1.0] * 99 + [40.0]), 99) == 1.5
+
+
+def test_the_observer_sees_each_sent_score_once_from_its_send(redis_server):
+    """Score entries of two streams, some carrying a send time (sent_id): the observer,
+    started before them, returns one latency each, from the send to its arrival."""
+    r = redis.Redis.from_url(redis_server.url)
+    streams = {"s:{0}": b"0-0", "s:{1}": b"0-0"}
+    observer = Observer(redis_server.url, streams)
+    before = time.time()
+    for n in range(30):
+        r.xadd(f"s:{{{n % 2}}}", {"event_id": sent_id(n) if n % 3 else f"plain-{n}"})
+    seen = observer.stop()
+    assert len(seen) == 20
+    assert (seen >= 0).all() and (seen <= (time.time() - before) * 1000 + 1).all()

@@ -37,6 +37,7 @@ import redis
 from model.artifact import random_model, save_model
 from model.benchmarks.kernels import machine_line
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from worker.bench.observer import Observer, sent_id
 from worker.common.cli_help import HelpFormatter
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys
@@ -67,6 +68,8 @@ class Run:
     p50: float  # seconds
     p99: float
     latency_events: int
+    seen_p50: float = math.nan  # seconds, as a reader of the scores saw them (one Redis)
+    seen_p99: float = math.nan
 
     @property
     def rate(self) -> float:
@@ -181,13 +184,20 @@ def scoring_span(client: Client, partitions: int) -> float:
     return (max(ends) - min(ends)) / 1000 if ends else 0.0
 
 
-def latency_phase(client: Client, args, rate: float, procs: list) -> np.ndarray:
+def latency_phase(
+    client: Client, args, rate: float, procs: list, url: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Publish at `rate` for args.latency_seconds; per-event latency in whole ms, from the
     event entry's id time to its score entry's (both Redis's clock: the producer's own time
-    to build and send its events is not the worker's)."""
+    to build and send its events is not the worker's); and, on one Redis (`url`), the
+    latency a reader of the scores sees, ms to the µs (observer.py; empty on a cluster)."""
     before = scored(client, args.partitions)
     starts = {p: (client.xinfo_stream(KEYS.scores(p))["last-generated-id"]) for p in
               range(args.partitions)}  # fmt: skip
+    observer = None
+    if url is not None:
+        streams = {KEYS.scores(p): starts[p] for p in range(args.partitions)}
+        observer = Observer(url, streams)
     users = [f"u{i}" for i in range(args.users)]
     rng = np.random.default_rng(2)
     chunk = max(1, int(rate / 100))  # every 10 ms
@@ -197,7 +207,7 @@ def latency_phase(client: Client, args, rate: float, procs: list) -> np.ndarray:
         now_ms = int(time.time() * 1000)
         batch = [
             {"user_id": users[u], "type": EVENT_TYPES[t], "ts": now_ms,
-             "event_id": f"lat-{sent + i}"}
+             "event_id": sent_id(sent + i)}
             for i, (u, t) in enumerate(zip(rng.integers(0, len(users), chunk),
                                            rng.integers(0, len(EVENT_TYPES), chunk),
                                            strict=True))
@@ -210,11 +220,12 @@ def latency_phase(client: Client, args, rate: float, procs: list) -> np.ndarray:
         if ahead > 0:
             time.sleep(ahead)
     wait(lambda: scored(client, args.partitions) >= before + sent, 120, "latency phase", procs)
+    seen = observer.stop() if observer is not None else np.zeros(0)
     latencies = []
     for p in range(args.partitions):
         for sid, f in client.xrange(KEYS.scores(p), f"({starts[p].decode()}", "+"):
             latencies.append(id_ms(sid) - entered[f[b"event_id"]])
-    return np.asarray(latencies, np.float64)
+    return np.asarray(latencies, np.float64), seen
 
 
 def id_ms(entry_id: bytes | str) -> int:
@@ -263,7 +274,8 @@ def run_one(servers: Servers, n: int, args, events: list, model: Path, logs: Pat
         )
         rate = len(events) / seconds
         fixed = args.latency_rate
-        lat = latency_phase(client, args, fixed or rate * args.latency_load, procs)
+        url = None if args.cluster else servers.url
+        lat, seen = latency_phase(client, args, fixed or rate * args.latency_load, procs, url)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -274,18 +286,26 @@ def run_one(servers: Servers, n: int, args, events: list, model: Path, logs: Pat
                 proc.kill()
     return Run(n, len(events), seconds, w1 - w0, r1 - r0, c1 - c0, q1 - q0,
                whole_ms_percentile(lat, 50) / 1e3, whole_ms_percentile(lat, 99) / 1e3,
-               len(lat))  # fmt: skip
+               len(lat), *seen_percentiles(seen))  # fmt: skip
+
+
+def seen_percentiles(seen: np.ndarray) -> tuple[float, float]:
+    """p50 and p99 of the latencies a reader saw (ms), in seconds; NaN without any."""
+    if not len(seen):
+        return math.nan, math.nan
+    return float(np.percentile(seen, 50)) / 1e3, float(np.percentile(seen, 99)) / 1e3
 
 
 def print_table(runs: list[Run], cluster: bool) -> None:
     head = (f"{'workers':>7} {'events/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'worker µs/ev':>12} "
             f"{'redis µs/ev':>11} {'exec+lua µs/ev':>14}")  # fmt: skip
-    print(head + (f" {'replica µs/ev':>13}" if cluster else ""))
+    print(head + (f" {'replica µs/ev':>13}" if cluster else f" {'seen p50':>8} {'seen p99':>8}"))
     for r in runs:
         line = (f"{r.workers:>7} {r.rate:>9,.0f} {r.p50 * 1e3:>7.1f} {r.p99 * 1e3:>7.1f} "
                 f"{r.per_event_us(r.worker_cpu):>12.1f} {r.per_event_us(r.redis_cpu):>11.1f} "
                 f"{r.per_event_us(r.redis_cmd):>14.1f}")  # fmt: skip
-        print(line + (f" {r.per_event_us(r.replica_cpu):>13.1f}" if cluster else ""))
+        seen = f" {r.seen_p50 * 1e3:>8.2f} {r.seen_p99 * 1e3:>8.2f}"
+        print(line + (f" {r.per_event_us(r.replica_cpu):>13.1f}" if cluster else seen))
 
 
 def print_fleet(runs: list[Run], partitions: int, cluster: bool) -> None:

@@ -1,0 +1,78 @@
+"""The latency a reader of the scores sees, to the µs: a process of its own blocks on the score
+streams (XREAD) and takes, for each score of an event whose event_id carries its send time
+(`sent_id`), the time from that send to the entry's arrival here.
+
+The bench's other latency, from an event's entry id to its score entry's id, counts whole
+ms of Redis's clock: at low traffic, where a round takes one or two ms, it can only say 1 or
+2 and reads a p50 between them from their shares. Here both ends are this machine's clock
+in µs, and the span is what a shop waiting for the score of the click it just sent waits:
+its own send, the worker's round, the reader's wake-up (the same at any partition count).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from multiprocessing.connection import Connection
+
+import numpy as np
+import redis
+
+PREFIX = b"seen-"
+
+
+def sent_id(n: int) -> str:
+    """An event_id that carries its send time (now, µs) and a number that makes it unique."""
+    return f"seen-{time.time_ns() // 1000}-{n}"
+
+
+def _sent_us(event_id: bytes) -> int | None:
+    """The send time a `sent_id` carries, else None."""
+    if not event_id.startswith(PREFIX):
+        return None
+    return int(event_id.split(b"-")[1])
+
+
+def _observe(url: str, starts: dict[str, bytes], out: Connection) -> None:
+    """Read the streams after `starts` until told to stop; send back the latencies, µs."""
+    r = redis.Redis.from_url(url)
+    last = dict(starts)
+    seen: list[int] = []
+    out.send("ready")
+    while True:
+        stopping = out.poll()  # then every score is in: read what is left, without waiting
+        got = r.xread(last, block=None if stopping else 100) or []
+        now = time.time_ns() // 1000
+        for stream, entries in got:
+            for _, fields in entries:
+                sent = _sent_us(fields.get(b"event_id", b""))
+                if sent is not None:
+                    seen.append(now - sent)
+            last[stream.decode()] = entries[-1][0]
+        if stopping and not got:
+            break
+    out.recv()
+    out.send(seen)
+
+
+class Observer:
+    """The reading process, started before the events are sent, stopped after they scored."""
+
+    def __init__(self, url: str, starts: dict[str, bytes]) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_observe, args=(url, starts, theirs), daemon=True)
+        self._proc.start()
+        theirs.close()
+        if not self._conn.poll(60) or self._conn.recv() != "ready":
+            raise RuntimeError("the score observer did not start")
+
+    def stop(self) -> np.ndarray:
+        """The latencies seen, ms (float)."""
+        self._conn.send("stop")
+        if not self._conn.poll(60):
+            self._proc.kill()
+            raise RuntimeError("the score observer did not report")
+        seen = self._conn.recv()
+        self._proc.join(10)
+        return np.asarray(seen, np.float64) / 1000.0
