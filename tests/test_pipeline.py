@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model
-from worker.common.dedup import ResendWindow
+from worker.common.dedup import MAX_TIME, ResendWindow
 from worker.common.events import MAX_TS_MS
-from worker.engine.compute.batch import parse_batch
+from worker.engine.compute.batch import parse_batch, seconds_of
 from worker.engine.compute.pipeline import build_commit
 from worker.engine.compute.user_states import UserStates, distinct_users
 
@@ -257,3 +257,12 @@ def test_an_entry_id_at_2_63_ms_without_ts_is_a_dead_letter_beside_normal_events
     c = commit_of(raw)
     assert c.outcomes["scored"] == 2 and c.outcomes["deadletter"] == 1
     assert "past year 9999" in c.dead[0].error and c.dead[0].source_id == raw[1][0]
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), max_size=40))
+def test_entry_seconds_of_a_few_entries_are_the_columns_form(keys):
+    """seconds_of counts a few entries in Python; the many's numpy form gives the same."""
+    ms = np.fromiter((k[0] for k in keys), np.float64, len(keys))
+    want = np.minimum(ms // 1000, MAX_TIME).astype(np.int64)
+    got = seconds_of(keys)
+    assert got.dtype == np.int64 and got.tolist() == want.tolist()
