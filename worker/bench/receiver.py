@@ -1,6 +1,7 @@
 """The webhook benchmark's receiver, a process of its own: answers every POST 204 on a
 keep-alive connection and notes when each action arrived; GET / returns the count, GET /delays
-also each arrival's delay after the action's commit (ms), as JSON. A bare asyncio protocol, so
+also each arrival's delay after the action's commit (ms) and the latest arrival's
+time.monotonic(), as JSON. A bare asyncio protocol, so
 that it costs far less per request than the deliverer it measures (bench --webhooks prints
 both). `python -m worker.bench.receiver PORT`"""
 
@@ -12,6 +13,7 @@ import sys
 import time
 
 _delays: list[float] = []
+_last = [0.0]  # time.monotonic() of the latest POST (one clock for every process)
 NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"
 
 
@@ -46,10 +48,11 @@ class _Receiver(asyncio.Protocol):
             # webhook-id act_<p>_<ms>-<seq>: the commit time is in the id
             committed_ms = int(_header(head, b"webhook-id").split(b"_")[2].split(b"-")[0])
             _delays.append(time.time() * 1000 - committed_ms)
+            _last[0] = time.monotonic()
             return NO_CONTENT
         doc: dict = {"count": len(_delays)}
         if head.startswith(b"get /delays"):  # once, at the end: the count alone while it runs
-            doc["delays_ms"] = _delays
+            doc["delays_ms"], doc["last"] = _delays, _last[0]
         body = json.dumps(doc).encode()
         return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
 
