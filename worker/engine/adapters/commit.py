@@ -114,6 +114,8 @@ class _Constant:
     checks_head: bytes  # WATCH, GET the lease, GET the position
     checks_tail: bytes  # GET the sequence, TYPE each stream, GET the token, GET the count
     checks: int  # the checks' replies, the XRANGE between head and tail included
+    # each stream is trimmed once a commit, not at every XADD (whose MAXLEN option costs about
+    # a quarter of the XADD): the same bound, seen from outside the transaction
     trim_scores: bytes
     get_last_commit: bytes
     incr_seq: bytes
@@ -275,24 +277,26 @@ class Committer:
         whole (DEL), the states (HSET), each part's state writes (the shadow model's), their
         TTL."""
         text = decimals(c.scores)
-        parts, n = [self._scores(c, text)], len(c.scores)
+        return self.prepared(c, [self._scores(c, text)], self._state_writes(c, text))
+
+    def prepared(
+        self, c: Commit, scores: list, states: tuple[list, int, int, np.ndarray]
+    ) -> PreparedCommit:  # fmt: skip
+        """The PreparedCommit of `c` from its score entries' XADDs (bytes-like chunks) and its
+        state writes (as `_state_writes` gives them), the rest packed here, in `prepare`'s
+        order: one place for the order the replies are read in (group_packing.py too)."""
+        parts, n = [*scores], len(c.scores)
         if n:
-            parts.append(self.scores_trim(c.partition))
+            parts.append(self._constant_of(c.partition, ()).trim_scores)
             n += 1
-        written, n_written = self.stream_writes(c)
-        parts += [*written, *self.position_writes(c)]
+        written, n_written = self._stream_writes(c)
+        parts += [*written, *self._position_writes(c)]
         previous_at, n = n + n_written + 1, n + n_written + 3
-        states, n_states, first_hset, rows = self._state_writes(c, text)
-        return PreparedCommit(chunks([*parts, *states]), n + n_states, previous_at,
+        writes, n_states, first_hset, rows = states
+        return PreparedCommit(chunks([*parts, *writes]), n + n_states, previous_at,
                               n + first_hset, rows)  # fmt: skip
 
-    def scores_trim(self, p: int) -> bytes:
-        """The scores stream's XTRIM. Each stream is trimmed once a commit, not at every XADD
-        (whose MAXLEN option costs about a quarter of the XADD): the same bound, seen from
-        outside the transaction."""
-        return self._constant_of(p, ()).trim_scores
-
-    def stream_writes(self, c: Commit) -> tuple[list, int]:
+    def _stream_writes(self, c: Commit) -> tuple[list, int]:
         """Each part's stream writes (dead letters, actions) and their number of commands."""
         k, p, lim = self.keys, c.partition, self.limits
         out, n = [], 0
@@ -306,7 +310,7 @@ class Committer:
                     n += 1
         return out, n
 
-    def position_writes(self, c: Commit) -> list[bytes]:
+    def _position_writes(self, c: Commit) -> list[bytes]:
         """The partition's position, and its last commit token (GET, then SET)."""
         k, p = self.keys, c.partition
         return [_packed("SET", k.acked(p), c.ack_ids[-1]), self._constant_of(p, ()).get_last_commit,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from worker.engine.adapters.commit import Committer, PreparedCommit
-from worker.engine.adapters.resp import chunks, packed_rows
+from worker.engine.adapters.resp import packed_rows
 from worker.engine.compute.joint import Group
 from worker.engine.compute.parts.part import Share, decimals
 from worker.engine.compute.pipeline import Commit
@@ -93,13 +93,4 @@ def _prepared(
     committer: Committer, c: Commit, r: Share, xadds: list[bytes], states: _GroupStates
 ) -> PreparedCommit:
     """One commit's writes in Committer.prepare's order, from the group's commands."""
-    body, n = list(xadds[r.scores]), len(c.scores)
-    if n:
-        body.append(committer.scores_trim(c.partition))
-        n += 1
-    written, n_written = committer.stream_writes(c)
-    body += [*written, *committer.position_writes(c)]
-    previous_at, n = n + n_written + 1, n + n_written + 3
-    writes, n_states, first_hset, rows = states.of(r.rows)
-    return PreparedCommit(chunks([*body, *writes]), n + n_states, previous_at, n + first_hset,
-                          rows)  # fmt: skip
+    return committer.prepared(c, xadds[r.scores], states.of(r.rows))
