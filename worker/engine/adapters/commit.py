@@ -58,8 +58,8 @@ from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
 from worker.engine.adapters.commit_token import position_of, token_of
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
-from worker.engine.adapters.resp import Joined, chunks, resp_commands
-from worker.engine.compute.lean_state import packed_states
+from worker.engine.adapters.resp import chunks, resp_commands
+from worker.engine.adapters.row_writes import scores_template, state_writes
 from worker.engine.compute.parts.part import Rows, decimals
 from worker.engine.compute.pipeline import Commit
 
@@ -318,84 +318,20 @@ class Committer:
 
     def _scores(self, c: Commit, text: list[str]) -> bytes:
         """The score entries' XADDs (`scores_template`)."""
-        return resp_commands(self.scores_template(c, text, self.keys.scores(c.partition)))
-
-    def scores_template(self, c: Commit, text: list[str], stream: object) -> list:
-        """The score entries' XADD template: to `stream` (a key, or a key per entry),
-        user_id, score, event_id[, type, ts], model, and the parts' fields (the shadow
-        model's score and version); the lean layout without type and ts."""
-        users = [c.users[i] for i in c.score_user.tolist()]
-        template = ["XADD", stream, "*", "user_id", users, "score", text, "event_id",
-                    c.score_event_ids]  # fmt: skip
-        if not self.lean:
-            template += ["type", c.score_types, "ts", c.score_ts]
-        template += ["model", c.model]
-        for part in c.parts:
-            template += part.score_fields()
-        return template
+        return resp_commands(scores_template(c, text, self.keys.scores(c.partition), self.lean))
 
     def _state_writes(
         self, c: Commit, text: list[str], rows: np.ndarray | None = None, replace: bool = False
     ) -> tuple[list, int, int, np.ndarray]:
-        """The state writes of the rows given (default: every row): the DELs of the keys
-        rewritten whole (c.rewrite's rows, or every row given when `replace`), the states'
-        HSETs, the parts' (the shadow model's), the keys' TTL. Their bytes, their number of
-        commands, the first HSET's place among them, and the state row of each HSET in order."""
+        """The state writes of the rows given (default: every row), as `state_writes` gives
+        them; the DELs of c.rewrite's rows, or of every row given when `replace`."""
         if not c.users:
             return [], 0, 0, np.zeros(0, np.int64)
-        every = np.arange(len(c.users), dtype=np.int64)
-        rows = every if rows is None else np.asarray(rows, np.int64)
-        p = c.partition
-        keys = list(map(self.keys.state_prefix(p).__add__, c.users))  # keys.state(p, u)
+        rows = np.arange(len(c.users)) if rows is None else rows
+        rows = np.asarray(rows, np.int64)
+        keys = list(map(self.keys.state_prefix(c.partition).__add__, c.users))  # keys.state(p, u)
         dels = rows if replace else np.asarray(c.rewrite, np.int64)
-        states, hset_rows = self._states(c, keys, text, rows)
-        parts = [resp_commands(["DEL", keys], dels), *states]
-        n = len(dels) + len(rows)
-        for part in c.parts:
-            for template in part.state_writes(keys):
-                parts.append(resp_commands(template, rows))
-                n += len(rows)
-        if self.limits.state_ttl_ms > 0:
-            parts.append(resp_commands(["PEXPIRE", keys, self.limits.state_ttl_ms], rows))
-            n += len(rows)
-        return parts, n, len(dels), hset_rows
-
-    def _states(
-        self, c: Commit, keys: list[str], text: list[str], rows: np.ndarray
-    ) -> tuple[list, np.ndarray]:
-        """The HSETs of the states of `rows` (chunks), and the state row of each in order. The full
-        layout writes h, score, last_id, last_ts, model, n, recent, event_ids (when there
-        are any) and the parts' fields (rules when rules are set, items when written); the
-        lean one score, model and s (compute/lean_state.py)."""
-        with_ids, without = self.state_templates(c, keys, text, bool(c.rewrite))
-        if without is None:  # lean: one template
-            return [resp_commands(with_ids, rows)], rows
-        # a state with no producer event ids has no event_ids field
-        stamped = np.fromiter(map(bool, c.event_ids), bool, len(c.event_ids))[rows]
-        rows_with, rows_without = rows[stamped], rows[~stamped]
-        return (
-            [resp_commands(with_ids, rows_with), resp_commands(without, rows_without)],
-            np.concatenate([rows_with, rows_without]),
-        )  # fmt: skip
-
-    def state_templates(
-        self, c: Commit, keys: list[str], text: list[str], rewrite: bool
-    ) -> tuple[list, list | None]:  # fmt: skip
-        """The states' HSET templates over `keys` (one per state row): the full layout's for
-        the states with producer event ids and for those without; the lean layout's one
-        (and None). `rewrite`: some keys are rewritten whole (the parts' fields say)."""
-        scores = [text[i] for i in c.last_scored.tolist()]  # each user's last score
-        if self.lean:
-            k = len(c.users)
-            rules = c.rules if c.rules is not None else [b""] * k
-            items = c.items if c.items is not None else [b""] * k
-            packed = packed_states(c.h, c.last_ts, c.n,
-                                   [c.last_ids, c.event_ids, c.recent, rules, items])  # fmt: skip
-            return ["HSET", keys, "score", scores, "model", c.model, "s", Joined(*packed)], None
-        head = ["HSET", keys, "h", c.h, "score", scores, "last_id", c.last_ids, "last_ts",
-                c.last_ts, "model", c.model, "n", c.n, "recent", c.recent]  # fmt: skip
-        tail = [x for part in c.parts for x in part.state_fields(rewrite)]
-        return [*head, "event_ids", c.event_ids, *tail], [*head, *tail]
+        return state_writes(c, keys, text, rows, dels, self.lean, self.limits.state_ttl_ms)
 
     def transaction(
         self, c: Commit, prepared: PreparedCommit | None = None, seed: bytes = b"",

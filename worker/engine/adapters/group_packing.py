@@ -13,6 +13,7 @@ import numpy as np
 
 from worker.engine.adapters.commit import Committer, PreparedCommit
 from worker.engine.adapters.resp import packed_rows
+from worker.engine.adapters.row_writes import scores_template, state_templates
 from worker.engine.compute.joint import Group
 from worker.engine.compute.parts.part import Share, decimals
 from worker.engine.compute.pipeline import Commit
@@ -33,7 +34,7 @@ def prepared_group(committer: Committer, group: Group) -> list[PreparedCommit] |
     text = decimals(whole.scores)
     score_keys = [keys.scores(c.partition) for c, r in zip(group.commits, group.ranges, strict=True)
                   for _ in range(r.scores.start, r.scores.stop)]  # fmt: skip
-    xadds = packed_rows(committer.scores_template(whole, text, score_keys))
+    xadds = packed_rows(scores_template(whole, text, score_keys, committer.lean))
     state_keys = [keys.state_prefix(c.partition) + u for c in group.commits for u in c.users]
     states = _GroupStates(committer, whole, state_keys, text, rewrite.pop())
     return [_prepared(committer, c, r, xadds, states)
@@ -57,7 +58,7 @@ class _GroupStates:
         self, committer: Committer, whole: Commit, keys: list[str], text: list[str],
         rewrite: bool,
     ) -> None:  # fmt: skip
-        with_ids, without = committer.state_templates(whole, keys, text, rewrite)
+        with_ids, without = state_templates(whole, keys, text, rewrite, committer.lean)
         every = range(len(keys))
         # the full layout writes event_ids only where there are any (Committer._states)
         self.stamped = [True] * len(keys) if without is None else list(map(bool, whole.event_ids))
@@ -74,7 +75,7 @@ class _GroupStates:
             self.extras.append(packed_rows(["PEXPIRE", keys, committer.limits.state_ttl_ms]))
 
     def of(self, rows: slice) -> tuple[list[bytes], int, int, np.ndarray]:
-        """One commit's state writes (its rows): as Committer._state_writes gives them."""
+        """One commit's state writes (its rows): as row_writes.state_writes gives them."""
         if rows.start == rows.stop:
             return [], 0, 0, np.zeros(0, np.int64)
         mine = range(rows.start, rows.stop)
