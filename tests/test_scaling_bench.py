@@ -5,13 +5,15 @@ event's score once."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import numpy as np
 import redis
 
 from tests.conftest import run_cli
-from worker.bench.observer import Observer, sent_id
+from tests.workers import wait_for
+from worker.bench.observer import Observer, entries_after, sent_id
 from worker.bench.scaling import whole_ms_percentile
 
 
@@ -58,3 +60,26 @@ def test_the_observer_sees_each_sent_score_once_from_its_send(redis_server):
     seen = observer.stop()
     assert len(seen) == 20
     assert (seen >= 0).all() and (seen <= (time.time() - before) * 1000 + 1).all()
+
+
+def test_one_read_of_the_observer_brings_every_stream_a_transaction_wrote(redis_server):
+    """Redis answers a blocked XREAD with the first stream written alone; the read behind it
+    in the same send brings the rest, each entry once (the reader's extra round trip would
+    otherwise grow with the partitions)."""
+    r = redis.Redis.from_url(redis_server.url)
+    names = [f"s:{{{p}}}" for p in range(3)]
+    last = {name: r.xadd(name, {"n": 0}) for name in names}
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(entries_after(redis.Redis.from_url(
+        redis_server.url), dict(last), 5000)))  # fmt: skip
+    reader.start()
+    wait_for(lambda: r.info("clients")["blocked_clients"] == 1, 10)
+    with r.pipeline(transaction=True) as pipe:
+        for name in names:
+            pipe.xadd(name, {"n": 1})
+            pipe.xadd(name, {"n": 2})
+        pipe.execute()
+    reader.join(10)
+    assert sorted((s.decode(), [f[b"n"] for _, f in e]) for s, e in got) == [
+        (name, [b"1", b"2"]) for name in names
+    ]
