@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import redis
 
@@ -30,6 +31,7 @@ from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.adapters.together import WITHHELD, Outcome, Together
 from worker.engine.compute.batch import Batch
+from worker.engine.compute.joint import Group
 from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.state_cache import CachedState, written
 from worker.engine.compute.user_states import UserStates, distinct_users
@@ -169,13 +171,17 @@ class BatchFlow:
             alone = [b for b, st in zip(batches, states, strict=True) if st is None]
             # on one Redis the group commits all or none, so it is built as one
             whole = self.io.together.one_transaction and len(read) > 1
+            group, pack = None, None
             if whole:
-                ready = self._built_together(read, state_s)
+                ready, group = self._built_together(read, state_s)
             else:
                 ready = [(b, self.compute(b, (st, state_s))) for b, st in read]
+            if group is not None:
+                # packed while Redis runs the checks (Together.commit), not before them
+                pack = partial(prepared_group, self.io.committer, group)
             t1 = time.perf_counter()
             pairs = [(c.commit, c.prepared) for _, c in ready]
-            outcomes = self.io.together.commit(client, pairs, whole)
+            outcomes = self.io.together.commit(client, pairs, whole, pack)
             commit_s = time.perf_counter() - t1
             failed: redis.RedisError | None = None
             for (batch, computed), outcome in zip(ready, outcomes, strict=True):
@@ -191,17 +197,17 @@ class BatchFlow:
 
     def _built_together(
         self, read: list[tuple[Batch, UserStates]], state_s: float
-    ) -> list[tuple[Batch, Computed]]:
-        """The batches' Commits built as one (compute/joint.py), each with its states, and
-        packed at once (adapters/group_packing.py); one by one when they cannot be joined."""
+    ) -> tuple[list[tuple[Batch, Computed]], Group | None]:
+        """The batches' Commits built as one (compute/joint.py), each with its states, and the
+        group (its commits packed at once: adapters/group_packing.py); one by one, and no
+        group, when they cannot be joined."""
         t0 = time.perf_counter()
         group = self.io.models.build_group([b for b, _ in read], [st for _, st in read])
         if group is None:
-            return [(b, self.compute(b, (st, state_s))) for b, st in read]
+            return [(b, self.compute(b, (st, state_s))) for b, st in read], None
         model_s = (time.perf_counter() - t0) / len(read)
-        prepared = prepared_group(self.io.committer, group) or [None] * len(read)
-        return [(b, Computed(st, c, p, (state_s, model_s), False))
-                for (b, st), c, p in zip(read, group.commits, prepared, strict=True)]  # fmt: skip
+        return [(b, Computed(st, c, None, (state_s, model_s), False))
+                for (b, st), c in zip(read, group.commits, strict=True)], group  # fmt: skip
 
     def _settle_together(
         self, batch: Batch, computed: Computed, outcome: Outcome, commit_s: float,

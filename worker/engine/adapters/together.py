@@ -55,6 +55,8 @@ class Withheld:
 WITHHELD = Withheld()
 
 Outcome = CommitResult | CommitRefusedError | redis.RedisError | Withheld
+# packs a group's commits at once (adapters/group_packing.py), None when it cannot
+Packing = Callable[[], list[PreparedCommit] | None]
 
 
 class Together:
@@ -100,14 +102,15 @@ class Together:
 
     def commit(
         self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]],
-        whole: bool = False,
+        whole: bool = False, pack: Packing | None = None,
     ) -> list[Outcome]:  # fmt: skip
         """Apply commits of distinct partitions of `client`'s node (see the module's
         docstring): for each, its result, its refusal, the error it met (an error reply
         with every reply read, or a connection error that leaves it unsettled: it may have
-        applied), or WITHHELD (`whole`, one Redis: all or none go)."""
+        applied), or WITHHELD (`whole`, one Redis: all or none go). `pack`, when given, packs
+        the commits not packed yet at once, while Redis runs their checks."""
         if self.one_transaction:
-            return self._in_one_transaction(client, commits, whole)
+            return self._in_one_transaction(client, commits, whole, pack)
         pool = client.connection_pool
         outcomes: list = [None] * len(commits)
         conns: list[redis.connection.Connection] = []
@@ -117,7 +120,7 @@ class Together:
             for i, (packed, _) in enumerate(checks):
                 _step(outcomes, conns, i, conns[i].send_packed_command, [packed])
             # packed while Redis runs the checks, rather than between their replies
-            commits = [(c, prepared or self.committer.prepare(c)) for c, prepared in commits]
+            commits = self._packed(commits, pack)
             for i, ((c, prepared), (_, n)) in enumerate(zip(commits, checks, strict=True)):
                 _step(outcomes, conns, i, self._judged, conns[i], c, prepared, n)
             for i in range(len(commits)):
@@ -134,7 +137,7 @@ class Together:
 
     def _in_one_transaction(
         self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]],
-        whole: bool = False,
+        whole: bool = False, pack: Packing | None = None,
     ) -> list[Outcome]:  # fmt: skip
         """On one Redis: every commit's WATCH and checks on one connection in one send, then
         one transaction of the writes of those whose checks passed (MULTI, each one's
@@ -148,8 +151,7 @@ class Together:
         conn = pool.get_connection()
         try:
             conn.send_packed_command([b"".join(packed for packed, _ in checks)])
-            # packed while Redis runs the checks
-            commits = [(c, prepared or self.committer.prepare(c)) for c, prepared in commits]
+            commits = self._packed(commits, pack)  # while Redis runs the checks
             verdicts = [self.committer.verdict(c, read_replies(conn, n)) for (c, _), (_, n)
                         in zip(commits, checks, strict=True)]  # fmt: skip
             going = [i for i, v in enumerate(verdicts) if v.result is None]
@@ -183,6 +185,14 @@ class Together:
         finally:
             pool.release(conn)
         return outcomes
+
+    def _packed(
+        self, commits: list[tuple[Commit, PreparedCommit | None]], pack: Packing | None
+    ) -> list[tuple[Commit, PreparedCommit]]:  # fmt: skip
+        """Each commit with its writes packed: by `pack` at once where it can, else alone."""
+        together = (pack() if pack is not None else None) or [None] * len(commits)
+        return [(c, prepared or at_once or self.committer.prepare(c))
+                for (c, prepared), at_once in zip(commits, together, strict=True)]  # fmt: skip
 
     def _settled(
         self, conn: redis.connection.Connection, commit: tuple[Commit, PreparedCommit],
