@@ -165,7 +165,7 @@ class BatchFlow:
         alone: list[Batch] = []
         if client is not None:
             t0 = time.perf_counter()
-            states = self.io.together.read_states(client, batches, *self.io.models.spec())
+            states, joined = self.io.together.read_states(client, batches, *self.io.models.spec())
             state_s = (time.perf_counter() - t0) / len(batches)
             read = [(b, st) for b, st in zip(batches, states, strict=True) if st is not None]
             alone = [b for b, st in zip(batches, states, strict=True) if st is None]
@@ -173,7 +173,7 @@ class BatchFlow:
             whole = self.io.together.one_transaction and len(read) > 1
             group, pack = None, None
             if whole:
-                ready, group = self._built_together(read, state_s)
+                ready, group = self._built_together(read, state_s, joined)
             else:
                 ready = [(b, self.compute(b, (st, state_s))) for b, st in read]
             if group is not None:
@@ -196,13 +196,14 @@ class BatchFlow:
             self._guarded(batch.partition, self.process, batch)
 
     def _built_together(
-        self, read: list[tuple[Batch, UserStates]], state_s: float
+        self, read: list[tuple[Batch, UserStates]], state_s: float, joined: UserStates | None
     ) -> tuple[list[tuple[Batch, Computed]], Group | None]:
-        """The batches' Commits built as one (compute/joint.py), each with its states, and the
-        group (its commits packed at once: adapters/group_packing.py); one by one, and no
-        group, when they cannot be joined."""
+        """The batches' Commits built as one (compute/joint.py; from `joined`, their states
+        as one, when read so), each with its states, and the group (its commits packed at
+        once: adapters/group_packing.py); one by one, and no group, when they cannot be
+        joined."""
         t0 = time.perf_counter()
-        group = self.io.models.build_group([b for b, _ in read], [st for _, st in read])
+        group = self.io.models.build_group([b for b, _ in read], [st for _, st in read], joined)
         if group is None:
             return [(b, self.compute(b, (st, state_s))) for b, st in read], None
         model_s = (time.perf_counter() - t0) / len(read)

@@ -133,13 +133,15 @@ class Models:
         return build_commit(batch, states, self.current, s.history_events, self.shadow,
                             s.resend_window(), self.rules)  # fmt: skip
 
-    def build_group(self, batches: list[Batch], states: list[UserStates]) -> Group | None:
+    def build_group(
+        self, batches: list[Batch], states: list[UserStates], joined: UserStates | None = None
+    ) -> Group | None:  # fmt: skip
         """Batches of distinct partitions built as one (compute/joint.py): each one's Commit,
         the group's sums on the first's (the group commits all or nothing); None when they
-        cannot be joined."""
+        cannot be joined. `joined`: their states as one, when read so (`states` its views)."""
         s = self.s
         return build_group(batches, states, self.current, s.history_events, self.shadow,
-                           s.resend_window(), self.rules)  # fmt: skip
+                           s.resend_window(), self.rules, joined)  # fmt: skip
 
     def follow(self) -> None:
         """Take a newer model or a changed shadow from the source, if there is one; a model

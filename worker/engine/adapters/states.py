@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from itertools import accumulate
 
 import hiredis
 import numpy as np
@@ -256,10 +257,47 @@ class StateReader:
         states.seq = seq
         return states
 
+    def complete_all(
+        self, requests: list[StateRequest], flats: list[list | None], shape: tuple[int, int],
+        space: str, shadow: tuple[tuple[int, int], str] | None = None,
+    ) -> tuple[UserStates, list[UserStates]] | None:  # fmt: skip
+        """The states of requests of distinct partitions (a node's round), each read
+        (`flats`), as one UserStates and as each request's part of it (`complete`'s, as
+        views): one fill for them all, not one each. None when one has states pending on a
+        commit in flight or whose known states moved (each is completed alone then)."""
+        for request, flat in zip(requests, flats, strict=True):
+            if flat is None or request.pending:
+                return None
+            if request.seq is not None and (flat[0] or b"") != request.seq:
+                return None
+        starts = list(accumulate((len(r.users) for r in requests), initial=0))
+        states = UserStates.empty([u for r in requests for u in r.users], shape)
+        misses = [start + i for r, start in zip(requests, starts, strict=False) for i in r.misses]
+        found = self._fill(states, misses, [None, *(x for f in flats for x in f[1:])], shape,
+                           space, shadow)  # fmt: skip
+        if shadow is not None and states.shadow is None:  # all known: nothing was read
+            n = len(states.users)
+            states.shadow = ShadowStates(np.zeros((n, *shadow[0]), np.float32),
+                                         states.last_ts.copy(), score=np.full(n, np.nan),
+                                         rules=[b""] * n)  # fmt: skip
+        known = [(start + i, c) for r, start in zip(requests, starts, strict=False)
+                 for i, c in enumerate(r.known) if c is not None]  # fmt: skip
+        if known:
+            copy_known(states, [i for i, _ in known], [c for _, c in known])
+        each = []
+        for flat, start, stop in zip(flats, starts, starts[1:], strict=False):
+            part = states.rows(start, stop)
+            part.seq = flat[0] or b""
+            part.resets.update(reason for row, reason in found if start <= row < stop)
+            each.append(part)
+        return states, each
+
     def _fill(
         self, states: UserStates, rows: list[int], flat: list, shape, space: str, shadow
-    ) -> None:
-        """Validate the read's flat replies (after the sequence) into `states`."""
+    ) -> list[tuple[int, str]]:
+        """Validate the read's flat replies (after the sequence) into `states`; the rows
+        restarted (or replayed), each with its reason, as counted in `states.resets`."""
+        resets: list[tuple[int, str]] = []
         width = len(FIELDS)
         shadow_scores = np.full(len(states.users), np.nan)
         shadow_rules = [b""] * len(states.users)
@@ -286,14 +324,14 @@ class StateReader:
                 packed,
             ) = row
             if isinstance(h, int):
-                states.resets["wrong_type"] += 1
+                resets.append((i, "wrong_type"))
                 continue
             if (lid is not None) if self.lean else (packed is not None):
                 states.rewrite.append(i)  # it holds the other layout's fields: they go
             if packed is not None:  # the lean layout's, read out unless the fields are later
                 lean = unpack_state(packed)
                 if lean is None and lid is None:
-                    states.resets["invalid"] += 1  # an `s` that is not one, and no fields
+                    resets.append((i, "invalid"))  # an `s` that is not one, and no fields
                     continue
                 if lean is not None and (lid is None or later_id(lean.last_id, lid)):
                     h, lid, lts, cnt, eids, recent, rules, items = lean
@@ -305,7 +343,7 @@ class StateReader:
                 states.last_ts[i] = int(lts) if lts is not None else -1
             except ValueError:
                 states.last_id[i], states.n[i], states.last_ts[i] = (-1, -1), 0, -1
-                states.resets["invalid"] += 1
+                resets.append((i, "invalid"))
                 continue
             if eids:
                 states.event_ids[i] = bounded(eids)
@@ -325,13 +363,15 @@ class StateReader:
         missing, invalid = self._load(states.h, mine, shape)
         for reason, bad in (("model", missing), ("invalid", invalid)):
             for i in bad:
-                self._rebuild(states, i, reason)
+                resets.append((i, self._rebuild(states, i, reason)))
         if shadow is not None:
             states.shadow = ShadowStates(np.zeros((len(states.users), *shadow[0]), np.float32),
                                          states.last_ts.copy(), score=shadow_scores,
                                          rules=shadow_rules)  # fmt: skip
             missing, invalid = self._load(states.shadow.h, theirs, shadow[0])
             states.shadow.replay = [i for i in missing + invalid if states.recent[i]]
+        states.resets.update(reason for _, reason in resets)
+        return resets
 
     def _blob_of(self, stored: list, space: str) -> bytes | None:
         """The stored h (main or shadow field) written by a model of `space`, if any."""
@@ -359,14 +399,13 @@ class StateReader:
         return missing, invalid
 
     @staticmethod
-    def _rebuild(states: UserStates, i: int, reason: str) -> None:
+    def _rebuild(states: UserStates, i: int, reason: str) -> str:
         """Row i has no usable h: replayed from its recent events when it has any (counted
-        `replayed`), else it restarts from zero (counted by `reason`)."""
+        `replayed`), else it restarts from zero (counted by `reason`); what it counts as."""
         if states.recent[i]:
             states.replay.append(i)
-            states.resets["replayed"] += 1
-        else:
-            states.resets[reason] += 1
+            return "replayed"
+        return reason
 
     def remember(self, p: int, seq: bytes, written: dict[str, CachedState]) -> None:
         """Cache the states a commit wrote (see `written`), at the sequence it moved the

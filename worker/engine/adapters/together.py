@@ -72,10 +72,11 @@ class Together:
     def read_states(
         self, client: redis.Redis, batches: list[Batch], shape: tuple[int, int], space: str,
         shadow: tuple[tuple[int, int], str] | None = None,
-    ) -> list[UserStates | None]:  # fmt: skip
+    ) -> tuple[list[UserStates | None], UserStates | None]:  # fmt: skip
         """Each batch's users' states (as StateReader.read), their reads sent together on
         one connection of `client`; None for a batch whose read failed (a redirect, bad
-        data) or whose cached states moved: it is read again alone, which says why."""
+        data) or whose cached states moved: it is read again alone, which says why. And,
+        when every batch's were read, all of them as one (the batches' are its views)."""
         requests = [self.states.request(b.partition, distinct_users(b)) for b in batches]
         reads = self.states.commands(requests)
         pool = client.connection_pool
@@ -90,15 +91,20 @@ class Together:
             raise
         finally:
             pool.release(conn)
-        out: list[UserStates | None] = []
+        flats: list[list | bool | None] = []  # False: the read failed
         for request, reply in zip(requests, replies, strict=True):
             try:
                 flat = self.states.flat(request.partition, reply) if reply is not None else None
+                flats.append(flat)
             except (redis.ResponseError, PartitionDataError):
-                out.append(None)
-                continue
-            out.append(self.states.complete(request, flat, shape, space, shadow))
-        return out
+                flats.append(False)
+        joined = None
+        if not any(flat is False for flat in flats):
+            joined = self.states.complete_all(requests, flats, shape, space, shadow)
+        if joined is not None:
+            return list(joined[1]), joined[0]
+        return [None if flat is False else self.states.complete(request, flat, shape, space, shadow)
+                for request, flat in zip(requests, flats, strict=True)], None  # fmt: skip
 
     def commit(
         self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]],

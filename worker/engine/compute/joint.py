@@ -53,10 +53,13 @@ def build_commits(
 def build_group(
     batches: list[Batch], states: list[UserStates], model: ScoringModel, history_events: int,
     shadow: ScoringModel | None, resends: ResendWindow, rules: RuleTable | None,
+    together: UserStates | None = None,
 ) -> Group | None:  # fmt: skip
     """The batches built as one and the Commit shared out (`build_commits`); None when they
-    cannot be joined (a user in two, inputs of other names, a shadow's states beside some)."""
-    joined = _joined(batches, states)
+    cannot be joined (a user in two, inputs of other names, a shadow's states beside some).
+    `together`: the states as one, when read so (`states` its views: StateReader.complete_all),
+    not joined again here."""
+    joined = _joined(batches, states, together)
     if joined is None:
         return None
     batch, together = joined
@@ -115,10 +118,12 @@ def _shared(whole: Commit, s: Share, states: UserStates, unknown_types: int) -> 
     )
 
 
-def _joined(batches: list[Batch], states: list[UserStates]) -> tuple[Batch, UserStates] | None:
-    """The batches' valid events as one batch and their users' states as one, in order;
-    None when they cannot be joined (a user in two, inputs of other names, a shadow's
-    states beside some only)."""
+def _joined(
+    batches: list[Batch], states: list[UserStates], together: UserStates | None = None
+) -> tuple[Batch, UserStates] | None:  # fmt: skip
+    """The batches' valid events as one batch and their users' states as one (`together`
+    when given), in order; None when they cannot be joined (a user in two, inputs of other
+    names, a shadow's states beside some only)."""
     users = [u for s in states for u in s.users]
     if len(batches) < 2 or len(set(users)) != len(users):
         return None
@@ -141,6 +146,8 @@ def _joined(batches: list[Batch], states: list[UserStates]) -> tuple[Batch, User
         producers=[p for b in batches for p in b.producers],
         inputs=inputs,
     )
+    if together is not None:
+        return batch, together
     starts = list(accumulate((len(s.users) for s in states), initial=0))
     together = UserStates(
         users=users,

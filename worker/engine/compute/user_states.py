@@ -64,6 +64,30 @@ class UserStates:
             items=[b""] * n,
         )
 
+    def rows(self, start: int, stop: int) -> UserStates:
+        """The users start..stop as states of their own: views of these arrays (the pipeline's
+        advance of one moves the other), the row lists renumbered, no resets, this seq."""
+        shadow = self.shadow
+        if shadow is not None:
+            shadow = ShadowStates(
+                shadow.h[start:stop], shadow.last_ts[start:stop], _renumbered(shadow.replay,
+                start, stop), None if shadow.score is None else shadow.score[start:stop],
+                shadow.rules[start:stop],
+            )  # fmt: skip
+        return UserStates(
+            users=self.users[start:stop], h=self.h[start:stop], last_ts=self.last_ts[start:stop],
+            last_id=self.last_id[start:stop], n=self.n[start:stop],
+            event_ids=self.event_ids[start:stop], seq=self.seq, score=self.score[start:stop],
+            recent=self.recent[start:stop], rules=self.rules[start:stop],
+            items=self.items[start:stop], replay=_renumbered(self.replay, start, stop),
+            shadow=shadow, rewrite=_renumbered(self.rewrite, start, stop),
+        )  # fmt: skip
+
+
+def _renumbered(rows: list[int], start: int, stop: int) -> list[int]:
+    """The rows within start..stop, counted from start."""
+    return [r - start for r in rows if start <= r < stop]
+
 
 def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
     """For each valid event of the batch, the row of its user in `users`."""
