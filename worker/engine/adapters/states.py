@@ -262,19 +262,22 @@ class StateReader:
         space: str, shadow: tuple[tuple[int, int], str] | None = None,
     ) -> tuple[UserStates, list[UserStates]] | None:  # fmt: skip
         """The states of requests of distinct partitions (a node's round), each read
-        (`flats`), as one UserStates and as each request's part of it (`complete`'s, as
-        views): one fill for them all, not one each. None when one has states pending on a
-        commit in flight or whose known states moved (each is completed alone then)."""
+        (`flats`; None where all were known), as one UserStates and as each request's part of
+        it (`complete`'s, as views): one fill for them all, not one each. None when one has
+        states pending on a commit in flight or whose known states moved (each is completed
+        alone then)."""
+        seqs = []  # each request's sequence: its read's, or (all known, no read) its cache's
         for request, flat in zip(requests, flats, strict=True):
-            if flat is None or request.pending:
+            seq = request.seq if flat is None else flat[0] or b""
+            if request.pending or seq is None or (request.seq is not None and seq != request.seq):
                 return None
-            if request.seq is not None and (flat[0] or b"") != request.seq:
-                return None
+            seqs.append(seq)
         starts = list(accumulate((len(r.users) for r in requests), initial=0))
         states = UserStates.empty([u for r in requests for u in r.users], shape)
-        misses = [start + i for r, start in zip(requests, starts, strict=False) for i in r.misses]
-        found = self._fill(states, misses, [None, *(x for f in flats for x in f[1:])], shape,
-                           space, shadow)  # fmt: skip
+        misses = [start + i for r, f, start in zip(requests, flats, starts, strict=False)
+                  if f is not None for i in r.misses]  # fmt: skip
+        read = [None, *(x for f in flats if f is not None for x in f[1:])]
+        found = self._fill(states, misses, read, shape, space, shadow)
         if shadow is not None and states.shadow is None:  # all known: nothing was read
             n = len(states.users)
             states.shadow = ShadowStates(np.zeros((n, *shadow[0]), np.float32),
@@ -285,9 +288,9 @@ class StateReader:
         if known:
             copy_known(states, [i for i, _ in known], [c for _, c in known])
         each = []
-        for flat, start, stop in zip(flats, starts, starts[1:], strict=False):
+        for seq, start, stop in zip(seqs, starts, starts[1:], strict=False):
             part = states.rows(start, stop)
-            part.seq = flat[0] or b""
+            part.seq = seq
             part.resets.update(reason for row, reason in found if start <= row < stop)
             each.append(part)
         return states, each
