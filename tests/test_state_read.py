@@ -13,6 +13,7 @@ from worker.engine.adapters.states import (
     WRONG_TYPE,
     PartitionDataError,
     StateReader,
+    hmgets_of,
 )
 from worker.engine.compute.state_cache import StateCache
 
@@ -65,3 +66,18 @@ def test_a_sequence_that_is_no_sequence_stops_the_partition(redis_server, bad):
     states = reader(r)
     with pytest.raises(PartitionDataError, match="seq"):
         states.read(0, ["a"], (1, 4), "1")
+
+
+@pytest.mark.parametrize("users", [1, 40])  # a few: hmgets_of; more than FEW_READS: framers
+def test_each_hmget_is_the_command_hiredis_packs(users):
+    """The HMGETs laid out from a packed head and tail are hiredis's bytes for any key (a
+    user id of any script, any length)."""
+    names = ["ü-ß-用户", "u" * 300, "plain"] + [f"u{i}" for i in range(users)]
+    states = reader(connect("redis://localhost:1/0"))  # never connected
+    read = states.command(states.request(3, names))
+    expected = hiredis.pack_command(("GET", KEYS.commit_seq(3))) + b"".join(
+        hiredis.pack_command(("HMGET", KEYS.state(3, u), *FIELDS)) for u in names
+    )
+    assert read.packed == expected and read.replies == len(names) + 1
+    keys = [KEYS.state(3, u) for u in names]
+    assert hmgets_of(keys) == [hiredis.pack_command(("HMGET", k, *FIELDS)) for k in keys]

@@ -28,7 +28,7 @@ from worker.common.dedup import bounded
 from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
-from worker.engine.adapters.resp import packed_rows, resp_commands
+from worker.engine.adapters.resp import resp_commands
 from worker.engine.compute.histories import valid_histories
 from worker.engine.compute.lean_state import later_id, unpack_state
 from worker.engine.compute.state_cache import CachedState, StateCache, copy_known
@@ -160,10 +160,9 @@ class StateReader:
             return None
         p, users = request.partition, request.users
         keys = list(map(self.keys.state_prefix(p).__add__, (users[i] for i in request.misses)))
-        return StateRead(
-            _packed("GET", self.keys.commit_seq(p)) + resp_commands(["HMGET", keys, *FIELDS]),
-            len(keys) + 1,
-        )
+        hmgets = b"".join(hmgets_of(keys)) if len(keys) <= FEW_READS else resp_commands(
+            ["HMGET", keys, *FIELDS])  # fmt: skip
+        return StateRead(_packed("GET", self.keys.commit_seq(p)) + hmgets, len(keys) + 1)
 
     def commands(self, requests: list[StateRequest]) -> list[StateRead | None]:
         """Each request's read, as `command` gives it: a few requests' HMGETs (at low traffic,
@@ -172,7 +171,7 @@ class StateReader:
         if sum(len(r.misses) for r in needed) > FEW_READS:
             return [self.command(r) for r in requests]
         keys = [self.keys.state_prefix(r.partition) + r.users[i] for r in needed for i in r.misses]
-        hmgets = iter(packed_rows(["HMGET", keys, *FIELDS]))
+        hmgets = iter(hmgets_of(keys))
         out: list[StateRead | None] = []
         for r in requests:
             if not r.misses and r.seq is not None:
@@ -414,6 +413,21 @@ class StateReader:
         """Cache the states a commit wrote (see `written`), at the sequence it moved the
         partition to."""
         self.cache.store(p, seq, written)
+
+
+# An HMGET of FIELDS as RESP but for its key: packed once, not each time (hiredis's
+# pack_command took ~6 µs for its 17 arguments; the key put in between, ~0.6)
+_HMGET_HEAD = b"*%d\r\n$5\r\nHMGET\r\n" % (2 + len(FIELDS))
+_HMGET_FIELDS = b"".join(b"$%d\r\n%s\r\n" % (len(f), f.encode()) for f in FIELDS)
+
+
+def hmgets_of(keys: list[str]) -> list[bytes]:
+    """The HMGET of FIELDS of each state key, as RESP."""
+    out = []
+    for key in keys:
+        raw = key.encode()
+        out.append(b"%s$%d\r\n%s\r\n%s" % (_HMGET_HEAD, len(raw), raw, _HMGET_FIELDS))
+    return out
 
 
 def _packed(*args: object) -> bytes:
