@@ -275,7 +275,10 @@ class StateReader:
         states = UserStates.empty([u for r in requests for u in r.users], shape)
         misses = [start + i for r, f, start in zip(requests, flats, starts, strict=False)
                   if f is not None for i in r.misses]  # fmt: skip
-        read = [None, *(x for f in flats if f is not None for x in f[1:])]
+        read: list = [None]  # the joined replies after a sequence (`_fill` skips it)
+        for flat in flats:
+            if flat is not None:
+                read += flat[1:]
         found = self._fill(states, misses, read, shape, space, shadow)
         if shadow is not None and states.shadow is None:  # all known: nothing was read
             n = len(states.users)
