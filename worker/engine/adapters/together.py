@@ -10,7 +10,8 @@ reads of all go on one connection, and the commits go in two round trips for all
   transaction holding the writes of each commit whose checks passed (a refused one is left
   out, its verdict its own), each commit's outcome read from its own replies within EXEC's.
   Commits built as one group (`whole`: compute/joint.py, the group's sums on its first)
-  go all or none: when one is refused, the others are withheld and sent again alone.
+  go all or none: when one is refused, the others are withheld and sent again alone. Their
+  writes are packed at once while Redis runs the checks.
   Each commit stays all or nothing (they all do together); a watched key that changed
   before EXEC refuses them all as a conflict (each is computed and sent again), and a lost
   connection leaves them all unsettled (each counted once Redis shows it applied). One
