@@ -19,7 +19,7 @@ from tests.test_pipeline_inputs import declared, rich
 from worker.common.dedup import ResendWindow
 from worker.common.keys import partition_of
 from worker.engine.compute.batch import Batch, parse_batch
-from worker.engine.compute.joint import build_commits
+from worker.engine.compute.joint import _joined, build_commits, build_group
 from worker.engine.compute.parts.input_counts import InputCounts
 from worker.engine.compute.parts.quality import Quality
 from worker.engine.compute.parts.shadow import Shadow
@@ -183,8 +183,14 @@ def test_each_batchs_share_of_a_group_commit_is_its_commit_alone(models, seed):
         states = [stream.states(b, model, shadow) for b in batches]
         alone = [build_commit(b, copy.deepcopy(s), model, 8, shadow, RESENDS, RULES)
                  for b, s in zip(batches, states, strict=True)]  # fmt: skip
+        given = copy.deepcopy(states)  # as StateReader.complete_all gives them: joined, read once
+        joined = _joined(batches, given)
         shared = build_commits(batches, states, model, 8, shadow, RESENDS, RULES)
         assert_shared(alone, shared)
+        if joined is not None:
+            group = build_group(batches, given, model, 8, shadow, RESENDS, RULES, joined[1])
+            assert group is not None
+            assert_shared(alone, group.commits)
         groups += len(batches) > 1
         stream.keep(alone)
         for c in alone:

@@ -124,14 +124,15 @@ def _joined(
     """The batches' valid events as one batch and their users' states as one (`together`
     when given), in order; None when they cannot be joined (a user in two, inputs of other
     names, a shadow's states beside some only)."""
-    users = [u for s in states for u in s.users]
+    users = together.users if together is not None else [u for s in states for u in s.users]
     if len(batches) < 2 or len(set(users)) != len(users):
         return None
     inputs = _joined_inputs([b.inputs for b in batches])
-    if inputs is False or not all(map(_whole, states)):
+    if inputs is False:
         return None
     shadows = [s.shadow for s in states if s.shadow is not None]
-    if 0 < len(shadows) < len(states):
+    # states completed as one are whole, with a shadow's beside all or none, by construction
+    if together is None and (not all(map(_whole, states)) or 0 < len(shadows) < len(states)):
         return None
     batch = Batch(
         batches[0].partition,
