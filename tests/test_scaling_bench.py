@@ -39,6 +39,27 @@ def test_scaling_bench_reports_rate_latency_cpu_and_fleet_arithmetic():
         assert re.search(rf"{target} events/s: +\d+ shard\(s\), +\d+ worker\(s\)", out)
 
 
+def test_partition_counts_alternate_in_rounds_with_their_ratios_to_the_first():
+    """Several --partitions: each round runs one worker at each count in turn; each round's
+    seen p50s and their ratio to the first's, then the median ratio over the rounds."""
+    result = run_cli(
+        "bench", "--workers", "1", "--partitions", "1,2", "--rounds", "2", "--events", "400",
+        "--users", "100", "--latency-seconds", "0.5", "--latency-rate", "200", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rounds = re.findall(r"round (\d): P = 1 ([\d.]+) ms, P = 2 ([\d.]+) ms \(P = 2 / P = 1: "
+                        r"([\d.]+)x\)", result.stdout)  # fmt: skip
+    assert [r[0] for r in rounds] == ["1", "2"]
+    ratios = []
+    for _, one, two, ratio in rounds:
+        assert float(one) > 0 and float(two) > 0
+        assert abs(float(ratio) - float(two) / float(one)) < 0.02
+        ratios.append(float(two) / float(one))
+    median = re.search(r"P = 2 / P = 1: median ([\d.]+)x \(([\d.]+)-([\d.]+)\) over 2 round",
+                       result.stdout)  # fmt: skip
+    assert median and abs(float(median[1]) - sum(ratios) / 2) < 0.02
+
+
 def test_latency_percentiles_in_whole_ms_are_read_within_their_ms():
     """Latencies that are differences of two ids' ms: a percentile says where within its ms
     it falls, not only which ms (half 2s, half 3s: the median is the boundary, 2.5)."""

@@ -335,6 +335,35 @@ def print_fleet(runs: list[Run], partitions: int, cluster: bool) -> None:
     )
 
 
+def compare_partitions(
+    servers: Servers, n: int, sizes: list[int], args, events: list, model: Path, logs: Path
+) -> list[list[float]]:  # fmt: skip
+    """Alternated rounds of `n` workers at each partition count in `sizes`: each run's p50 as
+    a reader of the scores saw it (on a cluster, where it cannot read them all at once, the
+    entry-id p50), and each round's ratios to the first count's; the p50s, seconds, by round."""
+    rounds: list[list[float]] = []
+    for r in range(args.rounds):
+        p50s = []
+        for size in sizes:
+            run = run_one(servers, n, argparse.Namespace(**{**vars(args), "partitions": size}),
+                          events, model, logs)  # fmt: skip
+            p50s.append(run.p50 if math.isnan(run.seen_p50) else run.seen_p50)
+        rounds.append(p50s)
+        each = ", ".join(f"P = {k} {x * 1e3:.2f} ms" for k, x in zip(sizes, p50s, strict=True))
+        print(f"  round {r + 1}: {each} ({_ratios(sizes, p50s)})", flush=True)
+    for k, size in enumerate(sizes[1:], start=1):
+        ratios = sorted(p50s[k] / p50s[0] for p50s in rounds)
+        print(f"P = {size} / P = {sizes[0]}: median {np.median(ratios):.2f}x "
+              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) over {len(rounds)} round(s)")  # fmt: skip
+    return rounds
+
+
+def _ratios(sizes: list[int], p50s: list[float]) -> str:
+    """Each count's p50 against the first's, as text."""
+    return ", ".join(f"P = {s} / P = {sizes[0]}: {x / p50s[0]:.2f}x"
+                     for s, x in zip(sizes[1:], p50s[1:], strict=True))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="intentstream bench --workers",
@@ -342,7 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=HelpFormatter,
     )
     p.add_argument("--workers", default="1,2,4", help="comma-separated worker counts")
-    p.add_argument("--partitions", type=int, default=8, help="partitions of the streams")
+    p.add_argument("--partitions", default="8",
+                   help="partitions of the streams; several (1,8): each of --rounds runs one "
+                   "worker (the first count) at each in turn, and prints each one's seen p50 "
+                   "and its ratio to the first's")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=1, help="rounds, with several --partitions")
     p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
     p.add_argument("--replicas", type=int, default=1,
                    help="replicas per master with --cluster (0: none)")  # fmt: skip
@@ -364,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="latency phase rate in events/s (instead of --latency-load)")  # fmt: skip
     args = p.parse_args(argv)
     counts = [int(n) for n in args.workers.split(",") if n.strip()]
+    sizes = [int(n) for n in args.partitions.split(",") if n.strip()]
+    args.partitions = sizes[0]
     servers = Servers(args.cluster, args.replicas, args.aof)
     try:
         with TemporaryDirectory() as tmp:
@@ -379,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"machine: {machine_line()}, load average {os.getloadavg()[0]:.2f} at start")
             where += ", AOF (fsync every second)" if args.aof else ", no persistence"
             print(f"redis {version}: {where}; {len(events)} events backlog, {args.users} "
-                  f"users, P = {args.partitions}, H = {args.hidden}, batch "
+                  f"users, P = {','.join(map(str, sizes))}, H = {args.hidden}, batch "
                   f"{args.batch_size}")  # fmt: skip
             blas = os.environ.get("OPENBLAS_NUM_THREADS", "OpenBLAS's default")
             blas = blas if args.blas_threads is None else args.blas_threads
@@ -390,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"latency: {args.latency_seconds:.0f} s at {at}, entry to score (ids); "
                   f"worker BLAS threads: {blas}\n")  # fmt: skip
+            if len(sizes) > 1:
+                compare_partitions(servers, counts[0], sizes, args, events, model, Path(tmp))
+                return 0
             runs = []
             for n in counts:
                 runs.append(run_one(servers, n, args, events, model, Path(tmp)))
