@@ -19,6 +19,8 @@ import hiredis
 import numpy as np
 import redis
 
+from worker.common.entry_ids import entry_id as entry_id_of
+
 PREFIX = b"seen-"
 
 
@@ -79,14 +81,9 @@ def entries_after(r: redis.Redis, last: dict[str, bytes], block_ms: int | None) 
             known.extend(
                 (entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
                 for entry_id, flat in entries
-                if not after or _later(entry_id, after)
+                if not after or entry_id_of(entry_id) > entry_id_of(after)
             )
     return list(got.items())
-
-
-def _later(a: bytes, b: bytes) -> bool:
-    """Whether entry id `a` comes after `b`."""
-    return tuple(map(int, a.split(b"-"))) > tuple(map(int, b.split(b"-")))
 
 
 class Observer:
