@@ -241,10 +241,7 @@ class StateReader:
             seq = flat[0] or b""
             self._fill(states, request.misses, flat, shape, space, shadow)
         if shadow is not None and states.shadow is None:  # all known: nothing was read
-            n = len(request.users)
-            h = np.zeros((n, *shadow[0]), np.float32)
-            states.shadow = ShadowStates(h, states.last_ts.copy(), score=np.full(n, np.nan),
-                                         rules=[b""] * n)  # fmt: skip
+            states.shadow = _fresh_shadow(states, shadow[0])
         rows = [i for i, c in enumerate(request.known) if c is not None and i not in pending]
         known = [request.known[i] for i in rows]
         if request.pending:
@@ -281,10 +278,7 @@ class StateReader:
                 read += flat[1:]
         found = self._fill(states, misses, read, shape, space, shadow)
         if shadow is not None and states.shadow is None:  # all known: nothing was read
-            n = len(states.users)
-            states.shadow = ShadowStates(np.zeros((n, *shadow[0]), np.float32),
-                                         states.last_ts.copy(), score=np.full(n, np.nan),
-                                         rules=[b""] * n)  # fmt: skip
+            states.shadow = _fresh_shadow(states, shadow[0])
         known = [(start + i, c) for r, start in zip(requests, starts, strict=False)
                  for i, c in enumerate(r.known) if c is not None]  # fmt: skip
         if known:
@@ -416,6 +410,14 @@ class StateReader:
         """Cache the states a commit wrote (see `written`), at the sequence it moved the
         partition to."""
         self.cache.store(p, seq, written)
+
+
+def _fresh_shadow(states: UserStates, shape: tuple[int, int]) -> ShadowStates:
+    """The shadow model's states of users none of whose were read (all known: the known ones
+    are copied in after)."""
+    n = len(states.users)
+    return ShadowStates(np.zeros((n, *shape), np.float32), states.last_ts.copy(),
+                        score=np.full(n, np.nan), rules=[b""] * n)  # fmt: skip
 
 
 # An HMGET of FIELDS as RESP but for its key: packed once, not each time (hiredis's
