@@ -29,9 +29,8 @@ from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.states import PartitionDataError, StateReader
-from worker.engine.adapters.together import WITHHELD, Outcome, Together
+from worker.engine.adapters.together import WITHHELD, Outcome, Packing, Together
 from worker.engine.compute.batch import Batch
-from worker.engine.compute.joint import Group
 from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.state_cache import CachedState, written
 from worker.engine.compute.user_states import UserStates, distinct_users
@@ -171,14 +170,11 @@ class BatchFlow:
             alone = [b for b, st in zip(batches, states, strict=True) if st is None]
             # on one Redis the group commits all or none, so it is built as one
             whole = self.io.together.one_transaction and len(read) > 1
-            group, pack = None, None
+            pack = None
             if whole:
-                ready, group = self._built_together(read, state_s, joined)
+                ready, pack = self._built_together(read, state_s, joined)
             else:
                 ready = [(b, self.compute(b, (st, state_s))) for b, st in read]
-            if group is not None:
-                # packed while Redis runs the checks (Together.commit), not before them
-                pack = partial(prepared_group, self.io.committer, group)
             t1 = time.perf_counter()
             pairs = [(c.commit, c.prepared) for _, c in ready]
             outcomes = self.io.together.commit(client, pairs, whole, pack)
@@ -197,18 +193,19 @@ class BatchFlow:
 
     def _built_together(
         self, read: list[tuple[Batch, UserStates]], state_s: float, joined: UserStates | None
-    ) -> tuple[list[tuple[Batch, Computed]], Group | None]:
+    ) -> tuple[list[tuple[Batch, Computed]], Packing | None]:
         """The batches' Commits built as one (compute/joint.py; from `joined`, their states
-        as one, when read so), each with its states, and the group (its commits packed at
-        once: adapters/group_packing.py); one by one, and no group, when they cannot be
-        joined."""
+        as one, when read so), each with its states, and the packing of the group's commits
+        at once (adapters/group_packing.py), which Together.commit runs while Redis runs the
+        checks; one by one, and no packing, when they cannot be joined."""
         t0 = time.perf_counter()
         group = self.io.models.build_group([b for b, _ in read], [st for _, st in read], joined)
         if group is None:
             return [(b, self.compute(b, (st, state_s))) for b, st in read], None
         model_s = (time.perf_counter() - t0) / len(read)
-        return [(b, Computed(st, c, None, (state_s, model_s), False))
-                for (b, st), c in zip(read, group.commits, strict=True)], group  # fmt: skip
+        ready = [(b, Computed(st, c, None, (state_s, model_s), False))
+                 for (b, st), c in zip(read, group.commits, strict=True)]  # fmt: skip
+        return ready, partial(prepared_group, self.io.committer, group)
 
     def _settle_together(
         self, batch: Batch, computed: Computed, outcome: Outcome, commit_s: float,
