@@ -18,10 +18,11 @@ from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_SCORES
 from tests.test_worker import http_status, scrape
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
-from worker.common.connection import connect
+from worker.common.connection import connect, read_replies
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
 from worker.producers.append_function import install
+from worker.producers import publisher
 from worker.producers.publisher import publish
 from worker.rules.definition import make_rule
 from worker.rules.store import set_rule
@@ -222,38 +223,33 @@ def test_a_producer_retry_is_acknowledged_as_a_duplicate(redis_server, golden_pa
     assert len(producers.split()) == 1 and producers.endswith(b":3")
 
 
-class LosingRedis(redis.Redis):
-    """A real client whose first pipeline reply without errors (the first that appended
-    events) is lost after Redis applied it."""
+def lose_first_appending_reply(monkeypatch) -> list:
+    """publish()'s first replies without errors (the first send that appended events) are
+    read, then lost as a dropped connection would lose them: Redis applied the send."""
+    lost: list = []
 
-    lost = 0
+    def read_and_lose(conn, n):
+        replies = read_replies(conn, n)
+        if not lost and not any(isinstance(x, Exception) for x in replies):
+            lost.append(replies)
+            raise redis.ConnectionError("reply lost")
+        return replies
 
-    def pipeline(self, *args, **kwargs):
-        pipe = super().pipeline(*args, **kwargs)
-        execute = pipe.execute
-
-        def execute_and_lose(*a, **k):
-            result = execute(*a, **k)
-            if LosingRedis.lost == 0 and not any(isinstance(x, Exception) for x in result):
-                LosingRedis.lost += 1
-                raise redis.ConnectionError("reply lost")
-            return result
-
-        pipe.execute = execute_and_lose
-        return pipe
+    monkeypatch.setattr(publisher, "read_replies", read_and_lose)
+    return lost
 
 
 @pytest.mark.parametrize("through", ["function", "xadd"])
 def test_publish_resends_after_a_lost_reply_and_nothing_counts_twice(
-    redis_server, golden_path, through
+    redis_server, golden_path, through, monkeypatch
 ):
     r = connect(redis_server.url)
     if through == "function":
         install(r)  # as the first worker does
-    LosingRedis.lost = 0
-    client = LosingRedis.from_url(redis_server.url)
+    lost = lose_first_appending_reply(monkeypatch)
+    client = redis.Redis.from_url(redis_server.url)
     publish(client, [{"user_id": "alice", "type": t} for t in ("view", "add_to_cart", "coupon")])
-    assert LosingRedis.lost == 1 and r.xlen(KEYS.events(0)) == 6  # sent twice
+    assert len(lost) == 1 and r.xlen(KEYS.events(0)) == 6  # sent twice
     consumer = in_process_consumer(redis_server.url, golden_path)
     tick_until(consumer, lambda: consumer.metrics.count("duplicate") == 3, "the duplicates")
     np.testing.assert_allclose([float(x["score"]) for x in score_entries(r)], GOLDEN_SCORES,
