@@ -13,7 +13,14 @@ import redis
 from worker.common import local_redis
 from worker.common.connection import connect
 from worker.common.keys import Keys, partition_of
-from worker.producers.append_function import CODE, FUNCTION, RESIZING, install, set_routes
+from worker.producers.append_function import (
+    CODE,
+    FUNCTION,
+    MANY,
+    RESIZING,
+    install,
+    set_routes,
+)
 from worker.producers.publisher import publish
 
 KEYS = Keys()
@@ -42,6 +49,48 @@ def test_a_stale_count_is_refused_whole_and_publish_re_routes(redis_server):
     assert len(ids) == len(EVENTS) and all(ids)
     assert on_their_partitions(r, 3) == len(EVENTS)
     assert r.execute_command("FUNCTION", "LIST", "LIBRARYNAME", "intentstream_v1")
+
+
+def fcalls(r: redis.Redis) -> int:
+    """FCALLs Redis has run since its last CONFIG RESETSTAT."""
+    return int(r.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+
+
+def test_a_pipeline_over_several_partitions_is_one_call_applied_or_refused_whole(redis_server):
+    r = connect(redis_server.url)
+    install(r)
+    r.config_resetstat()
+    ids = publish(r, EVENTS, partitions=4, pipeline_size=len(EVENTS))
+    assert fcalls(r) == 1 and on_their_partitions(r, 4) == len(EVENTS)
+    # the ids answered are each event's own entry (in its partition's stream), in send order
+    by_id = {(p, i): f for p in range(4) for i, f in r.xrange(KEYS.events(p))}
+    users = [e["user_id"] for e in EVENTS]
+    got = [
+        by_id[partition_of(u, 4), i][b"user_id"].decode() for u, i in zip(users, ids, strict=True)
+    ]
+    assert got == users
+    # one route of several stale: nothing of the call lands, whatever the partitions
+    set_routes(r, KEYS, 4, 4)
+    r.set(KEYS.route(2), 5)
+    with pytest.raises(redis.ResponseError, match="STALE 5 partitions are in force, not 4"):
+        r.execute_command("FCALL", MANY, 4, KEYS.events(0), KEYS.route(0), KEYS.events(2),
+                          KEYS.route(2), 4, 1, 2, "user_id", "a", "type", "view",
+                          1, 2, "user_id", "b", "type", "view")  # fmt: skip
+    assert on_their_partitions(r, 4) == len(EVENTS)
+
+
+def test_a_library_without_the_one_call_function_gets_a_call_a_partition(redis_server):
+    """A worker of an older version loaded its library (no intentstream_append_many_v1): the
+    pipeline is sent again, a call a partition, and the next ones too for a while."""
+    r = connect(redis_server.url)
+    older = CODE.replace(f"redis.register_function('{MANY}', append_many)\n", "")
+    assert older != CODE
+    r.function_load(older, replace=True)
+    r.config_resetstat()
+    publish(r, EVENTS[:30], partitions=3, pipeline_size=30)
+    publish(r, EVENTS[30:], partitions=3, pipeline_size=30)
+    assert on_their_partitions(r, 3) == len(EVENTS)
+    assert fcalls(r) == 1 + 3 + 3  # the refused one call, then a call a partition
 
 
 def test_publish_waits_out_a_resize_and_sends_with_the_new_count(redis_server):

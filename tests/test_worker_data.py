@@ -21,8 +21,8 @@ from tests.workers import WorkerProcess, all_committed, count_scores, score_entr
 from worker.common.connection import connect, read_replies
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
-from worker.producers.append_function import install
 from worker.producers import publisher
+from worker.producers.append_function import install
 from worker.producers.publisher import publish
 from worker.rules.definition import make_rule
 from worker.rules.store import set_rule

@@ -11,6 +11,13 @@ partitions (producers then wait), and is absent before the first worker ran (any
 taken then: the first worker checks it). Each partition has its own route key, in the
 partition's hash tag, so one call touches one Redis Cluster slot.
 
+`FCALL intentstream_append_many_v1 2k <events of p1> <route of p1> ... <count> <m1> <events...>
+<m2> <events...> ...` does the same for k partitions in one call, on one Redis (a cluster's
+call holds one slot's keys): every route is checked before any entry is written, so the call
+is refused whole or applied whole, and it answers each partition's entry ids in turn. Why: a
+call per partition cost a producer's pipeline a Lua call and a reply each in Redis, and
+their packing in Python, which grew with the partitions its events fall on.
+
 Redis runs a function's commands under the caller's ACL: the producer user still needs XADD
 on the event streams (docs/deploy.md, What a producer credential can still do).
 """
@@ -28,6 +35,7 @@ log = logging.getLogger("intentstream.worker")
 
 LIBRARY = "intentstream_v1"
 FUNCTION = "intentstream_append_v1"
+MANY = "intentstream_append_many_v1"
 RESIZING = "resizing"
 
 # ARGV: 1 the producer's partition count, then per event: its field count n, n pairs.
@@ -51,7 +59,34 @@ local function append(keys, args)
   end
   return ids
 end
+local function append_many(keys, args)
+  local routed = args[1]
+  for k = 2, #keys, 2 do
+    local route = redis.call('GET', keys[k])
+    if route == 'resizing' then
+      return redis.error_reply('RESIZING the partition count is changing; retry shortly')
+    end
+    if route and route ~= routed then
+      return redis.error_reply('STALE ' .. route .. ' partitions are in force, not ' .. routed)
+    end
+  end
+  local out = {}
+  local i = 2
+  for k = 1, #keys, 2 do
+    local ids = {}
+    local m = tonumber(args[i])
+    i = i + 1
+    for _ = 1, m do
+      local pairs = tonumber(args[i])
+      ids[#ids + 1] = redis.call('XADD', keys[k], '*', unpack(args, i + 1, i + 2 * pairs))
+      i = i + 1 + 2 * pairs
+    end
+    out[#out + 1] = ids
+  end
+  return out
+end
 redis.register_function('intentstream_append_v1', append)
+redis.register_function('intentstream_append_many_v1', append_many)
 """
 
 
@@ -97,8 +132,26 @@ def call_args(keys: Keys, p: int, partitions: int, events: list[dict]) -> list:
     """The FCALL's arguments after the command name: appending `events` (field dicts) to
     partition p, routed with `partitions`."""
     args: list = [FUNCTION, 2, keys.events(p), keys.route(p), partitions]
+    _add_events(args, events)
+    return args
+
+
+def many_args(keys: Keys, partitions: int, events: dict[int, list[dict]]) -> list:
+    """The FCALL's arguments after the command name: appending each partition's `events`
+    (field dicts, by partition, in that order) in one call, routed with `partitions`."""
+    args: list = [MANY, 2 * len(events)]
+    for p in events:
+        args += (keys.events(p), keys.route(p))
+    args.append(partitions)
+    for mine in events.values():
+        args.append(len(mine))
+        _add_events(args, mine)
+    return args
+
+
+def _add_events(args: list, events: list[dict]) -> None:
+    """Each event as its field count and its name, value pairs."""
     for fields in events:
         args.append(len(fields))
         for name, value in fields.items():
             args += (name, value)
-    return args

@@ -32,7 +32,13 @@ from worker.common.events import (
 )
 from worker.common.keys import Keys, partition_of
 from worker.common.partition_count import ResizeUnfinishedError, check_partitions
-from worker.producers.append_function import LIBRARY, call_args, install, unavailable
+from worker.producers.append_function import (
+    LIBRARY,
+    call_args,
+    install,
+    many_args,
+    unavailable,
+)
 
 log = logging.getLogger("intentstream.publish")
 
@@ -104,6 +110,17 @@ class _Route:
     no_functions: bool = False  # Redis has no functions at all: tried every RECHECK_SECONDS
     warned: bool = False  # the fallback's warning was logged (once per client and prefix)
     reached: bool = False  # Redis answered this client once: later failures are retried
+    many_failed: float = -RECHECK_SECONDS  # when the one-call function was last not found
+
+    def one_call(self, client: redis.Redis | redis.RedisCluster, partitions: int) -> bool:
+        """Whether a pipeline's events of several partitions go in one FCALL: through the
+        function, on one Redis (a cluster's call holds one slot), unless that function was
+        not found in the last RECHECK_SECONDS (a worker of an older version loaded its
+        library: one call a partition then)."""
+        return (
+            self.function and partitions > 1 and isinstance(client, redis.Redis)
+            and time.monotonic() - self.many_failed >= RECHECK_SECONDS
+        )  # fmt: skip
 
 
 class PublishError(Exception):
@@ -220,14 +237,9 @@ def _send(
     while todo:
         count = route.partitions or partitions
         groups = _by_partition(chunk, todo, count)
-        commands: list[tuple] = []
-        for p, rows in groups.items():
-            if route.function:
-                commands.append(("FCALL", *call_args(keys, p, count, [chunk[i][1] for i in rows])))
-            else:
-                commands += [("XADD", keys.events(p), "*", *_flat(chunk[i][1])) for i in rows]
+        one_call = route.one_call(client, len(groups))
         try:
-            replies = _executed(client, commands)
+            replies = _executed(client, _commands(keys, route, count, chunk, groups, one_call))
         except REDIS_DOWN as exc:
             failures += 1
             if failures > retries:
@@ -237,6 +249,13 @@ def _send(
                                                                 "retry_in_s": delay})  # fmt: skip
             time.sleep(delay)
             continue
+        if one_call:
+            reply = replies[0]
+            if isinstance(reply, redis.ResponseError) and unavailable(reply):
+                route.many_failed = time.monotonic()  # sent again, a call a partition
+                continue
+            # refused whole (a stale count, a resize) or applied whole: its ids by partition
+            replies = reply if isinstance(reply, list) else [reply] * len(groups)
         if not route.function:
             for i, reply in zip(
                 (i for rows in groups.values() for i in rows), replies, strict=True
@@ -286,6 +305,22 @@ def _send(
             waited += 0.2
         todo.sort()
     return out
+
+
+def _commands(
+    keys: Keys, route: _Route, count: int, chunk: list[tuple[str, dict]],
+    groups: dict[int, list[int]], one_call: bool,
+) -> list[tuple]:  # fmt: skip
+    """The commands that append the events of `groups` (rows of `chunk` by partition): one
+    FCALL for all (`one_call`), an FCALL a partition, or (no function) an XADD an event."""
+    if one_call:
+        mine = {p: [chunk[i][1] for i in rows] for p, rows in groups.items()}
+        return [("FCALL", *many_args(keys, count, mine))]
+    if route.function:
+        return [("FCALL", *call_args(keys, p, count, [chunk[i][1] for i in rows]))
+                for p, rows in groups.items()]  # fmt: skip
+    return [("XADD", keys.events(p), "*", *_flat(chunk[i][1]))
+            for p, rows in groups.items() for i in rows]  # fmt: skip
 
 
 def _flat(fields: dict) -> list:
