@@ -9,7 +9,8 @@ One exchange, in this order on the wire:
      commit's WATCH and checks (adapters/commit.py);
   2. their replies, read before the commit's writes are sent: the writes go only when the
      checks passed, and Redis sends the replies of commands it read together only after
-     running them all, so reads sent with the writes would come back only after them;
+     running them all, so reads sent with the writes would come back only after them. The
+     writes are packed while Redis runs the reads and the checks (unless packed ahead);
   3. the commit's transaction; while Redis runs it this process parses the entries read and
      computes the upcoming batch from its states (an `Ahead`);
   4. the transaction's replies (`Exchange.settle`).
@@ -178,7 +179,10 @@ class ReadAhead:
         conn = pool.get_connection()
         try:
             conn.send_packed_command([b"".join(reads), checks])
-            in_flight = written(commit)  # while Redis runs the reads
+            # while Redis runs the reads and the checks: the states the commit writes, and
+            # its writes packed (after the checks' reply they were on the way to EXEC)
+            in_flight = written(commit)
+            prepared = prepared or self.committer.prepare(commit)
             state_replies = read_replies(conn, state_read.replies) if state_read else []
             read_replies_ = [reply_or_error(conn) for _ in groups]
             check_replies = read_replies(conn, n_checks)

@@ -480,7 +480,8 @@ class Committer:
         try:
             command, n = self.checks(commit)
             conn.send_packed_command([command])
-            result = self.finish(conn, commit, None, read_replies(conn, n))
+            prepared = self.prepare(commit)  # while Redis runs the checks
+            result = self.finish(conn, commit, prepared, read_replies(conn, n))
         except redis.ResponseError:
             raise  # every reply was read: the connection stays usable
         except BaseException:
