@@ -4,10 +4,12 @@ KILL) while a producer writes; afterwards every event is scored exactly once and
 state counts each of its events once.
 
 It drives what a user runs: the installed `intentstream worker` console script, a private
-`redis-server` on a free port and plain redis-py XADDs (producers route by crc32(user) mod P).
+`redis-server` on a free port and plain redis-py XADDs (producers route by crc32(user) mod P);
+with --cluster, a local 3-primary Redis Cluster (no replicas), the worker's --cluster and a
+redis-py cluster client.
 
     .venv/bin/python scripts/crash_check.py [--partitions 8] [--kills 12] [--rate 400] [--exe PATH]
-        [--drop-connections]
+        [--drop-connections] [--cluster]
 """
 
 from __future__ import annotations
@@ -53,18 +55,58 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen, int]:
     raise SystemExit("redis-server did not start")
 
 
-def start_worker(exe: str, port: int, model: Path, partitions: int, log) -> subprocess.Popen:
+def start_cluster(tmp: Path) -> tuple[list[subprocess.Popen], int]:
+    """Three primaries made a cluster by `redis-cli --cluster create`; their first port."""
+    procs, ports = [], []
+    for k in range(3):
+        port = free_port()
+        while port + 10000 > 65535:  # the cluster bus port is port + 10000
+            port = free_port()
+        d = tmp / f"node{k}"
+        d.mkdir()
+        procs.append(subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                       "--save", "", "--appendonly", "no", "--dir", str(d),
+                                       "--cluster-enabled", "yes"],
+                                      stdout=subprocess.DEVNULL))  # fmt: skip
+        ports.append(port)
+    for port in ports:
+        for _ in range(100):
+            try:
+                redis.Redis(port=port).ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+    subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+                    "--cluster-yes"], check=True, capture_output=True)  # fmt: skip
+    for _ in range(200):
+        if all(redis.Redis(port=p).cluster("info")["cluster_state"] == "ok" for p in ports):
+            return procs, ports[0]
+        time.sleep(0.1)
+    raise SystemExit("the cluster did not come up")
+
+
+def client_of(port: int, cluster: bool, **kw) -> redis.Redis | redis.RedisCluster:
+    if cluster:
+        return redis.RedisCluster(host="127.0.0.1", port=port, **kw)
+    return redis.Redis(port=port, **kw)
+
+
+def start_worker(
+    exe: str, port: int, model: Path, partitions: int, log, cluster: bool = False
+) -> subprocess.Popen:
     return subprocess.Popen([exe, "worker", "--redis-url", f"redis://127.0.0.1:{port}/0",
                              "--model", str(model), "--partitions", str(partitions),
                              "--metrics-port", "0", "--batch-size", "64",
-                             "--log-format", "json"], stdout=log, stderr=log)  # fmt: skip
+                             "--log-format", "json", *(["--cluster"] if cluster else [])],
+                            stdout=log, stderr=log)  # fmt: skip
 
 
 def produce(port: int, partitions: int, rate: float, stop: threading.Event, sent: Counter,
-            ours: set) -> None:  # fmt: skip
+            ours: set, cluster: bool) -> None:  # fmt: skip
     """XADD one event at a time to its user's partition, about `rate` a second."""
-    r = redis.Redis(port=port, single_connection_client=True)
-    ours.add(r.client_id())
+    r = client_of(port, cluster, **({} if cluster else {"single_connection_client": True}))
+    if not cluster:  # on a cluster --drop-connections is not offered
+        ours.add(r.client_id())
     users = [f"u{k}" for k in range(300)]
     k = 0
     while not stop.is_set():
@@ -96,23 +138,29 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=400.0)
     ap.add_argument("--drop-connections", action="store_true",
                     help="close the worker's connections (CLIENT KILL) instead")  # fmt: skip
+    ap.add_argument("--cluster", action="store_true", help="a local 3-primary Redis Cluster")
     ap.add_argument(
         "--exe",
         default=str(ROOT / ".venv" / "bin" / "intentstream"),
         help="the intentstream console script to drive",
     )
     args = ap.parse_args()
+    if args.cluster and args.drop_connections:
+        raise SystemExit("--drop-connections is for one Redis")
     tmp = Path(tempfile.mkdtemp())
-    redis_proc, port = start_redis(tmp)
-    r = redis.Redis(port=port, decode_responses=True)
+    servers, port = start_cluster(tmp) if args.cluster else ([None], 0)
+    if not args.cluster:
+        servers[0], port = start_redis(tmp)
+    r = client_of(port, args.cluster, decode_responses=True)
     model = tmp / "m.npz"
     subprocess.run([args.exe, "model", "init",
                     "--event-types", "view,add_to_cart,purchase", "--hidden", "8",
                     "--out", str(model)], check=True, capture_output=True)  # fmt: skip
     log = open(tmp / "worker.log", "ab")  # noqa: SIM115 - the workers' log, closed at exit
-    worker = start_worker(args.exe, port, model, args.partitions, log)
-    stop, sent, ours, dropped = threading.Event(), Counter(), {r.client_id()}, 0
-    work = (port, args.partitions, args.rate, stop, sent, ours)
+    worker = start_worker(args.exe, port, model, args.partitions, log, args.cluster)
+    stop, sent, dropped = threading.Event(), Counter(), 0
+    ours = set() if args.cluster else {r.client_id()}
+    work = (port, args.partitions, args.rate, stop, sent, ours, args.cluster)
     producer = threading.Thread(target=produce, args=work)
     producer.start()
     try:
@@ -125,7 +173,7 @@ def main() -> int:
                 continue
             worker.send_signal(signal.SIGKILL)
             worker.wait()
-            worker = start_worker(args.exe, port, model, args.partitions, log)
+            worker = start_worker(args.exe, port, model, args.partitions, log, args.cluster)
         time.sleep(2.0)
         stop.set()
         producer.join()
@@ -144,8 +192,9 @@ def main() -> int:
         stop.set()
         worker.kill()
         worker.wait()
-        redis_proc.terminate()
-        redis_proc.wait()
+        for server in servers:
+            server.terminate()
+            server.wait()
     total = sum(sent.values())
     twice = sum(1 for c in ids.values() if c > 1)
     wrong_n = sum(1 for u, n in sent.items() if states[u] != n)
@@ -153,6 +202,7 @@ def main() -> int:
     log.close()
     warned = (tmp / "worker.log").read_text(errors="replace").count('"level": "warning"')
     what = f"drops ({dropped} connections closed)" if args.drop_connections else "SIGKILLs"
+    what += " on a 3-primary cluster" if args.cluster else ""
     print(
         f"{args.kills} {what}, {args.partitions} partitions, {total} events sent; worker "
         f"warnings logged: {warned}; drained: "

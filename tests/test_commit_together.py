@@ -106,15 +106,27 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     consumer = in_process_consumer(redis_server.url, model_path, partitions=P, lease_ms=1000)
     consumer.together.one_transaction = one_transaction  # False: as on a cluster
     commit_together, settled = consumer.together.commit, consumer.committer.settled
+    commit_steps = consumer.together.commit_steps  # a cluster's: steps between nodes' sends
     outcomes: dict[int, object] = {}
     lost: list[int] = []
+
+    def meddle() -> None:
+        r.incr(KEYS.commit_seq(2))  # another writer's commit
+        r.set(KEYS.lease(5), "another-worker")
 
     def first_round_meddled(client, commits, *whole):
         if outcomes:
             return commit_together(client, commits, *whole)
-        r.incr(KEYS.commit_seq(2))  # another writer's commit
-        r.set(KEYS.lease(5), "another-worker")
+        meddle()
         got = commit_together(client, commits, *whole)
+        outcomes.update({c.partition: o for (c, _), o in zip(commits, got, strict=True)})
+        return got
+
+    def first_round_meddled_steps(client, commits, *pack):
+        if outcomes:
+            return (yield from commit_steps(client, commits, *pack))
+        meddle()
+        got = yield from commit_steps(client, commits, *pack)
         outcomes.update({c.partition: o for (c, _), o in zip(commits, got, strict=True)})
         return got
 
@@ -126,6 +138,7 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
         return result
 
     consumer.together.commit = first_round_meddled
+    consumer.together.commit_steps = first_round_meddled_steps
     consumer.committer.settled = reply_lost_once
 
     def tick() -> bool:

@@ -247,8 +247,9 @@ class Consumer:
             self._stop.wait(min(1.0, self.s.lease_ms / 3000))
             return
         self._poll(parts)
-        for batches in self._low_traffic():
-            self.flow.together(batches)
+        groups = self._low_traffic()
+        if groups:
+            self.flow.together_on_nodes(groups)
         self._run_queued()
         if now - self._last_maintenance > MAINTENANCE_SECONDS:
             self.maintain(now)

@@ -29,7 +29,14 @@ from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.states import PartitionDataError, StateReader
-from worker.engine.adapters.together import WITHHELD, Outcome, Packing, Together
+from worker.engine.adapters.together import (
+    WITHHELD,
+    Outcome,
+    Packing,
+    Steps,
+    Together,
+    run_steps,
+)
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.state_cache import CachedState, written
@@ -160,11 +167,41 @@ class BatchFlow:
         round trip, built as one on one Redis (compute/joint.py), their commits sent in two
         (adapters/together.py), each then settled as if sent alone; one that could not go
         with them is processed alone after."""
+        run_steps(self._together_steps(batches))
+
+    def together_on_nodes(self, groups: list[list[Batch]]) -> None:
+        """Each node's batches together (`together`), the nodes' exchanges interleaved: every
+        node's reads (then checks, then transactions) are sent before any waits for its
+        replies, so a cluster's round waits about one node's round trips, not their sum. A
+        node's error is raised once the others have settled their round (counted)."""
+        running, failed = [self._together_steps(batches) for batches in groups], None
+        try:
+            while running:
+                still = []
+                for steps in running:
+                    try:
+                        next(steps)
+                        still.append(steps)
+                    except StopIteration:
+                        pass
+                    except Exception as exc:  # raised below, once the others settled
+                        failed = failed or exc
+                running = still
+        finally:
+            for steps in running:
+                steps.close()  # only on an interrupt: each disconnects what is in flight
+        if failed is not None:
+            raise failed
+
+    def _together_steps(self, batches: list[Batch]) -> Steps:
+        """`together` as steps: it yields where it has sent and would wait (together.py)."""
         client = self.io.nodes.node_client(batches[0].partition) if self.cluster else self.r
         alone: list[Batch] = []
         if client is not None:
             t0 = time.perf_counter()
-            states, joined = self.io.together.read_states(client, batches, *self.io.models.spec())
+            states, joined = yield from self.io.together.read_states_steps(
+                client, batches, *self.io.models.spec()
+            )
             state_s = (time.perf_counter() - t0) / len(batches)
             read = [(b, st) for b, st in zip(batches, states, strict=True) if st is not None]
             alone = [b for b, st in zip(batches, states, strict=True) if st is None]
@@ -177,7 +214,10 @@ class BatchFlow:
                 ready = [(b, self.compute(b, (st, state_s))) for b, st in read]
             t1 = time.perf_counter()
             pairs = [(c.commit, c.prepared) for _, c in ready]
-            outcomes = self.io.together.commit(client, pairs, whole, pack)
+            if self.io.together.one_transaction:
+                outcomes = self.io.together.commit(client, pairs, whole, pack)
+            else:
+                outcomes = yield from self.io.together.commit_steps(client, pairs, pack)
             commit_s = time.perf_counter() - t1
             failed: redis.RedisError | None = None
             for (batch, computed), outcome in zip(ready, outcomes, strict=True):

@@ -22,12 +22,16 @@ reads of all go on one connection, and the commits go in two round trips for all
   commit are sent before any reply is read, then each commit's transaction (or UNWATCH) once
   its checks are judged, then the transactions' replies are read. So each commit's checks,
   refusal and outcome are its own, as when it is sent alone: a refusal, a conflict, an
-  error reply or a lost connection of one leaves the others as they are.
+  error reply or a lost connection of one leaves the others as they are. The reads and the
+  commits run as steps (`read_states_steps`, `commit_steps`) that yield where they have sent
+  and would wait, so a round's nodes are interleaved (flow.together_on_nodes): every node's
+  sends of a phase go before any node waits for its replies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any
 
 import redis
 
@@ -78,6 +82,14 @@ class Together:
         one connection of `client`; None for a batch whose read failed (a redirect, bad
         data) or whose cached states moved: it is read again alone, which says why. And,
         when every batch's were read, all of them as one (the batches' are its views)."""
+        return run_steps(self.read_states_steps(client, batches, shape, space, shadow))
+
+    def read_states_steps(
+        self, client: redis.Redis, batches: list[Batch], shape: tuple[int, int], space: str,
+        shadow: tuple[tuple[int, int], str] | None = None,
+    ) -> Steps:  # fmt: skip
+        """`read_states` as steps: it yields once its reads are sent, before it waits for
+        their replies (other nodes' reads go meanwhile: flow.together_on_nodes)."""
         requests = [self.states.request(b.partition, distinct_users(b)) for b in batches]
         reads = self.states.commands(requests)
         pool = client.connection_pool
@@ -86,6 +98,7 @@ class Together:
             packed = [read.packed for read in reads if read is not None]
             if packed:
                 conn.send_packed_command([b"".join(packed)])
+                yield
             replies = [read_replies(conn, read.replies) if read else None for read in reads]
         except BaseException:
             conn.disconnect()  # a reply may still be in flight on it
@@ -118,6 +131,15 @@ class Together:
         the commits not packed yet at once, while Redis runs their checks."""
         if self.one_transaction:
             return self._in_one_transaction(client, commits, whole, pack)
+        return run_steps(self.commit_steps(client, commits, pack))
+
+    def commit_steps(
+        self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]],
+        pack: Packing | None = None,
+    ) -> Steps:  # fmt: skip
+        """`commit` on a cluster node, as steps: it yields once the checks are sent (after
+        packing the writes) and once the transactions are, before it waits for their replies
+        (other nodes' go meanwhile: flow.together_on_nodes)."""
         pool = client.connection_pool
         outcomes: list = [None] * len(commits)
         conns: list[redis.connection.Connection] = []
@@ -128,8 +150,10 @@ class Together:
                 _step(outcomes, conns, i, conns[i].send_packed_command, [packed])
             # packed while Redis runs the checks, rather than between their replies
             commits = self._packed(commits, pack)
+            yield
             for i, ((c, prepared), (_, n)) in enumerate(zip(commits, checks, strict=True)):
                 _step(outcomes, conns, i, self._judged, conns[i], c, prepared, n)
+            yield
             for i in range(len(commits)):
                 if isinstance(outcomes[i], Sent):
                     _step(outcomes, conns, i, self.committer.read_writes, conns[i], outcomes[i])
@@ -220,6 +244,20 @@ class Together:
     ) -> Sent | CommitResult | CommitRefusedError:  # fmt: skip
         """The checks' replies read and judged: the transaction sent, or the verdict."""
         return self.committer.send_writes(conn, c, prepared, read_replies(conn, n))
+
+
+# A node's exchange as a generator: it yields where it has sent and would wait for replies,
+# and returns its result (StopIteration's value)
+Steps = Generator[None, None, Any]
+
+
+def run_steps(steps: Steps) -> Any:
+    """The result of steps run through, with nothing else between them."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def _step(outcomes: list, conns: list, i: int, action: Callable, *args: object) -> None:
