@@ -55,8 +55,8 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen, int]:
     raise SystemExit("redis-server did not start")
 
 
-def start_cluster(tmp: Path) -> tuple[list[subprocess.Popen], int]:
-    """Three primaries made a cluster by `redis-cli --cluster create`; their first port."""
+def start_cluster(tmp: Path) -> tuple[list[subprocess.Popen], list[int]]:
+    """Three primaries made a cluster by `redis-cli --cluster create`; their ports."""
     procs, ports = [], []
     for k in range(3):
         port = free_port()
@@ -80,15 +80,29 @@ def start_cluster(tmp: Path) -> tuple[list[subprocess.Popen], int]:
                     "--cluster-yes"], check=True, capture_output=True)  # fmt: skip
     for _ in range(200):
         if all(redis.Redis(port=p).cluster("info")["cluster_state"] == "ok" for p in ports):
-            return procs, ports[0]
+            return procs, ports
         time.sleep(0.1)
     raise SystemExit("the cluster did not come up")
 
 
+OURS = "crash-check"  # the name of this checker's own connections (never dropped)
+
+
 def client_of(port: int, cluster: bool, **kw) -> redis.Redis | redis.RedisCluster:
     if cluster:
-        return redis.RedisCluster(host="127.0.0.1", port=port, **kw)
-    return redis.Redis(port=port, **kw)
+        return redis.RedisCluster(host="127.0.0.1", port=port, client_name=OURS, **kw)
+    return redis.Redis(port=port, client_name=OURS, **kw)
+
+
+def drop_others(ports: list[int]) -> int:
+    """CLIENT KILL every connection but this checker's, on each server; how many."""
+    dropped = 0
+    for port in ports:
+        node = redis.Redis(port=port, client_name=OURS)
+        for client in node.client_list():
+            if client.get("name") != OURS:
+                dropped += node.client_kill_filter(_id=client["id"])
+    return dropped
 
 
 def start_worker(
@@ -102,11 +116,9 @@ def start_worker(
 
 
 def produce(port: int, partitions: int, rate: float, stop: threading.Event, sent: Counter,
-            ours: set, cluster: bool) -> None:  # fmt: skip
+            cluster: bool) -> None:  # fmt: skip
     """XADD one event at a time to its user's partition, about `rate` a second."""
     r = client_of(port, cluster, **({} if cluster else {"single_connection_client": True}))
-    if not cluster:  # on a cluster --drop-connections is not offered
-        ours.add(r.client_id())
     users = [f"u{k}" for k in range(300)]
     k = 0
     while not stop.is_set():
@@ -145,12 +157,13 @@ def main() -> int:
         help="the intentstream console script to drive",
     )
     args = ap.parse_args()
-    if args.cluster and args.drop_connections:
-        raise SystemExit("--drop-connections is for one Redis")
     tmp = Path(tempfile.mkdtemp())
-    servers, port = start_cluster(tmp) if args.cluster else ([None], 0)
-    if not args.cluster:
-        servers[0], port = start_redis(tmp)
+    if args.cluster:
+        servers, ports = start_cluster(tmp)
+    else:
+        server, port = start_redis(tmp)
+        servers, ports = [server], [port]
+    port = ports[0]
     r = client_of(port, args.cluster, decode_responses=True)
     model = tmp / "m.npz"
     subprocess.run([args.exe, "model", "init",
@@ -159,17 +172,14 @@ def main() -> int:
     log = open(tmp / "worker.log", "ab")  # noqa: SIM115 - the workers' log, closed at exit
     worker = start_worker(args.exe, port, model, args.partitions, log, args.cluster)
     stop, sent, dropped = threading.Event(), Counter(), 0
-    ours = set() if args.cluster else {r.client_id()}
-    work = (port, args.partitions, args.rate, stop, sent, ours, args.cluster)
+    work = (port, args.partitions, args.rate, stop, sent, args.cluster)
     producer = threading.Thread(target=produce, args=work)
     producer.start()
     try:
         for _ in range(args.kills):
             time.sleep(random.uniform(1.5, 4.0))
             if args.drop_connections:
-                for client in r.client_list():
-                    if int(client["id"]) not in ours:
-                        dropped += r.client_kill_filter(_id=client["id"])
+                dropped += drop_others(ports)
                 continue
             worker.send_signal(signal.SIGKILL)
             worker.wait()
