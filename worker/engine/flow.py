@@ -1,9 +1,9 @@
 """A batch's way through the worker: compute, commit, settle. Alone, its commit pipelined
 with the reads that keep its node's next batch known (readahead.py); at low traffic, with its
 node's other batches of the round, their states read and their commits sent together
-(adapters/together.py). A refused commit is recomputed (a conflict) or its partition
-forgotten and read again in order; a lost reply leaves the commit unsettled, counted once
-Redis shows it applied (partition.py).
+(adapters/together.py), a cluster's nodes interleaved. A refused commit is recomputed (a
+conflict) or its partition forgotten and read again in order; a lost reply leaves the commit
+unsettled, counted once Redis shows it applied (partition.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from worker.engine.adapters.together import (
     Packing,
     Steps,
     Together,
-    run_steps,
 )
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
@@ -162,18 +161,12 @@ class BatchFlow:
         commit = self.io.models.build(batch, states)
         return Computed(states, commit, None, (state_s, time.perf_counter() - t2), False)
 
-    def together(self, batches: list[Batch]) -> None:
-        """A node's batches at low traffic (Consumer._low_traffic): their states read in one
-        round trip, built as one on one Redis (compute/joint.py), their commits sent in two
-        (adapters/together.py), each then settled as if sent alone; one that could not go
-        with them is processed alone after."""
-        run_steps(self._together_steps(batches))
-
     def together_on_nodes(self, groups: list[list[Batch]]) -> None:
-        """Each node's batches together (`together`), the nodes' exchanges interleaved: every
-        node's reads (then checks, then transactions) are sent before any waits for its
-        replies, so a cluster's round waits about one node's round trips, not their sum. A
-        node's error is raised once the others have settled their round (counted)."""
+        """Each node's batches at low traffic together (`_together_steps`), the nodes'
+        exchanges interleaved: every node's reads (then checks, then transactions) are sent
+        before any waits for its replies, so a cluster's round waits about one node's round
+        trips, not their sum. A node's error is raised once the others have settled their
+        round (counted)."""
         running, failed = [self._together_steps(batches) for batches in groups], None
         try:
             while running:
@@ -194,7 +187,11 @@ class BatchFlow:
             raise failed
 
     def _together_steps(self, batches: list[Batch]) -> Steps:
-        """`together` as steps: it yields where it has sent and would wait (together.py)."""
+        """A node's batches at low traffic (Consumer._low_traffic): their states read in one
+        round trip, built as one on one Redis (compute/joint.py), their commits sent in two
+        (adapters/together.py), each then settled as if sent alone; one that could not go
+        with them is processed alone after. As steps: it yields where it has sent and would
+        wait for replies."""
         client = self.io.nodes.node_client(batches[0].partition) if self.cluster else self.r
         alone: list[Batch] = []
         if client is not None:
