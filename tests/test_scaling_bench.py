@@ -60,6 +60,34 @@ def test_partition_counts_alternate_in_rounds_with_their_ratios_to_the_first():
     assert median and abs(float(median[1]) - sum(ratios) / 2) < 0.02
 
 
+def test_the_cluster_against_one_redis_in_alternated_pairs_with_their_ratios():
+    """--cluster --against-one: each pair runs the worker on the cluster, then on one Redis;
+    each ratio is the cluster's figure over one Redis's, then the medians over the pairs."""
+    result = run_cli(
+        "bench", "--workers", "1", "--partitions", "4", "--cluster", "--replicas", "0",
+        "--against-one", "--rounds", "2", "--events", "600", "--users", "100",
+        "--latency-seconds", "0.5", "--latency-rate", "200", timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    pairs = re.findall(r"pair (\d): events/s ([\d,]+) / ([\d,]+) \(([\d.]+)x\), Redis "
+                       r"µs/event ([\d.]+) / ([\d.]+) \(([\d.]+)x\), p50 ms ([-\d.]+) / "
+                       r"([-\d.]+) \(([\d.]+x|nanx)\)", result.stdout)  # fmt: skip
+    assert [p[0] for p in pairs] == ["1", "2"]
+    rates = []
+    for _, c_rate, o_rate, rate, c_cpu, o_cpu, cpu, c_p50, o_p50, p50 in pairs:
+        c_rate, o_rate = float(c_rate.replace(",", "")), float(o_rate.replace(",", ""))
+        assert c_rate > 0 and o_rate > 0  # printed rounded: ratios within their rounding
+        assert abs(float(rate) - c_rate / o_rate) < 0.01 * float(rate) + 0.01
+        assert abs(float(cpu) - float(c_cpu) / float(o_cpu)) < 0.05 * float(cpu) + 0.02
+        if float(o_p50) > 0:  # a p50 in whole ms can read 0 on a tiny run
+            assert abs(float(p50[:-1]) - float(c_p50) / float(o_p50)) < 0.05 * float(p50[:-1]) + 0.1
+        rates.append(c_rate / o_rate)
+    summary = re.search(r"over 2 pair\(s\): events/s median ([\d.]+)x \(lowest ([\d.]+)x\)",
+                        result.stdout)  # fmt: skip
+    assert summary and abs(float(summary[1]) - sum(rates) / 2) < 0.01 * float(summary[1]) + 0.01
+    assert abs(float(summary[2]) - min(rates)) < 0.01 * float(summary[2]) + 0.01
+
+
 def test_latency_percentiles_in_whole_ms_are_read_within_their_ms():
     """Latencies that are differences of two ids' ms: a percentile says where within its ms
     it falls, not only which ms (half 2s, half 3s: the median is the boundary, 2.5)."""

@@ -358,6 +358,30 @@ def compare_partitions(
     return rounds
 
 
+def compare_cluster(
+    cluster: Servers, one: Servers, n: int, args, events: list, model: Path, logs: Path
+) -> list[tuple[float, float, float]]:  # fmt: skip
+    """Alternated pairs of `n` workers on the cluster, then on one Redis: each pair's
+    events/s, Redis CPU per event (the primaries') and entry-id p50, the cluster's over one
+    Redis's; then their medians and the lowest events/s ratio. The ratios, by pair."""
+    alone = argparse.Namespace(**{**vars(args), "cluster": False})
+    pairs = []
+    for r in range(args.rounds):
+        c = run_one(cluster, n, args, events, model, logs)
+        o = run_one(one, n, alone, events, model, logs)
+        cpu = (c.per_event_us(c.redis_cpu), o.per_event_us(o.redis_cpu))
+        pairs.append((c.rate / o.rate, cpu[0] / cpu[1], c.p50 / o.p50 if o.p50 > 0 else math.nan))
+        rate, redis_cpu, p50 = pairs[-1]
+        print(f"  pair {r + 1}: events/s {c.rate:,.0f} / {o.rate:,.0f} ({rate:.2f}x), Redis "
+              f"µs/event {cpu[0]:.1f} / {cpu[1]:.1f} ({redis_cpu:.2f}x), p50 ms "
+              f"{c.p50 * 1e3:.1f} / {o.p50 * 1e3:.1f} ({p50:.2f}x)", flush=True)  # fmt: skip
+    rates, cpus, p50s = (sorted(x) for x in zip(*pairs, strict=True))
+    print(f"cluster / one Redis over {len(pairs)} pair(s): events/s median "
+          f"{np.median(rates):.2f}x (lowest {rates[0]:.2f}x), Redis CPU per event median "
+          f"{np.median(cpus):.2f}x, p50 median {np.median(p50s):.2f}x")  # fmt: skip
+    return pairs
+
+
 def _ratios(sizes: list[int], p50s: list[float]) -> str:
     """Each count's p50 against the first's, as text."""
     return ", ".join(f"P = {s} / P = {sizes[0]}: {x / p50s[0]:.2f}x"
@@ -375,8 +399,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="partitions of the streams; several (1,8): each of --rounds runs one "
                    "worker (the first count) at each in turn, and prints each one's seen p50 "
                    "and its ratio to the first's")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=1, help="rounds, with several --partitions")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds, with several --partitions or --against-one")  # fmt: skip
     p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
+    p.add_argument("--against-one", action="store_true",
+                   help="with --cluster: each of --rounds runs the worker (the first count) "
+                   "on the cluster, then on one Redis, and prints each pair's events/s, Redis "
+                   "CPU per event and p50 as the cluster's over one Redis's, and their "
+                   "medians")  # fmt: skip
     p.add_argument("--replicas", type=int, default=1,
                    help="replicas per master with --cluster (0: none)")  # fmt: skip
     p.add_argument("--aof", action="store_true",
@@ -427,6 +457,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"worker BLAS threads: {blas}\n")  # fmt: skip
             if len(sizes) > 1:
                 compare_partitions(servers, counts[0], sizes, args, events, model, Path(tmp))
+                return 0
+            if args.cluster and args.against_one:
+                one = Servers(False, 0, args.aof)
+                try:
+                    compare_cluster(servers, one, counts[0], args, events, model, Path(tmp))
+                finally:
+                    one.close()
                 return 0
             runs = []
             for n in counts:
