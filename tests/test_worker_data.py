@@ -18,7 +18,7 @@ from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_SCORES
 from tests.test_worker import http_status, scrape
 from tests.workers import WorkerProcess, all_committed, count_scores, score_entries, wait_for
-from worker.common.connection import connect, read_replies
+from worker.common.connection import connect, packed_replies
 from worker.common.keys import Keys, partition_of
 from worker.common.local_redis import free_port
 from worker.producers import publisher
@@ -228,14 +228,14 @@ def lose_first_appending_reply(monkeypatch) -> list:
     read, then lost as a dropped connection would lose them: Redis applied the send."""
     lost: list = []
 
-    def read_and_lose(conn, n):
-        replies = read_replies(conn, n)
+    def read_and_lose(client, packed, n):
+        replies = packed_replies(client, packed, n)
         if not lost and not any(isinstance(x, Exception) for x in replies):
             lost.append(replies)
             raise redis.ConnectionError("reply lost")
         return replies
 
-    monkeypatch.setattr(publisher, "read_replies", read_and_lose)
+    monkeypatch.setattr(publisher, "packed_replies", read_and_lose)
     return lost
 
 

@@ -162,6 +162,21 @@ def call_packed(client: redis.Redis, command: bytes) -> object:
         pool.release(conn)
 
 
+def packed_replies(client: redis.Redis, packed: bytes, n: int) -> list:
+    """The n replies to commands packed as RESP bytes, sent at once on a connection of the
+    client's pool; an error reply as its exception, not raised (`read_replies`)."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([packed])
+        return read_replies(conn, n)
+    except BaseException:
+        conn.disconnect()  # a reply may still be in flight on it
+        raise
+    finally:
+        pool.release(conn)
+
+
 class WrongTypeError(redis.ResponseError):
     """A WRONGTYPE reply with the key named: `key K holds a string, not a hash (WRONGTYPE)`.
     Still a ResponseError: a loop that retries Redis replies retries it as before."""

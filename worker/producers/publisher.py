@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import hiredis
 import redis
 
-from worker.common.connection import REDIS_DOWN, read_replies
+from worker.common.connection import REDIS_DOWN, packed_replies
 from worker.common.events import (
     EVENT_FIELDS,
     MAX_INPUT_BYTES,
@@ -339,13 +339,4 @@ def _executed(client: redis.Redis | redis.RedisCluster, commands: list[tuple]) -
             pipe.execute_command(*command)
         return pipe.execute(raise_on_error=False)
     packed = b"".join(hiredis.pack_command(command) for command in commands)
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        conn.send_packed_command([packed])
-        return read_replies(conn, len(commands))
-    except BaseException:
-        conn.disconnect()  # a reply may still be in flight on it
-        raise
-    finally:
-        pool.release(conn)
+    return packed_replies(client, packed, len(commands))

@@ -23,7 +23,7 @@ import hiredis
 import numpy as np
 import redis
 
-from worker.common.connection import is_cluster, read_replies, refresh_topology
+from worker.common.connection import is_cluster, packed_replies, refresh_topology
 from worker.common.dedup import bounded
 from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
@@ -442,13 +442,4 @@ def _packed(*args: object) -> bytes:
 
 def _replies(client: redis.Redis, read: StateRead) -> list:
     """A read's replies, sent on a pooled connection of `client`, errors as values."""
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        conn.send_packed_command([read.packed])
-        return read_replies(conn, read.replies)
-    except BaseException:
-        conn.disconnect()  # a reply may still be in flight on it
-        raise
-    finally:
-        pool.release(conn)
+    return packed_replies(client, read.packed, read.replies)
