@@ -40,15 +40,21 @@ RESIZING = "resizing"
 
 # ARGV: 1 the producer's partition count, then per event: its field count n, n pairs.
 CODE = """#!lua name=intentstream_v1
-local function append(keys, args)
-  local stream, route_key = keys[1], keys[2]
-  local routed = args[1]
+local function refusal(route_key, routed)
   local route = redis.call('GET', route_key)
   if route == 'resizing' then
     return redis.error_reply('RESIZING the partition count is changing; retry shortly')
   end
   if route and route ~= routed then
     return redis.error_reply('STALE ' .. route .. ' partitions are in force, not ' .. routed)
+  end
+  return nil
+end
+local function append(keys, args)
+  local stream, routed = keys[1], args[1]
+  local refused = refusal(keys[2], routed)
+  if refused then
+    return refused
   end
   local ids = {}
   local i = 2
@@ -62,12 +68,9 @@ end
 local function append_many(keys, args)
   local routed = args[1]
   for k = 2, #keys, 2 do
-    local route = redis.call('GET', keys[k])
-    if route == 'resizing' then
-      return redis.error_reply('RESIZING the partition count is changing; retry shortly')
-    end
-    if route and route ~= routed then
-      return redis.error_reply('STALE ' .. route .. ' partitions are in force, not ' .. routed)
+    local refused = refusal(keys[k], routed)
+    if refused then
+      return refused
     end
   end
   local out = {}
