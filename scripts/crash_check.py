@@ -5,8 +5,8 @@ state counts each of its events once.
 
 It drives what a user runs: the installed `intentstream worker` console script, a private
 `redis-server` on a free port and plain redis-py XADDs (producers route by crc32(user) mod P);
-with --cluster, a local 3-primary Redis Cluster (no replicas), the worker's --cluster and a
-redis-py cluster client.
+with --cluster, a local 3-primary Redis Cluster (no replicas; the tests' LocalCluster), the
+worker's --cluster and a redis-py cluster client.
 
     .venv/bin/python scripts/crash_check.py [--partitions 8] [--kills 12] [--rate 400] [--exe PATH]
         [--drop-connections] [--cluster]
@@ -31,6 +31,8 @@ from pathlib import Path
 
 import redis
 
+from worker.common.local_redis import LocalCluster
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,36 +55,6 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen, int]:
         except redis.ConnectionError:
             time.sleep(0.05)
     raise SystemExit("redis-server did not start")
-
-
-def start_cluster(tmp: Path) -> tuple[list[subprocess.Popen], list[int]]:
-    """Three primaries made a cluster by `redis-cli --cluster create`; their ports."""
-    procs, ports = [], []
-    for k in range(3):
-        port = free_port()
-        while port + 10000 > 65535:  # the cluster bus port is port + 10000
-            port = free_port()
-        d = tmp / f"node{k}"
-        d.mkdir()
-        procs.append(subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                                       "--save", "", "--appendonly", "no", "--dir", str(d),
-                                       "--cluster-enabled", "yes"],
-                                      stdout=subprocess.DEVNULL))  # fmt: skip
-        ports.append(port)
-    for port in ports:
-        for _ in range(100):
-            try:
-                redis.Redis(port=port).ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-    subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
-                    "--cluster-yes"], check=True, capture_output=True)  # fmt: skip
-    for _ in range(200):
-        if all(redis.Redis(port=p).cluster("info")["cluster_state"] == "ok" for p in ports):
-            return procs, ports
-        time.sleep(0.1)
-    raise SystemExit("the cluster did not come up")
 
 
 OURS = "crash-check"  # the name of this checker's own connections (never dropped)
@@ -158,11 +130,12 @@ def main() -> int:
     )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
-    if args.cluster:
-        servers, ports = start_cluster(tmp)
+    if args.cluster:  # three primaries, no replicas, no persistence
+        cluster = LocalCluster(masters=3, replicas=0, appendonly=False).start()
+        ports, stop_servers = [node.port for node in cluster.nodes], cluster.close
     else:
         server, port = start_redis(tmp)
-        servers, ports = [server], [port]
+        ports, stop_servers = [port], lambda: (server.terminate(), server.wait())
     port = ports[0]
     r = client_of(port, args.cluster, decode_responses=True)
     model = tmp / "m.npz"
@@ -202,9 +175,7 @@ def main() -> int:
         stop.set()
         worker.kill()
         worker.wait()
-        for server in servers:
-            server.terminate()
-            server.wait()
+        stop_servers()
     total = sum(sent.values())
     twice = sum(1 for c in ids.values() if c > 1)
     wrong_n = sum(1 for u, n in sent.items() if states[u] != n)

@@ -3,8 +3,8 @@ several partitions in one FCALL a pipeline, falling back to one call a partition
 library (without intentstream_append_many_v1) is loaded, and the installed `intentstream worker`
 scoring every event once.
 
-It drives what a user runs: the console scripts, a private `redis-server` on a free port, and
-plain redis-py to read the result (INFO commandstats, the streams).
+It drives what a user runs: the console scripts, a private `redis-server` on a free port (the
+tests' LocalRedis), and plain redis-py to read the result (INFO commandstats, the streams).
 
     .venv/bin/python scripts/producer_check.py [--partitions 4] [--events 500] [--exe PATH]
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,14 +24,10 @@ from pathlib import Path
 
 import redis
 
+from worker.common.local_redis import LocalRedis
+
 ROOT = Path(__file__).resolve().parents[1]
 MANY = "intentstream_append_many_v1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fcalls(r: redis.Redis) -> int:
@@ -56,22 +51,14 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=500, help="events a publish (two publishes)")
     ap.add_argument("--exe", default=str(ROOT / ".venv" / "bin" / "intentstream"))
     args = ap.parse_args()
-    tmp, port, p = Path(tempfile.mkdtemp()), free_port(), args.partitions
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                               "--save", "", "--appendonly", "no", "--dir", str(tmp)],
-                              stdout=subprocess.DEVNULL)  # fmt: skip
-    r = redis.Redis(port=port, decode_responses=True)
-    url = f"redis://127.0.0.1:{port}/0"
+    tmp, p = Path(tempfile.mkdtemp()), args.partitions
+    server = LocalRedis(appendonly=False).start()
+    r = redis.Redis(port=server.port, decode_responses=True)
+    url = server.url
     model = tmp / "m.npz"
     log = open(tmp / "worker.log", "ab")  # noqa: SIM115 - the worker's log, closed at exit
     worker = None
     try:
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
         init = [args.exe, "model", "init", "--event-types", "view,add_to_cart,purchase",
                 "--hidden", "8", "--out", str(model)]  # fmt: skip
         subprocess.run(init, check=True, capture_output=True)
@@ -112,8 +99,7 @@ def main() -> int:
             worker.terminate()
             worker.wait(30)
         log.close()
-        server.terminate()
-        server.wait()
+        server.close()
     twice = sum(c > 1 for c in scored.values())
     print(f"{p} partitions: {args.events} events in {one_call} FCALL(s); with an older library "
           f"{args.events} more in {older} (one refused, then a call a partition); entries "
