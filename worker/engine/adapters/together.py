@@ -50,7 +50,7 @@ from worker.engine.adapters.resp import chunks
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.compute.batch import Batch
 from worker.engine.compute.pipeline import Commit
-from worker.engine.compute.user_states import UserStates, distinct_users
+from worker.engine.compute.user_states import distinct_users
 
 
 class Withheld:
@@ -74,22 +74,17 @@ class Together:
         # (a cluster's transaction holds the keys of one slot: a connection per commit)
         self.one_transaction = one_transaction
 
-    def read_states(
-        self, client: redis.Redis, batches: list[Batch], shape: tuple[int, int], space: str,
-        shadow: tuple[tuple[int, int], str] | None = None,
-    ) -> tuple[list[UserStates | None], UserStates | None]:  # fmt: skip
-        """Each batch's users' states (as StateReader.read), their reads sent together on
-        one connection of `client`; None for a batch whose read failed (a redirect, bad
-        data) or whose cached states moved: it is read again alone, which says why. And,
-        when every batch's were read, all of them as one (the batches' are its views)."""
-        return run_steps(self.read_states_steps(client, batches, shape, space, shadow))
-
     def read_states_steps(
         self, client: redis.Redis, batches: list[Batch], shape: tuple[int, int], space: str,
         shadow: tuple[tuple[int, int], str] | None = None,
     ) -> Steps:  # fmt: skip
-        """`read_states` as steps: it yields once its reads are sent, before it waits for
-        their replies (other nodes' reads go meanwhile: flow.together_on_nodes)."""
+        """Each batch's users' states (as StateReader.read), their reads sent together on
+        one connection of `client`; None for a batch whose read failed (a redirect, bad
+        data) or whose cached states moved: it is read again alone, which says why. And,
+        when every batch's were read, all of them as one (the batches' are its views). As
+        steps: it yields once the reads are sent, before it waits for their replies (other
+        nodes' reads go meanwhile: flow.together_on_nodes); returns (each batch's states,
+        all of them or None)."""
         requests = [self.states.request(b.partition, distinct_users(b)) for b in batches]
         reads = self.states.commands(requests)
         pool = client.connection_pool
