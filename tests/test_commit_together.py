@@ -99,7 +99,9 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     sequence on), one a lease taken by another, one loses its reply after applying. On a
     cluster the others apply and count once; on one Redis (built as one) they are withheld
     and each sent again alone. The conflicting one is computed and sent again, the lost one
-    counted when Redis shows it applied, the taken one scored once its lease is back."""
+    counted when Redis shows it applied, the taken one scored once its lease is back. On one
+    Redis the checks go with the states' reads (adapters/early_checks.py), so the lease is
+    taken before the round reads: a sequence moved after the read is the next test's."""
     r = connect(redis_server.url)
     events = [e | {"event_id": f"e{i}"} for i, e in enumerate(synthetic_events(400, 60, seed=5))]
     publish(r, events, partitions=P)
@@ -117,7 +119,8 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
     def first_round_meddled(client, commits, *whole):
         if outcomes:
             return commit_together(client, commits, *whole)
-        meddle()
+        if not one_transaction:
+            meddle()
         got = commit_together(client, commits, *whole)
         outcomes.update({c.partition: o for (c, _), o in zip(commits, got, strict=True)})
         return got
@@ -137,8 +140,18 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
             raise redis.ConnectionError("reply lost")
         return result
 
+    read_states_steps = consumer.together.read_states_steps
+
+    def first_round_meddled_reads(client, batches, *spec):
+        if not outcomes:  # the checks go with these reads on one Redis
+            r.set(KEYS.lease(5), "another-worker")
+        return (yield from read_states_steps(client, batches, *spec))
+
+    if one_transaction:
+        consumer.together.read_states_steps = first_round_meddled_reads
+    else:
+        consumer.together.commit_steps = first_round_meddled_steps
     consumer.together.commit = first_round_meddled
-    consumer.together.commit_steps = first_round_meddled_steps
     consumer.committer.settled = reply_lost_once
 
     def tick() -> bool:
@@ -152,16 +165,64 @@ def test_a_refused_or_lost_commit_among_them_leaves_the_others_applied_once(
 
     wait_for(tick, what="every event scored")
     assert sorted(outcomes) == list(range(P))  # all eight went together
-    assert outcomes[2].reason == "conflict" and outcomes[5].reason == "not_owned"
+    assert outcomes[5].reason == "not_owned"
     others = {0, 1, 3, 4, 6, 7}
     if one_transaction:  # built as one: all or none
-        assert all(outcomes[p] is WITHHELD for p in others)
+        assert all(outcomes[p] is WITHHELD for p in others | {2})
     else:
+        assert outcomes[2].reason == "conflict"
         assert isinstance(outcomes[6], redis.ConnectionError)
         assert all(isinstance(outcomes[p], CommitResult) for p in others - {6})
     assert lost == [6]
     assert consumer.metrics.count("scored") == len(events)
     assert consumer.metrics.count("duplicate") == 0
+    assert_scored_once_as_offline(r, events, model_path)
+    consumer.close()
+
+
+def test_a_commit_landing_between_the_early_checks_and_the_transaction_refuses_the_round(
+    redis_server, model_path, tmp_path
+):
+    """On one Redis a round's checks go with its states' reads (adapters/early_checks.py),
+    under WATCH; another writer's commit landing while the batches are built moves a watched
+    sequence, so EXEC applies none of them (each a conflict), and each is computed again and
+    scored once, as offline scoring gives it. The round's commits took two round trips:
+    its reads with the checks, then the transaction (no checks sent again)."""
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, model_path, partitions=P)
+    consumer.tick()  # takes the leases; nothing to read
+    events = one_event_per_partition()
+    publish(r, events, partitions=P)
+    commit_together, outcomes = consumer.together.commit, []
+
+    def moved_while_built(client, commits, *whole):
+        if not outcomes:
+            r.incr(KEYS.commit_seq(3))  # another writer's commit (INCRBY), after the reads
+        got = commit_together(client, commits, *whole)
+        outcomes.append(got)
+        return got
+
+    consumer.together.commit = moved_while_built
+    log = tmp_path / "monitor.txt"
+    monitor = monitored(redis_server.port, log)
+    try:
+        wait_for(lambda: consumer.tick() or consumer.metrics.count("scored") >= P,
+                 what="every event scored")  # fmt: skip
+        wait_for(lambda: log.read_text().count('"INCR"') >= P, what="the writes logged")
+    finally:
+        monitor.terminate()
+        monitor.wait()
+    first = outcomes[0]
+    assert len(first) == P and all(o.reason == "conflict" for o in first)
+    lines = log.read_text().splitlines()
+    watches = [i for i, x in enumerate(lines) if '"WATCH"' in x]
+    hmgets = [i for i, x in enumerate(lines) if '"HMGET"' in x]
+    execs = [i for i, x in enumerate(lines) if '"EXEC"' in x]
+    # the first round: every WATCH before its reads, no checks between them and EXEC
+    assert len([w for w in watches if w < execs[0]]) == P
+    assert max(w for w in watches if w < execs[0]) < min(hmgets) < execs[0]
+    assert consumer.metrics.value("intentstream_commit_retries_total", reason="conflict") >= P
+    assert consumer.metrics.count("scored") == P
     assert_scored_once_as_offline(r, events, model_path)
     consumer.close()
 

@@ -39,6 +39,7 @@ from worker.common.keys import Keys
 from worker.common.partition_count import PartitionCountError, check_partitions
 from worker.common.settings import Settings
 from worker.engine.adapters.commit import CommitLimits, Committer
+from worker.engine.adapters.early_checks import EarlyChecks
 from worker.engine.adapters.maintenance import Maintenance
 from worker.engine.adapters.metrics import Health, WorkerMetrics
 from worker.engine.adapters.nodes import PartitionNodes
@@ -107,8 +108,9 @@ class Consumer:
                               s.deadletter_max_value_bytes, s.state_ttl_seconds * 1000)  # fmt: skip
         self.committer = Committer(client, self.keys, self.holder, limits,
                                    s.layout, self.nodes)  # fmt: skip
-        self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer)
-        self.together = Together(self.states, self.committer, one_transaction=not self.cluster)
+        early = EarlyChecks(self.committer)  # commit checks sent with the states' reads
+        self.readahead = ReadAhead(self.keys, self.states, self.reader, self.committer, early)
+        self.together = Together(self.states, self.committer, not self.cluster, early)
         self.maintenance = Maintenance(client, self.keys, s, self.metrics)
         self.metrics.partitions.set(s.partitions)
         self.tally = Tally(self.metrics, self.quality)

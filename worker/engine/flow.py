@@ -24,6 +24,7 @@ from worker.engine.adapters.commit import (
     Committer,
     PreparedCommit,
 )
+from worker.engine.adapters.early_checks import Watched, read_watched
 from worker.engine.adapters.group_packing import prepared_group
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
@@ -137,29 +138,67 @@ class BatchFlow:
     def _process_once(
         self, batch: Batch, prefetch_for: list[int] | None, upcoming: Batch | None
     ) -> None:
-        """One attempt: compute, commit, settle."""
-        computed = self.compute(batch)
+        """One attempt: compute, commit, settle. With no batch to compute while Redis runs
+        the commit (`upcoming`), the commit's checks go early, with the states' read."""
+        watch = (prefetch_for or []) if upcoming is None and not self.cluster else None
+        computed = self.compute(batch, None, watch)
         t0 = time.perf_counter()
-        result = self.commit(computed.commit, prefetch_for, upcoming, computed.prepared)
+        result = self.commit(computed.commit, prefetch_for, upcoming, computed.prepared,
+                             computed.watched)  # fmt: skip
         self._applied(batch, computed, result, time.perf_counter() - t0)
 
-    def compute(self, batch: Batch, read: tuple[UserStates, float] | None = None) -> Computed:
+    def compute(
+        self, batch: Batch, read: tuple[UserStates, float] | None = None,
+        watch: list[int] | None = None,
+    ) -> Computed:  # fmt: skip
         """The batch's Commit: as computed while the commit before it ran, if it was and
         still holds (same models and rules), else from its users' states: `read` (states
-        read with other batches', and the seconds taken) or read now."""
+        read with other batches', and the seconds taken) or read now; with `watch`, behind
+        the commit's early checks (adapters/early_checks.py), new entries of the partitions
+        `watch` read behind them."""
         models = self.io.models
         ahead = self.io.parts[batch.partition].take_ahead(batch, models.current, models.shadow,
                                                           models.rules)  # fmt: skip
         if ahead is not None:
             return Computed(ahead.states, ahead.commit, ahead.prepared, ahead.seconds, True)
         t1 = time.perf_counter()
+        watched = None
         if read is None:
             p, users = batch.partition, distinct_users(batch)
-            read = self.io.states.read(p, users, *self.io.models.spec()), time.perf_counter() - t1
+            if watch is not None:
+                states, watched = self._read_watched(batch, users, watch)
+            else:
+                states = self.io.states.read(p, users, *models.spec())
+            read = states, time.perf_counter() - t1
         states, state_s = read
         t2 = time.perf_counter()
-        commit = self.io.models.build(batch, states)
-        return Computed(states, commit, None, (state_s, time.perf_counter() - t2), False)
+        try:
+            commit = models.build(batch, states)
+        except BaseException:
+            if watched is not None:
+                watched.drop()
+                if watched.groups:
+                    self._rewind()  # the entries read with the states are read again
+            raise
+        seconds = (state_s, time.perf_counter() - t2)
+        return Computed(states, commit, None, seconds, False, watched)
+
+    def _read_watched(
+        self, batch: Batch, users: list[str], parts: list[int]
+    ) -> tuple[UserStates, Watched | None]:
+        """The batch's states read behind its commit's early checks, and new entries of
+        `parts` behind them (a read ahead, as `_commit_with_reads` sends it); a failure
+        rewinds: what they read is read again, in order."""
+        cursors = [self.io.parts[p].cursor for p in parts]
+        count = self.s.batch_size * (1 if self.io.parts.queued(set(parts)) else 2)
+        reads = self.io.readahead.new_entries(cursors, count)
+        try:
+            return read_watched(self.io.states, self.io.readahead.early, self.r, batch, users,
+                                self.io.models.spec(), reads)  # fmt: skip
+        except BaseException:
+            if reads[0]:
+                self._rewind()
+            raise
 
     def together_on_nodes(self, groups: list[list[Batch]]) -> None:
         """Each node's batches at low traffic together (`_together_steps`), the nodes'
@@ -196,7 +235,8 @@ class BatchFlow:
         alone: list[Batch] = []
         if client is not None:
             t0 = time.perf_counter()
-            states, joined = yield from self.io.together.read_states_steps(
+            # on one Redis, `watched` holds the commits' checks, sent with the reads
+            states, joined, watched = yield from self.io.together.read_states_steps(
                 client, batches, *self.io.models.spec()
             )
             state_s = (time.perf_counter() - t0) / len(batches)
@@ -205,14 +245,19 @@ class BatchFlow:
             # on one Redis the group commits all or none, so it is built as one
             whole = self.io.together.one_transaction and len(read) > 1
             pack = None
-            if whole:
-                ready, pack = self._built_together(read, state_s, joined)
-            else:
-                ready = [(b, self.compute(b, (st, state_s))) for b, st in read]
+            try:
+                if whole:
+                    ready, pack = self._built_together(read, state_s, joined)
+                else:
+                    ready = [(b, self.compute(b, (st, state_s))) for b, st in read]
+            except BaseException:
+                if watched is not None:
+                    watched.drop()
+                raise
             t1 = time.perf_counter()
             pairs = [(c.commit, c.prepared) for _, c in ready]
             if self.io.together.one_transaction:
-                outcomes = self.io.together.commit(client, pairs, whole, pack)
+                outcomes = self.io.together.commit(client, pairs, whole, pack, watched)
             else:
                 outcomes = yield from self.io.together.commit_steps(client, pairs, pack)
             commit_s = time.perf_counter() - t1
@@ -269,17 +314,41 @@ class BatchFlow:
     def commit(
         self, commit: Commit, prefetch_for: list[int] | None = None,
         upcoming: Batch | None = None, prepared: PreparedCommit | None = None,
+        watched: Watched | None = None,
     ) -> CommitResult:  # fmt: skip
         """Apply a Commit, pipelined with a read ahead (prefetch_for) and the states of the
-        upcoming batch when given. A reply lost on the way leaves the commit unsettled:
-        counted if it applied."""
+        upcoming batch when given; on `watched`, the connection that holds its early checks,
+        when they went with its states' read. A reply lost on the way leaves the commit
+        unsettled: counted if it applied."""
         try:
+            if watched is not None:
+                return self._commit_watched(commit, watched, prepared)
             if prefetch_for or upcoming is not None:  # of the commit's node (see _run_batch)
                 return self._commit_with_reads(commit, prefetch_for or [], upcoming, prepared)
             return self.io.committer.run(commit, self.io.nodes.node_client(commit.partition))
         except REDIS_DOWN:
             self.io.parts[commit.partition].lost_reply(self.io.committer.token(commit), commit)
             raise
+
+    def _commit_watched(
+        self, commit: Commit, watched: Watched, prepared: PreparedCommit | None
+    ) -> CommitResult:
+        """The commit on the connection of its early checks, the next batch computed while
+        Redis runs it from what the reads behind them brought (readahead.py). Any failure
+        rewinds: what was read is read again, in order."""
+        try:
+            sent = self.io.readahead.exchange_watched(
+                watched, commit, prepared, self.s.batch_size, self.io.models
+            )
+        except BaseException:
+            self._rewind()
+            raise
+        self._written = (commit, sent.written)
+        self.io.parts.enqueue(sent.batches)
+        result = sent.settle()
+        if sent.ahead is not None:
+            self.io.parts[sent.ahead.batch.partition].ahead = sent.ahead
+        return result
 
     def _commit_with_reads(
         self, commit: Commit, parts: list[int], upcoming: Batch | None = None,

@@ -47,11 +47,13 @@ from model.scoring import ScoringModel
 from worker.common.connection import read_replies, reply_or_error
 from worker.common.keys import Keys
 from worker.engine.adapters.commit import (
+    UNWATCH,
     CommitRefusedError,
     CommitResult,
     Committer,
     PreparedCommit,
 )
+from worker.engine.adapters.early_checks import EarlyChecks, Watched
 from worker.engine.adapters.states import (
     PartitionDataError,
     StateRead,
@@ -98,14 +100,16 @@ class Ahead:
 @dataclass(frozen=True)
 class Computed:
     """A batch's Commit as the consumer's compute step made it: the states it read, the
-    Commit, packed (when computed ahead), the seconds of reading states and computing, and
-    whether it was computed while the commit before it ran."""
+    Commit, packed (when computed ahead), the seconds of reading states and computing,
+    whether it was computed while the commit before it ran, and the connection its early
+    checks went on (adapters/early_checks.py)."""
 
     states: UserStates
     commit: Commit
     prepared: PreparedCommit | None
     seconds: tuple[float, float]
     ahead: bool
+    watched: Watched | None = None  # the connection that holds its early checks, if any
 
 
 @dataclass
@@ -138,12 +142,14 @@ class ReadAhead:
     """Sends a worker's commits pipelined with its reads ahead, and parses the replies."""
 
     def __init__(
-        self, keys: Keys, states: StateReader, reader: StreamReader, committer: Committer
-    ) -> None:
+        self, keys: Keys, states: StateReader, reader: StreamReader, committer: Committer,
+        early: EarlyChecks | None = None,
+    ) -> None:  # fmt: skip
         self.keys = keys
         self.states = states
         self.reader = reader
         self.committer = committer
+        self.early = early or EarlyChecks(committer)
 
     def plan(self, commit: Commit, upcoming: Batch) -> Plan:
         """How to read the upcoming batch's states in front of `commit`, which applies
@@ -209,6 +215,58 @@ class ReadAhead:
             raise
         finally:
             pool.release(conn)
+        return Exchange(commit, result, batches, in_flight, ahead)
+
+    def new_entries(self, cursors: list[Cursor], count: int) -> tuple[list[list[Cursor]], bytes]:
+        """The reads of up to `count` new entries of `cursors` (non-blocking): the cursors
+        each reads, and the reads packed."""
+        groups = self.reader.read_groups(cursors)
+        packed = b"".join(hiredis.pack_command(self.reader.read_command(g, count, None))
+                          for g in groups)  # fmt: skip
+        return groups, packed
+
+    def exchange_watched(
+        self, watched: Watched, commit: Commit, prepared: PreparedCommit | None,
+        size: int, models: Models,
+    ) -> Exchange:  # fmt: skip
+        """A cold batch's commit on the connection that holds its early checks
+        (adapters/early_checks.py), its checks sent again first (behind an UNWATCH) when the
+        early ones are not its own; while Redis runs it, the entries read with its states
+        (watched.groups', in batches of at most `size`) are parsed and the first batch of the
+        commit's partition is computed when all its states are known (as `exchange`)."""
+        conn = watched.conn
+        ahead: Ahead | None = None
+        parsed: list[list[Batch]] = []
+
+        def parse() -> list[Batch]:
+            return [batch for group, reply in zip(watched.groups, watched.reads, strict=True)
+                    if not isinstance(reply, Exception)
+                    for batch in self.reader.batches(reply, group, size)]  # fmt: skip
+
+        try:
+            check_replies = self.early.replies(watched, commit)
+            if check_replies is None:
+                checks, n = self.committer.checks(commit)
+                conn.send_packed_command([UNWATCH + checks])
+                check_replies = read_replies(conn, n + 1)[1:]
+            in_flight = written(commit)
+            prepared = prepared or self.committer.prepare(commit)
+
+            def while_redis_writes() -> None:
+                nonlocal ahead
+                parsed.append(parse())
+                ahead = self._ahead(commit, None, [], parsed[0], in_flight, models)
+
+            result = self.committer.finish(conn, commit, prepared, check_replies,
+                                           during=while_redis_writes)  # fmt: skip
+            batches = parsed[0] if parsed else parse()  # refused: nothing computed ahead
+        except redis.ResponseError:
+            raise  # every reply was read: the connection stays usable
+        except BaseException:
+            conn.disconnect()  # a reply may still be in flight on it
+            raise
+        finally:
+            watched.release()
         return Exchange(commit, result, batches, in_flight, ahead)
 
     def _ahead(

@@ -201,13 +201,19 @@ class Committer:
         (the lease, the sequence, the streams written), GET the lease and the position, the
         XRANGE of entries between, GET the sequence, TYPE of each stream, GET the last commit
         token and the count of entries committed, TIME on the partition's first commit."""
-        k, p = self.keys, c.partition
-        constant = self._constant_of(p, tuple(self.streams(c)))
-        between = _packed("XRANGE", k.events(p), b"(" + c.after, b"(" + c.ack_ids[0], "COUNT", 1)
+        # the partition's first commit: its sequence starts from the clock
+        return self.checks_of(c.partition, tuple(self.streams(c)), c.after, c.ack_ids[0],
+                              clock=c.seq == b"")  # fmt: skip
+
+    def checks_of(
+        self, p: int, streams: tuple[str, ...], after: bytes, first: bytes, clock: bool
+    ) -> tuple[bytes, int]:
+        """`checks` of a commit of partition p writing `streams`, of a batch that follows
+        `after` from its entry `first`, with the server's time read last when `clock`."""
+        constant = self._constant_of(p, streams)
+        between = _packed("XRANGE", self.keys.events(p), b"(" + after, b"(" + first, "COUNT", 1)
         packed = constant.checks_head + between + constant.checks_tail
-        if c.seq == b"":  # the partition's first commit: its sequence starts from the clock
-            return packed + _TIME, constant.checks + 1
-        return packed, constant.checks
+        return (packed + _TIME, constant.checks + 1) if clock else (packed, constant.checks)
 
     def _constant_of(self, p: int, streams: tuple[str, ...]) -> _Constant:
         """The partition's commands that every commit writing `streams` sends as they are."""

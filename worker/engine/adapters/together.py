@@ -46,6 +46,7 @@ from worker.engine.adapters.commit import (
     PreparedCommit,
     Sent,
 )
+from worker.engine.adapters.early_checks import EarlyChecks, Watched
 from worker.engine.adapters.resp import chunks
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.compute.batch import Batch
@@ -67,9 +68,14 @@ Packing = Callable[[], list[PreparedCommit] | None]
 class Together:
     """Reads a node's batches' states at once and sends their commits at once."""
 
-    def __init__(self, states: StateReader, committer: Committer, one_transaction: bool) -> None:
+    def __init__(
+        self, states: StateReader, committer: Committer, one_transaction: bool,
+        early: EarlyChecks | None = None,
+    ) -> None:  # fmt: skip
         self.states = states
         self.committer = committer
+        # the checks of commits sent with their states' reads (one Redis)
+        self.early = early or EarlyChecks(committer)
         # one Redis: the commits whose checks pass go in one transaction on one connection
         # (a cluster's transaction holds the keys of one slot: a connection per commit)
         self.one_transaction = one_transaction
@@ -84,21 +90,28 @@ class Together:
         when every batch's were read, all of them as one (the batches' are its views). As
         steps: it yields once the reads are sent, before it waits for their replies (other
         nodes' reads go meanwhile: flow.together_on_nodes); returns (each batch's states,
-        all of them or None)."""
+        all of them or None, the connection that holds their commits' early checks or
+        None). On one Redis every batch's commit checks go in front of the reads
+        (adapters/early_checks.py), so the commits then need one round trip, not two."""
         requests = [self.states.request(b.partition, distinct_users(b)) for b in batches]
         reads = self.states.commands(requests)
         pool = client.connection_pool
         conn = pool.get_connection()
+        early = [self.early.of(b) for b in batches] if self.one_transaction else []
+        watched = Watched(client, conn) if early else None
         try:
-            packed = [read.packed for read in reads if read is not None]
+            packed = [*(e.packed for e in early), *(r.packed for r in reads if r is not None)]
             if packed:
                 conn.send_packed_command([b"".join(packed)])
                 yield
+            for e in early:
+                watched.checks[e.partition] = (e, read_replies(conn, e.replies))
             replies = [read_replies(conn, read.replies) if read else None for read in reads]
         except BaseException:
             conn.disconnect()  # a reply may still be in flight on it
+            pool.release(conn)
             raise
-        finally:
+        if watched is None:
             pool.release(conn)
         flats: list[list | bool | None] = []  # False: the read failed
         for request, reply in zip(requests, replies, strict=True):
@@ -111,21 +124,22 @@ class Together:
         if not any(flat is False for flat in flats):
             joined = self.states.complete_all(requests, flats, shape, space, shadow)
         if joined is not None:
-            return list(joined[1]), joined[0]
+            return list(joined[1]), joined[0], watched
         return [None if flat is False else self.states.complete(request, flat, shape, space, shadow)
-                for request, flat in zip(requests, flats, strict=True)], None  # fmt: skip
+                for request, flat in zip(requests, flats, strict=True)], None, watched  # fmt: skip
 
     def commit(
         self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]],
-        whole: bool = False, pack: Packing | None = None,
+        whole: bool = False, pack: Packing | None = None, watched: Watched | None = None,
     ) -> list[Outcome]:  # fmt: skip
         """Apply commits of distinct partitions of `client`'s node (see the module's
         docstring): for each, its result, its refusal, the error it met (an error reply
         with every reply read, or a connection error that leaves it unsettled: it may have
         applied), or WITHHELD (`whole`, one Redis: all or none go). `pack`, when given, packs
-        the commits not packed yet at once, while Redis runs their checks."""
+        the commits not packed yet at once, while Redis runs their checks. On `watched`
+        (one Redis), the connection that holds their early checks."""
         if self.one_transaction:
-            return self._in_one_transaction(client, commits, whole, pack)
+            return self._in_one_transaction(client, commits, whole, pack, watched)
         return run_steps(self.commit_steps(client, commits, pack))
 
     def commit_steps(
@@ -163,23 +177,33 @@ class Together:
 
     def _in_one_transaction(
         self, client: redis.Redis, commits: list[tuple[Commit, PreparedCommit | None]],
-        whole: bool = False, pack: Packing | None = None,
+        whole: bool = False, pack: Packing | None = None, watched: Watched | None = None,
     ) -> list[Outcome]:  # fmt: skip
-        """On one Redis: every commit's WATCH and checks on one connection in one send, then
-        one transaction of the writes of those whose checks passed (MULTI, each one's
-        writes, EXEC), each settled from its own replies. Still all or nothing per commit
-        (and for them all); a refused commit is left out (`whole`: the others are WITHHELD,
-        none goes); a watched key changed before EXEC refuses them all (`conflict`: each
-        computed and sent again); a lost connection leaves them all unsettled."""
+        """On one Redis: every commit's WATCH and checks on one connection in one send (or
+        those sent early, with the states' reads, on `watched`'s), then one transaction of
+        the writes of those whose checks passed (MULTI, each one's writes, EXEC), each
+        settled from its own replies. Still all or nothing per commit (and for them all); a
+        refused commit is left out (`whole`: the others are WITHHELD, none goes); a watched
+        key changed before EXEC refuses them all (`conflict`: each computed and sent again);
+        a lost connection leaves them all unsettled."""
         outcomes: list = [None] * len(commits)
-        checks = [self.committer.checks(c) for c, _ in commits]
         pool = client.connection_pool
-        conn = pool.get_connection()
+        conn = watched.conn if watched is not None else pool.get_connection()
         try:
-            conn.send_packed_command([b"".join(packed for packed, _ in checks)])
-            commits = self._packed(commits, pack)  # while Redis runs the checks
-            verdicts = [self.committer.verdict(c, read_replies(conn, n)) for (c, _), (_, n)
-                        in zip(commits, checks, strict=True)]  # fmt: skip
+            early = self._early_replies(watched, [c for c, _ in commits])
+            if early is None:
+                checks = [self.committer.checks(c) for c, _ in commits]
+                # an UNWATCH first on a connection that holds early checks not theirs
+                unwatch = UNWATCH if watched is not None else b""
+                conn.send_packed_command([unwatch + b"".join(packed for packed, _ in checks)])
+                commits = self._packed(commits, pack)  # while Redis runs the checks
+                if unwatch:
+                    conn.read_response()
+                early = [read_replies(conn, n) for _, n in checks]
+            else:
+                commits = self._packed(commits, pack)
+            verdicts = [self.committer.verdict(c, replies) for (c, _), replies
+                        in zip(commits, early, strict=True)]  # fmt: skip
             going = [i for i, v in enumerate(verdicts) if v.result is None]
             for i, verdict in enumerate(verdicts):
                 outcomes[i] = verdict.result
@@ -211,6 +235,15 @@ class Together:
         finally:
             pool.release(conn)
         return outcomes
+
+    def _early_replies(self, watched: Watched | None, commits: list[Commit]) -> list | None:
+        """The replies of the commits' checks sent early on `watched`, each commit's; None
+        unless every one of them is its own and no other batch's WATCH is held with them
+        (the checks are then sent again, behind an UNWATCH)."""
+        if watched is None or len(watched.checks) != len(commits):
+            return None
+        replies = [self.early.replies(watched, c) for c in commits]
+        return None if any(r is None for r in replies) else replies
 
     def _packed(
         self, commits: list[tuple[Commit, PreparedCommit | None]], pack: Packing | None
