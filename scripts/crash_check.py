@@ -1,7 +1,9 @@
 """Outside check: a worker holding many partitions, at low traffic, killed with SIGKILL again
 and again (or, with --drop-connections, its Redis connections closed under it by CLIENT
-KILL) while a producer writes; afterwards every event is scored exactly once and every user's
-state counts each of its events once.
+KILL; or, with --bump-sequences, left running while another writer moves the partitions'
+commit sequences on every few ms, as another worker's commits would, so commits whose
+states were read before meet a conflict) while a producer writes; afterwards every event is
+scored exactly once and every user's state counts each of its events once.
 
 It drives what a user runs: the installed `intentstream worker` console script, a private
 `redis-server` on a free port and plain redis-py XADDs (producers route by crc32(user) mod P);
@@ -9,7 +11,7 @@ with --cluster, a local 3-primary Redis Cluster (no replicas; the tests' LocalCl
 worker's --cluster and a redis-py cluster client.
 
     .venv/bin/python scripts/crash_check.py [--partitions 8] [--kills 12] [--rate 400] [--exe PATH]
-        [--drop-connections] [--cluster]
+        [--drop-connections | --bump-sequences] [--cluster]
 """
 
 from __future__ import annotations
@@ -103,6 +105,14 @@ def produce(port: int, partitions: int, rate: float, stop: threading.Event, sent
         time.sleep(1.0 / rate)
 
 
+def bump(port: int, partitions: int, stop: threading.Event, cluster: bool) -> None:
+    """INCR a random partition's commit sequence every ~5 ms: another writer's commit."""
+    r = client_of(port, cluster)
+    while not stop.is_set():
+        r.incr(f"intentstream:seq:{{{random.randrange(partitions)}}}")
+        time.sleep(0.005)
+
+
 def state_key(user: str, partitions: int) -> str:
     return f"intentstream:state:{{{zlib.crc32(user.encode()) % partitions}}}:{user}"
 
@@ -122,6 +132,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=400.0)
     ap.add_argument("--drop-connections", action="store_true",
                     help="close the worker's connections (CLIENT KILL) instead")  # fmt: skip
+    ap.add_argument("--bump-sequences", action="store_true",
+                    help="move the sequences on as another writer would, instead")  # fmt: skip
     ap.add_argument("--cluster", action="store_true", help="a local 3-primary Redis Cluster")
     ap.add_argument(
         "--exe",
@@ -148,9 +160,14 @@ def main() -> int:
     work = (port, args.partitions, args.rate, stop, sent, args.cluster)
     producer = threading.Thread(target=produce, args=work)
     producer.start()
+    bumper = threading.Thread(target=bump, args=(port, args.partitions, stop, args.cluster))
+    if args.bump_sequences:
+        bumper.start()
     try:
         for _ in range(args.kills):
             time.sleep(random.uniform(1.5, 4.0))
+            if args.bump_sequences:
+                continue
             if args.drop_connections:
                 dropped += drop_others(ports)
                 continue
@@ -160,6 +177,8 @@ def main() -> int:
         time.sleep(2.0)
         stop.set()
         producer.join()
+        if args.bump_sequences:
+            bumper.join()
         deadline = time.time() + 120
         while not drained(r, args.partitions) and time.time() < deadline:
             time.sleep(0.2)
@@ -181,8 +200,11 @@ def main() -> int:
     wrong_n = sum(1 for u, n in sent.items() if states[u] != n)
     missing = total - len(ids)
     log.close()
-    warned = (tmp / "worker.log").read_text(errors="replace").count('"level": "warning"')
+    logged = (tmp / "worker.log").read_text(errors="replace")
+    warned = logged.count('"level": "warning"')
     what = f"drops ({dropped} connections closed)" if args.drop_connections else "SIGKILLs"
+    if args.bump_sequences:
+        what = f"rounds of sequence bumps ({logged.count('state conflict')} conflicts logged)"
     what += " on a 3-primary cluster" if args.cluster else ""
     print(
         f"{args.kills} {what}, {args.partitions} partitions, {total} events sent; worker "
