@@ -15,7 +15,9 @@ from worker.common.events import (
     MAX_TS_MS,
     EventError,
     event_from_fields,
+    event_from_mapping,
     extra_values,
+    fast_event,
     input_values,
     parse_entry,
     parse_flat_entry,
@@ -57,6 +59,46 @@ JSON_VALUES = st.recursive(
     ),
     max_leaves=8,
 )
+
+
+MAPPING_VALUES = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**16), 10**16)
+    | st.integers(MAX_TS_MS - 2, MAX_TS_MS + 2)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=300)
+    | st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=70)
+    | st.binary(max_size=8)
+    | st.sampled_from(["view", "alice", "", " ", "e 1", "e-1", "p:1", "é", "a" * 256, "a" * 257])
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    doc=st.dictionaries(
+        st.sampled_from(["user_id", "type", "ts", "event_id", "producer", "json", "price"]),
+        MAPPING_VALUES,
+        max_size=7,
+    )
+)
+def test_the_publishers_fast_path_agrees_with_the_schema_on_arbitrary_mappings(doc):
+    """What `fast_event` takes, the schema takes as the same event; what it leaves to the
+    schema may be valid or not (the schema says why)."""
+    fast = fast_event(doc)
+    if fast is None:
+        return
+    event = event_from_mapping(doc)  # never raises on what the fast path took
+    assert fast == (event.user_id, event.type, event.ts, event.event_id, event.producer)
+
+
+def test_the_publishers_fast_path_takes_a_plain_event_and_leaves_the_rest():
+    plain = {"user_id": "u1", "type": "view", "ts": T7, "event_id": "e-1", "price": 3.5}
+    assert fast_event(plain) == ("u1", "view", T7, "e-1", None)
+    assert fast_event({"user_id": "u1", "type": "view"}) == ("u1", "view", None, None, None)
+    for other in ({"user_id": 7}, {"ts": "1700000000000"}, {"ts": True}, {"user_id": "é"},
+                  {"event_id": "e 1"}, {"producer": "p:1"}, {"type": ""}):  # fmt: skip
+        assert fast_event(plain | other) is None, other
 
 
 def outcome(fn, fields):

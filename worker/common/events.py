@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -125,6 +125,32 @@ def event_from_mapping(doc: object) -> Event:
         return Event.model_validate(doc)
     except ValidationError as exc:
         raise EventError(_reason(exc)) from None
+
+
+# An event mapping's own fields as publish() reads them: user_id, type, ts, event_id, producer
+EventFields = tuple[str, str, int | None, str | None, str | None]
+
+
+def fast_event(doc: Mapping) -> EventFields | None:
+    """An event mapping's own fields when they are obviously valid (ASCII text within the
+    bounds, an integer ts in range, no producer stamp), else None: `event_from_mapping`
+    then decides, and names the reason. The producer's per-event path: pydantic costs
+    ~10 µs an event, most of a bulk publish's Python. Tests check both agree."""
+    uid, typ = doc.get("user_id"), doc.get("type")
+    if type(uid) is not str or type(typ) is not str or doc.get("producer") is not None:
+        return None
+    if not (uid.isascii() and typ.isascii()):
+        return None  # a string's bytes are its length only in ASCII
+    if not (0 < len(uid) <= MAX_USER_ID_BYTES and 0 < len(typ) <= MAX_TYPE_BYTES):
+        return None
+    ts, eid = doc.get("ts"), doc.get("event_id")
+    if ts is not None and (type(ts) is not int or not 0 <= ts <= MAX_TS_MS):
+        return None
+    if eid is not None and (
+        type(eid) is not str or not eid.isascii() or not _EVENT_ID.fullmatch(eid.encode())
+    ):
+        return None
+    return uid, typ, ts, eid, None
 
 
 def event_from_json(line: str | bytes) -> Event:
