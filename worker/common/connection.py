@@ -16,6 +16,8 @@ every retry loop of ours calls `refresh_topology` after a Redis error.
 from __future__ import annotations
 
 import logging
+import math
+import random
 
 import hiredis
 import redis
@@ -38,6 +40,18 @@ except ImportError:  # another redis-py: replies are read one by one
 Client = redis.Redis | redis.RedisCluster
 
 
+class OwnJitterBackoff(ExponentialWithJitterBackoff):
+    """redis-py's jittered exponential backoff, its jitter drawn from a generator of its own.
+    Why: the global `random` belongs to whoever seeded it (a test's Hypothesis strategies);
+    a thread of ours retrying a lost connection drew from it, and moved its state."""
+
+    _jitter = random.Random()
+
+    def compute(self, failures: int) -> float:
+        """Seconds before retry number `failures`: up to base * 2**failures, capped."""
+        return min(self._cap, math.ldexp(self._jitter.random() * self._base, min(failures, 64)))
+
+
 def connect(
     url: str, socket_timeout: float = 5.0, retries: int = 3, cluster: bool = False
 ) -> Client:
@@ -51,7 +65,7 @@ def connect(
     common = dict(
         socket_timeout=socket_timeout,
         socket_connect_timeout=min(socket_timeout, 5.0),
-        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries),
+        retry=Retry(OwnJitterBackoff(cap=1.0, base=0.01), retries),
         decode_responses=False,
         # no CLIENT SETINFO at connect: least-privilege ACL users (deploy/redis) lack it
         driver_info=None,

@@ -6,6 +6,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+# Jitter from a generator of its own: the global one's state is a test's or another
+# library's, which a delivery thread drawing from it would disturb
+_JITTER = random.Random()
+
 
 @dataclass(frozen=True)
 class RetrySchedule:
@@ -21,7 +25,7 @@ class RetrySchedule:
         """Seconds before the next attempt after `failures` (>= 1) failed ones; `rand` in
         [0, 1) (default: random)."""
         base = min(self.cap, self.first * 2.0 ** min(failures - 1, 62))
-        r = random.random() if rand is None else rand
+        r = _JITTER.random() if rand is None else rand
         return base * (1.0 - self.jitter * r)
 
     def expired(self, age_seconds: float) -> bool:
