@@ -30,6 +30,7 @@ from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
 from worker.engine.adapters.ownership import Ownership
 from worker.engine.adapters.states import PartitionDataError, StateReader
+from worker.engine.adapters.streams import Cursor
 from worker.engine.adapters.together import (
     WITHHELD,
     Outcome,
@@ -43,7 +44,7 @@ from worker.engine.compute.state_cache import CachedState, written
 from worker.engine.compute.user_states import UserStates, distinct_users
 from worker.engine.models import Models
 from worker.engine.partition import Partitions
-from worker.engine.readahead import Computed, ReadAhead
+from worker.engine.readahead import Computed, Exchange, ReadAhead
 from worker.engine.tally import Tally
 
 log = logging.getLogger("intentstream.worker")
@@ -189,9 +190,7 @@ class BatchFlow:
         """The batch's states read behind its commit's early checks, and new entries of
         `parts` behind them (a read ahead, as `_commit_with_reads` sends it); a failure
         rewinds: what they read is read again, in order."""
-        cursors = [self.io.parts[p].cursor for p in parts]
-        count = self.s.batch_size * (1 if self.io.parts.queued(set(parts)) else 2)
-        reads = self.io.readahead.new_entries(cursors, count)
+        reads = self.io.readahead.new_entries(*self._reads_ahead(parts))
         try:
             return read_watched(self.io.states, self.io.readahead.early, self.r, batch, users,
                                 self.io.models.spec(), reads)  # fmt: skip
@@ -343,7 +342,19 @@ class BatchFlow:
         except BaseException:
             self._rewind()
             raise
-        self._written = (commit, sent.written)
+        return self._settled_exchange(sent)
+
+    def _reads_ahead(self, parts: list[int]) -> tuple[list[Cursor], int]:
+        """The cursors of `parts` and how many entries to read of them: enough to keep two
+        batches of the node known."""
+        cursors = [self.io.parts[p].cursor for p in parts]
+        return cursors, self.s.batch_size * (1 if self.io.parts.queued(set(parts)) else 2)
+
+    def _settled_exchange(self, sent: Exchange) -> CommitResult:
+        """An exchange's commit settled (CommitRefusedError when it applied nothing): what
+        it read queued, the states it wrote kept for `_applied`, the batch computed ahead
+        kept with its partition."""
+        self._written = (sent.commit, sent.written)
         self.io.parts.enqueue(sent.batches)
         result = sent.settle()
         if sent.ahead is not None:
@@ -360,9 +371,7 @@ class BatchFlow:
         plan = None
         if upcoming is not None and upcoming.partition in self.io.ownership.owned:
             plan = self.io.readahead.plan(commit, upcoming)
-        cursors = [self.io.parts[p].cursor for p in parts]
-        # keep two batches of the node known
-        count = self.s.batch_size * (1 if self.io.parts.queued(set(parts)) else 2)
+        cursors, count = self._reads_ahead(parts)
         try:
             node = self.io.nodes.client(commit.partition)
             sent = self.io.readahead.exchange(
@@ -379,12 +388,7 @@ class BatchFlow:
         except BaseException:
             self._rewind()
             raise
-        self._written = (commit, sent.written)
-        self.io.parts.enqueue(sent.batches)
-        result = sent.settle()
-        if sent.ahead is not None:
-            self.io.parts[sent.ahead.batch.partition].ahead = sent.ahead
-        return result
+        return self._settled_exchange(sent)
 
     def _applied(
         self, batch: Batch, computed: Computed, result: CommitResult, commit_s: float

@@ -112,6 +112,23 @@ class Computed:
     watched: Watched | None = None  # the connection that holds its early checks, if any
 
 
+@dataclass(frozen=True)
+class Read:
+    """New entries read with a commit: the cursors each XREADGROUP read, their replies (an
+    error reply as its exception), and the batches' size."""
+
+    groups: list[list[Cursor]]
+    replies: list
+    size: int
+
+    def batches(self, reader: StreamReader) -> list[Batch]:
+        """The batches the reads brought (a read that failed brings none: the next plain
+        read finds out why); parsing moves the cursors past them."""
+        return [batch for group, reply in zip(self.groups, self.replies, strict=True)
+                if not isinstance(reply, Exception)
+                for batch in reader.batches(reply, group, self.size)]  # fmt: skip
+
+
 @dataclass
 class Exchange:
     """What one exchange brought back: the commit's result (or refusal), the batches read
@@ -177,37 +194,23 @@ class ReadAhead:
         compute the planned batch. A REDIRECTS error when the node no longer serves the
         commit's slot."""
         state_read = plan.read if plan is not None else None
-        reads = [state_read.packed] if state_read is not None else []
-        groups = self.reader.read_groups(cursors)
-        reads += [hiredis.pack_command(self.reader.read_command(g, count, None)) for g in groups]
+        groups, new = self.new_entries(cursors, count)
         checks, n_checks = self.committer.checks(commit)
         pool = node.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([b"".join(reads), checks])
+            conn.send_packed_command([(state_read.packed if state_read else b"") + new, checks])
             # while Redis runs the reads and the checks: the states the commit writes, and
             # its writes packed (after the checks' reply they were on the way to EXEC)
             in_flight = written(commit)
             prepared = prepared or self.committer.prepare(commit)
             state_replies = read_replies(conn, state_read.replies) if state_read else []
-            read_replies_ = [reply_or_error(conn) for _ in groups]
+            read = Read(groups, [reply_or_error(conn) for _ in groups], size)
             check_replies = read_replies(conn, n_checks)
-            parsed: list[list[Batch]] = []
-            ahead: Ahead | None = None
-
-            def parse() -> list[Batch]:
-                return [batch for group, reply in zip(groups, read_replies_, strict=True)
-                        if not isinstance(reply, Exception)
-                        for batch in self.reader.batches(reply, group, size)]  # fmt: skip
-
-            def while_redis_writes() -> None:
-                nonlocal ahead
-                parsed.append(parse())
-                ahead = self._ahead(commit, plan, state_replies, parsed[0], in_flight, models)
-
-            result = self.committer.finish(conn, commit, prepared, check_replies,
-                                           during=while_redis_writes)  # fmt: skip
-            batches = parsed[0] if parsed else parse()  # refused: nothing computed ahead
+            result, batches, ahead = self._finish(
+                conn, commit, prepared, check_replies, read, plan, state_replies, in_flight,
+                models,
+            )  # fmt: skip
         except redis.ResponseError:
             raise  # every reply was read: the connection stays usable (a redirect, above)
         except BaseException:
@@ -235,14 +238,6 @@ class ReadAhead:
         (watched.groups', in batches of at most `size`) are parsed and the first batch of the
         commit's partition is computed when all its states are known (as `exchange`)."""
         conn = watched.conn
-        ahead: Ahead | None = None
-        parsed: list[list[Batch]] = []
-
-        def parse() -> list[Batch]:
-            return [batch for group, reply in zip(watched.groups, watched.reads, strict=True)
-                    if not isinstance(reply, Exception)
-                    for batch in self.reader.batches(reply, group, size)]  # fmt: skip
-
         try:
             check_replies = self.early.replies(watched, commit)
             if check_replies is None:
@@ -251,15 +246,10 @@ class ReadAhead:
                 check_replies = read_replies(conn, n + 1)[1:]
             in_flight = written(commit)
             prepared = prepared or self.committer.prepare(commit)
-
-            def while_redis_writes() -> None:
-                nonlocal ahead
-                parsed.append(parse())
-                ahead = self._ahead(commit, None, [], parsed[0], in_flight, models)
-
-            result = self.committer.finish(conn, commit, prepared, check_replies,
-                                           during=while_redis_writes)  # fmt: skip
-            batches = parsed[0] if parsed else parse()  # refused: nothing computed ahead
+            read = Read(watched.groups, watched.reads, size)
+            result, batches, ahead = self._finish(
+                conn, commit, prepared, check_replies, read, None, [], in_flight, models
+            )
         except redis.ResponseError:
             raise  # every reply was read: the connection stays usable
         except BaseException:
@@ -268,6 +258,26 @@ class ReadAhead:
         finally:
             watched.release()
         return Exchange(commit, result, batches, in_flight, ahead)
+
+    def _finish(
+        self, conn: redis.connection.Connection, commit: Commit, prepared: PreparedCommit,
+        check_replies: list, read: Read, plan: Plan | None, state_replies: list,
+        in_flight: dict[str, CachedState], models: Models,
+    ) -> tuple[CommitResult | CommitRefusedError, list[Batch], Ahead | None]:  # fmt: skip
+        """The commit's transaction (`Committer.finish`); while Redis runs it, the entries
+        `read` brought parsed and the upcoming batch computed (`_ahead`). Its result, the
+        batches read, and the batch computed ahead (None when it was refused)."""
+        parsed: list[list[Batch]] = []
+        ahead: Ahead | None = None
+
+        def while_redis_writes() -> None:
+            nonlocal ahead
+            parsed.append(read.batches(self.reader))
+            ahead = self._ahead(commit, plan, state_replies, parsed[0], in_flight, models)
+
+        result = self.committer.finish(conn, commit, prepared, check_replies,
+                                       during=while_redis_writes)  # fmt: skip
+        return result, parsed[0] if parsed else read.batches(self.reader), ahead
 
     def _ahead(
         self, commit: Commit, plan: Plan | None, state_replies: list, batches: list[Batch],

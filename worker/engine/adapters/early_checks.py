@@ -96,7 +96,8 @@ class EarlyChecks:
 
     def replies(self, watched: Watched, commit: Commit) -> list | None:
         """The replies of the checks sent early for `commit`, when they are its checks; else
-        None (they are sent again)."""
+        None (they are sent again). Either way the partition's next early checks are made
+        for the streams this commit writes."""
         streams = tuple(self.committer.streams(commit))
         self._streams[commit.partition] = streams
         early, replies = watched.checks.get(commit.partition, (None, []))
@@ -120,8 +121,8 @@ def read_watched(
     p = batch.partition
     request = states.request(p, users)
     read = states.command(request)
-    if read is None:
-        return states.read(p, users, *spec), None
+    if read is None:  # every state known: nothing to read, so no sequence to disagree with
+        return states.complete(request, None, shape, space, shadow), None
     groups, packed = reads
     watched = Watched(client, client.connection_pool.get_connection(), groups=groups)
     try:
