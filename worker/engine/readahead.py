@@ -199,7 +199,9 @@ class ReadAhead:
         pool = node.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([(state_read.packed if state_read else b"") + new, checks])
+            # one bytes, one send: redis-py makes a system call of each item of the list
+            conn.send_packed_command([b"".join([state_read.packed if state_read else b"", new,
+                                                checks])])  # fmt: skip
             # while Redis runs the reads and the checks: the states the commit writes, and
             # its writes packed (after the checks' reply they were on the way to EXEC)
             in_flight = written(commit)

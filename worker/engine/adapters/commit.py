@@ -450,7 +450,7 @@ class Committer:
         sequence is still the one it set: else a later commit read them, found them invalid
         and wrote them itself."""
         seq_key = self.keys.commit_seq(c.partition)
-        conn.send_packed_command([_packed("WATCH", seq_key), _packed("GET", seq_key)])
+        conn.send_packed_command([_packed("WATCH", seq_key) + _packed("GET", seq_key)])
         conn.read_response()
         if conn.read_response() != seq:
             conn.send_packed_command([UNWATCH])

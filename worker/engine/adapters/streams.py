@@ -275,9 +275,9 @@ class StreamReader:
         pool = self.r.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([
-                hiredis.pack_command(self.read_command(cursors, count, block_ms)),
-                hiredis.pack_command(self.read_command(cursors, count, None)),
+            conn.send_packed_command([  # one bytes: a list's items are a system call each
+                hiredis.pack_command(self.read_command(cursors, count, block_ms))
+                + hiredis.pack_command(self.read_command(cursors, count, None))
             ])  # fmt: skip
             replies = read_replies(conn, 2)
         except BaseException:
