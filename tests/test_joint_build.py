@@ -142,8 +142,8 @@ def assert_shared(alone: list[Commit], shared: list[Commit]) -> None:
             assert same(getattr(a, f.name), getattr(s, f.name)), f.name
         assert [type(x) for x in a.parts] == [type(x) for x in s.parts]
         for pa, ps in zip(a.parts, s.parts, strict=True):
-            for f in fields(pa):
-                if SUMS.get(type(pa)) != f.name:
+            for f in fields(pa):  # a field left out of comparisons (Quality's pending) too
+                if f.compare and SUMS.get(type(pa)) != f.name:
                     assert same(getattr(pa, f.name), getattr(ps, f.name)), (type(pa), f.name)
     assert shared[0].resend_overflow == sum(c.resend_overflow for c in alone)
     assert all(c.resend_overflow == 0 for c in shared[1:])

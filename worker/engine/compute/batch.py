@@ -174,6 +174,6 @@ def parse_batch(
             kept.append(fields)
     if wanted:
         b.inputs = raw_inputs(kept, wanted)
-    b.entry_seconds = seconds_of(b.entry_keys)
+    # entry_seconds stays None: the resends stage works them out, for a group once (joint.py)
     b.parse_seconds = time.perf_counter() - t0
     return b

@@ -142,7 +142,7 @@ def _joined(
         ts=[t for b in batches for t in b.ts],
         entry_ids=[i for b in batches for i in b.entry_ids],
         entry_keys=[k for b in batches for k in b.entry_keys],
-        entry_seconds=np.concatenate([_seconds(b) for b in batches]),
+        entry_seconds=_joined_seconds(batches),
         event_ids=[i for b in batches for i in b.event_ids],
         producers=[p for b in batches for p in b.producers],
         inputs=inputs,
@@ -176,9 +176,13 @@ def _whole(s: UserStates) -> bool:
             == len(s.items))  # fmt: skip
 
 
-def _seconds(b: Batch) -> np.ndarray:
-    """The batch's events' entry times in seconds, as the resends stage reads them."""
-    return b.entry_seconds if b.entry_seconds is not None else seconds_of(b.entry_keys)
+def _joined_seconds(batches: list[Batch]) -> np.ndarray | None:
+    """The batches' events' entry times in seconds, as the resends stage reads them; None
+    when none has them yet (a few events each: the stage works them out once, for all)."""
+    if all(b.entry_seconds is None for b in batches):
+        return None
+    return np.concatenate([b.entry_seconds if b.entry_seconds is not None
+                           else seconds_of(b.entry_keys) for b in batches])  # fmt: skip
 
 
 def _moved(rows: list[list[int]], starts: list[int]) -> list[int]:
