@@ -20,6 +20,7 @@ from worker.engine.compute.quality import label_samples
 from worker.engine.compute.stages import ModelRun, Run, gap_ms
 
 Samples = dict[str, tuple[np.ndarray, np.ndarray]]  # per model role: (scores, labels)
+_NO_SAMPLES = (np.zeros(0), np.zeros(0, bool))  # a group's other shares' (never written to)
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Quality(Part):
     def share(self, s: Share) -> Quality:
         if s.first:
             return self
-        return Quality(self.roles, None, {r: (np.zeros(0), np.zeros(0, bool)) for r in self.roles})
+        return Quality(self.roles, None, dict.fromkeys(self.roles, _NO_SAMPLES))
 
 
 def samples_of(run: Run, m: ModelRun) -> tuple[np.ndarray, np.ndarray]:
