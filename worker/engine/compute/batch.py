@@ -65,7 +65,8 @@ class Batch:
     ts: list[int] = field(default_factory=list)
     entry_ids: list[bytes] = field(default_factory=list)  # stream id of each valid event
     entry_keys: list[tuple[int, int]] = field(default_factory=list)  # the same, as (ms, seq)
-    entry_seconds: np.ndarray | None = None  # their times in whole seconds (`seconds_of`)
+    # their times in whole seconds (`seconds_of`); None until the resends stage needs them
+    entry_seconds: np.ndarray | None = None
     event_ids: list[bytes | None] = field(default_factory=list)  # the producer's, if given
     producers: list[Producer | None] = field(default_factory=list)  # publish()'s stamps
     # the raw values of the declared inputs asked for (a model's, format 2), per valid event

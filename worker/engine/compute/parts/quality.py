@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -29,14 +30,11 @@ class Quality(Part):
     first asked (its inputs: the batch's run, which nothing changes once built)."""
 
     roles: tuple[str, ...]
-    pending: Callable[[], Samples] | None = field(default=None, compare=False)
-    _samples: Samples = field(default_factory=dict, compare=False, repr=False)
+    pending: Callable[[], Samples] = field(compare=False, repr=False)
 
-    @property
+    @cached_property
     def samples(self) -> Samples:
-        if self.pending is not None:
-            self._samples, self.pending = self.pending(), None
-        return self._samples
+        return self.pending()
 
     def count(self, metrics: Any, quality: Any) -> None:
         for role, (scores, labels) in self.samples.items():
@@ -48,7 +46,7 @@ class Quality(Part):
     def share(self, s: Share) -> Quality:
         if s.first:
             return self
-        return Quality(self.roles, None, dict.fromkeys(self.roles, _NO_SAMPLES))
+        return Quality(self.roles, lambda: dict.fromkeys(self.roles, _NO_SAMPLES))
 
 
 def samples_of(run: Run, m: ModelRun) -> tuple[np.ndarray, np.ndarray]:
