@@ -32,7 +32,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from model.inputs import InputSpec, Stored, stored_values
+from model.input_encoding import Stored, stored_values
+from model.inputs import InputSpec
 from model.scoring import ScoringModel
 
 TOP_REASONS = 3

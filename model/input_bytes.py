@@ -1,4 +1,4 @@
-"""A batch's declared inputs in stored form (model/inputs.py, Stored forms) straight from
+"""A batch's declared inputs in stored form (model/input_encoding.py, Stored forms) straight from
 their raw bytes: every value of every input in one buffer, hashed or parsed in one kernel
 call, no Python per value.
 
@@ -19,7 +19,7 @@ from functools import lru_cache
 import numba as nb
 import numpy as np
 
-from model.inputs import numeric_values
+from model.input_encoding import numeric_values
 from model.value_hash import FNV_PRIME, hash_seed
 
 _FAST_DIGITS = 15  # 10^15 < 2^53: such digits are an exact float64
@@ -99,7 +99,7 @@ def _stored(buf, starts, ends, seeds, numeric, ten):
 
 @nb.njit(cache=True)
 def _fnv1a(buf, a, b, seed):
-    """FNV-1a 32-bit of buf[a:b] continued from `seed`, as int64 (model/inputs.py)."""
+    """FNV-1a 32-bit of buf[a:b] continued from `seed`, as int64 (model/value_hash.py)."""
     h = np.uint64(seed)
     for j in range(a, b):
         h = ((h ^ np.uint64(buf[j])) * np.uint64(FNV_PRIME)) & np.uint64(0xFFFFFFFF)

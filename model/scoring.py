@@ -31,19 +31,21 @@ from model.features import (
     feature_matrix,
     session_resets,
 )
-from model.inputs import (
-    STATS_FLOATS,
+from model.input_encoding import (
     InputCounts,
-    InputSpec,
     Stored,
     encode_inputs,
-    session_inputs,
     session_stats_of,
-    spec_width,
     stored_column,
+    transformed,
+)
+from model.inputs import (
+    STATS_FLOATS,
+    InputSpec,
+    session_inputs,
+    spec_width,
     table_columns,
     table_name,
-    transformed,
 )
 from model.item_memory import ItemMemory, write_item_flags
 from model.params import Params, pack
@@ -110,8 +112,8 @@ def projection(
 @nb.njit(cache=True)
 def _projected_inputs(type_in, tables, offsets, type_idx, x_feat, numbers, values, mean, scale,
                       numeric_at, hashes, buckets, width, count_from):  # fmt: skip
-    """(x, rows, counts) of a batch in one pass, what model/inputs.py's input_parts and numpy's
-    gathers give (bit for bit, tests/test_projection.py): x (N, width) float32 the features,
+    """(x, rows, counts) of a batch in one pass, what model/input_encoding.py's input_parts and
+    numpy's gathers give (bit for bit, tests/test_projection.py): x (N, width) float32 the features,
     then the input block's kept columns: each
     numeric input's standardised value and missing flag at its `numeric_at` past them (the
     item flags' columns left 0); rows (N, G) each event's type row plus its tables' projected
@@ -233,11 +235,11 @@ class ScoringModel:
 
         A model that declares inputs (format 2) needs `inputs`: each declared input's raw
         values, one per event (None = absent), or a `Stored` column of them (the stored form a
-        history keeps, model/inputs.py: the same x_t), and for each item input `memory[name]`,
-        the users' item memories (one row per state row), updated in place; the session starts
-        that clear it are the ones that reset the state. Each input's missing and bad values
-        of the events after the first `replayed` (replays of events scored before) are left in
-        `input_counts`. A model without inputs ignores all three.
+        history keeps, model/input_encoding.py: the same x_t), and for each item input
+        `memory[name]`, the users' item memories (one row per state row), updated in place;
+        the session starts that clear it are the ones that reset the state. Each input's
+        missing and bad values of the events after the first `replayed` (replays of events
+        scored before) are left in `input_counts`. A model without inputs ignores all three.
         """
         meta = self.model.meta
         gap, has_prev = event_gaps(slot, ts_ms, last_ts)
@@ -343,7 +345,7 @@ class ScoringModel:
         return self._event_index[:n]
 
     def _with_inputs(self, x_feat, slot, reset, inputs, memory, replayed, stats=None) -> np.ndarray:
-        """x_feat widened by the declared inputs' block (model/inputs.py, encode_inputs)."""
+        """x_feat widened by the declared inputs' block (model/input_encoding.py, encode_inputs)."""
         if inputs is None:
             raise ValueError(f"the model declares inputs {self.input_names}; none were given")
         extra, self.input_counts = encode_inputs(

@@ -1,5 +1,5 @@
 """The stable hash of an input's values: FNV-1a 32-bit of the input's name, a separator and
-the value's bytes, the same in every process and language (model/inputs.py buckets it)."""
+the value's bytes, the same in every process and language (model/input_encoding.py buckets it)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ Training does not read declared inputs yet: the format 2 cases go through the ot
 
 The oracle derives each event's inputs (gap, reset, type row, the declared inputs' columns)
 itself from the model's contract (docs/contract.md, The model), so a mistake in
-model/features.py or model/inputs.py cannot hide on both sides (only the pinned FNV-1a hash,
-model/inputs.py `value_hash`, is shared).
+model/features.py or model/input_encoding.py cannot hide on both sides (only the pinned FNV-1a hash,
+model/value_hash.py `value_hash`, is shared).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 
 from model.artifact import Model, random_model, state_shape
 from model.explain import Explanation, Reason, Session, leave_one_out, zero_state_score
-from model.inputs import Stored, stored_values
+from model.input_encoding import Stored, stored_values
 from model.reference import reference_step
 from model.scoring import ScoringModel
 

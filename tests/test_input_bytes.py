@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.input_bytes import RawInputs, stored_forms
-from model.inputs import numeric_values
+from model.input_encoding import numeric_values
 from model.value_hash import value_hashes
 from worker.common.events import MAX_INPUT_BYTES, input_values
 from worker.engine.compute.input_fields import raw_inputs

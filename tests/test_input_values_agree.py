@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.inputs import numeric_values
+from model.input_encoding import numeric_values
 from model.value_hash import value_hashes
 from model.values import value_bytes
 from worker.commands.event_files import recording_fields

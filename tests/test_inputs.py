@@ -1,5 +1,6 @@
-"""Declared inputs (model/inputs.py): the declaration, the stable hash (pinned), numeric
-parsing, the item memory and a batch's extra block, each against a plain-Python reference."""
+"""Declared inputs (model/inputs.py, model/input_encoding.py): the declaration, the stable
+hash (pinned), numeric parsing, the item memory and a batch's extra block, each against a
+plain-Python reference."""
 
 from __future__ import annotations
 
@@ -12,21 +13,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from model.inputs import (
-    CategoricalInput,
+from model.input_encoding import (
     InputCounts,
-    Inputs,
-    ItemInput,
-    NumericInput,
     Stored,
     bucket_ids,
     encode_inputs,
-    input_columns,
-    input_width,
+    fitted_numeric,
     numeric_column,
     numeric_values,
-    parse_inputs,
     stored_values,
+)
+from model.inputs import (
+    CategoricalInput,
+    Inputs,
+    ItemInput,
+    NumericInput,
+    input_columns,
+    input_width,
+    parse_inputs,
     table_name,
     table_shapes,
 )
@@ -108,21 +112,21 @@ def test_declaration_errors_are_one_line(doc, where):
 
 def test_numeric_fit_standardises_the_training_values():
     values = [b"10", b"100", None, b"x", "1000"]
-    spec = NumericInput.fit("price", "log1p", values)
+    spec = fitted_numeric("price", "log1p", values)
     logs = np.log1p([10.0, 100.0, 1000.0])
     assert spec.mean == pytest.approx(logs.mean())
     assert spec.scale == pytest.approx(logs.std())
     value, missing, _ = numeric_column(spec, values)
     assert value[missing == 0].mean() == pytest.approx(0, abs=1e-6)
-    assert NumericInput.fit("price", "none", [b"5", b"5"]).scale == 1.0
-    assert NumericInput.fit("price", "none", [None]).model_dump()["mean"] == 0.0
+    assert fitted_numeric("price", "none", [b"5", b"5"]).scale == 1.0
+    assert fitted_numeric("price", "none", [None]).model_dump()["mean"] == 0.0
 
 
 def test_a_few_absurd_values_do_not_set_the_numeric_scale():
     rng = np.random.default_rng(0)
     prices = rng.lognormal(3.0, 0.5, 2000)
-    sane = NumericInput.fit("price", "none", prices.tolist())
-    spoilt = NumericInput.fit("price", "none", [*prices.tolist(), 1e12, 1e15, 1e300])
+    sane = fitted_numeric("price", "none", prices.tolist())
+    spoilt = fitted_numeric("price", "none", [*prices.tolist(), 1e12, 1e15, 1e300])
     assert spoilt.scale == pytest.approx(sane.scale, rel=0.05)
     assert spoilt.mean == pytest.approx(sane.mean, rel=0.05)
 

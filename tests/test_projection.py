@@ -9,7 +9,7 @@ import pytest
 
 from model import scoring
 from model.artifact import random_model
-from model.inputs import empty_session_stats, input_parts
+from model.input_encoding import empty_session_stats, input_parts
 from model.scoring import ScoringModel
 from tests.statistics_weights import with_statistics_weights
 

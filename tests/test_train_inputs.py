@@ -168,7 +168,7 @@ def test_a_model_trained_with_inputs_scores_its_validation_sessions_through_the_
     valid_users = {s.user_id for s in result.validation_sessions}
     unseen = valid_users | {e["user_id"] for e in result.test_events}
     used = np.array([np.log1p(float(e["price"])) for e in events if e["user_id"] not in unseen])
-    if len(used) >= 200:  # the fit's clip of the extremes (NumericInput.fit)
+    if len(used) >= 200:  # the fit's clip of the extremes (fitted_numeric)
         used = np.clip(used, *np.percentile(used, [0.5, 99.5]))
     assert price.mean == pytest.approx(np.mean(used), rel=1e-6)
     assert price.scale == pytest.approx(np.std(used), rel=1e-6)

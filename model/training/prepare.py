@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from model.artifact import Model
 from model.feature_names import expand_features, feature_help, unknown_features
-from model.inputs import Inputs, NumericInput, parse_inputs
+from model.input_encoding import fitted_numeric
+from model.inputs import Inputs, parse_inputs
 from model.training.config import TrainConfig
 from model.training.evaluate import BagOfTypes
 from model.training.sessions import (
@@ -34,7 +35,7 @@ def vocabulary(events: list[dict], config: TrainConfig) -> list[str]:
 
 def fit_inputs(events: list[dict], config: TrainConfig) -> Inputs | None:
     """The model's inputs (None without any): each numeric input standardised with the mean
-    and scale of its values on the training users (NumericInput.fit)."""
+    and scale of its values on the training users (fitted_numeric)."""
     if not config.inputs:
         return None
     train_events = [
@@ -45,7 +46,7 @@ def fit_inputs(events: list[dict], config: TrainConfig) -> Inputs | None:
     for d in config.inputs:
         if d.kind == "numeric":
             values = [e.get(d.name) for e in train_events]
-            specs.append(NumericInput.fit(d.name, d.transform, values, d.session).model_dump())
+            specs.append(fitted_numeric(d.name, d.transform, values, d.session).model_dump())
         else:
             specs.append({"kind": d.kind, "name": d.name, "buckets": d.buckets, "dim": d.dim})
     try:

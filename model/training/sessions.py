@@ -18,7 +18,8 @@ import numpy as np
 
 from model.feature_names import is_stateful
 from model.features import advance_memory, event_gaps, feature_matrix, memory_width
-from model.inputs import Inputs, InputSpec, empty_session_stats, input_parts
+from model.input_encoding import empty_session_stats, input_parts
+from model.inputs import Inputs, InputSpec
 from model.item_memory import ItemMemory
 
 

@@ -15,7 +15,7 @@ import redis
 
 from model.artifact import file_version, load_model
 from model.explain import Explanation, leave_one_out
-from model.inputs import Stored
+from model.input_encoding import Stored
 from model.scoring import ScoringModel
 from worker.commands.registry_access import registry_of
 from worker.common.connection import name_wrong_type

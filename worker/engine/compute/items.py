@@ -1,10 +1,10 @@
 """A user's item memories in the state field `items`: for each item input a model declares,
-the session's last items (model/inputs.py, ItemMemory), committed with the state so the
+the session's last items (model/item_memory.py, ItemMemory), committed with the state so the
 "same item as before" and "seen in this session" flags survive batches, restarts and
 workers (docs/contract.md, User state and scores out).
 
 Layout: for each item input, one byte of its name's length, the name (UTF-8), one byte of
-the memory's length and the memory as model/inputs.py packs it (at most 65 bytes). Memories
+the memory's length and the memory as model/item_memory.py packs it (at most 65 bytes). Memories
 are keyed by input name, not by model: an item's hash does not depend on the model's bucket
 count, so a new model with the same item input reads them.
 """
@@ -109,7 +109,7 @@ def packed_items(memory: dict[str, ItemMemory], rows: np.ndarray) -> list[bytes]
 
 def _packed_memories(name: str, memory: ItemMemory, rows: np.ndarray) -> list[bytes]:
     """One input's part of each row's field: its name, the memory's length, the memory (a
-    count byte and as many uint32 hashes, model/inputs.py's pack_items)."""
+    count byte and as many uint32 hashes, model/item_memory.py's pack_items)."""
     raw = name.encode()
     heads = [bytes([len(raw)]) + raw + bytes([1 + 4 * c, c]) for c in range(ITEM_MEMORY + 1)]
     counts = np.clip(memory.count[rows], 0, ITEM_MEMORY).tolist()

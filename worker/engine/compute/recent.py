@@ -13,7 +13,7 @@ as a history without inputs.
 The input section holds the values of the inputs the scoring models (current and shadow)
 declare, per event: uint8 field count F; F headers of a uint8 form (0 NUMBER: the value parsed,
 before any transform, float64, NaN absent, +inf unusable; 1 HASH: the 32-bit value hash as
-int64, -1 absent; model/inputs.py, Stored forms), a uint8 name length and the name; then F
+int64, -1 absent; model/input_encoding.py, Stored forms), a uint8 name length and the name; then F
 columns of n 8-byte values. So an input costs 8 bytes per event and 2 + len(name) per user
 (the section 1 more): at history-events 32, 256 bytes and the header.
 
@@ -42,7 +42,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from model.inputs import InputSpec, Stored
+from model.input_encoding import Stored
+from model.inputs import InputSpec
 
 _HEAD = struct.Struct("<qH")
 _ONE = struct.Struct("<q")

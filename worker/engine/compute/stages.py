@@ -14,7 +14,7 @@ from operator import gt
 import numpy as np
 
 from model.input_bytes import stored_forms
-from model.inputs import Stored
+from model.input_encoding import Stored
 from model.scoring import ScoringModel
 from worker.common.dedup import ResendWindow
 from worker.engine.compute.batch import Batch, seconds_of
@@ -124,9 +124,9 @@ def resends_stage(run: Run, window: ResendWindow, models: list[ScoringModel]) ->
 def stored_columns(
     batch: Batch, idx: np.ndarray, models: list[ScoringModel]
 ) -> dict[Field, np.ndarray]:
-    """The stored values (model/inputs.py, Stored forms) of the batch's events `idx` of every
-    input the scoring models declare, all parsed or hashed in one kernel call; absent for an
-    input the batch was not parsed with (a model swapped in since)."""
+    """The stored values (model/input_encoding.py, Stored forms) of the batch's events `idx` of
+    every input the scoring models declare, all parsed or hashed in one kernel call; absent for
+    an input the batch was not parsed with (a model swapped in since)."""
     keys = _input_keys(tuple(models))
     names = batch.inputs.names if batch.inputs is not None else ()
     held = [(form, name) for form, name in keys if name in names]
