@@ -21,8 +21,8 @@ import time
 import numpy as np
 import redis
 
-from model.artifact import random_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
+from model.random_init import random_model
 from model.scoring import ScoringModel
 from worker.common.dedup import ResendWindow
 from worker.common.keys import Keys, partition_of

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import redis
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.data.synthetic import synthetic_events
+from model.random_init import random_model
 from worker.bench.throughput import run_worker
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalRedis

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from model.artifact import random_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.random_init import random_model
 from model.scoring import ScoringModel
 from worker.bench.pipeline_cpu import entries_of, step_seconds
 from worker.engine.compute import resends

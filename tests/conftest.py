@@ -152,7 +152,7 @@ def golden_path(tmp_path: Path) -> Path:
 def model_path(tmp_path: Path) -> Path:
     """A seeded Elman model (H = 16, the gap feature) over the synthetic shop's types; a
     module may define its own."""
-    from model.artifact import random_model
+    from model.random_init import random_model
 
     path = tmp_path / "model.npz"
     types = ["view", "search", "add_to_cart", "remove_from_cart", "coupon", "checkout", "purchase"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.artifact import random_model
+from model.random_init import random_model
 from model.training.bptt import loss_and_gradients
 from model.training.sessions import Session, pad
 

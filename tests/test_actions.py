@@ -9,8 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from model.artifact import random_model
 from model.data.synthetic import synthetic_events
+from model.random_init import random_model
 from model.scoring import ScoringModel
 from tests.test_explain import reference_replay
 from worker.common.keys import partition_of

@@ -15,11 +15,11 @@ from model.artifact import (
     load_model,
     model_from_bytes,
     model_to_bytes,
-    random_model,
     save_model,
     sha256_hex,
     state_shape,
 )
+from model.random_init import random_model
 from tests.golden import golden_model
 
 TYPES = ["view", "add_to_cart", "purchase"]

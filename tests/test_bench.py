@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.random_init import random_model
 from tests.conftest import run_cli
 from worker.bench.plain_consumer import consume_plainly
 from worker.bench.rules import QUIET_ABOVE, bench_rules

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.artifact import ArtifactError, random_model, validate_model
+from model.artifact import ArtifactError, validate_model
 from model.benchmarks.calibration import figures, scored_steps
 from model.calibration import (
     MAX_KNOTS,
@@ -17,6 +17,7 @@ from model.calibration import (
     reliability,
 )
 from model.data.posterior import posterior_after, posterior_shop
+from model.random_init import random_model
 from model.scoring import InMemoryScorer, ScoringModel
 from model.training.train import TrainConfig, train
 

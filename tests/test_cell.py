@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.artifact import Model, random_model, state_shape
+from model.artifact import Model, state_shape
 from model.cells.step import step_batch
+from model.random_init import random_model
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model

@@ -9,8 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
+from model.random_init import random_model
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.commands.demo import Publisher, latency_text, waiting_text

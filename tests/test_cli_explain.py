@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.artifact import Model, file_version, random_model, save_model
+from model.artifact import Model, file_version, save_model
 from model.explain import Session, leave_one_out
+from model.random_init import random_model
 from model.scoring import ScoringModel
 from tests.conftest import run_cli
 from tests.workers import WorkerProcess, count_scores, wait_for

@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.artifact import Model, random_model, save_model, state_shape
+from model.artifact import Model, save_model, state_shape
 from model.calibration import calibration_of
 from model.cells.step import step_batch, step_one
 from model.item_memory import ITEM_MEMORY
+from model.random_init import random_model
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
 from model.training.bptt import loss_and_gradients, predict

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
+from model.random_init import random_model
 from tests.conftest import console_script
 from tests.console_setup import EDITOR_TOKEN, TOKEN_ENV, publish_events, two_versions
 from tests.workers import WorkerProcess, count_scores, wait_for

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.data.synthetic import synthetic_events
+from model.random_init import random_model
 from tests.conftest import NO_TEST_USERS, local_cluster
 from tests.deploy_tools import DEPLOY, clean_env
 from tests.test_worker import scrape

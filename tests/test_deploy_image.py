@@ -19,7 +19,7 @@ import redis
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from model.artifact import random_model
+from model.random_init import random_model
 from tests.deploy_tools import DEPLOY, clean_env, run, venv_tool
 from tests.workers import count_scores, wait_for
 from worker.commands import probe

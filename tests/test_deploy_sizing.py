@@ -10,8 +10,9 @@ import time
 import pytest
 import redis
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.data.synthetic import synthetic_events
+from model.random_init import random_model
 from tests.deploy_tools import ROOT
 from tests.workers import WorkerProcess, count_scores, wait_for
 from worker.producers.publisher import publish

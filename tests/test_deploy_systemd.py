@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from model.artifact import random_model
+from model.random_init import random_model
 from tests.deploy_tools import DEPLOY, clean_env, run
 from tests.workers import wait_for
 from worker.commands.cli import build_parser

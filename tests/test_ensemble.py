@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.artifact import random_model
 from model.ensemble import folded
+from model.random_init import random_model
 from model.scoring import InMemoryScorer, ScoringModel
 from model.training.train import TrainConfig, train
 from tests.statistics_weights import with_statistics_weights

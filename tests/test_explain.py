@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.artifact import Model, random_model, state_shape
+from model.artifact import Model, state_shape
 from model.explain import Explanation, Reason, Session, leave_one_out, zero_state_score
 from model.input_encoding import Stored, stored_values
+from model.random_init import random_model
 from model.reference import reference_step
 from model.scoring import ScoringModel
 

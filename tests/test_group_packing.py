@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import redis
 
-from model.artifact import random_model
+from model.random_init import random_model
 from model.scoring import ScoringModel
 from tests.test_joint_build import RESENDS, RULES, Stream, models  # noqa: F401 (a fixture)
 from worker.common.keys import Keys

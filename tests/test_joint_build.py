@@ -13,7 +13,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from model.artifact import random_model
+from model.random_init import random_model
 from model.scoring import ScoringModel
 from tests.test_pipeline_inputs import declared, rich
 from worker.common.dedup import ResendWindow

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, synthetic_events
+from model.random_init import random_model
 from model.scoring import ScoringModel
 from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES, golden_model

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.artifact import Model, ModelMeta, random_model
+from model.artifact import Model, ModelMeta
+from model.random_init import random_model
 from model.scoring import InMemoryScorer, ScoringModel
 from tests.consumers import in_process_consumer
 from tests.workers import score_entries, wait_for

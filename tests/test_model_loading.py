@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from model.artifact import random_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.random_init import random_model
 from tests.conftest import run_cli
 from tests.consumers import in_process_consumer
 from tests.test_worker import scrape

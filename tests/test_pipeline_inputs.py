@@ -11,8 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from model.artifact import Model, random_model, state_shape
+from model.artifact import Model, state_shape
 from model.item_memory import ITEM_MEMORY
+from model.random_init import random_model
 from model.reference import reference_step
 from model.scoring import InMemoryScorer, ScoringModel
 from tests.test_conformance import oracle_bucket, oracle_numeric

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from model import scoring
-from model.artifact import random_model
 from model.input_encoding import empty_session_stats, input_parts
+from model.random_init import random_model
 from model.scoring import ScoringModel
 from tests.statistics_weights import with_statistics_weights
 

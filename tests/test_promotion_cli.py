@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import redis
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.data.synthetic import synthetic_events
+from model.random_init import random_model
 from model.training.train import TrainConfig, train
 from tests.conftest import run_cli
 from worker.lifecycle.registry import Registry

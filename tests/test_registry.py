@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from model.artifact import load_model, model_to_bytes, random_model, save_model
+from model.artifact import load_model, model_to_bytes, save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.random_init import random_model
 from tests.conftest import console_script, run_cli
 from tests.workers import WorkerProcess, count_scores, score_entries, wait_for
 from worker.common.connection import connect

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import redis
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.data.synthetic import synthetic_events
+from model.random_init import random_model
 from tests.conftest import console_script, run_cli
 from tests.offline import offline_scores
 from tests.workers import WorkerProcess, wait_for
@@ -345,7 +346,8 @@ def test_a_running_worker_stops_when_a_resize_begins(redis_server, tmp_path):
     with the old count: at its next renewal it sees the change and exits 2."""
     import signal as _signal
 
-    from model.artifact import random_model, save_model
+    from model.artifact import save_model
+    from model.random_init import random_model
     from tests.workers import WorkerProcess, wait_for
     from worker.common.connection import connect
 

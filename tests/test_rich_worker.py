@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from model.artifact import load_model, random_model, save_model
+from model.artifact import load_model, save_model
+from model.random_init import random_model
 from tests.actions_check import action_entries
 from tests.conftest import NO_TEST_USERS, run_cli
 from tests.offline import offline_scores

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.artifact import random_model
+from model.random_init import random_model
 from model.training.evaluate import model_step_scores
 from model.training.sessions import Session
 from worker.rules.definition import make_rule

@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from model.artifact import load_model, random_model, state_shape
+from model.artifact import load_model, state_shape
 from model.feature_names import expand_features, unknown_features
 from model.features import advance_memory, feature_matrix, memory_column, memory_width
+from model.random_init import random_model
 from model.scoring import InMemoryScorer, ScoringModel
 from model.training.sessions import DataError
 from model.training.train import TrainConfig, train
@@ -124,7 +125,7 @@ def test_train_refuses_a_typed_feature_of_no_type_in_one_line(tmp_path):
 WARM_CHECK = """
 import numba, numpy as np
 import model.scoring as S
-from model.artifact import random_model
+from model.random_init import random_model
 from model.inputs import parse_inputs
 inputs = parse_inputs([{"kind": "item", "name": "sku", "buckets": 8, "dim": 2}])
 stats = parse_inputs([{"kind": "item", "name": "sku", "buckets": 8, "dim": 2},

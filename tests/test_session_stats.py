@@ -11,15 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.artifact import (
-    WIDE_HEAD,
-    load_model,
-    random_model,
-    save_model,
-    state_shape,
-    statistics_rows,
-)
+from model.artifact import WIDE_HEAD, load_model, save_model, state_shape, statistics_rows
 from model.inputs import STATS_FLOATS, input_columns, input_width, parse_inputs
+from model.random_init import random_model
 from model.scoring import InMemoryScorer, ScoringModel
 from model.session_stats import write_session_stats
 from model.training.train import TrainConfig, train

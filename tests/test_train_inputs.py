@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from model.artifact import WIDE_HEAD, load_model, random_model, save_model, table_rows
+from model.artifact import WIDE_HEAD, load_model, save_model, table_rows
 from model.data.rich_shop import rich_shop
 from model.inputs import parse_inputs
+from model.random_init import random_model
 from model.scoring import InMemoryScorer, ScoringModel
 from model.training.bptt import loss_and_gradients, predict
 from model.training.evaluate import model_step_scores

@@ -11,8 +11,9 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from model.artifact import load_model, random_model
+from model.artifact import load_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.random_init import random_model
 from model.training.bptt import clip_global_norm, loss_and_gradients, predict
 from model.training.sessions import DataError, Session, pad, sessionize
 from model.training.train import TrainConfig, TrainingDivergedError, prepare_training, train

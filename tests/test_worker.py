@@ -16,8 +16,9 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.data.synthetic import synthetic_events
+from model.random_init import random_model
 from tests.consumers import in_process_consumer
 from tests.golden import GOLDEN_EVENTS, GOLDEN_SCORES
 from tests.offline import offline_scores

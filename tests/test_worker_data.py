@@ -162,7 +162,8 @@ STORM_KILLS = 250  # 5 s of kills at most
 
 
 def test_counters_are_exact_under_a_client_kill_storm(redis_server, tmp_path: Path):
-    from model.artifact import random_model, save_model
+    from model.artifact import save_model
+    from model.random_init import random_model
 
     model = tmp_path / "m.npz"
     save_model(random_model(["view", "add_to_cart", "coupon"], hidden=8, seed=1), model)

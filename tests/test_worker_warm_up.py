@@ -47,7 +47,8 @@ FIRST_BATCHES = """
 import sys
 import numpy as np
 from numba.core.registry import CPUDispatcher
-from model.artifact import random_model, save_model
+from model.random_init import random_model
+from model.artifact import save_model
 from tests.consumers import in_process_consumer
 from worker.common.connection import connect
 from worker.common.local_redis import LocalRedis

@@ -120,8 +120,9 @@ def run(users: int, test_users: int, seed: int = 1) -> dict[str, dict[str, float
 def cost_per_event(batch: int = 512, hidden: int = 64, rounds: int = 41) -> dict[str, float]:
     """Median ns per event of ScoringModel.advance over one batch, without and with a
     128-knot calibration map (rounds alternated, the same states and events)."""
-    from model.artifact import random_model, validate_model
+    from model.artifact import validate_model
     from model.calibration import Calibration
+    from model.random_init import random_model
 
     types = ["view", "search", "add_to_cart", "coupon", "checkout"]
     plain = random_model(types, hidden=hidden, features=["gap"], seed=1)

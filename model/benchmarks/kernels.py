@@ -23,10 +23,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from model.artifact import Model, random_model, state_shape
+from model.artifact import Model, state_shape
 from model.cells.step import step_batch
 from model.ensemble import folded
 from model.features import feature_matrix
+from model.random_init import random_model
 from model.reference import reference_step
 from model.scoring import ScoringModel
 

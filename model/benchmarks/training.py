@@ -20,11 +20,11 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from model.artifact import random_model
 from model.benchmarks.kernels import machine_line
 from model.data.synthetic import synthetic_events
 from model.data.torch_weights import arrays_from_torch
 from model.params import pack
+from model.random_init import random_model
 from model.training.bptt import clip_global_norm, packed_loss_and_gradients
 from model.training.config import TrainConfig
 from model.training.evaluate import metrics_of, step_scores

@@ -22,17 +22,12 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from model.artifact import (
-    Model,
-    ModelMeta,
-    random_model,
-    statistics_rows,
-    validate_model,
-)
+from model.artifact import Model, ModelMeta, statistics_rows, validate_model
 from model.calibration import reliability_record
 from model.ensemble import folded
 from model.inputs import table_columns
 from model.params import Params, pack, unpack
+from model.random_init import random_model
 from model.training.bptt import clip_global_norm, packed_loss_and_gradients
 from model.training.calibration_fit import calibrated_on_validation
 from model.training.config import TrainConfig, declarations_of

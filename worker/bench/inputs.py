@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from model.artifact import load_model, random_model, save_model
+from model.artifact import load_model, save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
+from model.random_init import random_model
 from model.scoring import ScoringModel
 from worker.bench.inprocess import consume, start_worker
 from worker.bench.load import redis_cpu

@@ -34,9 +34,10 @@ from tempfile import TemporaryDirectory
 import numpy as np
 import redis
 
-from model.artifact import random_model, save_model
+from model.artifact import save_model
 from model.benchmarks.kernels import machine_line
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.random_init import random_model
 from worker.bench.observer import Observer, sent_id
 from worker.common.cli_help import HelpFormatter
 from worker.common.connection import Client, connect

@@ -42,9 +42,10 @@ from tempfile import TemporaryDirectory
 import numpy as np
 import redis
 
-from model.artifact import Model, random_model, save_model, state_shape
+from model.artifact import Model, save_model, state_shape
 from model.benchmarks.kernels import machine_line
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.random_init import random_model
 from model.reference import reference_step
 from model.scoring import ScoringModel
 from worker.bench.commit_cost import add_arguments as add_commit_arguments

@@ -26,8 +26,9 @@ from typing import TextIO
 import numpy as np
 import redis
 
-from model.artifact import Model, random_model
+from model.artifact import Model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.random_init import random_model
 from worker.commands.kernels import compile_in_background, is_cached
 from worker.common.connection import connect, connect_settings
 from worker.common.keys import Keys

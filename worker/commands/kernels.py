@@ -23,7 +23,7 @@ import numpy as np
 
 
 def _tiny_model():
-    from model.artifact import random_model
+    from model.random_init import random_model
 
     return random_model(["a", "b"], hidden=4, features=["gap"], embedding_dim=2, seed=0)
 
@@ -36,8 +36,8 @@ def _tiny_batch():
 
 
 def _compile_scoring() -> None:
-    from model.artifact import random_model
     from model.inputs import parse_inputs
+    from model.random_init import random_model
     from model.scoring import ScoringModel
     from worker.engine.models import warm_up_worker_kernels
 

@@ -8,9 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from model.artifact import ArtifactError, Model, file_sha256, load_model, random_model, save_model
+from model.artifact import ArtifactError, Model, file_sha256, load_model, save_model
 from model.feature_names import expand_features
 from model.inputs import parse_inputs
+from model.random_init import random_model
 from worker.commands.event_files import read_event_files
 from worker.commands.input_flags import describe_inputs, input_declarations
 from worker.commands.registry_access import with_registry
