@@ -1,0 +1,167 @@
+"""Where a live low-traffic round's time goes: the worker in this process on a private Redis,
+a producer process publishing RATE events/s (10 ms apart) over P partitions, and wall timers
+around the round's steps. Per round (a tick that scored events) it prints the median µs of
+each step, and the p50 from an event's entry to its score entry (their ids' times, as
+`intentstream bench --latency-rate` takes it). scripts/cold_round_bench.py measures the CPU of
+a round's way to EXEC without Redis; this one sees the round as it runs: the waits on Redis,
+the caches other processes evicted, the settling after EXEC.
+
+A step is `module:Qualname`. A class's method is timed wherever it is called; a function is
+timed where the named module calls it (name the module that imports it, as
+`worker.engine.flow:prepared_group`). Steps nest: an outer step's time holds its inner ones'.
+Usage:
+
+    PYTHONPATH=<tree> .venv/bin/python scripts/live_round_bench.py [--partitions 8]
+        [--rate 1000] [--seconds 8] [--step module:Qualname ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from model.artifact import save_model
+from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
+from model.random_init import random_model
+from worker.bench.scaling import id_ms, whole_ms_percentile
+from worker.common.connection import Client, connect
+from worker.common.keys import Keys
+from worker.common.local_redis import LocalRedis
+from worker.common.settings import Settings
+from worker.engine.adapters.metrics import WorkerMetrics
+from worker.engine.consumer import Consumer, pin_blas, tune_gc
+from worker.lifecycle.model_source import FileModelSource
+from worker.producers.publisher import publish
+
+STEPS = (
+    "worker.engine.consumer:Consumer._upkeep",
+    "worker.engine.consumer:Consumer._poll",
+    "worker.engine.flow:BatchFlow.together_on_nodes",
+    "worker.engine.consumer:Consumer._run_queued",
+    "worker.engine.adapters.states:StateReader.request",
+    "worker.engine.adapters.early_checks:EarlyChecks.of",
+    "worker.engine.adapters.states:StateReader.complete",
+    "worker.engine.adapters.states:StateReader.complete_all",
+    "worker.engine.models:Models.build",
+    "worker.engine.models:Models.build_group",
+    "worker.engine.flow:prepared_group",
+    "worker.engine.adapters.commit:Committer.prepare",
+    "worker.engine.flow:BatchFlow._settle_together",
+)
+KEYS = Keys()
+
+
+def timed(steps: list[str], took: dict[str, float]) -> None:
+    """Wrap each step so that its wall time adds up in took[step]."""
+    for step in steps:
+        module_name, qualname = step.split(":")
+        owner = importlib.import_module(module_name)
+        *path, name = qualname.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        inner = getattr(owner, name)
+
+        def wrapper(*args, _inner=inner, _step=step, **kwargs):
+            t = time.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                took[_step] += time.perf_counter() - t
+
+        setattr(owner, name, functools.wraps(inner)(wrapper))
+
+
+def produce(url: str, rate: float, seconds: float, partitions: int) -> None:
+    """Publish `rate` events/s for `seconds`, 10 ms of them at a time, new users mostly."""
+    client = connect(url)
+    rng = np.random.default_rng(2)
+    chunk, sent, t0 = max(1, int(rate / 100)), 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        users, types = rng.integers(0, 50_000, chunk), rng.integers(0, len(EVENT_TYPES), chunk)
+        now_ms = int(time.time() * 1000)
+        batch = [{"user_id": f"u{u}", "type": EVENT_TYPES[t], "ts": now_ms}
+                 for u, t in zip(users, types, strict=True)]  # fmt: skip
+        publish(client, batch, partitions=partitions, pipeline_size=chunk)
+        sent += chunk
+        ahead = sent / rate - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def latencies_ms(url: str, partitions: int) -> np.ndarray:
+    """Each score entry's id time minus its event entry's, whole ms."""
+    client = connect(url)
+    out = []
+    for p in range(partitions):
+        entered = {f[b"event_id"]: id_ms(i) for i, f in client.xrange(KEYS.events(p))}
+        out += [id_ms(i) - entered[f[b"event_id"]] for i, f in client.xrange(KEYS.scores(p))]
+    return np.asarray(out, np.float64)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--rate", type=float, default=1000.0)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--step", action="append", help="module:Qualname to time (default: a round's)")
+    p.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)  # the producer process
+    args = p.parse_args(argv)
+    if args.produce:
+        produce(args.produce, args.rate, args.seconds, args.partitions)
+        return
+    steps = args.step or list(STEPS)
+    took: dict[str, float] = defaultdict(float)
+    timed(steps, took)
+    with tempfile.TemporaryDirectory() as tmp, LocalRedis() as server:
+        model = Path(tmp) / "model.npz"
+        save_model(random_model([*EVENT_TYPES, LABEL_TYPE], hidden=64, seed=0), model)
+        settings = Settings(redis_url=server.url, model=model, partitions=args.partitions,
+                            consumer="live", metrics_port=0, block_ms=100,
+                            retention_seconds=0)  # fmt: skip
+        metrics = WorkerMetrics()
+        consumer = Consumer(settings, connect(server.url), FileModelSource(model), metrics)
+        consumer.model.warm_up()
+        pin_blas()  # as Consumer.run does
+        tune_gc()
+        for _ in range(3):  # groups created, leases taken
+            consumer.tick()
+        producer = subprocess.Popen([sys.executable, __file__, "--produce", server.url,
+                                     "--rate", str(args.rate), "--seconds", str(args.seconds),
+                                     "--partitions", str(args.partitions)])  # fmt: skip
+        rounds: list[dict[str, float]] = []
+        client, deadline = connect(server.url), time.monotonic() + args.seconds + 60
+        while producer.poll() is None or metrics.count("scored") < _published(client, args):
+            if time.monotonic() > deadline or producer.returncode not in (None, 0):
+                raise RuntimeError("the events were not all scored (or the producer failed)")
+            took.clear()
+            before = metrics.count("scored")
+            t = time.perf_counter()
+            consumer.tick()
+            if metrics.count("scored") > before:
+                rounds.append({"tick": time.perf_counter() - t, **took})
+        consumer.close()
+        lat = latencies_ms(server.url, args.partitions)
+    print(f"P = {args.partitions}, {args.rate:.0f} events/s for {args.seconds:.0f} s: "
+          f"{len(rounds)} rounds that scored, {len(lat)} events; entry to score p50 "
+          f"{whole_ms_percentile(lat, 50):.2f} ms")  # fmt: skip
+    print("median µs per round (a step not run in a round counts 0 there):")
+    for step in ["tick", *steps]:
+        times = np.array([r.get(step, 0.0) for r in rounds]) * 1e6
+        print(f"  {np.median(times):8.0f}  {step}")
+
+
+def _published(client: Client, args: argparse.Namespace) -> int:
+    return sum(client.xlen(KEYS.events(p)) for p in range(args.partitions))
+
+
+if __name__ == "__main__":
+    main()

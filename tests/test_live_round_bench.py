@@ -1,0 +1,38 @@
+"""scripts/live_round_bench.py still runs a live round through the worker's code: its default
+steps still name functions that exist, every event published is scored, and each step's time
+is reported (it times internals that may move)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_short_live_run_scores_every_event_and_times_each_step():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "live_round_bench.py"), "--partitions", "2",
+         "--rate", "400", "--seconds", "1"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    head = re.search(r"(\d+) rounds that scored, (\d+) events; entry to score p50 ([\d.]+) ms",
+                     run.stdout)  # fmt: skip
+    assert head, run.stdout
+    rounds, events, p50 = int(head[1]), int(head[2]), float(head[3])
+    assert events >= 380 and rounds >= 50 and 0 <= p50 < 1000
+    steps = dict(
+        (name, float(us)) for us, name in re.findall(r"^\s+(\d+)\s+(\S+)$", run.stdout, re.M)
+    )
+    assert steps["tick"] > 0
+    assert steps["worker.engine.flow:BatchFlow.together_on_nodes"] > 0  # 4 events, 2 partitions
+    assert steps["worker.engine.models:Models.build_group"] > 0
