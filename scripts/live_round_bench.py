@@ -1,7 +1,7 @@
 """Where a live low-traffic round's time goes: the worker in this process on a private Redis,
 a producer process publishing RATE events/s (10 ms apart) over P partitions, and wall timers
 around the round's steps. Per round (a tick that scored events) it prints the median µs of
-each step, and the p50 from an event's entry to its score entry (their ids' times, as
+each step and its calls, and the p50 from an event's entry to its score entry (their ids' times, as
 `intentstream bench --latency-rate` takes it). scripts/cold_round_bench.py measures the CPU of
 a round's way to EXEC without Redis; this one sees the round as it runs: the waits on Redis,
 the caches other processes evicted, the settling after EXEC.
@@ -60,8 +60,8 @@ STEPS = (
 KEYS = Keys()
 
 
-def timed(steps: list[str], took: dict[str, float]) -> None:
-    """Wrap each step so that its wall time adds up in took[step]."""
+def timed(steps: list[str], took: dict[str, float], calls: dict[str, int]) -> None:
+    """Wrap each step so that its wall time adds up in took[step], its calls in calls[step]."""
     for step in steps:
         module_name, qualname = step.split(":")
         owner = importlib.import_module(module_name)
@@ -76,6 +76,7 @@ def timed(steps: list[str], took: dict[str, float]) -> None:
                 return _inner(*args, **kwargs)
             finally:
                 took[_step] += time.perf_counter() - t
+                calls[_step] += 1
 
         setattr(owner, name, functools.wraps(inner)(wrapper))
 
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     steps = args.step or list(STEPS)
     took: dict[str, float] = defaultdict(float)
-    timed(steps, took)
+    calls: dict[str, int] = defaultdict(int)
+    timed(steps, took, calls)
     with tempfile.TemporaryDirectory() as tmp, LocalRedis() as server:
         model = Path(tmp) / "model.npz"
         save_model(random_model([*EVENT_TYPES, LABEL_TYPE], hidden=64, seed=0), model)
@@ -137,26 +139,29 @@ def main(argv: list[str] | None = None) -> None:
         producer = subprocess.Popen([sys.executable, __file__, "--produce", server.url,
                                      "--rate", str(args.rate), "--seconds", str(args.seconds),
                                      "--partitions", str(args.partitions)])  # fmt: skip
-        rounds: list[dict[str, float]] = []
+        rounds: list[dict[str, tuple[float, int]]] = []
         client, deadline = connect(server.url), time.monotonic() + args.seconds + 60
         while producer.poll() is None or metrics.count("scored") < _published(client, args):
             if time.monotonic() > deadline or producer.returncode not in (None, 0):
                 raise RuntimeError("the events were not all scored (or the producer failed)")
             took.clear()
+            calls.clear()
             before = metrics.count("scored")
             t = time.perf_counter()
             consumer.tick()
             if metrics.count("scored") > before:
-                rounds.append({"tick": time.perf_counter() - t, **took})
+                rounds.append(
+                    {"tick": (time.perf_counter() - t, 1), **{s: (took[s], calls[s]) for s in took}}
+                )
         consumer.close()
         lat = latencies_ms(server.url, args.partitions)
     print(f"P = {args.partitions}, {args.rate:.0f} events/s for {args.seconds:.0f} s: "
           f"{len(rounds)} rounds that scored, {len(lat)} events; entry to score p50 "
           f"{whole_ms_percentile(lat, 50):.2f} ms")  # fmt: skip
-    print("median µs per round (a step not run in a round counts 0 there):")
+    print("median µs and calls per round (a step not run in a round counts 0 there):")
     for step in ["tick", *steps]:
-        times = np.array([r.get(step, 0.0) for r in rounds]) * 1e6
-        print(f"  {np.median(times):8.0f}  {step}")
+        times, counts = np.array([r.get(step, (0.0, 0)) for r in rounds]).T
+        print(f"  {np.median(times) * 1e6:8.0f} {np.median(counts):4.0f}  {step}")
 
 
 def _published(client: Client, args: argparse.Namespace) -> int:

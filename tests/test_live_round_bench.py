@@ -31,7 +31,8 @@ def test_a_short_live_run_scores_every_event_and_times_each_step():
     rounds, events, p50 = int(head[1]), int(head[2]), float(head[3])
     assert events >= 380 and rounds >= 50 and 0 <= p50 < 1000
     steps = dict(
-        (name, float(us)) for us, name in re.findall(r"^\s+(\d+)\s+(\S+)$", run.stdout, re.M)
+        (name, float(us))
+        for us, _, name in re.findall(r"^\s+(\d+)\s+(\d+)\s+(\S+)$", run.stdout, re.M)
     )
     assert steps["tick"] > 0
     assert steps["worker.engine.flow:BatchFlow.together_on_nodes"] > 0  # 4 events, 2 partitions
