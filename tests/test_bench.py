@@ -135,6 +135,20 @@ def test_bench_rules_reports_the_cost_of_quiet_and_firing_rules():
     assert re.search(r"an action costs [\d.]+ µs of worker CPU", out)
 
 
+def test_bench_shadow_reports_what_a_shadow_model_costs():
+    result = run_cli("bench", "--events", "3000", "--users", "300", "--shadow", "--repeat", "2",
+                     timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    number = r"[\d,.]+"
+    # each run checked its score entries: a shadow score in every shadow run, none without
+    assert len(re.findall(r"^  (current|shadow) +[\d,]+ ev/s  worker", out, re.M)) == 4
+    assert re.search(rf"^the current model alone +{number} +{number} +{number}  ", out, re.M)
+    assert re.search(rf"^with a shadow model +{number} +{number} +{number}  ", out, re.M)
+    assert re.search(r"with a shadow against without .*: events/s [\d.]+ \([\d.]+, [\d.]+\), "
+                     r"worker CPU per event [\d.]+, Redis CPU per event [\d.]+", out)  # fmt: skip
+
+
 def test_bench_inputs_reports_what_the_declared_inputs_cost_and_the_state_they_add():
     # no history of recent events: the state's growth is the item memory's alone
     result = run_cli("bench", "--events", "3000", "--users", "300", "--inputs", "--repeat", "1",

@@ -24,15 +24,19 @@ class _NoModel(ScoringModel):
 
 
 def start_worker(
-    url: str, model_path: Path, batch: int, no_model: bool, history_events: int = 32
-) -> tuple[Consumer, WorkerMetrics]:
-    """The worker in this process, warmed up and tuned as Consumer.run does."""
+    url: str, model_path: Path, batch: int, no_model: bool, history_events: int = 32,
+    shadow_path: Path | None = None,
+) -> tuple[Consumer, WorkerMetrics]:  # fmt: skip
+    """The worker in this process, warmed up and tuned as Consumer.run does; with
+    `shadow_path`, that model scoring beside the current one as a shadow."""
     settings = Settings(redis_url=url, model=model_path, batch_size=batch, consumer="bench",
                         metrics_port=0, block_ms=100, retention_seconds=0,
                         history_events=history_events)  # fmt: skip
     source = FileModelSource(model_path)
     if no_model:
         source.current = _NoModel(source.current.model, source.current.version)
+    if shadow_path is not None:
+        source.shadow = FileModelSource(shadow_path).current
     metrics = WorkerMetrics()
     consumer = Consumer(settings, connect(url), source, metrics)
     consumer.model.warm_up()

@@ -6,6 +6,7 @@ With `--workers 1,2,4 [--partitions 8] [--cluster]` it runs the scaling benchmar
 (worker/bench/scaling.py: real worker processes, CPU per event, fleet arithmetic); with
 `--rules 3 [--rules-fire 0.9]` what intent rules cost the worker (worker/bench/rules.py); with
 `--inputs` what declared inputs (product, category, brand, price) cost it (worker/bench/inputs.py);
+with `--shadow` what a shadow model beside the current one costs it (worker/bench/shadow.py);
 with `--against-plain` the real worker process against a plain redis-py consumer
 (worker/bench/plain_consumer.py).
 
@@ -59,6 +60,8 @@ from worker.bench.plain_consumer import run_against_plain
 from worker.bench.rules import add_arguments as add_rules_arguments
 from worker.bench.rules import run_rules_bench
 from worker.bench.scaling import main as scaling_main
+from worker.bench.shadow import add_arguments as add_shadow_arguments
+from worker.bench.shadow import run_shadow_bench
 from worker.bench.workload import GROUP, SCORES, STATE, STREAM, preload
 from worker.common.cli_help import HelpFormatter
 from worker.common.connection import connect
@@ -344,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="CONFIG SET on the bench's Redis first (states with h above 64 bytes are "
                    "hashtables at Redis's default)")  # fmt: skip
     add_rules_arguments(p)  # --rules N: what intent rules cost (worker/bench/rules.py)
+    add_shadow_arguments(p)  # --shadow: what a shadow model costs (worker/bench/shadow.py)
     add_inputs_arguments(p)  # --inputs: what declared inputs cost (worker/bench/inputs.py)
     add_plain_arguments(p)  # --against-plain: the worker process / a plain consumer
     add_commit_arguments(p)  # --commit: the commit's Redis CPU, each layout
@@ -392,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
             run_worker(url, model_path, min(len(events), 20_000), b, False, hist)
             if args.rules:
                 run_rules_bench(r, url, model_path, events, args)
+                return 0
+            if args.shadow:
+                run_shadow_bench(r, url, model_path, events, args, Path(tmp))
                 return 0
             if args.inputs:
                 run_inputs_bench(r, url, events, args, Path(tmp))
