@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import inspect
 import subprocess
 import sys
 import tempfile
@@ -68,7 +69,10 @@ def timed(steps: list[str], took: dict[str, float], calls: dict[str, int]) -> No
         *path, name = qualname.split(".")
         for part in path:
             owner = getattr(owner, part)
-        inner = getattr(owner, name)
+        raw = inspect.getattr_static(owner, name)
+        # a static or class method stays one: its function is wrapped, not what getattr binds
+        kind = type(raw) if isinstance(raw, staticmethod | classmethod) else None
+        inner = raw.__func__ if kind else raw
 
         def wrapper(*args, _inner=inner, _step=step, **kwargs):
             t = time.perf_counter()
@@ -78,7 +82,8 @@ def timed(steps: list[str], took: dict[str, float], calls: dict[str, int]) -> No
                 took[_step] += time.perf_counter() - t
                 calls[_step] += 1
 
-        setattr(owner, name, functools.wraps(inner)(wrapper))
+        wrapped = functools.wraps(inner)(wrapper)
+        setattr(owner, name, kind(wrapped) if kind else wrapped)
 
 
 def produce(url: str, rate: float, seconds: float, partitions: int) -> None:
