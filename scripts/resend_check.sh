@@ -10,9 +10,7 @@ PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 redis-server --port $PORT --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --pidfile $T/r.pid --logfile $T/r.log
 sleep 0.5
 C="redis-cli -p $PORT"
-$ROOT/.venv/bin/python -c "
-from model.artifact import random_model, save_model
-save_model(random_model(['view','add_to_cart','purchase'], hidden=8, seed=1), '$T/m.npz')"
+$W model init --event-types view,add_to_cart,purchase --hidden 8 --seed 1 --out $T/m.npz > /dev/null
 gen() {  # the file's events as redis-cli commands, in order $1 (fwd|rev)
   python3 - "$1" <<'PY'
 import sys
