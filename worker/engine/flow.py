@@ -83,7 +83,7 @@ class BatchFlow:
         self._rewind = rewind  # the consumer's: every partition resumes after its last commit
         self._guarded = guarded  # the consumer's: bad data stops the partition, not the loop
         # the states the last commit sent ahead writes, made while Redis ran the reads
-        self._written: tuple[Commit, dict[str, CachedState]] | None = None
+        self._written: tuple[Commit, dict[str, CachedState] | None] | None = None
 
     def process(
         self, batch: Batch, prefetch_for: list[int] | None = None, upcoming: Batch | None = None
@@ -397,7 +397,8 @@ class BatchFlow:
         commit before it whose reply was lost if this one shows it applied, count it."""
         p, commit = batch.partition, computed.commit
         done, self._written = self._written, None
-        entries = done[1] if done is not None and done[0] is commit else written(commit)
+        kept = done[1] if done is not None and done[0] is commit else None
+        entries = kept if kept is not None else written(commit)
         self.io.states.remember(p, result.seq, entries)
         settled = self.io.parts[p].settled_by(result)
         if settled is not None:

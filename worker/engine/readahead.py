@@ -137,7 +137,7 @@ class Exchange:
     commit: Commit
     result: CommitResult | CommitRefusedError
     batches: list[Batch]
-    written: dict[str, CachedState]
+    written: dict[str, CachedState] | None  # None when not worked out (its writes not sent)
     ahead: Ahead | None
 
     def settle(self) -> CommitResult:
@@ -209,7 +209,7 @@ class ReadAhead:
             state_replies = read_replies(conn, state_read.replies) if state_read else []
             read = Read(groups, [reply_or_error(conn) for _ in groups], size)
             check_replies = read_replies(conn, n_checks)
-            result, batches, ahead = self._finish(
+            result, batches, ahead, in_flight = self._finish(
                 conn, commit, prepared, check_replies, read, plan, state_replies, in_flight,
                 models,
             )  # fmt: skip
@@ -246,11 +246,11 @@ class ReadAhead:
                 checks, n = self.committer.checks(commit)
                 conn.send_packed_command([UNWATCH + checks])
                 check_replies = read_replies(conn, n + 1)[1:]
-            in_flight = written(commit)
             prepared = prepared or self.committer.prepare(commit)
             read = Read(watched.groups, watched.reads, size)
-            result, batches, ahead = self._finish(
-                conn, commit, prepared, check_replies, read, None, [], in_flight, models
+            # the states it writes are worked out while Redis runs it, not on the way to EXEC
+            result, batches, ahead, in_flight = self._finish(
+                conn, commit, prepared, check_replies, read, None, [], None, models
             )
         except redis.ResponseError:
             raise  # every reply was read: the connection stays usable
@@ -264,22 +264,29 @@ class ReadAhead:
     def _finish(
         self, conn: redis.connection.Connection, commit: Commit, prepared: PreparedCommit,
         check_replies: list, read: Read, plan: Plan | None, state_replies: list,
-        in_flight: dict[str, CachedState], models: Models,
-    ) -> tuple[CommitResult | CommitRefusedError, list[Batch], Ahead | None]:  # fmt: skip
-        """The commit's transaction (`Committer.finish`); while Redis runs it, the entries
-        `read` brought parsed and the upcoming batch computed (`_ahead`). Its result, the
-        batches read, and the batch computed ahead (None when it was refused)."""
+        in_flight: dict[str, CachedState] | None, models: Models,
+    ) -> tuple[
+        CommitResult | CommitRefusedError, list[Batch], Ahead | None,
+        dict[str, CachedState] | None,
+    ]:  # fmt: skip
+        """The commit's transaction (`Committer.finish`); while Redis runs it, the states the
+        commit writes worked out (`in_flight`, unless given), the entries `read` brought
+        parsed and the upcoming batch computed (`_ahead`). Its result, the batches read, the
+        batch computed ahead (None when it was refused) and the states (None when the writes
+        were not sent)."""
         parsed: list[list[Batch]] = []
         ahead: Ahead | None = None
 
         def while_redis_writes() -> None:
-            nonlocal ahead
+            nonlocal ahead, in_flight
+            if in_flight is None:
+                in_flight = written(commit)
             parsed.append(read.batches(self.reader))
             ahead = self._ahead(commit, plan, state_replies, parsed[0], in_flight, models)
 
         result = self.committer.finish(conn, commit, prepared, check_replies,
                                        during=while_redis_writes)  # fmt: skip
-        return result, parsed[0] if parsed else read.batches(self.reader), ahead
+        return result, parsed[0] if parsed else read.batches(self.reader), ahead, in_flight
 
     def _ahead(
         self, commit: Commit, plan: Plan | None, state_replies: list, batches: list[Batch],
