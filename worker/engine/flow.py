@@ -82,7 +82,7 @@ class BatchFlow:
         self.io = io
         self._rewind = rewind  # the consumer's: every partition resumes after its last commit
         self._guarded = guarded  # the consumer's: bad data stops the partition, not the loop
-        # the states the last commit sent ahead writes, made while Redis ran the reads
+        # the states the last commit sent ahead writes, made while Redis ran its checks or EXEC
         self._written: tuple[Commit, dict[str, CachedState] | None] | None = None
 
     def process(
