@@ -13,10 +13,17 @@ import pytest
 
 from model.artifact import load_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
+from model.params import pack, unpack
 from model.random_init import random_model
 from model.training.bptt import clip_global_norm, loss_and_gradients, predict
 from model.training.sessions import DataError, Session, pad, sessionize
-from model.training.train import TrainConfig, TrainingDivergedError, prepare_training, train
+from model.training.train import (
+    TrainConfig,
+    TrainingDivergedError,
+    moved_towards,
+    prepare_training,
+    train,
+)
 from tests.conftest import NO_TEST_USERS, run_cli
 from tests.offline import offline_scores
 from tests.workers import WorkerProcess, wait_for
@@ -149,6 +156,53 @@ def test_same_seed_same_data_gives_bit_identical_weights():
         assert a.arrays[name].tobytes() == b.arrays[name].tobytes(), name
     other = train(events, config.model_copy(update={"seed": 4})).model
     assert other.arrays["layer0.W_hh"].tobytes() != a.arrays["layer0.W_hh"].tobytes()
+
+
+def test_moved_towards_steps_an_exponential_moving_average():
+    average = random_model(["a", "b"], hidden=4, seed=0)
+    params = pack(average.arrays, "rnn", np.float32, None)
+    start = params.copy()
+    target = params._with(np.full_like(a, 2.0) for a in params.arrays().values())
+    for _ in range(5):
+        moved_towards(params, target, 0.1)
+    for name, a in params.arrays().items():
+        want = 2.0 + (start.arrays()[name] - 2.0) * 0.9**5
+        np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_weight_average_keeps_the_moving_average_of_every_steps_weights(monkeypatch):
+    """One epoch with --weight-average w: the artifact holds a(n) = a(n-1) + (1 - w) (p(n) -
+    a(n-1)) over the steps' weights p(n) from the initial ones, worked out here apart; the
+    same run twice is bit-identical, and it differs from the last step's weights."""
+    import model.training.train as training
+
+    events = synthetic(4000, 200, seed=1)
+    config = TrainConfig(hidden=8, epochs=1, seed=3, weight_average=0.9, calibrate=False)
+    steps, first = [], []
+    moved = training.moved_towards
+
+    def recorded(average, params, rate):
+        if not first:
+            first.append(average.copy())  # the initial weights: no step moved it yet
+        steps.append(params.copy())
+        moved(average, params, rate)
+
+    monkeypatch.setattr(training, "moved_towards", recorded)
+    kept = train(events, config).model
+    assert len(steps) >= 3
+    expected = {k: a.astype(np.float64) for k, a in first[0].arrays().items()}
+    for p in steps:
+        for k, a in p.arrays().items():
+            expected[k] += 0.1 * (a - expected[k])
+    want = unpack(first[0]._with(expected[k].astype(np.float32) for k in expected), None)
+    for name, a in want.items():
+        np.testing.assert_allclose(kept.arrays[name], a, rtol=1e-4, atol=1e-5, err_msg=name)
+    last = unpack(steps[-1], None)
+    assert not np.allclose(kept.arrays["layer0.W_hh"], last["layer0.W_hh"])
+    monkeypatch.setattr(training, "moved_towards", moved)
+    again = train(events, config).model
+    for name in kept.arrays:
+        assert kept.arrays[name].tobytes() == again.arrays[name].tobytes(), name
 
 
 def test_prepared_data_train_as_the_events_do_and_serve_only_their_data_config():

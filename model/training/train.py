@@ -122,6 +122,13 @@ def decay_tables(params: Params, rate: float) -> None:
         np.multiply(params.tab, params.tab.dtype.type(1.0 - rate), out=params.tab)
 
 
+def moved_towards(average: Params, params: Params, rate: float) -> None:
+    """Move each of `average`'s arrays towards `params`' by `rate`, in place (a step of an
+    exponential moving average)."""
+    for a, p in zip(average.arrays().values(), params.arrays().values(), strict=True):
+        a += rate * (p - a)
+
+
 def _validation_loss(params: Params, batches: list, bptt: int) -> float:
     total = sum(packed_loss_and_gradients(params, b, bptt)[0] * b.steps for b in batches)
     return float(total / sum(b.steps for b in batches))
@@ -211,6 +218,7 @@ def _fit_member(
     valid_batch = [pad(valid_s[i : i + 512], F) for i in range(0, len(valid_s), 512)]
     history: list[dict] = []
     best = BestEpoch(patience=config.patience)
+    average = params.copy() if config.weight_average else None
     for epoch in range(1, config.epochs + 1):
         t0 = time.time()
         batches = minibatches(train_s, config.batch_size, F, rng)
@@ -225,6 +233,8 @@ def _fit_member(
             norms.append(clip_global_norm(grads.arrays(), config.clip))
             optimizer.step(params.arrays(), grads.arrays())
             decay_tables(params, config.lr * config.input_weight_decay)
+            if average is not None:
+                moved_towards(average, params, 1.0 - config.weight_average)
             total += loss * batch.steps
             steps += batch.steps
             seen += len(batch.labels)
@@ -234,7 +244,8 @@ def _fit_member(
                 bar.set_postfix(loss=f"{total / steps:.4f}", sessions_per_s=f"{rate:.0f}")
         if bar is not None:
             bar.close()
-        valid_loss = _validation_loss(params, valid_batch, config.bptt)
+        judged = average if average is not None else params
+        valid_loss = _validation_loss(judged, valid_batch, config.bptt)
         history.append({
             "epoch": epoch,
             "train_loss": total / steps,
@@ -243,7 +254,7 @@ def _fit_member(
             "sequences_per_second": len(train_s) / max(1e-9, time.time() - t0),
             "grad_norm_median": float(np.median(norms)),
         })  # fmt: skip
-        if best.update(epoch, total / steps, valid_loss, params):
+        if best.update(epoch, total / steps, valid_loss, judged):
             break
     if best.params is None:
         raise TrainingDivergedError(

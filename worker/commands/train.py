@@ -68,6 +68,8 @@ TRAIN_HELP = {
     "seed": "initialisation, split and shuffling",
     "calibrate": "fit the calibration map on the validation users, so a score is a probability "
     "(--no-calibrate: the head as trained)",
+    "weight_average": "keep an exponential moving average of the weights, each step moving it "
+    "by 1 - this (0.98: about the last 50 steps; 0: the last step's weights)",
 }
 # Fields whose flag is not `--field-name` (kept as the docs and users know them).
 TRAIN_FLAG_NAMES = {"session_gap_seconds": "--session-gap"}
