@@ -9,7 +9,8 @@ The settings are model/training/config.py's; the events become sessions split by
 are fitted on the training users and compared on the validation users. After every epoch the
 validation loss is measured; the artifact holds the epoch with the lowest one, training stops
 after `patience` epochs without improvement or when a loss stops being finite, so a diverged
-epoch never ships. Same seed and data give bit-identical weights.
+epoch never ships. With `weight_average`, what each epoch is judged on, and what is kept, is a
+moving average of the steps' weights. Same seed and data give bit-identical weights.
 """
 
 from __future__ import annotations
