@@ -1,14 +1,18 @@
 """The worker in the benchmark's own process: started, warmed up and tuned as `Consumer.run`
-does, then ticked until the backlog is scored (the bench's variant a, and the rules bench)."""
+does, then ticked until the backlog is scored (the bench's variant a, and the rules, inputs and
+shadow benches, which time it by `timed_backlog`)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import redis
 
 from model.scoring import ScoringModel
+from worker.bench.load import redis_cpu
 from worker.common.connection import connect
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
@@ -57,3 +61,40 @@ def consume(consumer: Consumer, metrics: WorkerMetrics, n: int) -> tuple[float, 
     seconds = time.perf_counter() - t0
     consumer.close()
     return seconds, latencies
+
+
+@dataclass(frozen=True)
+class Timed:
+    """The in-process worker's run over a backlog: its pace and its CPU."""
+
+    events: int
+    seconds: float
+    worker_cpu: float  # this process's CPU seconds from the first tick to the last
+    redis_cpu: float  # Redis's CPU seconds over the same run
+
+    @property
+    def rate(self) -> float:
+        """Events per second."""
+        return self.events / self.seconds
+
+    @property
+    def worker_us(self) -> float:
+        """The worker's CPU per event, µs."""
+        return self.worker_cpu / self.events * 1e6
+
+    @property
+    def redis_us(self) -> float:
+        """Redis's CPU per event, µs."""
+        return self.redis_cpu / self.events * 1e6
+
+
+def timed_backlog(
+    r: redis.Redis, url: str, model_path: Path, n: int, batch: int, history_events: int,
+    shadow_path: Path | None = None,
+) -> Timed:  # fmt: skip
+    """The in-process worker (`start_worker`) over the n events preloaded in r, timed:
+    start-up and the kernels' warm-up excluded."""
+    consumer, metrics = start_worker(url, model_path, batch, False, history_events, shadow_path)
+    redis0, cpu0 = redis_cpu(r), time.process_time()
+    seconds, _ = consume(consumer, metrics, n)
+    return Timed(n, seconds, time.process_time() - cpu0, redis_cpu(r) - redis0)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +30,7 @@ from model.artifact import load_model, save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from model.random_init import random_model
 from model.scoring import ScoringModel
-from worker.bench.inprocess import consume, start_worker
-from worker.bench.load import redis_cpu
+from worker.bench.inprocess import timed_backlog
 from worker.bench.pipeline_cpu import entries_of, pipeline_cost, print_pipeline_cost
 from worker.bench.workload import preload, sampled_state_keys
 
@@ -103,12 +101,8 @@ def run_once(
 ) -> Run:  # fmt: skip
     """Preload (with the fields given), and time the in-process worker over the backlog."""
     preload(r, events, args.event_ids, fields)
-    consumer, metrics = start_worker(url, model_path, args.batch_size, False, args.history_events)
-    redis0, cpu0 = redis_cpu(r), time.process_time()
-    seconds, _ = consume(consumer, metrics, len(events))
-    cpu, redis_s = time.process_time() - cpu0, redis_cpu(r) - redis0
-    n = len(events)
-    return Run(variant, n / seconds, cpu / n * 1e6, redis_s / n * 1e6, median_state_bytes(r))
+    run = timed_backlog(r, url, model_path, len(events), args.batch_size, args.history_events)
+    return Run(variant, run.rate, run.worker_us, run.redis_us, median_state_bytes(r))
 
 
 def _median(values) -> float:

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import redis
 
-from worker.bench.inprocess import consume, start_worker
-from worker.bench.load import redis_cpu
+from worker.bench.inprocess import timed_backlog
 from worker.bench.workload import ACTIONS, KEYS, SCORES, preload
 from worker.rules.definition import MAX_RULES, Rule, make_rule
 from worker.rules.store import set_rule
@@ -127,15 +125,11 @@ def run_once(
     preload(r, events, args.event_ids)
     for rule in rules:
         set_rule(r, KEYS, rule)
-    consumer, metrics = start_worker(url, model_path, args.batch_size, False, args.history_events)
-    redis0, cpu0 = redis_cpu(r), time.process_time()
-    seconds, _ = consume(consumer, metrics, len(events))
-    cpu, redis_s = time.process_time() - cpu0, redis_cpu(r) - redis0
-    n = len(events)
+    run = timed_backlog(r, url, model_path, len(events), args.batch_size, args.history_events)
     if rules and not _has_rule_states(r):
         raise RuntimeError("the worker wrote no rule states: the rules were not in force")
-    return Run(variant, n / seconds, cpu / n * 1e6, redis_s / n * 1e6, r.xlen(ACTIONS),
-               seconds, cpu)  # fmt: skip
+    return Run(variant, run.rate, run.worker_us, run.redis_us, r.xlen(ACTIONS), run.seconds,
+               run.worker_cpu)  # fmt: skip
 
 
 def _has_rule_states(r: redis.Redis) -> bool:

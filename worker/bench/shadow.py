@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +23,7 @@ import redis
 from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from model.random_init import random_model
-from worker.bench.inprocess import consume, start_worker
-from worker.bench.load import redis_cpu
+from worker.bench.inprocess import Timed, timed_backlog
 from worker.bench.workload import SCORES, preload
 
 VARIANTS = ("current", "shadow")
@@ -41,16 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "alternated --repeat times")  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Run:
-    """One variant's run over the backlog."""
-
-    variant: str
-    rate: float  # events/s
-    worker_us: float  # worker CPU per event
-    redis_us: float  # Redis CPU per event
-
-
 def shadow_model_file(args: argparse.Namespace, into: Path) -> Path:
     """A model as the bench's (its cell, size and event types), with other weights."""
     shadow = random_model([*EVENT_TYPES, LABEL_TYPE], hidden=args.hidden, seed=1,
@@ -63,19 +50,15 @@ def shadow_model_file(args: argparse.Namespace, into: Path) -> Path:
 def run_once(
     r: redis.Redis, url: str, model_path: Path, shadow: Path | None, events: list[dict],
     args: argparse.Namespace, variant: str,
-) -> Run:  # fmt: skip
+) -> Timed:  # fmt: skip
     """Preload and time the in-process worker over the backlog (with `shadow` beside it)."""
     preload(r, events, args.event_ids)
-    consumer, metrics = start_worker(url, model_path, args.batch_size, False,
-                                     args.history_events, shadow)  # fmt: skip
-    redis0, cpu0 = redis_cpu(r), time.process_time()
-    seconds, _ = consume(consumer, metrics, len(events))
-    cpu, redis_s = time.process_time() - cpu0, redis_cpu(r) - redis0
+    run = timed_backlog(r, url, model_path, len(events), args.batch_size, args.history_events,
+                        shadow)  # fmt: skip
     if (shadow is not None) != _shadow_scored(r):
         raise RuntimeError(f"variant {variant}: the score entries do not match it (a shadow "
                            "score where none runs, or none where one does)")  # fmt: skip
-    n = len(events)
-    return Run(variant, n / seconds, cpu / n * 1e6, redis_s / n * 1e6)
+    return run
 
 
 def _shadow_scored(r: redis.Redis) -> bool:
@@ -83,11 +66,11 @@ def _shadow_scored(r: redis.Redis) -> bool:
     return bool(last) and b"shadow_score" in last[0][1]
 
 
-def _ratios(runs: dict[str, list[Run]], of) -> list[float]:
+def _ratios(runs: dict[str, list[Timed]], of) -> list[float]:
     return sorted(of(x) / of(y) for x, y in zip(runs["shadow"], runs["current"], strict=True))
 
 
-def print_table(runs: dict[str, list[Run]]) -> None:
+def print_table(runs: dict[str, list[Timed]]) -> None:
     """Medians per variant and the shadow's ratios against the current model alone."""
     names = {"current": "the current model alone", "shadow": "with a shadow model"}
     print(f"{'variant':<26} {'events/s':>9} {'worker µs/ev':>12} {'redis µs/ev':>11}  "
@@ -108,13 +91,13 @@ def print_table(runs: dict[str, list[Run]]) -> None:
 def run_shadow_bench(
     r: redis.Redis, url: str, model_path: Path, events: list[dict], args: argparse.Namespace,
     tmp: Path,
-) -> dict[str, list[Run]]:  # fmt: skip
+) -> dict[str, list[Timed]]:  # fmt: skip
     """Alternate the variants over --repeat rounds, print each run and the table."""
     shadow = shadow_model_file(args, tmp)
     files = {"current": None, "shadow": shadow}
     # the shadow's kernels and state layout load on its first batches: not in a round
     run_once(r, url, model_path, shadow, events[:WARM_UP_EVENTS], args, "warm-up")
-    runs: dict[str, list[Run]] = {v: [] for v in VARIANTS}
+    runs: dict[str, list[Timed]] = {v: [] for v in VARIANTS}
     for k in range(max(1, args.repeat)):
         for variant in VARIANTS[k % 2 :] + VARIANTS[: k % 2]:
             run = run_once(r, url, model_path, files[variant], events, args, variant)
