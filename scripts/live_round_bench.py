@@ -39,7 +39,7 @@ from worker.common.keys import Keys
 from worker.common.local_redis import LocalRedis
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.consumer import Consumer, pin_blas, tune_gc
+from worker.engine.consumer import Consumer, tune_gc
 from worker.lifecycle.model_source import FileModelSource
 from worker.producers.publisher import publish
 
@@ -136,8 +136,7 @@ def main(argv: list[str] | None = None) -> None:
                             retention_seconds=0)  # fmt: skip
         metrics = WorkerMetrics()
         consumer = Consumer(settings, connect(server.url), FileModelSource(model), metrics)
-        consumer.model.warm_up()
-        pin_blas()  # as Consumer.run does
+        consumer.models.warm_up()  # every kernel, and BLAS pinned, as Consumer.run does
         tune_gc()
         for _ in range(3):  # groups created, leases taken
             consumer.tick()

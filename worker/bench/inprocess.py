@@ -16,7 +16,7 @@ from worker.bench.load import redis_cpu
 from worker.common.connection import connect
 from worker.common.settings import Settings
 from worker.engine.adapters.metrics import WorkerMetrics
-from worker.engine.consumer import Consumer, pin_blas, tune_gc
+from worker.engine.consumer import Consumer, tune_gc
 from worker.lifecycle.model_source import FileModelSource
 
 
@@ -43,15 +43,15 @@ def start_worker(
         source.shadow = FileModelSource(shadow_path).current
     metrics = WorkerMetrics()
     consumer = Consumer(settings, connect(url), source, metrics)
-    consumer.model.warm_up()
-    pin_blas()  # as Consumer.run does
+    consumer.models.warm_up()  # every kernel, and BLAS pinned, as Consumer.run does
     tune_gc()
     return consumer, metrics
 
 
 def consume(consumer: Consumer, metrics: WorkerMetrics, n: int) -> tuple[float, list]:
-    """Tick until n events are scored: (seconds, per-tick (events, seconds)); then stop
-    following the registry and the rules (their threads would outlive the run)."""
+    """Tick until n events are scored: (seconds, per-tick (events, seconds)); then shut down
+    as a stopped worker does: its leases released (the next run's worker would wait them
+    out), the registry and the rules no longer followed (their threads would outlive it)."""
     latencies = []
     t0 = time.perf_counter()
     while (before := metrics.count("scored")) < n:
@@ -59,7 +59,7 @@ def consume(consumer: Consumer, metrics: WorkerMetrics, n: int) -> tuple[float, 
         consumer.tick()
         latencies.append((int(metrics.count("scored") - before), time.perf_counter() - t))
     seconds = time.perf_counter() - t0
-    consumer.close()
+    consumer.shutdown()
     return seconds, latencies
 
 
