@@ -4,7 +4,9 @@ around the round's steps. Per round (a tick that scored events) it prints the me
 each step and its calls, and the p50 from an event's entry to its score entry (their ids' times, as
 `intentstream bench --latency-rate` takes it). scripts/cold_round_bench.py measures the CPU of
 a round's way to EXEC without Redis; this one sees the round as it runs: the waits on Redis,
-the caches other processes evicted, the settling after EXEC.
+the caches other processes evicted, the settling after EXEC. Last, Redis's side: its CPU a
+round and its commands' µs and calls a round (INFO commandstats; the producer's FCALL and
+XADDs among them).
 
 A step is `module:Qualname`. A class's method is timed wherever it is called; a function is
 timed where the named module calls it (name the module that imports it, as
@@ -33,6 +35,7 @@ import numpy as np
 from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from model.random_init import random_model
+from worker.bench.load import redis_cpu
 from worker.bench.scaling import id_ms, whole_ms_percentile
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys
@@ -140,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         tune_gc()
         for _ in range(3):  # groups created, leases taken
             consumer.tick()
+        observer = connect(server.url)
+        cpu0, stats0 = redis_cpu(observer), observer.info("commandstats")
         producer = subprocess.Popen([sys.executable, __file__, "--produce", server.url,
                                      "--rate", str(args.rate), "--seconds", str(args.seconds),
                                      "--partitions", str(args.partitions)])  # fmt: skip
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
                     {"tick": (time.perf_counter() - t, 1), **{s: (took[s], calls[s]) for s in took}}
                 )
         consumer.close()
+        cpu, stats = redis_cpu(observer) - cpu0, observer.info("commandstats")
         lat = latencies_ms(server.url, args.partitions)
     print(f"P = {args.partitions}, {args.rate:.0f} events/s for {args.seconds:.0f} s: "
           f"{len(rounds)} rounds that scored, {len(lat)} events; entry to score p50 "
@@ -168,6 +174,20 @@ def main(argv: list[str] | None = None) -> None:
     for step in ["tick", *steps]:
         times, counts = np.array([r.get(step, (0.0, 0)) for r in rounds]).T
         print(f"  {np.median(times) * 1e6:8.0f} {np.median(counts):4.0f}  {step}")
+    print_redis_share(cpu, stats0, stats, len(rounds))
+
+
+def print_redis_share(cpu: float, before: dict, after: dict, rounds: int) -> None:
+    """Redis's CPU a round (the producer's XADDs in it) and its commands' µs and calls a
+    round, the costliest first."""
+    print(f"Redis: {cpu / max(1, rounds) * 1e6:.0f} µs of CPU a round (the producer's included); "
+          "its commands' µs and calls a round:")  # fmt: skip
+    rows = []
+    for name, now in after.items():
+        was = before.get(name, {"usec": 0, "calls": 0})
+        rows.append((now["usec"] - was["usec"], now["calls"] - was["calls"], name[8:]))
+    for usec, calls, name in sorted(rows, reverse=True)[:12]:
+        print(f"  {usec / max(1, rounds):8.1f} {calls / max(1, rounds):6.1f}  {name}")
 
 
 def _published(client: Client, args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """scripts/live_round_bench.py still runs a live round through the worker's code: its default
-steps still name functions that exist, every event published is scored, and each step's time
-is reported (it times internals that may move)."""
+steps still name functions that exist, every event published is scored, each step's time is
+reported (it times internals that may move), and so is Redis's share of a round."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ def test_a_short_live_run_scores_every_event_and_times_each_step():
         (name, float(us))
         for us, _, name in re.findall(r"^\s+(\d+)\s+(\d+)\s+(\S+)$", run.stdout, re.M)
     )
+    # Redis's share: its CPU a round, and the commit's EXEC among its commands
+    redis_cpu = re.search(r"Redis: (\d+) µs of CPU a round", run.stdout)
+    assert redis_cpu and int(redis_cpu[1]) > 0, run.stdout
+    rows = re.findall(r"^\s+([\d.]+)\s+([\d.]+)\s+([a-z|]+)$", run.stdout, re.M)
+    commands = {name: (float(us), float(calls)) for us, calls, name in rows}
+    assert commands["exec"][0] > 0 and commands["exec"][1] >= 1
     assert steps["tick"] > 0
     assert steps["worker.engine.flow:BatchFlow.together_on_nodes"] > 0  # 4 events, 2 partitions
     assert steps["worker.engine.models:Models.build_group"] > 0
