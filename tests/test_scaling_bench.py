@@ -41,12 +41,15 @@ def test_scaling_bench_reports_rate_latency_cpu_and_fleet_arithmetic():
 
 def test_partition_counts_alternate_in_rounds_with_their_ratios_to_the_first():
     """Several --partitions: each round runs one worker at each count in turn; each round's
-    seen p50s and their ratio to the first's, then the median ratio over the rounds."""
+    seen p50s and their ratio to the first's, then the median ratio over the rounds. Events
+    published one by one (--latency-every-ms: 200 events/s every 5 ms)."""
     result = run_cli(
         "bench", "--workers", "1", "--partitions", "1,2", "--rounds", "2", "--events", "400",
-        "--users", "100", "--latency-seconds", "0.5", "--latency-rate", "200", timeout=300,
+        "--users", "100", "--latency-seconds", "0.5", "--latency-rate", "200",
+        "--latency-every-ms", "5", timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"at 200 events/s \(a burst every 5 ms\)", result.stdout)
     rounds = re.findall(r"round (\d): P = 1 ([\d.]+) ms, P = 2 ([\d.]+) ms \(P = 2 / P = 1: "
                         r"([\d.]+)x\)", result.stdout)  # fmt: skip
     assert [r[0] for r in rounds] == ["1", "2"]
