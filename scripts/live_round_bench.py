@@ -1,12 +1,12 @@
 """Where a live low-traffic round's time goes: the worker in this process on a private Redis,
-a producer process publishing RATE events/s (10 ms apart) over P partitions, and wall timers
-around the round's steps. Per round (a tick that scored events) it prints the median µs of
-each step and its calls, and the p50 from an event's entry to its score entry (their ids' times, as
-`intentstream bench --latency-rate` takes it). scripts/cold_round_bench.py measures the CPU of
-a round's way to EXEC without Redis; this one sees the round as it runs: the waits on Redis,
-the caches other processes evicted, the settling after EXEC. Last, Redis's side: its CPU a
-round and its commands' µs and calls a round (INFO commandstats; the producer's FCALL and
-XADDs among them).
+a producer process publishing RATE events/s (in bursts EVERY_MS apart, 10 by default) over P
+partitions, and wall timers around the round's steps. Per round (a tick that scored events)
+it prints the median µs of each step and its calls, and the p50 from an event's entry to its
+score entry (their ids' times, as `intentstream bench --latency-rate` takes it).
+scripts/cold_round_bench.py measures the CPU of a round's way to EXEC without Redis; this one
+sees the round as it runs: the waits on Redis, the caches other processes evicted, the
+settling after EXEC. Last, Redis's side: its CPU a round and its commands' µs and calls a
+round (INFO commandstats; the producer's FCALL and XADDs among them).
 
 A step is `module:Qualname`. A class's method is timed wherever it is called; a function is
 timed where the named module calls it (name the module that imports it, as
@@ -14,7 +14,7 @@ timed where the named module calls it (name the module that imports it, as
 Usage:
 
     PYTHONPATH=<tree> .venv/bin/python scripts/live_round_bench.py [--partitions 8]
-        [--rate 1000] [--seconds 8] [--step module:Qualname ...]
+        [--rate 1000] [--every-ms 10] [--seconds 8] [--step module:Qualname ...]
 """
 
 from __future__ import annotations
@@ -89,11 +89,11 @@ def timed(steps: list[str], took: dict[str, float], calls: dict[str, int]) -> No
         setattr(owner, name, kind(wrapped) if kind else wrapped)
 
 
-def produce(url: str, rate: float, seconds: float, partitions: int) -> None:
-    """Publish `rate` events/s for `seconds`, 10 ms of them at a time, new users mostly."""
+def produce(url: str, rate: float, seconds: float, partitions: int, every_ms: float) -> None:
+    """Publish `rate` events/s for `seconds`, `every_ms` of them at a time, new users mostly."""
     client = connect(url)
     rng = np.random.default_rng(2)
-    chunk, sent, t0 = max(1, int(rate / 100)), 0, time.monotonic()
+    chunk, sent, t0 = max(1, round(rate * every_ms / 1000)), 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
         users, types = rng.integers(0, 50_000, chunk), rng.integers(0, len(EVENT_TYPES), chunk)
         now_ms = int(time.time() * 1000)
@@ -121,11 +121,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--rate", type=float, default=1000.0)
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--every-ms", type=float, default=10.0, help="ms between the bursts")
     p.add_argument("--step", action="append", help="module:Qualname to time (default: a round's)")
     p.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)  # the producer process
     args = p.parse_args(argv)
     if args.produce:
-        produce(args.produce, args.rate, args.seconds, args.partitions)
+        produce(args.produce, args.rate, args.seconds, args.partitions, args.every_ms)
         return
     steps = args.step or list(STEPS)
     took: dict[str, float] = defaultdict(float)
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         cpu0, stats0 = redis_cpu(observer), observer.info("commandstats")
         producer = subprocess.Popen([sys.executable, __file__, "--produce", server.url,
                                      "--rate", str(args.rate), "--seconds", str(args.seconds),
+                                     "--every-ms", str(args.every_ms),
                                      "--partitions", str(args.partitions)])  # fmt: skip
         rounds: list[dict[str, tuple[float, int]]] = []
         deadline, published = time.monotonic() + args.seconds + 60, None
