@@ -125,8 +125,11 @@ def _by_kernel(
         return None
     keep[:] = kept
     rows = np.flatnonzero(out_start >= 0)
+    if not len(rows):
+        return {}, overflow
     cut = map(slice, out_start[rows].tolist(), out_end[rows].tolist())
-    return dict(zip(rows.tolist(), map(out.tobytes().__getitem__, cut), strict=True)), overflow
+    written = out[: out_end.max()].tobytes()  # the buffer is sized for the worst case
+    return dict(zip(rows.tolist(), map(written.__getitem__, cut), strict=True)), overflow
 
 
 @nb.njit(cache=True)
