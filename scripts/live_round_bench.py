@@ -90,7 +90,7 @@ def timed(steps: list[str], took: dict[str, float], calls: dict[str, int]) -> No
 
 
 def produce(url: str, rate: float, seconds: float, partitions: int, every_ms: float) -> None:
-    """Publish `rate` events/s for `seconds`, `every_ms` of them at a time, new users mostly."""
+    """Publish `rate` events/s for `seconds`, in bursts `every_ms` apart, new users mostly."""
     client = connect(url)
     rng = np.random.default_rng(2)
     chunk, sent, t0 = max(1, round(rate * every_ms / 1000)), 0, time.monotonic()
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_redis_share(cpu: float, before: dict, after: dict, rounds: int) -> None:
-    """Redis's CPU a round (the producer's XADDs in it) and its commands' µs and calls a
+    """Redis's CPU a round (the producer's commands in it) and its commands' µs and calls a
     round, the costliest first."""
     print(f"Redis: {cpu / max(1, rounds) * 1e6:.0f} µs of CPU a round (the producer's included); "
           "its commands' µs and calls a round:")  # fmt: skip
