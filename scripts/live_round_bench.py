@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
         tune_gc()
         for _ in range(3):  # groups created, leases taken
             consumer.tick()
-        observer = connect(server.url)
-        cpu0, stats0 = redis_cpu(observer), observer.info("commandstats")
+        probe = connect(server.url)  # reads Redis's INFO; not the bench's score Observer
+        cpu0, stats0 = redis_cpu(probe), probe.info("commandstats")
         producer = subprocess.Popen([sys.executable, __file__, "--produce", server.url,
                                      "--rate", str(args.rate), "--seconds", str(args.seconds),
                                      "--every-ms", str(args.every_ms),
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
                     {"tick": (time.perf_counter() - t, 1), **{s: (took[s], calls[s]) for s in took}}
                 )
         consumer.close()
-        cpu, stats = redis_cpu(observer) - cpu0, observer.info("commandstats")
+        cpu, stats = redis_cpu(probe) - cpu0, probe.info("commandstats")
         lat = latencies_ms(server.url, args.partitions)
     print(f"P = {args.partitions}, {args.rate:.0f} events/s for {args.seconds:.0f} s: "
           f"{len(rounds)} rounds that scored, {len(lat)} events; entry to score p50 "
