@@ -99,6 +99,7 @@ class CommitLimits:
 
 MULTI, EXEC, UNWATCH = (hiredis.pack_command((x,)) for x in ("MULTI", "EXEC", "UNWATCH"))
 _TIME = hiredis.pack_command(("TIME",))
+_STREAM_TYPES = (b"stream", b"none")  # what TYPE answers for a stream key, or none yet
 
 
 def _packed(*args: object) -> bytes:
@@ -179,6 +180,7 @@ class Committer:
         self.lean = layout == "lean"  # docs/contract.md, The lean layout
         self.keys = keys
         self.holder = holder
+        self._holder = holder.encode()  # as the lease's GET answers it
         self.limits = limits
         self.nodes = nodes or PartitionNodes(client, keys)
         # the commands a partition's every commit sends as they are, packed once
@@ -241,7 +243,7 @@ class Committer:
         lease, at, between, seq = replies[1:5]
         types, token = replies[5 : len(replies) - 2 - clock], replies[-2 - clock]
         entries = replies[-1 - clock]  # the partition's count of entries committed
-        if lease != self.holder.encode():
+        if lease != self._holder:
             return Verdict(CommitRefusedError("not_owned", ""))
         if isinstance(at, redis.ResponseError):
             return Verdict(CommitRefusedError("bad_key", self.keys.acked(c.partition)))
@@ -259,14 +261,14 @@ class Committer:
             return Verdict(between)  # the events key holds another type
         if between:
             return Verdict(CommitRefusedError("gap", between[0][0].decode()))
-        seq_key = self.keys.commit_seq(c.partition)
         if isinstance(seq, redis.ResponseError) or (seq is not None and not seq.isdigit()):
-            return Verdict(CommitRefusedError("bad_key", seq_key))
+            return Verdict(CommitRefusedError("bad_key", self.keys.commit_seq(c.partition)))
         if (seq or b"") != c.seq:
             return Verdict(CommitRefusedError("conflict", (seq or b"").decode()))
-        for key, kind in zip(self.streams(c), types, strict=True):
-            if kind not in (b"stream", b"none"):
-                return Verdict(CommitRefusedError("bad_key", key))
+        if any(kind not in _STREAM_TYPES for kind in types):  # the key named only then
+            for key, kind in zip(self.streams(c), types, strict=True):
+                if kind not in _STREAM_TYPES:
+                    return Verdict(CommitRefusedError("bad_key", key))
         # a count of another kind (an operator's write) restarts from this commit's
         entries = int(entries) if isinstance(entries, bytes) and entries.isdigit() else 0
         if clock:

@@ -287,7 +287,8 @@ class StateReader:
         for seq, start, stop in zip(seqs, starts, starts[1:], strict=False):
             part = states.rows(start, stop)
             part.seq = seq
-            part.resets.update(reason for row, reason in found if start <= row < stop)
+            if found:
+                part.resets.update(reason for row, reason in found if start <= row < stop)
             each.append(part)
         return states, each
 

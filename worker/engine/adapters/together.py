@@ -31,6 +31,7 @@ reads of all go on one connection, and the commits go in two round trips for all
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from itertools import accumulate
 from typing import Any
 
 import redis
@@ -104,9 +105,11 @@ class Together:
             if packed:
                 conn.send_packed_command([b"".join(packed)])
                 yield
+            counts = [*(e.replies for e in early), *(r.replies for r in reads if r is not None)]
+            got = iter(_split(read_replies(conn, sum(counts)), counts))  # read at once
             for e in early:
-                watched.checks[e.partition] = (e, read_replies(conn, e.replies))
-            replies = [read_replies(conn, read.replies) if read else None for read in reads]
+                watched.checks[e.partition] = (e, next(got))
+            replies = [next(got) if read else None for read in reads]
         except BaseException:
             conn.disconnect()  # a reply may still be in flight on it
             pool.release(conn)
@@ -286,6 +289,12 @@ def run_steps(steps: Steps) -> Any:
             next(steps)
         except StopIteration as done:
             return done.value
+
+
+def _split(replies: list, counts: list[int]) -> list[list]:
+    """`replies` cut into consecutive runs of these lengths."""
+    ends = list(accumulate(counts))
+    return [replies[end - n : end] for n, end in zip(counts, ends, strict=True)]
 
 
 def _step(outcomes: list, conns: list, i: int, action: Callable, *args: object) -> None:

@@ -13,6 +13,7 @@ the group commits all or nothing (adapters/together.py), so each is counted once
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -66,14 +67,19 @@ def build_group(
     run, runs, parts = run_stages(batch, together, model, history_events, shadow, resends, rules)
     whole = commit_of(run, runs[0], parts)
     # each batch's state rows and score entries: ranges of the group's, in the batches' order
-    row_ends = np.searchsorted(run.touched, list(accumulate(len(s.users) for s in states)))
-    score_ends = np.searchsorted(run.idx, list(accumulate(len(b.users) for b in batches)))
-    rows, scores = [0, *row_ends.tolist()], [0, *score_ends.tolist()]
+    # (bisected in the runs' plain lists: a round's few rows cost less than numpy's calls)
+    row_ends = accumulate(len(s.users) for s in states)
+    score_ends = accumulate(len(b.users) for b in batches)
+    rows = [0, *(bisect_left(run.touched_list, end) for end in row_ends)]
+    scores = [0, *(bisect_left(run.picked, end) for end in score_ends)]
     unknown = [0, *accumulate((runs[0].type_idx == model.unknown_index).tolist())]
     # each batch's rows and entries numbered from its own first, for all batches at once (a
     # subtraction a batch cost two numpy calls each, the most of a share's cost at low traffic)
-    local = (whole.last_scored - np.repeat(scores[:-1], np.diff(rows)),
-             whole.score_user - np.repeat(rows[:-1], np.diff(scores)))  # fmt: skip
+    spans = range(len(batches))
+    first_entry = [scores[i] for i in spans for _ in range(rows[i], rows[i + 1])]  # by row
+    first_row = [rows[i] for i in spans for _ in range(scores[i], scores[i + 1])]  # by entry
+    local = (whole.last_scored - np.array(first_entry, np.int64),
+             whole.score_user - np.array(first_row, np.int64))  # fmt: skip
     commits, ranges = [], []
     for i, (b, s) in enumerate(zip(batches, states, strict=True)):
         share = Share(b, slice(rows[i], rows[i + 1]), slice(scores[i], scores[i + 1]), i == 0)

@@ -86,7 +86,7 @@ class UserStates:
 
 def _renumbered(rows: list[int], start: int, stop: int) -> list[int]:
     """The rows within start..stop, counted from start."""
-    return [r - start for r in rows if start <= r < stop]
+    return [r - start for r in rows if start <= r < stop] if rows else []
 
 
 def user_slots(batch: Batch, users: list[str]) -> np.ndarray:
