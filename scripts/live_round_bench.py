@@ -6,7 +6,10 @@ score entry (their ids' times, as `intentstream bench --latency-rate` takes it).
 scripts/cold_round_bench.py measures the CPU of a round's way to EXEC without Redis; this one
 sees the round as it runs: the waits on Redis, the caches other processes evicted, the
 settling after EXEC. Last, Redis's side: its CPU a round and its commands' µs and calls a
-round (INFO commandstats; the producer's FCALL and XADDs among them).
+round (INFO commandstats; the producer's FCALL and XADDs among them). With --reader, the
+bench's reader of the scores (worker/bench/observer.py) runs beside it, as in `intentstream
+bench --workers`, and the latency it sees from the producer's send is printed too (the events
+then carry event_ids stamped with their send time).
 
 A step is `module:Qualname`. A class's method is timed wherever it is called; a function is
 timed where the named module calls it (name the module that imports it, as
@@ -14,7 +17,7 @@ timed where the named module calls it (name the module that imports it, as
 Usage:
 
     PYTHONPATH=<tree> .venv/bin/python scripts/live_round_bench.py [--partitions 8]
-        [--rate 1000] [--every-ms 10] [--seconds 8] [--step module:Qualname ...]
+        [--rate 1000] [--every-ms 10] [--seconds 8] [--reader] [--step module:Qualname ...]
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from model.random_init import random_model
 from worker.bench.load import redis_cpu
+from worker.bench.observer import Observer, sent_id
 from worker.bench.scaling import id_ms, whole_ms_percentile
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys
@@ -89,8 +93,11 @@ def timed(steps: list[str], took: dict[str, float], calls: dict[str, int]) -> No
         setattr(owner, name, kind(wrapped) if kind else wrapped)
 
 
-def produce(url: str, rate: float, seconds: float, partitions: int, every_ms: float) -> None:
-    """Publish `rate` events/s for `seconds`, in bursts `every_ms` apart, new users mostly."""
+def produce(
+    url: str, rate: float, seconds: float, partitions: int, every_ms: float, stamped: bool
+) -> None:
+    """Publish `rate` events/s for `seconds`, in bursts `every_ms` apart, new users mostly;
+    `stamped`: each with an event_id that carries its send time (observer.sent_id)."""
     client = connect(url)
     rng = np.random.default_rng(2)
     chunk, sent, t0 = max(1, round(rate * every_ms / 1000)), 0, time.monotonic()
@@ -99,6 +106,9 @@ def produce(url: str, rate: float, seconds: float, partitions: int, every_ms: fl
         now_ms = int(time.time() * 1000)
         batch = [{"user_id": f"u{u}", "type": EVENT_TYPES[t], "ts": now_ms}
                  for u, t in zip(users, types, strict=True)]  # fmt: skip
+        if stamped:
+            for n, event in enumerate(batch, start=sent):
+                event["event_id"] = sent_id(n)
         publish(client, batch, partitions=partitions, pipeline_size=chunk)
         sent += chunk
         ahead = sent / rate - (time.monotonic() - t0)
@@ -123,10 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--every-ms", type=float, default=10.0, help="ms between the bursts")
     p.add_argument("--step", action="append", help="module:Qualname to time (default: a round's)")
+    p.add_argument("--reader", action="store_true", help="the bench's reader of the scores beside")
     p.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)  # the producer process
     args = p.parse_args(argv)
     if args.produce:
-        produce(args.produce, args.rate, args.seconds, args.partitions, args.every_ms)
+        produce(args.produce, args.rate, args.seconds, args.partitions, args.every_ms, args.reader)
         return
     steps = args.step or list(STEPS)
     took: dict[str, float] = defaultdict(float)
@@ -146,10 +157,14 @@ def main(argv: list[str] | None = None) -> None:
             consumer.tick()
         probe = connect(server.url)  # reads Redis's INFO; not the bench's score Observer
         cpu0, stats0 = redis_cpu(probe), probe.info("commandstats")
+        reader = None
+        if args.reader:  # started before the first event, on every score stream
+            reader = Observer(server.url, {KEYS.scores(p): b"0-0" for p in range(args.partitions)})
         producer = subprocess.Popen([sys.executable, __file__, "--produce", server.url,
                                      "--rate", str(args.rate), "--seconds", str(args.seconds),
                                      "--every-ms", str(args.every_ms),
-                                     "--partitions", str(args.partitions)])  # fmt: skip
+                                     "--partitions", str(args.partitions),
+                                     *(["--reader"] if args.reader else [])])  # fmt: skip
         rounds: list[dict[str, tuple[float, int]]] = []
         deadline, published = time.monotonic() + args.seconds + 60, None
         while published is None or metrics.count("scored") < published:
@@ -166,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
                 rounds.append(
                     {"tick": (time.perf_counter() - t, 1), **{s: (took[s], calls[s]) for s in took}}
                 )
+        seen = reader.stop() if reader is not None else None
         consumer.close()
         cpu, stats = redis_cpu(probe) - cpu0, probe.info("commandstats")
         lat = latencies_ms(server.url, args.partitions)
@@ -177,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
         times, counts = np.array([r.get(step, (0.0, 0)) for r in rounds]).T
         print(f"  {np.median(times) * 1e6:8.0f} {np.median(counts):4.0f}  {step}")
     print_redis_share(cpu, stats0, stats, len(rounds))
+    if seen is not None:
+        print(f"reader: {len(seen)} scores seen, from the producer's send p50 "
+              f"{np.median(seen):.2f} ms, mean {np.mean(seen):.2f} ms")  # fmt: skip
 
 
 def print_redis_share(cpu: float, before: dict, after: dict, rounds: int) -> None:

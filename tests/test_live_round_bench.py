@@ -1,6 +1,7 @@
 """scripts/live_round_bench.py still runs a live round through the worker's code: its default
 steps still name functions that exist, every event published is scored, each step's time is
-reported (it times internals that may move), and so is Redis's share of a round."""
+reported (it times internals that may move), and so are Redis's share of a round and, with
+--reader, the latency the bench's reader of the scores sees."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_a_short_live_run_scores_every_event_and_times_each_step():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "live_round_bench.py"), "--partitions", "2",
-         "--rate", "400", "--seconds", "1"],
+         "--rate", "400", "--seconds", "1", "--reader"],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -43,3 +44,7 @@ def test_a_short_live_run_scores_every_event_and_times_each_step():
     assert steps["tick"] > 0
     assert steps["worker.engine.flow:BatchFlow.together_on_nodes"] > 0  # 4 events, 2 partitions
     assert steps["worker.engine.models:Models.build_group"] > 0
+    # the reader saw every score, each event stamped with its send time
+    reader = re.search(r"reader: (\d+) scores seen, from the producer's send p50 ([\d.]+) ms",
+                       run.stdout)  # fmt: skip
+    assert reader and int(reader[1]) == events and 0 < float(reader[2]) < 1000, run.stdout
