@@ -107,6 +107,18 @@ def _packed(*args: object) -> bytes:
     return hiredis.pack_command(args)
 
 
+def _set_head(key: str) -> bytes:
+    """`SET key` as RESP, its value to follow (`_set`)."""
+    return _packed("SET", key, "")[: -len(b"$0\r\n\r\n")]
+
+
+def _set(head: bytes, value: bytes) -> bytes:
+    """A SET packed from its head (`_set_head`) and its value: a partition's every commit
+    sets the same three keys, so only the value is framed (hiredis's packing of the whole
+    command cost three times as much)."""
+    return b"%s$%d\r\n%s\r\n" % (head, len(value), value)
+
+
 @dataclass(frozen=True)
 class _Constant:
     """A partition's commands that every commit (writing these streams) sends as they are:
@@ -120,6 +132,10 @@ class _Constant:
     trim_scores: bytes
     get_last_commit: bytes
     incr_seq: bytes
+    # a SET of the position, the last commit token and the count, but for its value (`_set`)
+    set_acked: bytes
+    set_last_commit: bytes
+    set_committed: bytes
 
     @classmethod
     def of(cls, k: Keys, p: int, streams: tuple[str, ...], lim: CommitLimits) -> _Constant:
@@ -134,6 +150,9 @@ class _Constant:
             _packed("XTRIM", k.scores(p), "MAXLEN", "~", lim.scores_maxlen),
             _packed("GET", k.last_commit(p)),
             _packed("INCR", k.commit_seq(p)),
+            _set_head(k.acked(p)),
+            _set_head(k.last_commit(p)),
+            _set_head(k.committed(p)),
         )
 
 
@@ -320,9 +339,9 @@ class Committer:
 
     def _position_writes(self, c: Commit) -> list[bytes]:
         """The partition's position, and its last commit token (GET, then SET)."""
-        k, p = self.keys, c.partition
-        return [_packed("SET", k.acked(p), c.ack_ids[-1]), self._constant_of(p, ()).get_last_commit,
-                _packed("SET", k.last_commit(p), self.token(c))]  # fmt: skip
+        constant = self._constant_of(c.partition, ())
+        return [_set(constant.set_acked, c.ack_ids[-1]), constant.get_last_commit,
+                _set(constant.set_last_commit, self.token(c))]  # fmt: skip
 
     def _scores(self, c: Commit, text: list[str]) -> bytes:
         """The score entries' XADDs (`scores_template`)."""
@@ -360,10 +379,11 @@ class Committer:
         """The transaction's writes (`transaction` without MULTI and EXEC) as RESP chunks,
         and their number: what a commit queues, alone or beside others (together.py)."""
         prepared = prepared or self.prepare(c)
-        seq_key = self.keys.commit_seq(c.partition)
-        count = _packed("SET", self.keys.committed(c.partition), entries + len(c.ack_ids))
-        start = _packed("SET", seq_key, seed) if seed else b""
-        end = count + start + self._constant_of(c.partition, ()).incr_seq
+        constant = self._constant_of(c.partition, ())
+        count = _set(constant.set_committed, b"%d" % (entries + len(c.ack_ids)))
+        # the partition's first commit: its sequence starts from the server's time
+        start = _packed("SET", self.keys.commit_seq(c.partition), seed) if seed else b""
+        end = count + start + constant.incr_seq
         return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 1
 
     def _outcome(self, c: Commit, prepared: PreparedCommit, replies: list) -> tuple:

@@ -113,6 +113,7 @@ class StateReader:
         self.cache = cache
         self.space_of = space_of  # the state space of the model version that wrote a state
         self.lean = layout == "lean"  # the layout the commits write
+        self._get_seq: dict[int, bytes] = {}  # each partition's GET of its sequence, packed
 
     def read(
         self,
@@ -162,7 +163,14 @@ class StateReader:
         keys = list(map(self.keys.state_prefix(p).__add__, (users[i] for i in request.misses)))
         hmgets = b"".join(hmgets_of(keys)) if len(keys) <= FEW_READS else resp_commands(
             ["HMGET", keys, *FIELDS])  # fmt: skip
-        return StateRead(_packed("GET", self.keys.commit_seq(p)) + hmgets, len(keys) + 1)
+        return StateRead(self._seq_read(p) + hmgets, len(keys) + 1)
+
+    def _seq_read(self, p: int) -> bytes:
+        """The GET of partition p's sequence, packed once (every state read starts with it)."""
+        found = self._get_seq.get(p)
+        if found is None:
+            found = self._get_seq[p] = _packed("GET", self.keys.commit_seq(p))
+        return found
 
     def commands(self, requests: list[StateRequest]) -> list[StateRead | None]:
         """Each request's read, as `command` gives it: a few requests' HMGETs (at low traffic,
@@ -178,7 +186,7 @@ class StateReader:
                 out.append(None)
                 continue
             mine = [next(hmgets) for _ in r.misses]
-            packed = b"".join([_packed("GET", self.keys.commit_seq(r.partition)), *mine])
+            packed = b"".join([self._seq_read(r.partition), *mine])
             out.append(StateRead(packed, len(mine) + 1))
         return out
 
