@@ -115,7 +115,7 @@ def _set_head(key: str) -> bytes:
 def _set(head: bytes, value: bytes) -> bytes:
     """A SET packed from its head (`_set_head`) and its value: a partition's every commit
     sets the same three keys, so only the value is framed (hiredis's packing of the whole
-    command cost three times as much)."""
+    command took 2.6 times as long, warm: 389 against 150 ns)."""
     return b"%s$%d\r\n%s\r\n" % (head, len(value), value)
 
 
