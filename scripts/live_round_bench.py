@@ -9,7 +9,9 @@ settling after EXEC. Last, Redis's side: its CPU a round and its commands' µs a
 round (INFO commandstats; the producer's FCALL and XADDs among them). With --reader, the
 bench's reader of the scores (worker/bench/observer.py) runs beside it, as in `intentstream
 bench --workers`, and the latency it sees from the producer's send is printed too (the events
-then carry event_ids stamped with their send time).
+then carry event_ids stamped with their send time). With --timeline, every send to Redis and
+every reply read is stamped: per round, when each send went and its first reply came, µs after
+the blocking read's wake (and the producer's send before it, the events stamped as above).
 
 A step is `module:Qualname`. A class's method is timed wherever it is called; a function is
 timed where the named module calls it (name the module that imports it, as
@@ -17,7 +19,8 @@ timed where the named module calls it (name the module that imports it, as
 Usage:
 
     PYTHONPATH=<tree> .venv/bin/python scripts/live_round_bench.py [--partitions 8]
-        [--rate 1000] [--every-ms 10] [--seconds 8] [--reader] [--step module:Qualname ...]
+        [--rate 1000] [--every-ms 10] [--seconds 8] [--reader] [--timeline]
+        [--step module:Qualname ...]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import redis
 
 from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
@@ -41,10 +45,12 @@ from model.random_init import random_model
 from worker.bench.load import redis_cpu
 from worker.bench.observer import Observer, sent_id
 from worker.bench.scaling import id_ms, whole_ms_percentile
+from worker.common import connection
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys
 from worker.common.local_redis import LocalRedis
 from worker.common.settings import Settings
+from worker.engine.adapters import streams
 from worker.engine.adapters.metrics import WorkerMetrics
 from worker.engine.consumer import Consumer, tune_gc
 from worker.lifecycle.model_source import FileModelSource
@@ -93,6 +99,100 @@ def timed(steps: list[str], took: dict[str, float], calls: dict[str, int]) -> No
         setattr(owner, name, kind(wrapped) if kind else wrapped)
 
 
+class Timeline:
+    """Stamps every send to Redis and every reply read (redis-py's `send_packed_command`
+    and `read_response`, and `read_replies` wherever the worker imported it), and the send
+    times the stamped events carry, a round at a time."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[float, str]] = []  # (perf_counter, the command sent or "reply")
+        self.sent_us: list[int] = []  # the round's events' send times (observer.sent_id), µs
+        self.rounds: list[dict[str, float]] = []
+        # time.time() in µs at perf_counter() == 0: the producer stamps wall-clock µs
+        self._wall_us = time.time() * 1e6 - time.perf_counter() * 1e6
+
+    def install(self) -> None:
+        """Wrap the sends, the reads and the parse, for the rest of this process."""
+        conn = redis.connection.Connection
+        send, read = conn.send_packed_command, conn.read_response
+
+        def sending(c, command, *args, **kwargs):
+            first = command[0] if isinstance(command, list | tuple) else command
+            self.log.append((time.perf_counter(), _command_name(bytes(first[:256]))))
+            return send(c, command, *args, **kwargs)
+
+        def reading(c, *args, **kwargs):
+            reply = read(c, *args, **kwargs)
+            self.log.append((time.perf_counter(), "reply"))
+            return reply
+
+        conn.send_packed_command, conn.read_response = sending, reading
+        replies, parse = connection.read_replies, streams.parse_batch
+
+        def reading_all(c, n):
+            got = replies(c, n)
+            self.log.append((time.perf_counter(), "reply"))
+            return got
+
+        def parsing(*args, **kwargs):
+            batch = parse(*args, **kwargs)
+            self.sent_us += [_sent_us(e) for e in batch.event_ids if e and e.startswith(b"seen-")]
+            return batch
+
+        for module in list(sys.modules.values()):  # the worker's modules import it by name
+            if getattr(module, "read_replies", None) is replies:
+                module.read_replies = reading_all
+        streams.parse_batch = parsing
+
+    def start(self) -> None:
+        """A round begins: forget the last one's stamps."""
+        self.log.clear()
+        self.sent_us.clear()
+
+    def end(self) -> None:
+        """Keep the round's offsets from the wake: the first reply after a blocking read."""
+        at = next((i for i, (_, what) in enumerate(self.log) if what == "XREADGROUP BLOCK"), None)
+        if at is None:
+            return  # a round that did not wait: nothing to measure from
+        wake = next((t for t, what in self.log[at:] if what == "reply"), None)
+        if wake is None:
+            return
+        row: dict[str, float] = {}
+        if self.sent_us:
+            row["0 the producer's send"] = min(self.sent_us) - (wake * 1e6 + self._wall_us)
+        n, replied = 0, True
+        for t, what in self.log[at + 1 :]:
+            if t <= wake:
+                continue
+            if what != "reply":
+                n, replied = n + 1, False
+                row[f"{n} send: {what}"] = (t - wake) * 1e6
+            elif not replied:
+                row[f"{n} its first reply"], replied = (t - wake) * 1e6, True
+        self.rounds.append(row)
+
+    def report(self) -> None:
+        """Each mark's median over the rounds that had it, in order."""
+        marks = sorted({m for r in self.rounds for m in r},
+                       key=lambda m: (int(m.split()[0]), "reply" in m))  # fmt: skip
+        print(f"timeline: µs after the blocking read's wake, medians ({len(self.rounds)} rounds)")
+        for mark in marks:
+            values = [r[mark] for r in self.rounds if mark in r]
+            print(f"  {np.median(values):8.0f} {len(values):6d}  {mark.split(' ', 1)[1]}")
+
+
+def _command_name(head: bytes) -> str:
+    """The first command's name in packed RESP (`XREADGROUP BLOCK` for a blocking read)."""
+    parts = head.split(b"\r\n")
+    name = parts[2].decode(errors="replace") if len(parts) > 2 else "?"
+    return f"{name} BLOCK" if name == "XREADGROUP" and b"BLOCK" in head else name
+
+
+def _sent_us(event_id: bytes) -> int:
+    """The send time an observer.sent_id carries, µs."""
+    return int(event_id.split(b"-")[1])
+
+
 def produce(
     url: str, rate: float, seconds: float, partitions: int, every_ms: float, stamped: bool
 ) -> None:
@@ -134,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--every-ms", type=float, default=10.0, help="ms between the bursts")
     p.add_argument("--step", action="append", help="module:Qualname to time (default: a round's)")
     p.add_argument("--reader", action="store_true", help="the bench's reader of the scores beside")
+    p.add_argument("--timeline", action="store_true", help="stamp every send and reply")
     p.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)  # the producer process
     args = p.parse_args(argv)
     if args.produce:
@@ -143,6 +244,9 @@ def main(argv: list[str] | None = None) -> None:
     took: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     timed(steps, took, calls)
+    timeline = Timeline() if args.timeline else None
+    if timeline is not None:
+        timeline.install()
     with tempfile.TemporaryDirectory() as tmp, LocalRedis() as server:
         model = Path(tmp) / "model.npz"
         save_model(random_model([*EVENT_TYPES, LABEL_TYPE], hidden=64, seed=0), model)
@@ -164,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
                                      "--rate", str(args.rate), "--seconds", str(args.seconds),
                                      "--every-ms", str(args.every_ms),
                                      "--partitions", str(args.partitions),
-                                     *(["--reader"] if args.reader else [])])  # fmt: skip
+                                     *(["--reader"] if args.reader or args.timeline else [])
+                                     ])  # fmt: skip
         rounds: list[dict[str, tuple[float, int]]] = []
         deadline, published = time.monotonic() + args.seconds + 60, None
         while published is None or metrics.count("scored") < published:
@@ -175,12 +280,16 @@ def main(argv: list[str] | None = None) -> None:
             took.clear()
             calls.clear()
             before = metrics.count("scored")
+            if timeline is not None:
+                timeline.start()
             t = time.perf_counter()
             consumer.tick()
             if metrics.count("scored") > before:
                 rounds.append(
                     {"tick": (time.perf_counter() - t, 1), **{s: (took[s], calls[s]) for s in took}}
                 )
+                if timeline is not None:
+                    timeline.end()
         seen = reader.stop() if reader is not None else None
         consumer.close()
         cpu, stats = redis_cpu(probe) - cpu0, probe.info("commandstats")
@@ -196,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     if seen is not None:
         print(f"reader: {len(seen)} scores seen, from the producer's send p50 "
               f"{np.median(seen):.2f} ms, mean {np.mean(seen):.2f} ms")  # fmt: skip
+    if timeline is not None:
+        timeline.report()
 
 
 def print_redis_share(cpu: float, before: dict, after: dict, rounds: int) -> None:

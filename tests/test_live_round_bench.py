@@ -1,7 +1,8 @@
 """scripts/live_round_bench.py still runs a live round through the worker's code: its default
 steps still name functions that exist, every event published is scored, each step's time is
-reported (it times internals that may move), and so are Redis's share of a round and, with
---reader, the latency the bench's reader of the scores sees."""
+reported (it times internals that may move), and so are Redis's share of a round, with
+--reader the latency the bench's reader of the scores sees, and with --timeline when each send
+went and its reply came."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_a_short_live_run_scores_every_event_and_times_each_step():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "live_round_bench.py"), "--partitions", "2",
-         "--rate", "400", "--seconds", "1", "--reader"],
+         "--rate", "400", "--seconds", "1", "--reader", "--timeline"],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -48,3 +49,11 @@ def test_a_short_live_run_scores_every_event_and_times_each_step():
     reader = re.search(r"reader: (\d+) scores seen, from the producer's send p50 ([\d.]+) ms",
                        run.stdout)  # fmt: skip
     assert reader and int(reader[1]) == events and 0 < float(reader[2]) < 1000, run.stdout
+    # the timeline: the producer's send before the wake, then the round's sends, EXEC's last
+    timeline = re.search(
+        r"timeline: .* \((\d+) rounds\)\n((?:\s+-?\d+\s+\d+\s+.+\n?)+)", run.stdout
+    )
+    assert timeline and int(timeline[1]) > 0, run.stdout
+    marks = {name: float(us) for us, _, name in re.findall(r"^\s+(-?\d+)\s+(\d+)\s+(.+)$",
+                                                           timeline[2], re.M)}  # fmt: skip
+    assert marks["the producer's send"] < 0 < marks["send: MULTI"], timeline[2]
