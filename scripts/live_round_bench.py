@@ -43,7 +43,7 @@ from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from model.random_init import random_model
 from worker.bench.load import redis_cpu
-from worker.bench.observer import Observer, sent_id
+from worker.bench.observer import Observer, sent_id, sent_us
 from worker.bench.scaling import id_ms, whole_ms_percentile
 from worker.common import connection
 from worker.common.connection import Client, connect
@@ -136,7 +136,7 @@ class Timeline:
 
         def parsing(*args, **kwargs):
             batch = parse(*args, **kwargs)
-            self.sent_us += [_sent_us(e) for e in batch.event_ids if e and e.startswith(b"seen-")]
+            self.sent_us += [us for e in batch.event_ids if e and (us := sent_us(e)) is not None]
             return batch
 
         for module in list(sys.modules.values()):  # the worker's modules import it by name
@@ -186,11 +186,6 @@ def _command_name(head: bytes) -> str:
     parts = head.split(b"\r\n")
     name = parts[2].decode(errors="replace") if len(parts) > 2 else "?"
     return f"{name} BLOCK" if name == "XREADGROUP" and b"BLOCK" in head else name
-
-
-def _sent_us(event_id: bytes) -> int:
-    """The send time an observer.sent_id carries, µs."""
-    return int(event_id.split(b"-")[1])
 
 
 def produce(

@@ -29,7 +29,7 @@ def sent_id(n: int) -> str:
     return f"seen-{time.time_ns() // 1000}-{n}"
 
 
-def _sent_us(event_id: bytes) -> int | None:
+def sent_us(event_id: bytes) -> int | None:
     """The send time a `sent_id` carries, else None."""
     if not event_id.startswith(PREFIX):
         return None
@@ -48,7 +48,7 @@ def _observe(url: str, starts: dict[str, bytes], out: Connection) -> None:
         now = time.time_ns() // 1000
         for stream, entries in got:
             for _, fields in entries:
-                sent = _sent_us(fields.get(b"event_id", b""))
+                sent = sent_us(fields.get(b"event_id", b""))
                 if sent is not None:
                     seen.append(now - sent)
             last[stream.decode()] = entries[-1][0]

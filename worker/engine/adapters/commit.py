@@ -56,9 +56,10 @@ import redis
 from worker.common.connection import is_cluster, read_replies, refresh_topology
 from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
+from worker.engine.adapters.commit_commands import PartitionCommands
 from worker.engine.adapters.commit_token import position_of, token_of
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
-from worker.engine.adapters.resp import chunks, resp_commands
+from worker.engine.adapters.resp import chunks, resp_commands, set_with
 from worker.engine.adapters.row_writes import scores_template, state_writes
 from worker.engine.compute.parts.part import Rows, decimals
 from worker.engine.compute.pipeline import Commit
@@ -105,55 +106,6 @@ _STREAM_TYPES = (b"stream", b"none")  # what TYPE answers for a stream key, or n
 def _packed(*args: object) -> bytes:
     """A command as RESP (hiredis packs it in C)."""
     return hiredis.pack_command(args)
-
-
-def _set_head(key: str) -> bytes:
-    """`SET key` as RESP, its value to follow (`_set`)."""
-    return _packed("SET", key, "")[: -len(b"$0\r\n\r\n")]
-
-
-def _set(head: bytes, value: bytes) -> bytes:
-    """A SET packed from its head (`_set_head`) and its value: a partition's every commit
-    sets the same three keys, so only the value is framed (hiredis's packing of the whole
-    command took 2.6 times as long, warm: 389 against 150 ns)."""
-    return b"%s$%d\r\n%s\r\n" % (head, len(value), value)
-
-
-@dataclass(frozen=True)
-class _Constant:
-    """A partition's commands that every commit (writing these streams) sends as they are:
-    packed once, not once a commit (at low traffic a round packs a commit per partition)."""
-
-    checks_head: bytes  # WATCH, GET the lease, GET the position
-    checks_tail: bytes  # GET the sequence, TYPE each stream, GET the token, GET the count
-    checks: int  # the checks' replies, the XRANGE between head and tail included
-    # each stream is trimmed once a commit, not at every XADD (whose MAXLEN option costs about
-    # a quarter of the XADD): the same bound, seen from outside the transaction
-    trim_scores: bytes
-    get_last_commit: bytes
-    incr_seq: bytes
-    # a SET of the position, the last commit token and the count, but for its value (`_set`)
-    set_acked: bytes
-    set_last_commit: bytes
-    set_committed: bytes
-
-    @classmethod
-    def of(cls, k: Keys, p: int, streams: tuple[str, ...], lim: CommitLimits) -> _Constant:
-        head = [("WATCH", k.lease(p), k.commit_seq(p), *streams), ("GET", k.lease(p)),
-                ("GET", k.acked(p))]  # fmt: skip
-        tail = [("GET", k.commit_seq(p)), *(("TYPE", key) for key in streams),
-                ("GET", k.last_commit(p)), ("GET", k.committed(p))]  # fmt: skip
-        return cls(
-            b"".join(_packed(*x) for x in head),
-            b"".join(_packed(*x) for x in tail),
-            len(head) + 1 + len(tail),
-            _packed("XTRIM", k.scores(p), "MAXLEN", "~", lim.scores_maxlen),
-            _packed("GET", k.last_commit(p)),
-            _packed("INCR", k.commit_seq(p)),
-            _set_head(k.acked(p)),
-            _set_head(k.last_commit(p)),
-            _set_head(k.committed(p)),
-        )
 
 
 @dataclass(frozen=True)
@@ -203,7 +155,7 @@ class Committer:
         self.limits = limits
         self.nodes = nodes or PartitionNodes(client, keys)
         # the commands a partition's every commit sends as they are, packed once
-        self._constant: dict[tuple[int, tuple[str, ...]], _Constant] = {}
+        self._constant: dict[tuple[int, tuple[str, ...]], PartitionCommands] = {}
         self._constant_limits = limits
 
     def token(self, commit: Commit) -> bytes:
@@ -236,13 +188,15 @@ class Committer:
         packed = constant.checks_head + between + constant.checks_tail
         return (packed + _TIME, constant.checks + 1) if clock else (packed, constant.checks)
 
-    def _constant_of(self, p: int, streams: tuple[str, ...]) -> _Constant:
+    def _constant_of(self, p: int, streams: tuple[str, ...]) -> PartitionCommands:
         """The partition's commands that every commit writing `streams` sends as they are."""
         if self._constant_limits is not self.limits:  # packed with other limits
             self._constant, self._constant_limits = {}, self.limits
         found = self._constant.get((p, streams))
         if found is None:
-            found = self._constant[(p, streams)] = _Constant.of(self.keys, p, streams, self.limits)
+            found = self._constant[(p, streams)] = PartitionCommands.of(
+                self.keys, p, streams, self.limits.scores_maxlen
+            )
         return found
 
     def streams(self, c: Commit) -> list[str]:
@@ -340,8 +294,8 @@ class Committer:
     def _position_writes(self, c: Commit) -> list[bytes]:
         """The partition's position, and its last commit token (GET, then SET)."""
         constant = self._constant_of(c.partition, ())
-        return [_set(constant.set_acked, c.ack_ids[-1]), constant.get_last_commit,
-                _set(constant.set_last_commit, self.token(c))]  # fmt: skip
+        return [set_with(constant.set_acked, c.ack_ids[-1]), constant.get_last_commit,
+                set_with(constant.set_last_commit, self.token(c))]  # fmt: skip
 
     def _scores(self, c: Commit, text: list[str]) -> bytes:
         """The score entries' XADDs (`scores_template`)."""
@@ -380,7 +334,7 @@ class Committer:
         and their number: what a commit queues, alone or beside others (together.py)."""
         prepared = prepared or self.prepare(c)
         constant = self._constant_of(c.partition, ())
-        count = _set(constant.set_committed, b"%d" % (entries + len(c.ack_ids)))
+        count = set_with(constant.set_committed, b"%d" % (entries + len(c.ack_ids)))
         # the partition's first commit: its sequence starts from the server's time
         start = _packed("SET", self.keys.commit_seq(c.partition), seed) if seed else b""
         end = count + start + constant.incr_seq

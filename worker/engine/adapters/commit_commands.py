@@ -1,0 +1,56 @@
+"""A partition's commands that its every commit sends as they are (adapters/commit.py),
+packed once a partition, not once a commit: at low traffic a round packs a commit for each
+partition it touched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import hiredis
+
+from worker.common.keys import Keys
+from worker.engine.adapters.resp import set_head
+
+
+def _packed(*args: object) -> bytes:
+    """A command as RESP (hiredis packs it in C)."""
+    return hiredis.pack_command(args)
+
+
+@dataclass(frozen=True)
+class PartitionCommands:
+    """A partition's commands that every commit writing these streams sends as they are."""
+
+    checks_head: bytes  # WATCH, GET the lease, GET the position
+    checks_tail: bytes  # GET the sequence, TYPE each stream, GET the token, GET the count
+    checks: int  # the checks' replies, the XRANGE between head and tail included
+    # each stream is trimmed once a commit, not at every XADD (whose MAXLEN option costs about
+    # a quarter of the XADD): the same bound, seen from outside the transaction
+    trim_scores: bytes
+    get_last_commit: bytes
+    incr_seq: bytes
+    # a SET of the position, the last commit token and the count, but for its value: a
+    # partition's every commit sets the same three keys, so only the value is framed
+    set_acked: bytes
+    set_last_commit: bytes
+    set_committed: bytes
+
+    @classmethod
+    def of(cls, k: Keys, p: int, streams: tuple[str, ...], scores_maxlen: int) -> PartitionCommands:
+        """Partition p's, for commits writing `streams`, its scores trimmed to about
+        `scores_maxlen` entries."""
+        head = [("WATCH", k.lease(p), k.commit_seq(p), *streams), ("GET", k.lease(p)),
+                ("GET", k.acked(p))]  # fmt: skip
+        tail = [("GET", k.commit_seq(p)), *(("TYPE", key) for key in streams),
+                ("GET", k.last_commit(p)), ("GET", k.committed(p))]  # fmt: skip
+        return cls(
+            b"".join(_packed(*x) for x in head),
+            b"".join(_packed(*x) for x in tail),
+            len(head) + 1 + len(tail),
+            _packed("XTRIM", k.scores(p), "MAXLEN", "~", scores_maxlen),
+            _packed("GET", k.last_commit(p)),
+            _packed("INCR", k.commit_seq(p)),
+            set_head(k.acked(p)),
+            set_head(k.last_commit(p)),
+            set_head(k.committed(p)),
+        )
