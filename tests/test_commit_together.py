@@ -67,6 +67,13 @@ def test_a_rounds_partitions_send_every_check_before_any_transaction(
     consumer.together.one_transaction = one_transaction  # False: as on a cluster
     consumer.tick()  # takes the leases; nothing to read
     assert sorted(consumer.ownership.owned) == list(range(P))
+    judged, verdict = [], consumer.committer.verdict
+
+    def spied(c, replies):  # on one Redis, a share is judged before its rest is made
+        judged.append(getattr(c, "deferring", False))
+        return verdict(c, replies)
+
+    consumer.committer.verdict = spied
     events = one_event_per_partition()
     publish(r, events, partitions=P)
     log = tmp_path / "monitor.txt"
@@ -87,6 +94,7 @@ def test_a_rounds_partitions_send_every_check_before_any_transaction(
     clients = {x.split("]")[0].split()[-1] for x in lines if '"WATCH"' in x or '"EXEC"' in x}
     assert len(clients) == (1 if one_transaction else P)
     assert consumer.metrics.count("scored") == P
+    assert judged == [one_transaction] * P
     assert_scored_once_as_offline(r, events, model_path)
     consumer.close()
 

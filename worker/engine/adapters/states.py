@@ -293,8 +293,7 @@ class StateReader:
             copy_known(states, [i for i, _ in known], [c for _, c in known])
         each = []
         for seq, start, stop in zip(seqs, starts, starts[1:], strict=False):
-            part = states.rows(start, stop)
-            part.seq = seq
+            part = states.view(start, stop, seq)
             if found:
                 part.resets.update(reason for row, reason in found if start <= row < stop)
             each.append(part)

@@ -51,6 +51,7 @@ from worker.engine.adapters.early_checks import EarlyChecks, Watched
 from worker.engine.adapters.resp import chunks
 from worker.engine.adapters.states import PartitionDataError, StateReader
 from worker.engine.compute.batch import Batch
+from worker.engine.compute.deferred import complete
 from worker.engine.compute.pipeline import Commit
 from worker.engine.compute.user_states import distinct_users
 
@@ -224,6 +225,8 @@ class Together:
             conn.send_packed_command(
                 chunks([MULTI, *(x for chunk, _ in writes for x in chunk), EXEC])
             )
+            for i in going:  # a group's shares sliced while Redis runs EXEC, for the settling
+                complete(commits[i][0])
             replies = read_replies(conn, 2 + sum(n for _, n in writes))
             at = 1
             for i, (_, n) in zip(going, writes, strict=True):

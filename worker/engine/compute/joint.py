@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate
 
 import numpy as np
@@ -23,6 +24,7 @@ from model.input_bytes import RawInputs
 from model.scoring import ScoringModel
 from worker.common.dedup import ResendWindow
 from worker.engine.compute.batch import Batch, seconds_of
+from worker.engine.compute.deferred import Deferred
 from worker.engine.compute.parts.part import Share
 from worker.engine.compute.pipeline import Commit, build_commit, commit_of, run_stages
 from worker.engine.compute.user_states import ShadowStates, UserStates
@@ -73,64 +75,92 @@ def build_group(
     rows = [0, *(bisect_left(run.touched_list, end) for end in row_ends)]
     scores = [0, *(bisect_left(run.picked, end) for end in score_ends)]
     unknown = [0, *accumulate((runs[0].type_idx == model.unknown_index).tolist())]
-    # each batch's rows and entries numbered from its own first, for all batches at once (a
-    # subtraction a batch cost two numpy calls each, the most of a share's cost at low traffic)
-    spans = range(len(batches))
-    first_entry = [scores[i] for i in spans for _ in range(rows[i], rows[i + 1])]  # by row
-    first_row = [rows[i] for i in spans for _ in range(scores[i], scores[i + 1])]  # by entry
-    local = (whole.last_scored - np.array(first_entry, np.int64),
-             whole.score_user - np.array(first_row, np.int64))  # fmt: skip
+    local = _Local(whole, rows, scores)
     commits, ranges = [], []
     for i, (b, s) in enumerate(zip(batches, states, strict=True)):
         share = Share(b, slice(rows[i], rows[i + 1]), slice(scores[i], scores[i + 1]), i == 0)
-        commits.append(_shared(whole, share, s, unknown[scores[i + 1]] - unknown[scores[i]],
+        commits.append(_shared(whole, share, s.seq, unknown[scores[i + 1]] - unknown[scores[i]],
                                local))  # fmt: skip
         ranges.append(share)
     return Group(whole, commits, ranges)
 
 
-def _shared(
-    whole: Commit, s: Share, states: UserStates, unknown_types: int,
-    local: tuple[np.ndarray, np.ndarray],
-) -> Commit:  # fmt: skip
-    """One batch's Commit from the group's: its rows and score entries, renumbered (`local`:
-    the group's last_scored and score_user, each row's and entry's counted in its batch)."""
+class SharedCommit(Deferred, Commit):
+    """A batch's share of a group's Commit (`_shared`): made with what its transaction is
+    packed and judged from (partition, sequence, entries, users, scores, parts), the rest
+    sliced from the group's on first use, by the settling, once the transaction is sent."""
+
+
+class _Local:
+    """The group's last_scored and score_user with each row's and entry's counted in its
+    own batch, for every share at once, made when the first share is filled (a
+    subtraction a batch cost two numpy calls each)."""
+
+    def __init__(self, whole: Commit, rows: list[int], scores: list[int]) -> None:
+        self.whole, self.rows, self.scores = whole, rows, scores
+        self._made: tuple[np.ndarray, np.ndarray] | None = None
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(last_scored, score_user) renumbered in each batch."""
+        if self._made is None:
+            rows, scores, spans = self.rows, self.scores, range(len(self.rows) - 1)
+            first_entry = [scores[i] for i in spans for _ in range(rows[i], rows[i + 1])]
+            first_row = [rows[i] for i in spans for _ in range(scores[i], scores[i + 1])]
+            self._made = (self.whole.last_scored - np.array(first_entry, np.int64),
+                          self.whole.score_user - np.array(first_row, np.int64))  # fmt: skip
+        return self._made
+
+
+def _shared(whole: Commit, s: Share, seq: bytes, unknown_types: int, local: _Local) -> Commit:
+    """One batch's Commit from the group's: its rows and score entries, renumbered; what
+    packing and judging its transaction reads made now, the rest when read."""
+    b, rows = s.batch, s.rows
+    parts = [part.share(s) for part in whole.parts]
+    head = {
+        "partition": b.partition,
+        "model": whole.model,
+        "seq": seq,
+        "ack_ids": b.ids,
+        "users": whole.users[rows],
+        "scores": whole.scores[s.scores],
+        "parts": parts,
+        "_kinds": {type(x): x for x in parts},
+        "rewrite": [r - rows.start for r in whole.rewrite if rows.start <= r < rows.stop],
+        "after": b.after,
+    }
+    return SharedCommit.made(head, partial(_rest, whole, s, unknown_types, local))
+
+
+def _rest(whole: Commit, s: Share, unknown_types: int, local: _Local) -> dict:
+    """The fields of a share that `_shared` defers."""
     b, rows, scores = s.batch, s.rows, s.scores
     scored = scores.stop - scores.start
-    return Commit(
-        partition=b.partition,
-        model=whole.model,
-        seq=states.seq,
-        ack_ids=b.ids,
-        users=whole.users[rows],
-        h=whole.h[rows],
-        user_scores=whole.user_scores[rows],
-        last_scored=local[0][rows],
-        last_ids=whole.last_ids[rows],
-        last_keys=whole.last_keys[rows],
-        last_ts=whole.last_ts[rows],
-        n=whole.n[rows],
-        event_ids=whole.event_ids[rows],
-        recent=whole.recent[rows],
-        score_user=local[1][scores],
-        score_types=whole.score_types[scores],
-        scores=whole.scores[scores],
-        score_ts=whole.score_ts[scores],
-        score_event_ids=whole.score_event_ids[scores],
-        arrival_ms=whole.arrival_ms[scores],
-        outcomes={
+    last_scored, score_user = local.arrays()
+    return {
+        "h": whole.h[rows],
+        "user_scores": whole.user_scores[rows],
+        "last_scored": last_scored[rows],
+        "last_ids": whole.last_ids[rows],
+        "last_keys": whole.last_keys[rows],
+        "last_ts": whole.last_ts[rows],
+        "n": whole.n[rows],
+        "event_ids": whole.event_ids[rows],
+        "recent": whole.recent[rows],
+        "score_user": score_user[scores],
+        "score_types": whole.score_types[scores],
+        "score_ts": whole.score_ts[scores],
+        "score_event_ids": whole.score_event_ids[scores],
+        "arrival_ms": whole.arrival_ms[scores],
+        "outcomes": {
             "scored": scored,
             "duplicate": len(b.users) - scored,
             "deadletter": len(b.dead) - b.misrouted,
             "misrouted": b.misrouted,
             "lost": b.lost,
         },
-        unknown_types=unknown_types,
-        resend_overflow=whole.resend_overflow if s.first else 0,
-        parts=[part.share(s) for part in whole.parts],
-        rewrite=[r - rows.start for r in whole.rewrite if rows.start <= r < rows.stop],
-        after=b.after,
-    )
+        "unknown_types": unknown_types,
+        "resend_overflow": whole.resend_overflow if s.first else 0,
+    }
 
 
 def _joined(

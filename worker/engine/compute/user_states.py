@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 from worker.engine.compute.batch import Batch
+from worker.engine.compute.deferred import Deferred
 
 NO_HISTORY = b""  # a packed history with no events (compute/recent.py)
 
@@ -82,6 +84,23 @@ class UserStates:
             items=self.items[start:stop], replay=_renumbered(self.replay, start, stop),
             shadow=shadow, rewrite=_renumbered(self.rewrite, start, stop),
         )  # fmt: skip
+
+    def view(self, start: int, stop: int, seq: bytes) -> UserStates:
+        """`rows(start, stop)` at sequence `seq`, made with the users and the resets only; the
+        rest is sliced on first use (compute/deferred.py): a round's group reads no more of
+        a batch's states before its commit than its users, sequence and resets."""
+        head = {"users": self.users[start:stop], "seq": seq, "resets": Counter()}
+        return StatesView.made(head, partial(_rest_of_rows, self, start, stop))
+
+
+class StatesView(Deferred, UserStates):
+    """A batch's rows of a node's round's states (`UserStates.view`)."""
+
+
+def _rest_of_rows(states: UserStates, start: int, stop: int) -> dict:
+    """The fields of `rows(start, stop)` that a view defers."""
+    rows = vars(states.rows(start, stop))
+    return {k: v for k, v in rows.items() if k not in ("users", "seq", "resets")}
 
 
 def _renumbered(rows: list[int], start: int, stop: int) -> list[int]:
