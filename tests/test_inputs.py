@@ -248,8 +248,11 @@ def test_numeric_parsing_does_not_depend_on_the_batch(values):
     for i, v in enumerate(values):
         alone = numeric_column(spec, [v])
         assert (alone[0][0], alone[1][0]) == (value[i], missing[i])
+        # a str parses as its UTF-8 bytes, as a stream holds it: float() on a str would
+        # also take Unicode spaces and digits ("0\x85", "\u0661"), which bytes never carry
+        raw = v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v
         try:
-            f = float(v) if v not in (None, b"", "") else None
+            f = float(raw) if v not in (None, b"", "") else None
         except ValueError:
             f = math.nan
         with np.errstate(over="ignore"):
