@@ -14,6 +14,7 @@ from model.scoring import ScoringModel
 from tests.golden import GOLDEN_EVENTS, golden_model
 from worker.common.keys import Keys
 from worker.engine.adapters.commit import CommitLimits, Committer, decimals
+from worker.engine.adapters.commit_commands import PartitionCommands
 from worker.engine.adapters.resp import (
     FEW_ROWS,
     Joined,
@@ -161,3 +162,13 @@ def test_a_few_rows_pack_as_the_framers_do(rows, data):
     few = bytes(resp_commands(template, np.asarray(order, np.int64)))
     many = resp_commands(template, np.asarray(order * (FEW_ROWS + 1), np.int64))
     assert many == few * (FEW_ROWS + 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=40), st.binary(max_size=40), st.integers(0, 10**6))
+def test_the_checks_xrange_framed_packs_as_hiredis_does(after, first, p):
+    """A commit's XRANGE between its position and its first entry, framed from the
+    partition's head packed once: hiredis's bytes, for any ids and partition."""
+    between = PartitionCommands.of(Keys(), p, (), 1000).between(after, first)
+    want = ("XRANGE", Keys().events(p), b"(" + after, b"(" + first, "COUNT", 1)
+    assert between == hiredis.pack_command(want)

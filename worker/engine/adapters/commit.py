@@ -184,8 +184,7 @@ class Committer:
         """`checks` of a commit of partition p writing `streams`, of a batch that follows
         `after` from its entry `first`, with the server's time read last when `clock`."""
         constant = self._constant_of(p, streams)
-        between = _packed("XRANGE", self.keys.events(p), b"(" + after, b"(" + first, "COUNT", 1)
-        packed = constant.checks_head + between + constant.checks_tail
+        packed = constant.checks_head + constant.between(after, first) + constant.checks_tail
         return (packed + _TIME, constant.checks + 1) if clock else (packed, constant.checks)
 
     def _constant_of(self, p: int, streams: tuple[str, ...]) -> PartitionCommands:

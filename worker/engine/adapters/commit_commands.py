@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import hiredis
 
 from worker.common.keys import Keys
-from worker.engine.adapters.resp import set_head
+from worker.engine.adapters.resp import bulk, command_head, resp_args, set_head
 
 
 def _packed(*args: object) -> bytes:
@@ -22,6 +22,9 @@ class PartitionCommands:
     """A partition's commands that every commit writing these streams sends as they are."""
 
     checks_head: bytes  # WATCH, GET the lease, GET the position
+    # the XRANGE of the entries between a batch's position and its first, but for the two
+    # ids: a commit's only check that is not the same at every commit (framed in `between`)
+    xrange_head: bytes
     checks_tail: bytes  # GET the sequence, TYPE each stream, GET the token, GET the count
     checks: int  # the checks' replies, the XRANGE between head and tail included
     # each stream is trimmed once a commit, not at every XADD (whose MAXLEN option costs about
@@ -45,6 +48,7 @@ class PartitionCommands:
                 ("GET", k.last_commit(p)), ("GET", k.committed(p))]  # fmt: skip
         return cls(
             b"".join(_packed(*x) for x in head),
+            command_head(6, "XRANGE", k.events(p)),
             b"".join(_packed(*x) for x in tail),
             len(head) + 1 + len(tail),
             _packed("XTRIM", k.scores(p), "MAXLEN", "~", scores_maxlen),
@@ -54,3 +58,11 @@ class PartitionCommands:
             set_head(k.last_commit(p)),
             set_head(k.committed(p)),
         )
+
+    def between(self, after: bytes, first: bytes) -> bytes:
+        """XRANGE events (after (first COUNT 1: is any entry between a batch's position and
+        its first entry? (hiredis packing it took ~1.8 µs a commit, framing it ~0.3)."""
+        return self.xrange_head + bulk(b"(" + after) + bulk(b"(" + first) + _COUNT_1
+
+
+_COUNT_1 = resp_args(("COUNT", 1))
