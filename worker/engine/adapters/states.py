@@ -15,6 +15,7 @@ partition's reads (PartitionDataError), never the other partitions.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from itertools import accumulate
@@ -291,12 +292,10 @@ class StateReader:
                  for i, c in enumerate(r.known) if c is not None]  # fmt: skip
         if known:
             copy_known(states, [i for i, _ in known], [c for _, c in known])
-        each = []
-        for seq, start, stop in zip(seqs, starts, starts[1:], strict=False):
-            part = states.view(start, stop, seq)
-            if found:
-                part.resets.update(reason for row, reason in found if start <= row < stop)
-            each.append(part)
+        each = [states.view(start, stop, seq)
+                for seq, start, stop in zip(seqs, starts, starts[1:], strict=False)]  # fmt: skip
+        for row, reason in found:  # each reset counted in its request's (a scan each cost more)
+            each[bisect_right(starts, row) - 1].resets[reason] += 1
         return states, each
 
     def _fill(
