@@ -116,7 +116,7 @@ def test_bench_help_shows_defaults_and_the_scaling_flags():
         assert flag in flat
     scaling = " ".join(run_cli("bench", "--workers", "1", "--help").stdout.split())
     assert "partitions of the streams; several (1,8)" in scaling
-    assert "its ratio to the first's (default: 8)" in scaling
+    assert "ratio's 90% interval over the rounds (default: 8)" in scaling
     assert "rounds, with several --partitions or --against-one (default: 1)" in scaling
     assert "with --cluster: each of --rounds runs the worker (the first count) on the cluster" in (
         scaling

@@ -343,22 +343,36 @@ def compare_partitions(
 ) -> list[list[float]]:  # fmt: skip
     """Alternated rounds of `n` workers at each partition count in `sizes`: each run's p50 as
     a reader of the scores saw it (on a cluster, where it cannot read them all at once, the
-    entry-id p50), and each round's ratios to the first count's; the p50s, seconds, by round."""
+    entry-id p50), and each round's ratios to the first count's; the p50s, seconds, by round.
+    Every other round runs the counts in reverse, so that going first or last (after the
+    other's run) weighs on each count alike."""
     rounds: list[list[float]] = []
     for r in range(args.rounds):
-        p50s = []
-        for size in sizes:
+        by_size = {}
+        for size in sizes if r % 2 == 0 else sizes[::-1]:
             run = run_one(servers, n, argparse.Namespace(**{**vars(args), "partitions": size}),
                           events, model, logs)  # fmt: skip
-            p50s.append(run.p50 if math.isnan(run.seen_p50) else run.seen_p50)
+            by_size[size] = run.p50 if math.isnan(run.seen_p50) else run.seen_p50
+        p50s = [by_size[size] for size in sizes]
         rounds.append(p50s)
         each = ", ".join(f"P = {k} {x * 1e3:.2f} ms" for k, x in zip(sizes, p50s, strict=True))
         print(f"  round {r + 1}: {each} ({_ratios(sizes, p50s)})", flush=True)
     for k, size in enumerate(sizes[1:], start=1):
         ratios = sorted(p50s[k] / p50s[0] for p50s in rounds)
+        low, high = median_interval(ratios)
         print(f"P = {size} / P = {sizes[0]}: median {np.median(ratios):.2f}x "
-              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) over {len(rounds)} round(s)")  # fmt: skip
+              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) over {len(rounds)} round(s); the median's "
+              f"90% interval {low:.2f}-{high:.2f}x (bootstrap over the rounds)")  # fmt: skip
     return rounds
+
+
+def median_interval(values: list[float], draws: int = 10_000) -> tuple[float, float]:
+    """The 5th and 95th percentiles of the median of `values` resampled with replacement: how
+    far another run's median of as many rounds could fall on this machine."""
+    rng = np.random.default_rng(0)
+    picks = rng.choice(np.asarray(values, float), size=(draws, len(values)))
+    low, high = np.percentile(np.median(picks, axis=1), [5, 95])
+    return float(low), float(high)
 
 
 def compare_cluster(
@@ -400,8 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2,4", help="comma-separated worker counts")
     p.add_argument("--partitions", default="8",
                    help="partitions of the streams; several (1,8): each of --rounds runs one "
-                   "worker (the first count) at each in turn, and prints each one's seen p50 "
-                   "and its ratio to the first's")  # fmt: skip
+                   "worker (the first count) at each in turn (in reverse every other round), "
+                   "and prints each one's seen p50, its ratio to the first's, and the median "
+                   "ratio's 90%% interval over the rounds")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1,
                    help="rounds, with several --partitions or --against-one")  # fmt: skip
     p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
