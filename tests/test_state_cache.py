@@ -27,6 +27,19 @@ def test_the_least_recently_stored_users_are_evicted_first():
     assert cache.lookup(0, ["a"])[0][1] == 2 and cache.seq(0) == b"3"
 
 
+def test_below_half_the_bound_users_keep_their_place_then_every_store_moves_them():
+    """Nothing is evicted below the bound, so below half of it a store updates in place; a
+    user stored once the cache passed half its bound outlives every user not stored since."""
+    cache = StateCache(max_users=10)
+    cache.store(0, b"1", {u: state(1) for u in "abc"})
+    cache.store(0, b"2", {"a": state(2)})  # 4 of 10: a keeps its place, first
+    cache.store(0, b"3", {"d": state(3), "e": state(3)})  # 5 of 10
+    cache.store(0, b"4", {"a": state(4)})  # past half: a moves to the end
+    cache.store(0, b"5", {u: state(5) for u in "fghijk"})  # 11: one over, b goes
+    assert cached(cache, 0, list("abcdefghijk")) == list("acdefghijk")
+    assert cache.lookup(0, ["a"])[0][1] == 4
+
+
 def test_the_bound_counts_every_partition_and_evicts_from_the_one_storing():
     cache = StateCache(max_users=3)
     cache.store(0, b"1", {"a": state(1), "b": state(1)})

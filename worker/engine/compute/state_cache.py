@@ -47,7 +47,8 @@ CachedState = tuple[
 
 
 class StateCache:
-    """LRU of committed user states, one region per partition, each tied to a sequence."""
+    """LRU of committed user states, one region per partition, each tied to a sequence; the
+    order is kept from half the bound on (`store`)."""
 
     def __init__(self, max_users: int, ttl_seconds: float = 0.0) -> None:
         self.max_users = max_users
@@ -80,13 +81,22 @@ class StateCache:
             return
         region = self._users.setdefault(p, {})
         self._seq[p] = seq
-        for u in entries:
-            region.pop(u, None)
+        if 2 * (self._count() + len(entries)) > self.max_users:
+            # From half the bound on, a store moves its users to the end, so a user stored
+            # since is never evicted before one that was not. Below it they are updated in
+            # place: nothing is evicted before the bound, and the moves were most of a
+            # backlog's store (a 1,000-user batch 163-267 µs against 45, EPYC).
+            for u in entries:
+                region.pop(u, None)
         region.update(entries)
-        over = sum(len(r) for r in self._users.values()) - self.max_users
+        over = self._count() - self.max_users
         if over > 0:  # the least recently stored users of this partition go
             for u in list(islice(region, min(over, len(region)))):
                 del region[u]
+
+    def _count(self) -> int:
+        """The users cached, every partition's."""
+        return sum(map(len, self._users.values()))
 
     def drop(self, p: int | None = None) -> None:
         """Forget one partition's states (or all)."""
