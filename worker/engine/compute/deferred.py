@@ -2,9 +2,9 @@
 first use of any of them.
 
 At low traffic a node's round splits a group's Commit and states into one per batch
-(compute/joint.py, UserStates.rows). Before its transaction goes, a batch's share is read
+(compute/joint.py, UserStates.view). Before its transaction goes, a batch's share is read
 for its partition, sequence, entries, users and parts only, yet slicing every array of it
-cost a few µs a batch, the most of what a round of eight partitions pays over one. Deferred,
+cost a few µs a batch, a large part of what a round of eight partitions pays over one. Deferred,
 the rest is sliced when the settling reads it, or never (a view of the states whose commit
 only counts its resets). Equality, repr and copies read every field, so they see all of it.
 """

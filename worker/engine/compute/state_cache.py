@@ -83,9 +83,9 @@ class StateCache:
         self._seq[p] = seq
         if 2 * (self._count() + len(entries)) > self.max_users:
             # From half the bound on, a store moves its users to the end, so a user stored
-            # since is never evicted before one that was not. Below it they are updated in
-            # place: nothing is evicted before the bound, and the moves were most of a
-            # backlog's store (a 1,000-user batch 163-267 µs against 45, EPYC).
+            # since is never evicted before one of its partition that was not. Below it they
+            # are updated in place: nothing is evicted before the bound, and the moves were
+            # most of a backlog's store (a 1,000-user batch 163-267 µs against 45, EPYC).
             for u in entries:
                 region.pop(u, None)
         region.update(entries)
