@@ -19,6 +19,8 @@ from worker.engine.adapters.resp import (
     FEW_ROWS,
     Joined,
     as_arguments,
+    bulk,
+    command_head,
     packed_command,
     resp_column,
     resp_commands,
@@ -172,3 +174,10 @@ def test_the_checks_xrange_framed_packs_as_hiredis_does(after, first, p):
     between = PartitionCommands.of(Keys(), p, (), 1000).between(after, first)
     want = ("XRANGE", Keys().events(p), b"(" + after, b"(" + first, "COUNT", 1)
     assert between == hiredis.pack_command(want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=30), st.binary(max_size=40))
+def test_a_set_framed_from_its_head_packs_as_hiredis_does(key, value):
+    """A commit's SETs of its partition's keys: the head packed once, the value framed."""
+    assert command_head(3, "SET", key) + bulk(value) == hiredis.pack_command(("SET", key, value))

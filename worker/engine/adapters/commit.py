@@ -59,7 +59,7 @@ from worker.common.keys import Keys
 from worker.engine.adapters.commit_commands import PartitionCommands
 from worker.engine.adapters.commit_token import position_of, token_of
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
-from worker.engine.adapters.resp import chunks, resp_commands, set_with
+from worker.engine.adapters.resp import bulk, chunks, packed, resp_commands
 from worker.engine.adapters.row_writes import scores_template, state_writes
 from worker.engine.compute.parts.part import Rows, decimals
 from worker.engine.compute.pipeline import Commit
@@ -101,11 +101,6 @@ class CommitLimits:
 MULTI, EXEC, UNWATCH = (hiredis.pack_command((x,)) for x in ("MULTI", "EXEC", "UNWATCH"))
 _TIME = hiredis.pack_command(("TIME",))
 _STREAM_TYPES = (b"stream", b"none")  # what TYPE answers for a stream key, or none yet
-
-
-def _packed(*args: object) -> bytes:
-    """A command as RESP (hiredis packs it in C)."""
-    return hiredis.pack_command(args)
 
 
 @dataclass(frozen=True)
@@ -184,8 +179,8 @@ class Committer:
         """`checks` of a commit of partition p writing `streams`, of a batch that follows
         `after` from its entry `first`, with the server's time read last when `clock`."""
         constant = self._constant_of(p, streams)
-        packed = constant.checks_head + constant.between(after, first) + constant.checks_tail
-        return (packed + _TIME, constant.checks + 1) if clock else (packed, constant.checks)
+        checks = constant.checks_head + constant.between(after, first) + constant.checks_tail
+        return (checks + _TIME, constant.checks + 1) if clock else (checks, constant.checks)
 
     def _constant_of(self, p: int, streams: tuple[str, ...]) -> PartitionCommands:
         """The partition's commands that every commit writing `streams` sends as they are."""
@@ -286,15 +281,15 @@ class Committer:
                     out.append(resp_commands(command.template))
                     n += command.n
                 else:
-                    out.append(_packed(*command))
+                    out.append(packed(*command))
                     n += 1
         return out, n
 
     def _position_writes(self, c: Commit) -> list[bytes]:
         """The partition's position, and its last commit token (GET, then SET)."""
         constant = self._constant_of(c.partition, ())
-        return [set_with(constant.set_acked, c.ack_ids[-1]), constant.get_last_commit,
-                set_with(constant.set_last_commit, self.token(c))]  # fmt: skip
+        return [constant.set_acked + bulk(c.ack_ids[-1]), constant.get_last_commit,
+                constant.set_last_commit + bulk(self.token(c))]  # fmt: skip
 
     def _scores(self, c: Commit, text: list[str]) -> bytes:
         """The score entries' XADDs (`scores_template`)."""
@@ -333,9 +328,9 @@ class Committer:
         and their number: what a commit queues, alone or beside others (together.py)."""
         prepared = prepared or self.prepare(c)
         constant = self._constant_of(c.partition, ())
-        count = set_with(constant.set_committed, b"%d" % (entries + len(c.ack_ids)))
+        count = constant.set_committed + bulk(b"%d" % (entries + len(c.ack_ids)))
         # the partition's first commit: its sequence starts from the server's time
-        start = _packed("SET", self.keys.commit_seq(c.partition), seed) if seed else b""
+        start = packed("SET", self.keys.commit_seq(c.partition), seed) if seed else b""
         end = count + start + constant.incr_seq
         return [*prepared.body, end], prepared.n_writes + (2 if seed else 1) + 1
 
@@ -425,7 +420,7 @@ class Committer:
         sequence is still the one it set: else a later commit read them, found them invalid
         and wrote them itself."""
         seq_key = self.keys.commit_seq(c.partition)
-        conn.send_packed_command([_packed("WATCH", seq_key) + _packed("GET", seq_key)])
+        conn.send_packed_command([packed("WATCH", seq_key) + packed("GET", seq_key)])
         conn.read_response()
         if conn.read_response() != seq:
             conn.send_packed_command([UNWATCH])

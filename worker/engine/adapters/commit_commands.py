@@ -6,15 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import hiredis
-
 from worker.common.keys import Keys
-from worker.engine.adapters.resp import bulk, command_head, resp_args, set_head
-
-
-def _packed(*args: object) -> bytes:
-    """A command as RESP (hiredis packs it in C)."""
-    return hiredis.pack_command(args)
+from worker.engine.adapters.resp import bulk, command_head, packed, resp_args
 
 
 @dataclass(frozen=True)
@@ -32,8 +25,8 @@ class PartitionCommands:
     trim_scores: bytes
     get_last_commit: bytes
     incr_seq: bytes
-    # a SET of the position, the last commit token and the count, but for its value: a
-    # partition's every commit sets the same three keys, so only the value is framed
+    # a SET of the position, the last commit token and the count, but for its value (`bulk`):
+    # a partition's every commit sets the same three keys, so only the value is framed
     set_acked: bytes
     set_last_commit: bytes
     set_committed: bytes
@@ -47,16 +40,16 @@ class PartitionCommands:
         tail = [("GET", k.commit_seq(p)), *(("TYPE", key) for key in streams),
                 ("GET", k.last_commit(p)), ("GET", k.committed(p))]  # fmt: skip
         return cls(
-            b"".join(_packed(*x) for x in head),
+            b"".join(packed(*x) for x in head),
             command_head(6, "XRANGE", k.events(p)),
-            b"".join(_packed(*x) for x in tail),
+            b"".join(packed(*x) for x in tail),
             len(head) + 1 + len(tail),
-            _packed("XTRIM", k.scores(p), "MAXLEN", "~", scores_maxlen),
-            _packed("GET", k.last_commit(p)),
-            _packed("INCR", k.commit_seq(p)),
-            set_head(k.acked(p)),
-            set_head(k.last_commit(p)),
-            set_head(k.committed(p)),
+            packed("XTRIM", k.scores(p), "MAXLEN", "~", scores_maxlen),
+            packed("GET", k.last_commit(p)),
+            packed("INCR", k.commit_seq(p)),
+            command_head(3, "SET", k.acked(p)),
+            command_head(3, "SET", k.last_commit(p)),
+            command_head(3, "SET", k.committed(p)),
         )
 
     def between(self, after: bytes, first: bytes) -> bytes:

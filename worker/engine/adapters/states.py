@@ -20,7 +20,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from itertools import accumulate
 
-import hiredis
 import numpy as np
 import redis
 
@@ -29,7 +28,7 @@ from worker.common.dedup import bounded
 from worker.common.entry_ids import entry_id
 from worker.common.keys import Keys
 from worker.engine.adapters.nodes import REDIRECTS, PartitionNodes
-from worker.engine.adapters.resp import resp_commands
+from worker.engine.adapters.resp import packed, resp_commands
 from worker.engine.compute.histories import valid_histories
 from worker.engine.compute.lean_state import later_id, unpack_state
 from worker.engine.compute.state_cache import CachedState, StateCache, copy_known
@@ -170,7 +169,7 @@ class StateReader:
         """The GET of partition p's sequence, packed once (every state read starts with it)."""
         found = self._get_seq.get(p)
         if found is None:
-            found = self._get_seq[p] = _packed("GET", self.keys.commit_seq(p))
+            found = self._get_seq[p] = packed("GET", self.keys.commit_seq(p))
         return found
 
     def commands(self, requests: list[StateRequest]) -> list[StateRead | None]:
@@ -187,8 +186,7 @@ class StateReader:
                 out.append(None)
                 continue
             mine = [next(hmgets) for _ in r.misses]
-            packed = b"".join([self._seq_read(r.partition), *mine])
-            out.append(StateRead(packed, len(mine) + 1))
+            out.append(StateRead(b"".join([self._seq_read(r.partition), *mine]), len(mine) + 1))
         return out
 
     def flat(self, p: int, replies: list) -> list:
@@ -440,11 +438,6 @@ def hmgets_of(keys: list[str]) -> list[bytes]:
         raw = key.encode()
         out.append(b"%s$%d\r\n%s\r\n%s" % (_HMGET_HEAD, len(raw), raw, _HMGET_FIELDS))
     return out
-
-
-def _packed(*args: object) -> bytes:
-    """A command as RESP (hiredis packs it in C)."""
-    return hiredis.pack_command(args)
 
 
 def _replies(client: redis.Redis, read: StateRead) -> list:
