@@ -14,7 +14,8 @@ import redis
 from tests.conftest import run_cli
 from tests.workers import wait_for
 from worker.bench.observer import Observer, entries_after, sent_id
-from worker.bench.scaling import median_interval, whole_ms_percentile
+from worker.bench.scaling import whole_ms_percentile
+from worker.bench.uncertainty import median_interval
 
 
 def test_scaling_bench_reports_rate_latency_cpu_and_fleet_arithmetic():

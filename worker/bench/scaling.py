@@ -39,6 +39,7 @@ from model.benchmarks.kernels import machine_line
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.random_init import random_model
 from worker.bench.observer import Observer, sent_id
+from worker.bench.uncertainty import median_interval
 from worker.common.cli_help import HelpFormatter
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys
@@ -364,15 +365,6 @@ def compare_partitions(
               f"({ratios[0]:.2f}-{ratios[-1]:.2f}) over {len(rounds)} round(s); the median's "
               f"90% interval {low:.2f}-{high:.2f}x (bootstrap over the rounds)")  # fmt: skip
     return rounds
-
-
-def median_interval(values: list[float], draws: int = 10_000) -> tuple[float, float]:
-    """The 5th and 95th percentiles of the median of `values` resampled with replacement: how
-    far another run's median of as many rounds could fall on this machine."""
-    rng = np.random.default_rng(0)
-    picks = rng.choice(np.asarray(values, float), size=(draws, len(values)))
-    low, high = np.percentile(np.median(picks, axis=1), [5, 95])
-    return float(low), float(high)
 
 
 def compare_cluster(
