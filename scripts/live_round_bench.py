@@ -42,9 +42,9 @@ import redis
 from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from model.random_init import random_model
+from worker.bench.latency_phase import id_ms, whole_ms_percentile
 from worker.bench.load import redis_cpu
 from worker.bench.observer import Observer, sent_id, sent_us
-from worker.bench.scaling import id_ms, whole_ms_percentile
 from worker.common import connection
 from worker.common.connection import Client, connect
 from worker.common.keys import Keys

@@ -122,6 +122,7 @@ def test_bench_help_shows_defaults_and_the_scaling_flags():
         scaling
     )
     assert "comma-separated worker counts (default: 1,2,4)" in scaling
+    assert "with several --partitions on one Redis: the counts side by side" in scaling
 
 
 @pytest.mark.integration

@@ -13,8 +13,8 @@ import redis
 
 from tests.conftest import run_cli
 from tests.workers import wait_for
+from worker.bench.latency_phase import whole_ms_percentile
 from worker.bench.observer import Observer, entries_after, sent_id
-from worker.bench.scaling import whole_ms_percentile
 from worker.bench.uncertainty import median_interval
 
 
@@ -66,6 +66,36 @@ def test_partition_counts_alternate_in_rounds_with_their_ratios_to_the_first():
     low, high = (sum(b[i] for b in bounds) / 2 for i in (0, 1))
     assert low - 0.005 <= float(median[1]) <= high + 0.005
     assert float(median[2]) <= float(median[4]) <= float(median[5]) <= float(median[3])
+    # beside the reader's, the entry ids' p50s (the commit alone) and their median ratio
+    entry = re.findall(r"; entry to score [-\d.]+, [-\d.]+ ms \(P = 2 / P = 1: ", result.stdout)
+    assert len(entry) == 2
+    assert re.search(r"entry to score, P = 2 / P = 1: median ([\d.]+|nan)x", result.stdout)
+
+
+def test_interleaved_counts_run_side_by_side_each_round_with_both_latencies():
+    """--interleaved: each count on a Redis and a worker of its own, started once, their bursts
+    interleaved in every round; a round prints the reader's p50s and the entry ids', each
+    with its ratio, then both medians. Asked for without what it needs: a usage error."""
+    result = run_cli(
+        "bench", "--workers", "1", "--partitions", "1,2", "--interleaved", "--rounds", "2",
+        "--users", "100", "--latency-seconds", "0.5", "--latency-rate", "200",
+        "--latency-every-ms", "5", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "0 events backlog" in result.stdout  # latency alone: no backlog to score first
+    rounds = re.findall(r"round (\d): P = 1 ([\d.]+) ms, P = 2 ([\d.]+) ms \(P = 2 / P = 1: "
+                        r"([\d.]+)x\); entry to score ([-\d.]+), ([-\d.]+) ms \(P = 2 / P = 1: "
+                        r"([\d.]+|nan)x\)", result.stdout)  # fmt: skip
+    assert [r[0] for r in rounds] == ["1", "2"]
+    for _, one, two, ratio, entry_one, entry_two, entry_ratio in rounds:
+        assert ratio_of_rounded(ratio, two, one)
+        if float(entry_one) > 0:
+            assert ratio_of_rounded(entry_ratio, entry_two, entry_one)
+    assert re.search(r"^P = 2 / P = 1: median [\d.]+x", result.stdout, re.M)
+    assert re.search(r"^entry to score, P = 2 / P = 1: median ([\d.]+|nan)x", result.stdout, re.M)
+    refused = run_cli("bench", "--workers", "1", "--partitions", "8", "--interleaved")
+    assert refused.returncode == 2
+    assert "--interleaved compares several --partitions on one Redis" in refused.stderr
 
 
 def test_the_cluster_against_one_redis_in_alternated_pairs_with_their_ratios():

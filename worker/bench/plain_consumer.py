@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import redis
 
+from worker.bench.latency_phase import id_ms
 from worker.bench.load import backlog, redis_cpu, start_worker, stop
-from worker.bench.scaling import id_ms
 from worker.bench.workload import GROUP, SCORES, STATE, STREAM, preload
 
 GOAL = 2.0  # the worker's events/s over the plain consumer's, in every round

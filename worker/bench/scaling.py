@@ -38,16 +38,22 @@ from model.artifact import save_model
 from model.benchmarks.kernels import machine_line
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE, synthetic_events
 from model.random_init import random_model
-from worker.bench.observer import Observer, sent_id
+from worker.bench.latency_phase import (
+    KEYS,
+    Feed,
+    latency_phase,
+    run_bursts,
+    scored,
+    wait,
+    whole_ms_percentile,
+)
 from worker.bench.uncertainty import median_interval
 from worker.common.cli_help import HelpFormatter
 from worker.common.connection import Client, connect
-from worker.common.keys import Keys
 from worker.common.local_redis import LocalCluster, LocalRedis
 from worker.common.settings import DEFAULT_BATCH_SIZE
 from worker.producers.publisher import publish
 
-KEYS = Keys()
 GATE = "bench-gate"
 TICK = os.sysconf("SC_CLK_TCK")
 TARGETS = (10_000, 100_000, 1_000_000)
@@ -157,21 +163,22 @@ def start_workers(servers: Servers, n: int, args, model: Path, logs: Path) -> li
     return procs
 
 
-def wait(condition, timeout: float, what: str, procs: list) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError(f"a worker exited while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+def stop_workers(procs: list) -> None:
+    """SIGTERM to each worker, then a kill for any still running after 30 s."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
-def scored(client: Client, partitions: int) -> int:
-    pipe = client.pipeline(transaction=False)
-    for p in range(partitions):
-        pipe.xlen(KEYS.scores(p))
-    return sum(pipe.execute())
+def announced(servers: Servers, n: int, procs: list) -> None:
+    """Until `n` workers are warmed up and announced on `servers` (their heartbeats)."""
+    now_ms = lambda: int(time.time() * 1000)  # noqa: E731
+    wait(lambda: servers.client.zcount(KEYS.workers, now_ms(), "+inf") >= n, 120, "warm-up",
+         procs)  # fmt: skip
 
 
 def scoring_span(client: Client, partitions: int) -> float:
@@ -186,69 +193,6 @@ def scoring_span(client: Client, partitions: int) -> float:
     return (max(ends) - min(ends)) / 1000 if ends else 0.0
 
 
-def latency_phase(
-    client: Client, args, rate: float, procs: list, url: str | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Publish at `rate` for args.latency_seconds; per-event latency in whole ms, from the
-    event entry's id time to its score entry's (both Redis's clock: the producer's own time
-    to build and send its events is not the worker's); and, on one Redis (`url`), the
-    latency a reader of the scores sees, ms to the µs (observer.py; empty on a cluster)."""
-    before = scored(client, args.partitions)
-    starts = {p: (client.xinfo_stream(KEYS.scores(p))["last-generated-id"]) for p in
-              range(args.partitions)}  # fmt: skip
-    observer = None
-    if url is not None:
-        streams = {KEYS.scores(p): starts[p] for p in range(args.partitions)}
-        observer = Observer(url, streams)
-    users = [f"u{i}" for i in range(args.users)]
-    rng = np.random.default_rng(2)
-    # a shop's events come one by one; the default's bursts leave the worker idle between
-    # rounds, so what it does after a commit is off their latency
-    chunk = max(1, round(rate * args.latency_every_ms / 1000))
-    entered: dict[bytes, int] = {}  # event_id -> its entry's id time
-    sent, t0 = 0, time.monotonic()
-    while time.monotonic() - t0 < args.latency_seconds:
-        now_ms = int(time.time() * 1000)
-        batch = [
-            {"user_id": users[u], "type": EVENT_TYPES[t], "ts": now_ms,
-             "event_id": sent_id(sent + i)}
-            for i, (u, t) in enumerate(zip(rng.integers(0, len(users), chunk),
-                                           rng.integers(0, len(EVENT_TYPES), chunk),
-                                           strict=True))
-        ]  # fmt: skip
-        ids = publish(client, batch, partitions=args.partitions, pipeline_size=chunk)
-        for event, entry in zip(batch, ids, strict=True):
-            entered[event["event_id"].encode()] = id_ms(entry)
-        sent += chunk
-        ahead = sent / rate - (time.monotonic() - t0)
-        if ahead > 0:
-            time.sleep(ahead)
-    wait(lambda: scored(client, args.partitions) >= before + sent, 120, "latency phase", procs)
-    seen = observer.stop() if observer is not None else np.zeros(0)
-    latencies = []
-    for p in range(args.partitions):
-        for sid, f in client.xrange(KEYS.scores(p), f"({starts[p].decode()}", "+"):
-            latencies.append(id_ms(sid) - entered[f[b"event_id"]])
-    return np.asarray(latencies, np.float64), seen
-
-
-def id_ms(entry_id: bytes | str) -> int:
-    """A stream entry id's time, ms."""
-    raw = entry_id.encode() if isinstance(entry_id, str) else entry_id
-    return int(raw.split(b"-")[0])
-
-
-def whole_ms_percentile(ms: np.ndarray, q: float) -> float:
-    """The q-th percentile of latencies counted in whole ms (each the difference of two
-    ids' times: the true one within a ms either side), read as if each spread evenly over
-    its ms: 2.3 where a bare percentile can only say 2 or 3."""
-    values, counts = np.unique(ms, return_counts=True)
-    below = np.concatenate([[0], np.cumsum(counts)]) / len(ms)
-    k = int(np.searchsorted(below[1:], q / 100))
-    k = min(k, len(values) - 1)
-    return float(values[k] - 0.5 + (q / 100 - below[k]) / (below[k + 1] - below[k]))
-
-
 def run_one(servers: Servers, n: int, args, events: list, model: Path, logs: Path) -> Run:
     servers.flush()
     client = servers.client
@@ -257,8 +201,7 @@ def run_one(servers: Servers, n: int, args, events: list, model: Path, logs: Pat
         client.set(KEYS.lease(p), GATE, px=600_000)
     procs = start_workers(servers, n, args, model, logs)
     try:
-        now_ms = lambda: int(time.time() * 1000)  # noqa: E731
-        wait(lambda: client.zcount(KEYS.workers, now_ms(), "+inf") >= n, 120, "warm-up", procs)
+        announced(servers, n, procs)
         pids = [p.pid for p in procs]
         w0, (r0, c0), (q0, _) = (
             process_cpu(pids),
@@ -281,13 +224,7 @@ def run_one(servers: Servers, n: int, args, events: list, model: Path, logs: Pat
         url = None if args.cluster else servers.url
         lat, seen = latency_phase(client, args, fixed or rate * args.latency_load, procs, url)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_workers(procs)
     return Run(n, len(events), seconds, w1 - w0, r1 - r0, c1 - c0, q1 - q0,
                whole_ms_percentile(lat, 50) / 1e3, whole_ms_percentile(lat, 99) / 1e3,
                len(lat), *seen_percentiles(seen))  # fmt: skip
@@ -344,40 +281,120 @@ def compare_partitions(
 ) -> list[list[float]]:  # fmt: skip
     """Alternated rounds of `n` workers at each partition count in `sizes`: each run's p50 as
     a reader of the scores saw it (on a cluster, where it cannot read them all at once, the
-    entry-id p50), and each round's ratios to the first count's; the p50s, seconds, by round.
-    Every other round runs the counts in reverse, so that going first or last (after the
-    other's run) weighs on each count alike."""
+    entry-id p50), and each round's ratios to the first count's; on one Redis also the p50
+    from an event's entry to its score's (their ids' whole ms: the commit, without the
+    producer's send and the reader's wake) and its ratios. Then each ratio's median over the
+    rounds. The seen p50s, seconds, by round. Every other round runs the counts in reverse,
+    so that going first or last (after the other's run) weighs on each count alike."""
     rounds: list[list[float]] = []
+    entered: list[list[float]] = []  # entry to score, by round
     for r in range(args.rounds):
         by_size = {}
         for size in sizes if r % 2 == 0 else sizes[::-1]:
-            run = run_one(servers, n, argparse.Namespace(**{**vars(args), "partitions": size}),
-                          events, model, logs)  # fmt: skip
-            by_size[size] = run.p50 if math.isnan(run.seen_p50) else run.seen_p50
-        p50s = [by_size[size] for size in sizes]
-        rounds.append(p50s)
-        each = ", ".join(f"P = {k} {x * 1e3:.2f} ms" for k, x in zip(sizes, p50s, strict=True))
-        print(f"  round {r + 1}: {each} ({_ratios(sizes, p50s)})", flush=True)
-    for k, size in enumerate(sizes[1:], start=1):
-        ratios = sorted(p50s[k] / p50s[0] for p50s in rounds)
-        low, high = median_interval(ratios)
-        print(f"P = {size} / P = {sizes[0]}: median {np.median(ratios):.2f}x "
-              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) over {len(rounds)} round(s); the median's "
-              f"90% interval {low:.2f}-{high:.2f}x (bootstrap over the rounds)")  # fmt: skip
+            by_size[size] = run_one(servers, n, argparse.Namespace(**{**vars(args),
+                                    "partitions": size}), events, model, logs)  # fmt: skip
+        runs = [by_size[size] for size in sizes]
+        _report_round(r, sizes, [run.seen_p50 for run in runs], [run.p50 for run in runs],
+                      rounds, entered)  # fmt: skip
+    _report_medians(sizes, rounds, entered)
     return rounds
+
+
+def compare_interleaved(
+    n: int, sizes: list[int], args, model: Path, logs: Path
+) -> list[list[float]]:  # fmt: skip
+    """`compare_partitions` with the counts side by side: each on a Redis and `n` workers of
+    its own, started once, their bursts interleaved in every round's latency phase
+    (latency_phase.run_bursts). A round's runs are then the same seconds: on a shared VM the
+    host's drift moved one count's p50 by a third from one minute to the next, and in turn
+    it weighed on one count's run, not the other's. Every other round the counts' bursts go
+    in reverse order within each period; a second's phase before the rounds is not counted."""
+    systems: list[tuple[Servers, list]] = []
+    try:
+        for size in sizes:
+            systems.append((Servers(False, 0, args.aof), []))
+            sized = argparse.Namespace(**{**vars(args), "partitions": size})
+            systems[-1][1].extend(start_workers(systems[-1][0], n, sized, model, logs))
+        for servers, procs in systems:
+            announced(servers, n, procs)
+        rounds: list[list[float]] = []
+        entered: list[list[float]] = []
+        rngs = [np.random.default_rng(2) for _ in sizes]  # each count sent the same events
+        for r in range(-1, args.rounds):
+            order = list(range(len(sizes)))[:: 1 if r % 2 == 0 else -1]
+            feeds = {i: Feed(systems[i][0].client, sizes[i], args.users, systems[i][0].url,
+                             rngs[i]) for i in order}  # fmt: skip
+            seconds = args.latency_seconds if r >= 0 else 1.0
+            run_bursts([feeds[i] for i in order], seconds, args.latency_rate,
+                       args.latency_every_ms)  # fmt: skip
+            got = [feeds[i].latencies(systems[i][1]) for i in range(len(sizes))]
+            if r >= 0:
+                _report_round(r, sizes, [seen_percentiles(seen)[0] for _, seen in got],
+                              [whole_ms_percentile(lat, 50) / 1e3 for lat, _ in got], rounds,
+                              entered)  # fmt: skip
+        _report_medians(sizes, rounds, entered)
+        return rounds
+    finally:
+        for servers, procs in systems:
+            stop_workers(procs)
+            servers.close()
+
+
+def _report_round(
+    r: int, sizes: list[int], seen: list[float], entry: list[float], rounds: list[list[float]],
+    entered: list[list[float]],
+) -> None:  # fmt: skip
+    """Print round r's p50s (seconds; the reader's, or the entry ids' where there is no
+    reader) with their ratios to the first count's, and the entry ids' beside a reader's;
+    keep them in `rounds` and `entered`."""
+    reader = not any(math.isnan(x) for x in seen)
+    p50s = seen if reader else entry
+    rounds.append(p50s)
+    each = ", ".join(f"P = {k} {x * 1e3:.2f} ms" for k, x in zip(sizes, p50s, strict=True))
+    line = f"  round {r + 1}: {each} ({_ratios(sizes, p50s)})"
+    if reader:
+        entered.append(entry)
+        ids = ", ".join(f"{x * 1e3:.2f}" for x in entry)
+        line += f"; entry to score {ids} ms ({_ratios(sizes, entry)})"
+    print(line, flush=True)
+
+
+def _report_medians(
+    sizes: list[int], rounds: list[list[float]], entered: list[list[float]]
+) -> None:
+    """Each count's ratio to the first's over the rounds: the p50s', then the entry ids'."""
+    for k, size in enumerate(sizes[1:], start=1):
+        _print_median(f"P = {size} / P = {sizes[0]}", [_ratio(p50s, k) for p50s in rounds])
+        if entered:
+            _print_median(f"entry to score, P = {size} / P = {sizes[0]}",
+                          [_ratio(p50s, k) for p50s in entered])  # fmt: skip
+
+
+def _print_median(what: str, ratios: list[float]) -> None:
+    """The ratios' median over the rounds, their range and the median's 90% interval."""
+    ratios = sorted(ratios)
+    low, high = median_interval(ratios)
+    print(f"{what}: median {np.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) over "
+          f"{len(ratios)} round(s); the median's 90% interval {low:.2f}-{high:.2f}x (bootstrap "
+          "over the rounds)")  # fmt: skip
 
 
 def compare_cluster(
     cluster: Servers, one: Servers, n: int, args, events: list, model: Path, logs: Path
 ) -> list[tuple[float, float, float]]:  # fmt: skip
-    """Alternated pairs of `n` workers on the cluster, then on one Redis: each pair's
-    events/s, Redis CPU per event (the primaries') and entry-id p50, the cluster's over one
-    Redis's; then their medians and the lowest events/s ratio. The ratios, by pair."""
+    """Alternated pairs of `n` workers on the cluster and on one Redis (one Redis first every
+    other pair): each pair's events/s, Redis CPU per event (the primaries') and entry-id p50,
+    the cluster's over one Redis's; then their medians and the lowest events/s ratio. The
+    ratios, by pair."""
     alone = argparse.Namespace(**{**vars(args), "cluster": False})
     pairs = []
     for r in range(args.rounds):
-        c = run_one(cluster, n, args, events, model, logs)
-        o = run_one(one, n, alone, events, model, logs)
+        if r % 2 == 0:
+            c = run_one(cluster, n, args, events, model, logs)
+            o = run_one(one, n, alone, events, model, logs)
+        else:  # in reverse every other pair: going first weighs on each alike
+            o = run_one(one, n, alone, events, model, logs)
+            c = run_one(cluster, n, args, events, model, logs)
         cpu = (c.per_event_us(c.redis_cpu), o.per_event_us(o.redis_cpu))
         pairs.append((c.rate / o.rate, cpu[0] / cpu[1], c.p50 / o.p50 if o.p50 > 0 else math.nan))
         rate, redis_cpu, p50 = pairs[-1]
@@ -391,10 +408,16 @@ def compare_cluster(
     return pairs
 
 
+def _ratio(p50s: list[float], k: int) -> float:
+    """The k-th count's p50 over the first's; nan when the first's is not above 0 (whole ms
+    of ids can say 0)."""
+    return p50s[k] / p50s[0] if p50s[0] > 0 else math.nan
+
+
 def _ratios(sizes: list[int], p50s: list[float]) -> str:
     """Each count's p50 against the first's, as text."""
-    return ", ".join(f"P = {s} / P = {sizes[0]}: {x / p50s[0]:.2f}x"
-                     for s, x in zip(sizes[1:], p50s[1:], strict=True))  # fmt: skip
+    return ", ".join(f"P = {s} / P = {sizes[0]}: {_ratio(p50s, k):.2f}x"
+                     for k, s in enumerate(sizes[1:], start=1))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,12 +432,19 @@ def main(argv: list[str] | None = None) -> int:
                    "worker (the first count) at each in turn (in reverse every other round), "
                    "and prints each one's seen p50, its ratio to the first's, and the median "
                    "ratio's 90%% interval over the rounds")  # fmt: skip
+    p.add_argument("--interleaved", action="store_true",
+                   help="with several --partitions on one Redis: the counts side by side, each "
+                   "on a Redis and workers of its own, started once; each round's latency "
+                   "phase sends every count its bursts in turn, half a period apart, so a "
+                   "round's runs share the host's same seconds (needs --latency-rate; no "
+                   "backlog)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1,
                    help="rounds, with several --partitions or --against-one")  # fmt: skip
     p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
     p.add_argument("--against-one", action="store_true",
                    help="with --cluster: each of --rounds runs the worker (the first count) "
-                   "on the cluster, then on one Redis, and prints each pair's events/s, Redis "
+                   "on the cluster and on one Redis (one Redis first every other round), and "
+                   "prints each pair's events/s, Redis "
                    "CPU per event and p50 as the cluster's over one Redis's, and their "
                    "medians")  # fmt: skip
     p.add_argument("--replicas", type=int, default=1,
@@ -442,13 +472,16 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(n) for n in args.workers.split(",") if n.strip()]
     sizes = [int(n) for n in args.partitions.split(",") if n.strip()]
     args.partitions = sizes[0]
+    if args.interleaved and (len(sizes) < 2 or args.cluster or not args.latency_rate):
+        p.error("--interleaved compares several --partitions on one Redis at a --latency-rate")
     servers = Servers(args.cluster, args.replicas, args.aof)
     try:
         with TemporaryDirectory() as tmp:
             model = Path(tmp) / "bench.npz"
             save_model(random_model([*EVENT_TYPES, LABEL_TYPE], hidden=args.hidden, seed=0),
                        model)  # fmt: skip
-            events = list(synthetic_events(args.events, args.users, seed=1))
+            backlog = 0 if args.interleaved else args.events  # side by side: latency alone
+            events = list(synthetic_events(backlog, args.users, seed=1))
             version = servers.nodes[0].info("server")["redis_version"]
             where = "one Redis"
             if args.cluster:
@@ -469,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"latency: {args.latency_seconds:.0f} s at {at} (a burst every "
                   f"{args.latency_every_ms:g} ms), entry to score (ids); "
                   f"worker BLAS threads: {blas}\n")  # fmt: skip
+            if len(sizes) > 1 and args.interleaved:
+                compare_interleaved(counts[0], sizes, args, model, Path(tmp))
+                return 0
             if len(sizes) > 1:
                 compare_partitions(servers, counts[0], sizes, args, events, model, Path(tmp))
                 return 0
