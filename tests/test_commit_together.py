@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,14 @@ def monitored(port: int, out: Path) -> subprocess.Popen:
     proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=out.open("w"))
     wait_for(lambda: out.read_text().startswith("OK"), what="MONITOR")
     return proc
+
+
+def logged(log, *names: str) -> list[tuple[int, str]]:
+    """(line, command) of the MONITOR lines of these commands, in order."""
+    lines = log.read_text().splitlines()
+    return [
+        (i, n) for i, x in enumerate(lines) for n in names if f'"{n}"' in x.split("]", 1)[-1][:12]
+    ]
 
 
 @pytest.mark.parametrize("one_transaction", [True, False])
@@ -360,6 +369,45 @@ def blocked_in_a_read(r) -> bool:
     behind it (the plain read that brings what came with the entry that wakes it)."""
     return any(c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
                and int(c.get("qbuf", 0)) > 0 for c in r.client_list())  # fmt: skip
+
+
+def test_a_round_whose_states_are_all_known_builds_first_and_sends_its_checks_after(
+    redis_server, model_path, tmp_path
+):
+    """Every user of a round known (cached by the round before): nothing goes to Redis
+    before the build, no state is read, and the checks go after it, in front of the one
+    transaction, the writes packed while Redis runs them (sent early, the build and the
+    packing would both wait for the checks' round trip). Each event scored once."""
+    r = connect(redis_server.url)
+    consumer = in_process_consumer(redis_server.url, model_path, partitions=P)
+    consumer.tick()  # takes the leases; nothing to read
+    t0 = int(time.time() * 1000) - 60_000
+    first = [e | {"ts": t0} for e in one_event_per_partition()]
+    again = [e | {"event_id": f"again-{e['event_id']}", "ts": t0 + 1000} for e in first]
+    publish(r, first, partitions=P)
+    wait_for(lambda: consumer.tick() or consumer.metrics.count("scored") >= P, what="round 1")
+    early, commit = [], consumer.together.commit
+
+    def spied(client, commits, whole=False, pack=None, watched=None):
+        early.append(watched)  # the connection holding checks sent with the reads, if any
+        return commit(client, commits, whole, pack, watched)
+
+    consumer.together.commit = spied
+    log = tmp_path / "monitor.txt"
+    monitor = monitored(redis_server.port, log)
+    try:
+        publish(r, again, partitions=P)
+        wait_for(lambda: consumer.tick() or consumer.metrics.count("scored") >= 2 * P,
+                 what="round 2")  # fmt: skip
+        wait_for(lambda: log.read_text().count('"INCR"') >= P, what="every commit's writes")
+    finally:
+        monitor.terminate()
+        monitor.wait()
+    assert early == [None]  # one round, built before any check was sent
+    order = [n for _, n in logged(log, "WATCH", "HMGET", "MULTI", "EXEC")]
+    assert order == ["WATCH"] * P + ["MULTI", "EXEC"]  # no state read: every one was known
+    assert_scored_once_as_offline(r, first + again, model_path)
+    consumer.close()
 
 
 def test_a_read_woken_by_one_entry_brings_what_was_sent_with_it_into_the_same_round(

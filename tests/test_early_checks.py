@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.consumers import in_process_consumer
-from tests.test_commit_together import monitored
+from tests.test_commit_together import logged, monitored
 from tests.test_worker import offline_scores
 from tests.workers import score_entries, wait_for
 from worker.common.connection import connect
@@ -43,14 +43,6 @@ def scored_once_as_offline(r, events: list[dict], model_path) -> None:
     by_id = {row["event_id"]: float(row["score"]) for row in rows}
     want = offline_scores(model_path, events)
     assert [by_id[e["event_id"]] for e in events] == pytest.approx(list(want), abs=1e-5)
-
-
-def logged(log, *names: str) -> list[tuple[int, str]]:
-    """(line, command) of the MONITOR lines of these commands, in order."""
-    lines = log.read_text().splitlines()
-    return [
-        (i, n) for i, x in enumerate(lines) for n in names if f'"{n}"' in x.split("]", 1)[-1][:12]
-    ]
 
 
 def test_a_cold_batch_takes_its_reads_with_the_checks_then_the_transaction(
