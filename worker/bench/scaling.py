@@ -301,22 +301,23 @@ def compare_partitions(
 
 
 def compare_interleaved(
-    n: int, sizes: list[int], args, model: Path, logs: Path
+    servers: Servers, n: int, sizes: list[int], args, model: Path, logs: Path
 ) -> list[list[float]]:  # fmt: skip
     """`compare_partitions` with the counts side by side: each on a Redis and `n` workers of
     its own, started once, their bursts interleaved in every round's latency phase
     (latency_phase.run_bursts). A round's runs are then the same seconds: on a shared VM the
     host's drift moved one count's p50 by a third from one minute to the next, and in turn
     it weighed on one count's run, not the other's. Every other round the counts' bursts go
-    in reverse order within each period; a second's phase before the rounds is not counted."""
+    in reverse order within each period; a second's phase before the rounds is not counted.
+    The first count runs on `servers`, each other on a Redis of its own."""
     systems: list[tuple[Servers, list]] = []
     try:
-        for size in sizes:
-            systems.append((Servers(False, 0, args.aof), []))
+        for k, size in enumerate(sizes):
+            systems.append((servers if k == 0 else Servers(False, 0, args.aof), []))
             sized = argparse.Namespace(**{**vars(args), "partitions": size})
             systems[-1][1].extend(start_workers(systems[-1][0], n, sized, model, logs))
-        for servers, procs in systems:
-            announced(servers, n, procs)
+        for system, procs in systems:
+            announced(system, n, procs)
         rounds: list[list[float]] = []
         entered: list[list[float]] = []
         rngs = [np.random.default_rng(2) for _ in sizes]  # each count sent the same events
@@ -335,9 +336,10 @@ def compare_interleaved(
         _report_medians(sizes, rounds, entered)
         return rounds
     finally:
-        for servers, procs in systems:
+        for k, (system, procs) in enumerate(systems):
             stop_workers(procs)
-            servers.close()
+            if k > 0:
+                system.close()
 
 
 def _report_round(
@@ -437,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                    "on a Redis and workers of its own, started once; each round's latency "
                    "phase sends every count its bursts in turn, half a period apart, so a "
                    "round's runs share the host's same seconds (needs --latency-rate; no "
-                   "backlog)")  # fmt: skip
+                   "backlog; bursts far enough apart that one count's round ends before the "
+                   "other's bursts come, as the default 10 ms)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1,
                    help="rounds, with several --partitions or --against-one")  # fmt: skip
     p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
@@ -503,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.latency_every_ms:g} ms), entry to score (ids); "
                   f"worker BLAS threads: {blas}\n")  # fmt: skip
             if len(sizes) > 1 and args.interleaved:
-                compare_interleaved(counts[0], sizes, args, model, Path(tmp))
+                compare_interleaved(servers, counts[0], sizes, args, model, Path(tmp))
                 return 0
             if len(sizes) > 1:
                 compare_partitions(servers, counts[0], sizes, args, events, model, Path(tmp))
