@@ -94,7 +94,8 @@ class Together:
         nodes' reads go meanwhile: flow.together_on_nodes); returns (each batch's states,
         all of them or None, the connection that holds their commits' early checks or
         None). On one Redis every batch's commit checks go in front of the reads
-        (adapters/early_checks.py), so the commits then need one round trip, not two."""
+        (adapters/early_checks.py), so the commits then need one round trip, not two; when
+        every state is known nothing is sent (the checks go after the build, as alone)."""
         requests = [self.states.request(b.partition, distinct_users(b)) for b in batches]
         reads = self.states.commands(requests)
         if all(read is None for read in reads):
