@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the whole loop live, on a private Redis by default",
                           populate=_add_demo_flags)  # fmt: skip
-    demo.set_defaults(func=_cmd_demo)
+    demo.set_defaults(func=_cmd_demo, private_redis=True)  # without --redis-url
 
     sub.add_parser(  # a web view for the people who set the rules: worker/console/
         "console",
@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
                    populate=_module_flags("worker.commands.partitions"))  # fmt: skip
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against baselines", add_help=False)
-    bench.set_defaults(func=_cmd_bench)
+    bench.set_defaults(func=_cmd_bench, private_redis=True)
     return p
 
 

@@ -54,10 +54,15 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-def _redis_url(args: argparse.Namespace) -> str:
+def _redis_url(args: argparse.Namespace) -> str | None:
+    """The Redis URL the command used, redacted; None for the private redis-server a command
+    started itself (the benchmarks; the demo without --redis-url), which no setting names."""
     from worker.common.settings import Settings
 
-    url = getattr(args, "redis_url", None) or os.environ.get("INTENTSTREAM_REDIS_URL")
+    url = getattr(args, "redis_url", None)
+    if url is None and getattr(args, "private_redis", False):
+        return None
+    url = url or os.environ.get("INTENTSTREAM_REDIS_URL")
     return redacted(url or Settings.model_fields["redis_url"].default)
 
 
@@ -129,24 +134,28 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
 
     parser = getattr(args, "_parser", None)
     url = _redis_url(args)
+    # a command's own redis-server is named as such: the default URL would point at a Redis
+    # it never touched
+    where = f"Redis at {url}" if url is not None else "the private Redis this command started"
     refusal = acl_refusal(exc)
     if refusal is not None:
-        user = urlsplit(url).username or "default"
+        user = urlsplit(url).username if url is not None else None
         return (
-            f"Redis at {url} refused a command: the ACL user {user!r} lacks a permission "
+            f"{where} refused a command: the ACL user {user or 'default'!r} lacks a permission "
             f"({refusal}; see deploy/redis/users.acl)"
         )
     if not_a_cluster(exc):
         return (
-            f"Redis at {url} is not a Redis Cluster node (cluster mode is not enabled there): "
+            f"{where} is not a Redis Cluster node (cluster mode is not enabled there): "
             "drop --cluster / INTENTSTREAM_CLUSTER, or name a cluster node"
         )
     if isinstance(exc, redis.AuthenticationError):
-        return f"Redis at {url} refused the login: {exc} (user:password@ in --redis-url)"
+        return f"{where} refused the login: {exc} (user:password@ in --redis-url)"
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, RedisClusterException)):
-        return f"Redis at {url} is unreachable: {exc} (--redis-url / INTENTSTREAM_REDIS_URL)"
+        hint = " (--redis-url / INTENTSTREAM_REDIS_URL)" if url is not None else ""
+        return f"{where} is unreachable: {exc}{hint}"
     if isinstance(exc, redis.RedisError):
-        return f"Redis at {url} replied: {exc}"
+        return f"{where} replied: {exc}"
     if isinstance(exc, OSError):  # a file not found, not readable, a directory, a port taken
         return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
     if isinstance(exc, ValidationError):
