@@ -30,7 +30,7 @@ import numpy as np
 import redis
 
 from worker.bench.latency_phase import id_ms
-from worker.bench.scaling import process_cpu
+from worker.bench.runs import process_cpu
 from worker.bench.workload import SCORES, STREAM, preload, sampled_state_keys
 from worker.engine.compute.lean_state import as_fields
 
