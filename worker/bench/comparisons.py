@@ -58,8 +58,8 @@ def compare_interleaved(
     its own, started once, their bursts interleaved in every round's latency phase
     (latency_phase.run_bursts). A round's runs are then the same seconds: on a shared VM the
     host's drift moved one count's p50 by a third from one minute to the next, and in turn
-    it weighed on one count's run, not the other's. Every other round the counts' bursts go
-    in reverse order within each period; a second's phase before the rounds is not counted.
+    it weighed on one count's run, not the other's. Every other round the counts take their
+    turns in reverse order; a second's phase before the rounds is not counted.
     The first count runs on `servers`, each other on a Redis of its own."""
     systems: list[tuple[Servers, list]] = []
     try:

@@ -3,13 +3,16 @@ latency taken from its entry id's time to its score entry's (Redis's clock both,
 commit time minus arrival, without the producer's own time to build and send) and, on one
 Redis, as a reader of the scores sees it from the producer's send (observer.py, to the µs).
 
-Several systems (a Redis and its workers each) can share one phase, their bursts spread
-evenly over each period (`run_bursts`): each sees the host's drift of the same seconds.
+Several systems (a Redis and its workers each) can share one phase (`run_bursts`): their
+bursts spread evenly over each period, or, for events one by one, a second of each in turn.
+Each sees the host's drift of the same seconds.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
+from typing import Protocol
 
 import numpy as np
 
@@ -56,6 +59,12 @@ def scored(client: Client, partitions: int) -> int:
     for p in range(partitions):
         pipe.xlen(KEYS.scores(p))
     return sum(pipe.execute())
+
+
+class Burster(Protocol):
+    """What `run_bursts` sends to: a Feed, or a test's recorder."""
+
+    def burst(self, chunk: int) -> None: ...
 
 
 class Feed:
@@ -115,21 +124,49 @@ def _last_id(client: Client, stream: str) -> bytes:
     return last if isinstance(last, bytes) else last.encode()
 
 
-def run_bursts(feeds: list[Feed], seconds: float, rate: float, every_ms: float) -> None:
-    """Send each feed `rate` events/s for `seconds`, in bursts `every_ms` apart, the feeds'
-    bursts spread evenly over each period."""
+# Bursts at least this far apart (ms) go to several feeds within each period, half a period
+# apart for two: a round of a few ms ends before the other feed's burst comes
+SIDE_BY_SIDE_MS = 10.0
+SLICE_SECONDS = 1.0  # closer bursts go to one feed at a time, for this long each in turn
+
+
+def run_bursts(
+    feeds: list[Burster], seconds: float, rate: float, every_ms: float,
+    slice_seconds: float = SLICE_SECONDS,
+) -> None:  # fmt: skip
+    """Send each feed `rate` events/s for `seconds`, in bursts `every_ms` apart. Several
+    feeds: with bursts SIDE_BY_SIDE_MS apart or more, each period sends every feed its burst
+    in turn, spread evenly over the period; closer (events one by one, whose rounds would
+    run at once) go to one feed a slice at a time, in turn, each feed `seconds` in all."""
     # a shop's events come one by one; the default's bursts leave the worker idle between
     # rounds, so what it does after a commit is off their latency
     chunk = max(1, round(rate * every_ms / 1000))
     period = chunk / rate
-    t0, k = time.monotonic(), 0
-    while time.monotonic() - t0 < seconds:
+    t0 = time.monotonic()
+    if len(feeds) == 1 or period * 1000 >= SIDE_BY_SIDE_MS:
+        _send(feeds, t0, 0.0, seconds, period, chunk)
+        return
+    slices = max(1, round(seconds / slice_seconds))
+    length = seconds / slices
+    for k in range(slices * len(feeds)):
+        _send([feeds[k % len(feeds)]], t0, k * length, (k + 1) * length, period, chunk)
+
+
+def _send(
+    feeds: list[Burster], t0: float, start: float, stop: float, period: float, chunk: int
+) -> None:  # fmt: skip
+    """A burst of `chunk` to each feed every `period` from `start` to `stop` (seconds after
+    `t0`), the feeds' spread evenly over each period. The schedule is the clock's: a burst
+    sent late does not push the next ones back."""
+    for k in itertools.count():
         for i, feed in enumerate(feeds):
-            ahead = k * period + i * period / len(feeds) - (time.monotonic() - t0)
+            due = start + k * period + i * period / len(feeds)
+            if due >= stop - 1e-9:
+                return
+            ahead = due - (time.monotonic() - t0)
             if ahead > 0:
                 time.sleep(ahead)
             feed.burst(chunk)
-        k += 1
 
 
 def latency_phase(
