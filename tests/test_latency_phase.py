@@ -57,6 +57,13 @@ def test_bursts_close_together_go_a_slice_at_a_time_to_each_system_in_turn(clock
     assert [t for t, _ in b.bursts] == [*range(10, 20), *range(30, 40)]  # slices 2 and 4
 
 
+def test_three_systems_closer_than_5_ms_apart_take_slices(clock):
+    a, b, c = Recorder(clock), Recorder(clock), Recorder(clock)
+    run_bursts([a, b, c], 0.02, 1000, 10, slice_seconds=0.02)  # 10 ms bursts: 3.3 ms apart
+    assert [t for t, _ in a.bursts] == [0, 10]
+    assert [t for t, _ in b.bursts] == [20, 30] and [t for t, _ in c.bursts] == [40, 50]
+
+
 def test_one_system_gets_a_burst_every_period(clock):
     a = Recorder(clock)
     run_bursts([a], 0.05, 1000, 10)

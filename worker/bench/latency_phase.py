@@ -124,9 +124,10 @@ def _last_id(client: Client, stream: str) -> bytes:
     return last if isinstance(last, bytes) else last.encode()
 
 
-# Bursts at least this far apart (ms) go to several feeds within each period, half a period
-# apart for two: a round of a few ms ends before the other feed's burst comes
-SIDE_BY_SIDE_MS = 10.0
+# Several feeds' bursts go within each period, spread evenly, when this far apart (ms) or
+# more (two feeds, bursts 10 ms apart: 5 ms): a round of a few ms ends before the next
+# feed's burst comes
+SPACING_MS = 5.0
 SLICE_SECONDS = 1.0  # closer bursts go to one feed at a time, for this long each in turn
 
 
@@ -135,15 +136,15 @@ def run_bursts(
     slice_seconds: float = SLICE_SECONDS,
 ) -> None:  # fmt: skip
     """Send each feed `rate` events/s for `seconds`, in bursts `every_ms` apart. Several
-    feeds: with bursts SIDE_BY_SIDE_MS apart or more, each period sends every feed its burst
-    in turn, spread evenly over the period; closer (events one by one, whose rounds would
-    run at once) go to one feed a slice at a time, in turn, each feed `seconds` in all."""
+    feeds: each period sends every feed its burst in turn, spread evenly over it, when they
+    come SPACING_MS apart or more; closer (events one by one, whose rounds would run at
+    once) go to one feed a slice at a time, in turn, each feed `seconds` in all."""
     # a shop's events come one by one; the default's bursts leave the worker idle between
     # rounds, so what it does after a commit is off their latency
     chunk = max(1, round(rate * every_ms / 1000))
     period = chunk / rate
     t0 = time.monotonic()
-    if len(feeds) == 1 or period * 1000 >= SIDE_BY_SIDE_MS:
+    if len(feeds) == 1 or period / len(feeds) * 1000 >= SPACING_MS:
         _send(feeds, t0, 0.0, seconds, period, chunk)
         return
     slices = max(1, round(seconds / slice_seconds))

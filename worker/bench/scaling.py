@@ -83,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interleaved", action="store_true",
                    help="with several --partitions on one Redis: the counts side by side, each "
                    "on a Redis and workers of its own, started once; each round's latency "
-                   "phase sends every count its bursts in turn (half a period apart with bursts "
-                   "10 ms apart or more, else a second at a time), so a round's runs share the "
-                   "host's same seconds (needs --latency-rate; no backlog)")  # fmt: skip
+                   "phase sends every count its bursts in turn (spread over each period when 5 "
+                   "ms apart or more, as two counts' at the default 10 ms; else a second at a "
+                   "time), so a round's runs share the host's same seconds (needs "
+                   "--latency-rate; no backlog)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1,
                    help="rounds, with several --partitions or --against-one")  # fmt: skip
     p.add_argument("--cluster", action="store_true", help="a local 3-master, 3-replica cluster")
