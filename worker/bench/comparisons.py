@@ -139,15 +139,13 @@ def compare_cluster(
     other pair): each pair's events/s, Redis CPU per event (the primaries') and entry-id p50,
     the cluster's over one Redis's; then their medians and the lowest events/s ratio. The
     ratios, by pair."""
-    alone = argparse.Namespace(**{**vars(args), "cluster": False})
+    sides = [(cluster, args), (one, argparse.Namespace(**{**vars(args), "cluster": False}))]
     pairs = []
     for r in range(args.rounds):
-        if r % 2 == 0:
-            c = run_one(cluster, n, args, events, model, logs)
-            o = run_one(one, n, alone, events, model, logs)
-        else:  # in reverse every other pair: going first weighs on each alike
-            o = run_one(one, n, alone, events, model, logs)
-            c = run_one(cluster, n, args, events, model, logs)
+        # in reverse every other pair: going first weighs on each alike
+        ran = {id(servers): run_one(servers, n, how, events, model, logs)
+               for servers, how in (sides if r % 2 == 0 else sides[::-1])}  # fmt: skip
+        c, o = ran[id(cluster)], ran[id(one)]
         cpu = (c.per_event_us(c.redis_cpu), o.per_event_us(o.redis_cpu))
         pairs.append((c.rate / o.rate, cpu[0] / cpu[1], c.p50 / o.p50 if o.p50 > 0 else math.nan))
         rate, redis_cpu, p50 = pairs[-1]
