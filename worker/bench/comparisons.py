@@ -42,8 +42,8 @@ def compare_partitions(
     for r in range(args.rounds):
         by_size = {}
         for size in sizes if r % 2 == 0 else sizes[::-1]:
-            by_size[size] = run_one(servers, n, argparse.Namespace(**{**vars(args),
-                                    "partitions": size}), events, model, logs)  # fmt: skip
+            by_size[size] = run_one(servers, n, _with(args, partitions=size), events, model,
+                                    logs)  # fmt: skip
         runs = [by_size[size] for size in sizes]
         _report_round(r, sizes, [run.seen_p50 for run in runs], [run.p50 for run in runs],
                       rounds, entered)  # fmt: skip
@@ -65,8 +65,8 @@ def compare_interleaved(
     try:
         for k, size in enumerate(sizes):
             systems.append((servers if k == 0 else Servers(False, 0, args.aof), []))
-            sized = argparse.Namespace(**{**vars(args), "partitions": size})
-            systems[-1][1].extend(start_workers(systems[-1][0], n, sized, model, logs))
+            systems[-1][1].extend(start_workers(systems[-1][0], n, _with(args, partitions=size),
+                                                model, logs))  # fmt: skip
         for system, procs in systems:
             announced(system, n, procs)
         rounds: list[list[float]] = []
@@ -139,7 +139,7 @@ def compare_cluster(
     other pair): each pair's events/s, Redis CPU per event (the primaries') and entry-id p50,
     the cluster's over one Redis's; then their medians and the lowest events/s ratio. The
     ratios, by pair."""
-    sides = [(cluster, args), (one, argparse.Namespace(**{**vars(args), "cluster": False}))]
+    sides = [(cluster, args), (one, _with(args, cluster=False))]
     pairs = []
     for r in range(args.rounds):
         # in reverse every other pair: going first weighs on each alike
@@ -157,6 +157,11 @@ def compare_cluster(
           f"{np.median(rates):.2f}x (lowest {rates[0]:.2f}x), Redis CPU per event median "
           f"{np.median(cpus):.2f}x, p50 median {np.median(p50s):.2f}x")  # fmt: skip
     return pairs
+
+
+def _with(args: argparse.Namespace, **changes: object) -> argparse.Namespace:
+    """The bench's arguments with these changed (one side of a comparison)."""
+    return argparse.Namespace(**{**vars(args), **changes})
 
 
 def _ratio(p50s: list[float], k: int) -> float:

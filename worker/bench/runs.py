@@ -27,6 +27,7 @@ import redis
 
 from worker.bench.latency_phase import (
     KEYS,
+    id_ms,
     latency_phase,
     scored,
     wait,
@@ -169,7 +170,7 @@ def scoring_span(client: Client, partitions: int) -> float:
     for p in range(partitions):
         pipe.xrange(KEYS.scores(p), count=1)
         pipe.xrevrange(KEYS.scores(p), count=1)
-    ends = [int(entries[0][0].split(b"-")[0]) for entries in pipe.execute() if entries]
+    ends = [id_ms(entries[0][0]) for entries in pipe.execute() if entries]
     return (max(ends) - min(ends)) / 1000 if ends else 0.0
 
 
