@@ -42,7 +42,7 @@ import redis
 from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from model.random_init import random_model
-from worker.bench.latency_phase import id_ms, whole_ms_percentile
+from worker.bench.latency_phase import PHASE_MS, id_ms, whole_ms_percentile
 from worker.bench.load import redis_cpu
 from worker.bench.observer import Observer, sent_id, sent_us
 from worker.common import connection
@@ -194,7 +194,7 @@ def produce(
     """Publish `rate` events/s for `seconds`, in bursts `every_ms` apart, new users mostly;
     `stamped`: each with an event_id that carries its send time (observer.sent_id)."""
     client = connect(url)
-    rng = np.random.default_rng(2)
+    rng, late = np.random.default_rng(2), np.random.default_rng(3)
     chunk, sent, t0 = max(1, round(rate * every_ms / 1000)), 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
         users, types = rng.integers(0, 50_000, chunk), rng.integers(0, len(EVENT_TYPES), chunk)
@@ -206,7 +206,8 @@ def produce(
                 event["event_id"] = sent_id(n)
         publish(client, batch, partitions=partitions, pipeline_size=chunk)
         sent += chunk
-        ahead = sent / rate - (time.monotonic() - t0)
+        # up to PHASE_MS late at random, as the bench's bursts: the ids' whole ms average out
+        ahead = sent / rate + late.uniform(0, PHASE_MS / 1000) - (time.monotonic() - t0)
         if ahead > 0:
             time.sleep(ahead)
 
