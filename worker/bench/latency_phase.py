@@ -131,10 +131,10 @@ def _last_id(client: Client, stream: str) -> bytes:
 # feed's burst comes
 SPACING_MS = 5.0
 SLICE_SECONDS = 1.0  # closer bursts go to one feed at a time, for this long each in turn
-# Each burst comes this late, at random, up to: the ids time entry and score in whole ms, and
-# a schedule of whole periods from one start sends every burst at the same point of its ms,
-# which moved a run's entry-to-score figure by up to half a ms either way (P = 1 1.02 ms in
-# three rounds, 1.95 in the next three). At random points the whole ms average out.
+# How late a burst may come after its place, at random. The ids time entry and score in whole
+# ms, and a schedule of whole periods from one start sends every burst at the same point of
+# its ms: that moved a run's entry-to-score figure by up to half a ms either way (P = 1 1.02 ms
+# in three rounds, 1.95 in the next three). At random points the whole ms average out.
 PHASE_MS = 1.0
 
 
