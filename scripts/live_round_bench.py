@@ -42,7 +42,7 @@ import redis
 from model.artifact import save_model
 from model.data.synthetic import EVENT_TYPES, LABEL_TYPE
 from model.random_init import random_model
-from worker.bench.latency_phase import PHASE_MS, id_ms, whole_ms_percentile
+from worker.bench.latency_phase import id_ms, run_bursts, whole_ms_percentile
 from worker.bench.load import redis_cpu
 from worker.bench.observer import Observer, sent_id, sent_us
 from worker.common import connection
@@ -188,28 +188,33 @@ def _command_name(head: bytes) -> str:
     return f"{name} BLOCK" if name == "XREADGROUP" and b"BLOCK" in head else name
 
 
-def produce(
-    url: str, rate: float, seconds: float, partitions: int, every_ms: float, stamped: bool
-) -> None:
-    """Publish `rate` events/s for `seconds`, in bursts `every_ms` apart, new users mostly;
-    `stamped`: each with an event_id that carries its send time (observer.sent_id)."""
-    client = connect(url)
-    rng, late = np.random.default_rng(2), np.random.default_rng(3)
-    chunk, sent, t0 = max(1, round(rate * every_ms / 1000)), 0, time.monotonic()
-    while time.monotonic() - t0 < seconds:
-        users, types = rng.integers(0, 50_000, chunk), rng.integers(0, len(EVENT_TYPES), chunk)
+class _Shop:
+    """The producer's bursts (latency_phase.run_bursts schedules them): new users mostly;
+    `stamped`: each event with an event_id that carries its send time (observer.sent_id)."""
+
+    def __init__(self, url: str, partitions: int, stamped: bool) -> None:
+        self.client, self.partitions, self.stamped = connect(url), partitions, stamped
+        self.rng, self.sent = np.random.default_rng(2), 0
+
+    def burst(self, chunk: int) -> None:
+        users = self.rng.integers(0, 50_000, chunk)
+        types = self.rng.integers(0, len(EVENT_TYPES), chunk)
         now_ms = int(time.time() * 1000)
         batch = [{"user_id": f"u{u}", "type": EVENT_TYPES[t], "ts": now_ms}
                  for u, t in zip(users, types, strict=True)]  # fmt: skip
-        if stamped:
-            for n, event in enumerate(batch, start=sent):
+        if self.stamped:
+            for n, event in enumerate(batch, start=self.sent):
                 event["event_id"] = sent_id(n)
-        publish(client, batch, partitions=partitions, pipeline_size=chunk)
-        sent += chunk
-        # up to PHASE_MS late at random, as the bench's bursts: the ids' whole ms average out
-        ahead = sent / rate + late.uniform(0, PHASE_MS / 1000) - (time.monotonic() - t0)
-        if ahead > 0:
-            time.sleep(ahead)
+        publish(self.client, batch, partitions=self.partitions, pipeline_size=chunk)
+        self.sent += chunk
+
+
+def produce(
+    url: str, rate: float, seconds: float, partitions: int, every_ms: float, stamped: bool
+) -> None:
+    """Publish `rate` events/s for `seconds`, in bursts `every_ms` apart, as the bench's
+    latency phase does (each burst at a random point of its ms)."""
+    run_bursts([_Shop(url, partitions, stamped)], seconds, rate, every_ms)
 
 
 def latencies_ms(url: str, partitions: int) -> np.ndarray:
