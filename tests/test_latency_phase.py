@@ -84,3 +84,25 @@ def test_each_burst_comes_at_a_random_point_of_its_ms(clock):
         assert len(times) == 2000 and (late >= 0).all() and (late < 1.0).all()
         quarters = np.bincount((late * 4).astype(int), minlength=4) / len(late)
         assert (abs(quarters - 0.25) < 0.04).all(), quarters
+
+
+def test_poisson_arrivals_come_one_by_one_at_random_gaps_of_the_rate(clock):
+    """Many users' clicks: one event at a time, the gaps exponential with mean 1 / rate (their
+    spread as large as their mean), at random points of the ms."""
+    a = Recorder(clock)
+    run_bursts([a], 20.0, 1000, 10, poisson=True)
+    times = np.array([t for t, _ in a.bursts])
+    assert {n for _, n in a.bursts} == {1}
+    assert abs(len(times) - 20_000) < 600  # ~20,000 events in 20 s, ± 4 standard deviations
+    gaps = np.diff(times)
+    assert abs(gaps.mean() - 1.0) < 0.03 and abs(gaps.std() - 1.0) < 0.05
+    quarters = np.bincount(((times % 1.0) * 4).astype(int), minlength=4) / len(times)
+    assert (abs(quarters - 0.25) < 0.02).all(), quarters
+
+
+def test_poisson_arrivals_to_several_systems_go_a_slice_at_a_time(clock):
+    a, b = Recorder(clock), Recorder(clock)
+    run_bursts([a, b], 0.2, 1000, 10, slice_seconds=0.1, poisson=True)
+    assert all(t < 100 or 200 <= t < 300 for t, _ in a.bursts)
+    assert all(100 <= t < 200 or 300 <= t < 400 for t, _ in b.bursts)
+    assert 150 < len(a.bursts) < 250 and 150 < len(b.bursts) < 250

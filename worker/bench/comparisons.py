@@ -78,7 +78,7 @@ def compare_interleaved(
                              rngs[i]) for i in order}  # fmt: skip
             seconds = args.latency_seconds if r >= 0 else 1.0
             run_bursts([feeds[i] for i in order], seconds, args.latency_rate,
-                       args.latency_every_ms)  # fmt: skip
+                       args.latency_every_ms, poisson=args.latency_poisson)  # fmt: skip
             got = [feeds[i].latencies(systems[i][1]) for i in range(len(sizes))]
             if r >= 0:
                 _report_round(r, sizes, [seen_percentiles(seen)[0] for _, seen in got],

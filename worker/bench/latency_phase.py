@@ -1,7 +1,8 @@
-"""The scaling bench's latency phase: events published at a fixed rate in bursts, each one's
-latency taken from its entry id's time to its score entry's (Redis's clock both, whole ms:
-commit time minus arrival, without the producer's own time to build and send) and, on one
-Redis, as a reader of the scores sees it from the producer's send (observer.py, to the µs).
+"""The scaling bench's latency phase: events published at a fixed rate in bursts (or one by
+one at random gaps, as many users' clicks come), each one's latency taken from its entry id's
+time to its score entry's (Redis's clock both, whole ms: commit time minus arrival, without
+the producer's own time to build and send) and, on one Redis, as a reader of the scores sees
+it from the producer's send (observer.py, to the µs).
 
 Several systems (a Redis and its workers each) can share one phase (`run_bursts`): their
 bursts spread evenly over each period, or, for events one by one, a second of each in turn.
@@ -10,7 +11,6 @@ Each sees the host's drift of the same seconds.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 from functools import partial
@@ -140,44 +140,53 @@ PHASE_MS = 1.0
 
 def run_bursts(
     feeds: list[Burster], seconds: float, rate: float, every_ms: float,
-    slice_seconds: float = SLICE_SECONDS, phase_ms: float = PHASE_MS,
+    slice_seconds: float = SLICE_SECONDS, phase_ms: float = PHASE_MS, poisson: bool = False,
 ) -> None:  # fmt: skip
     """Send each feed `rate` events/s for `seconds`, in bursts `every_ms` apart, each up to
-    `phase_ms` late at random (PHASE_MS). Several feeds: each period sends every feed its
-    burst in turn, spread evenly over it, when they come SPACING_MS apart or more; closer
-    (events one by one, whose rounds would run at once) go to one feed a slice at a time,
-    in turn, each feed `seconds` in all."""
+    `phase_ms` late at random (PHASE_MS); `poisson`: one event at a time, the gaps drawn at
+    random (exponential, 1 / rate on average), as many users' clicks come. Several feeds:
+    each period sends every feed its burst in turn, spread evenly over it, when they come
+    SPACING_MS apart or more; closer (events one by one, whose rounds would run at once) go
+    to one feed a slice at a time, in turn, each feed `seconds` in all."""
     # a shop's events come one by one; the default's bursts leave the worker idle between
     # rounds, so what it does after a commit is off their latency
-    chunk = max(1, round(rate * every_ms / 1000))
+    chunk = 1 if poisson else max(1, round(rate * every_ms / 1000))
     period = chunk / rate
-    late = partial(np.random.default_rng(3).uniform, 0.0, phase_ms / 1000)
+    rng = np.random.default_rng(3)
+    if poisson:  # lateness is moot: the gaps fall at random points of the ms already
+        late, gap = (lambda: 0.0), partial(rng.exponential, period)
+    else:
+        late, gap = partial(rng.uniform, 0.0, phase_ms / 1000), (lambda: period)
     t0 = time.monotonic()
     if len(feeds) == 1 or period / len(feeds) * 1000 >= SPACING_MS:
-        _send(feeds, t0, 0.0, seconds, period, chunk, late)
+        _send(feeds, t0, 0.0, seconds, period, chunk, late, gap)
         return
     slices = max(1, round(seconds / slice_seconds))
     length = seconds / slices
     for k in range(slices * len(feeds)):
-        _send([feeds[k % len(feeds)]], t0, k * length, (k + 1) * length, period, chunk, late)
+        _send([feeds[k % len(feeds)]], t0, k * length, (k + 1) * length, period, chunk, late,
+              gap)  # fmt: skip
 
 
 def _send(
     feeds: list[Burster], t0: float, start: float, stop: float, period: float, chunk: int,
-    late: Callable[[], float],
+    late: Callable[[], float], gap: Callable[[], float],
 ) -> None:  # fmt: skip
-    """A burst of `chunk` to each feed every `period` from `start` to `stop` (seconds after
-    `t0`), the feeds' spread evenly over each period, each `late()` seconds after its place.
-    The schedule is the clock's: a burst sent late does not push the next ones back."""
-    for k in itertools.count():
+    """A burst of `chunk` to each feed from `start` to `stop` (seconds after `t0`), `gap()`
+    seconds after the one before, the feeds' spread evenly over `period`, each `late()`
+    seconds after its place. The schedule is the clock's: a burst sent late does not push
+    the next ones back."""
+    at = start
+    while True:
         for i, feed in enumerate(feeds):
-            due = start + k * period + i * period / len(feeds)
+            due = at + i * period / len(feeds)
             if due >= stop - 1e-9:
                 return
             ahead = due + late() - (time.monotonic() - t0)
             if ahead > 0:
                 time.sleep(ahead)
             feed.burst(chunk)
+        at += gap()
 
 
 def latency_phase(
@@ -187,5 +196,7 @@ def latency_phase(
     event entry's id time to its score entry's; and, on one Redis (`url`), the latency a
     reader of the scores sees, ms to the µs (empty on a cluster)."""
     feed = Feed(client, args.partitions, args.users, url)
-    run_bursts([feed], args.latency_seconds, rate, args.latency_every_ms)
+    run_bursts(
+        [feed], args.latency_seconds, rate, args.latency_every_ms, poisson=args.latency_poisson
+    )
     return feed.latencies(procs)

@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-every-ms", type=float, default=10.0,
                    help="the latency phase publishes its events in bursts this far apart (1 at "
                    "1,000 events/s: one by one, as a shop's come)")  # fmt: skip
+    p.add_argument("--latency-poisson", action="store_true",
+                   help="the latency phase publishes its events one by one at random "
+                   "gaps (exponential, 1 / rate on average: many users' clicks), not in "
+                   "bursts")  # fmt: skip
     args = p.parse_args(argv)
     counts = [int(n) for n in args.workers.split(",") if n.strip()]
     sizes = [int(n) for n in args.partitions.split(",") if n.strip()]
@@ -148,9 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.latency_rate
                 else f"{args.latency_load:.0%} of the backlog rate"
             )
-            print(f"latency: {args.latency_seconds:.0f} s at {at} (a burst every "
-                  f"{args.latency_every_ms:g} ms), entry to score (ids); "
-                  f"worker BLAS threads: {blas}\n")  # fmt: skip
+            arrivals = ("one by one at random gaps (Poisson)" if args.latency_poisson
+                        else f"a burst every {args.latency_every_ms:g} ms")  # fmt: skip
+            print(f"latency: {args.latency_seconds:.0f} s at {at} ({arrivals}), entry to "
+                  f"score (ids); worker BLAS threads: {blas}\n")  # fmt: skip
             if len(sizes) > 1 and args.interleaved:
                 compare_interleaved(servers, counts[0], sizes, args, model, Path(tmp))
                 return 0
