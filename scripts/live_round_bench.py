@@ -19,7 +19,7 @@ timed where the named module calls it (name the module that imports it, as
 Usage:
 
     PYTHONPATH=<tree> .venv/bin/python scripts/live_round_bench.py [--partitions 8]
-        [--rate 1000] [--every-ms 10] [--seconds 8] [--reader] [--timeline]
+        [--rate 1000] [--every-ms 10 | --poisson] [--seconds 8] [--reader] [--timeline]
         [--step module:Qualname ...]
 """
 
@@ -210,11 +210,13 @@ class _Shop:
 
 
 def produce(
-    url: str, rate: float, seconds: float, partitions: int, every_ms: float, stamped: bool
-) -> None:
-    """Publish `rate` events/s for `seconds`, in bursts `every_ms` apart, as the bench's
-    latency phase does (each burst at a random point of its ms)."""
-    run_bursts([_Shop(url, partitions, stamped)], seconds, rate, every_ms)
+    url: str, rate: float, seconds: float, partitions: int, every_ms: float, stamped: bool,
+    poisson: bool = False,
+) -> None:  # fmt: skip
+    """Publish `rate` events/s for `seconds`, in bursts `every_ms` apart (each at a random
+    point of its ms) or, `poisson`, one by one at random gaps, as the bench's latency phase
+    does."""
+    run_bursts([_Shop(url, partitions, stamped)], seconds, rate, every_ms, poisson=poisson)
 
 
 def latencies_ms(url: str, partitions: int) -> np.ndarray:
@@ -233,13 +235,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rate", type=float, default=1000.0)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--every-ms", type=float, default=10.0, help="ms between the bursts")
+    p.add_argument("--poisson", action="store_true",
+                   help="events one by one at random gaps, not in bursts")  # fmt: skip
     p.add_argument("--step", action="append", help="module:Qualname to time (default: a round's)")
     p.add_argument("--reader", action="store_true", help="the bench's reader of the scores beside")
     p.add_argument("--timeline", action="store_true", help="stamp every send and reply")
     p.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)  # the producer process
     args = p.parse_args(argv)
     if args.produce:
-        produce(args.produce, args.rate, args.seconds, args.partitions, args.every_ms, args.reader)
+        produce(args.produce, args.rate, args.seconds, args.partitions, args.every_ms, args.reader,
+                args.poisson)  # fmt: skip
         return
     steps = args.step or list(STEPS)
     took: dict[str, float] = defaultdict(float)
@@ -269,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
                                      "--rate", str(args.rate), "--seconds", str(args.seconds),
                                      "--every-ms", str(args.every_ms),
                                      "--partitions", str(args.partitions),
+                                     *(["--poisson"] if args.poisson else []),
                                      *(["--reader"] if args.reader or args.timeline else [])
                                      ])  # fmt: skip
         rounds: list[dict[str, tuple[float, int]]] = []
