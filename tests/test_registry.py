@@ -189,6 +189,7 @@ def test_demo_scores_live_and_leaves_nothing_behind_on_ctrl_c(tmp_path):
     # the private Redis outlives the worker's stop: no outage, the leases released
     assert "unavailable" not in output and "could not release" not in output, output
     assert "trained: validation AUC" in output
+    assert re.search(r"kept epoch \d+ of \d+", output), output  # which epoch, and why
     assert "the registry was empty: published it as version 1" in output
     assert re.search(r"→ \w+ \d\.\d\d", output), output  # a user's scores moving
     pid = int(re.search(r"redis-server at \S+ \(pid (\d+)\)", output).group(1))

@@ -196,6 +196,8 @@ def first_model(train_first: bool, out: TextIO) -> Model:
     events = synthetic_events(FIRST_MODEL_EVENTS, FIRST_MODEL_USERS, seed=0)
     result = train(events, config, progress=_epoch_lines(out, t0))
     m, b = result.report["metrics"], result.report["baseline"]
+    # fewer lines than "at most" epochs is early stopping: say so, not leave it a puzzle
+    print(f"  {result.report['kept_epoch']['reason']}", file=out)
     print(f"trained: validation AUC {m['auc_last']:.3f}, bag-of-event-types baseline "
           f"{b['auc_last']:.3f} ({time.monotonic() - t0:.0f} s)", file=out)  # fmt: skip
     print(AUC_EXPLAINED, file=out)
@@ -216,7 +218,8 @@ def _epoch_lines(out: TextIO, t0: float):
             self.loss = values.get("loss")
 
         def close(self) -> None:
-            print(f"  {self.desc}: training loss {self.loss} ({time.monotonic() - t0:.0f} s)",
+            # the time since training began (the first epoch's holds the kernels' compiling)
+            print(f"  {self.desc}: training loss {self.loss} (at {time.monotonic() - t0:.0f} s)",
                   file=out, flush=True)  # fmt: skip
 
     return EpochLine
