@@ -226,8 +226,7 @@ class ReadAhead:
         """The reads of up to `count` new entries of `cursors` (non-blocking): the cursors
         each reads, and the reads packed."""
         groups = self.reader.read_groups(cursors)
-        packed = b"".join(hiredis.pack_command(self.reader.read_command(g, count, None))
-                          for g in groups)  # fmt: skip
+        packed = b"".join(self.reader.packed_read(g, count, None) for g in groups)
         return groups, packed
 
     def exchange_watched(
