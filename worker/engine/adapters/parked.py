@@ -47,7 +47,7 @@ class ParkedReads:
         pool = node.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_command(*self.reader.read_command([cursor], count, block_ms))
+            conn.send_packed_command([self.reader.packed_read([cursor], count, block_ms)])
         except BaseException:
             conn.disconnect()
             pool.release(conn)
